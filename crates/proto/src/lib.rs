@@ -1,0 +1,15 @@
+//! Braid's wire and storage formats.
+//!
+//! This crate is the bottom of the dependency graph: pure codecs, no IO. Every decoder
+//! takes bytes that came from a socket or a disk and returns a `Result`; none panics on
+//! any input (each has a fuzz target under `fuzz/`).
+//!
+//! - [`batch`]: the record batch (Kafka message format v2), the unit Braid appends,
+//!   replicates and serves.
+//! - [`varint`]: the zig-zag varints the records use.
+//! - [`hash`]: where a key lands on the 16-bit hash ring.
+
+pub mod batch;
+pub mod varint;
+
+pub use batch::{BatchBuilder, BatchError, BatchHeader, RecordBatch, ValidatedBatch};
