@@ -125,7 +125,10 @@ mod tests {
         assert_eq!(get_varint(&[]), Err(VarintFault::Truncated));
         assert_eq!(get_varint(&[0x80, 0x80]), Err(VarintFault::Truncated));
         assert_eq!(get_varint(&[0x80; 6]), Err(VarintFault::Overlong));
-        assert_eq!(get_varint(&[0xff, 0xff, 0xff, 0xff, 0x1f]), Err(VarintFault::Overlong));
+        assert_eq!(
+            get_varint(&[0xff, 0xff, 0xff, 0xff, 0x1f]),
+            Err(VarintFault::Overlong)
+        );
         assert_eq!(get_varlong(&[0xff; 10]), Err(VarintFault::Overlong));
     }
 

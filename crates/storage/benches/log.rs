@@ -1,1 +1,2 @@
-fn main(){}
+//! Placeholder.
+fn main() {}

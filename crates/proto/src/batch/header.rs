@@ -40,7 +40,7 @@ pub mod field {
 }
 
 /// Bytes counted by `batch_length` that belong to the header.
-pub const LENGTH_COVERED_HEADER_BYTES: usize = HEADER_BYTES - field::PARTITION_LEADER_EPOCH;
+pub(crate) const LENGTH_COVERED_HEADER_BYTES: usize = HEADER_BYTES - field::PARTITION_LEADER_EPOCH;
 
 const _: () = assert!(field::RECORDS == HEADER_BYTES);
 const _: () = assert!(field::RECORD_COUNT + 4 == HEADER_BYTES);
@@ -166,7 +166,9 @@ impl BatchHeader {
             record_count: i32_at(bytes, field::RECORD_COUNT),
         };
         if header.magic != MAGIC {
-            return Err(BatchError::BadMagic { found: header.magic });
+            return Err(BatchError::BadMagic {
+                found: header.magic,
+            });
         }
         if (header.batch_length as i64) < LENGTH_COVERED_HEADER_BYTES as i64 {
             return Err(BatchError::BadLength {
@@ -184,7 +186,8 @@ impl BatchHeader {
 
     /// Offset of the last record.
     pub fn last_offset(&self) -> i64 {
-        self.base_offset.saturating_add(i64::from(self.last_offset_delta))
+        self.base_offset
+            .saturating_add(i64::from(self.last_offset_delta))
     }
 
     /// The compression codec of the batch.

@@ -31,8 +31,14 @@ fn built_batch_validates_and_iterates() {
     assert_eq!(
         headers,
         [
-            Header { key: b"h", value: Some(b"x") },
-            Header { key: b"n", value: None }
+            Header {
+                key: b"h",
+                value: Some(b"x")
+            },
+            Header {
+                key: b"n",
+                value: None
+            }
         ]
     );
     assert_eq!(records[2].key, Some(&b""[..]));
@@ -98,9 +104,16 @@ fn compressed_batch_is_refused_not_misread() {
 
 #[test]
 fn transactional_and_control_batches_are_refused() {
-    for bits in [attribute::TRANSACTIONAL, attribute::CONTROL, attribute::LOG_APPEND_TIME] {
+    for bits in [
+        attribute::TRANSACTIONAL,
+        attribute::CONTROL,
+        attribute::LOG_APPEND_TIME,
+    ] {
         let err = RecordBatch::validate(&with_attributes(bits)).unwrap_err();
-        assert!(matches!(err, BatchError::UnsupportedAttributes { .. }), "{err}");
+        assert!(
+            matches!(err, BatchError::UnsupportedAttributes { .. }),
+            "{err}"
+        );
     }
 }
 
@@ -125,7 +138,10 @@ fn trailing_bytes_after_one_batch_are_refused_by_validated_batch() {
 fn wrong_magic_and_short_length_are_refused() {
     let mut bytes = sample();
     bytes[field::MAGIC] = 1;
-    assert_eq!(RecordBatch::validate(&bytes).unwrap_err(), BatchError::BadMagic { found: 1 });
+    assert_eq!(
+        RecordBatch::validate(&bytes).unwrap_err(),
+        BatchError::BadMagic { found: 1 }
+    );
     let mut bytes = sample();
     bytes[field::BATCH_LENGTH..][..4].copy_from_slice(&10i32.to_be_bytes());
     assert!(matches!(
@@ -170,14 +186,20 @@ fn hand_encoded_batch_decodes() {
     assert_eq!(used, bytes.len());
     assert_eq!(batch.header().base_offset, 7);
     let record = batch.records().next().unwrap().unwrap();
-    assert_eq!((record.key, record.value), (Some(&b"k"[..]), Some(&b"v1"[..])));
+    assert_eq!(
+        (record.key, record.value),
+        (Some(&b"k"[..]), Some(&b"v1"[..]))
+    );
 
     let mut builder = BatchBuilder::new(42);
     builder.push(Some(b"k"), Some(b"v1"), &[], 42);
     let mut built = builder.finish();
     set_base_offset(&mut built, 7);
     set_partition_leader_epoch(&mut built, 0);
-    assert_eq!(built, bytes, "the builder writes the same bytes as the spec");
+    assert_eq!(
+        built, bytes,
+        "the builder writes the same bytes as the spec"
+    );
 }
 
 /// CRC-32C (Castagnoli, reflected polynomial 0x82F63B78), one bit at a time.
@@ -186,7 +208,11 @@ fn crc32c_bitwise(bytes: &[u8]) -> u32 {
     for &byte in bytes {
         crc ^= u32::from(byte);
         for _ in 0..8 {
-            crc = if crc & 1 != 0 { (crc >> 1) ^ 0x82F6_3B78 } else { crc >> 1 };
+            crc = if crc & 1 != 0 {
+                (crc >> 1) ^ 0x82F6_3B78
+            } else {
+                crc >> 1
+            };
         }
     }
     !crc
@@ -199,7 +225,12 @@ fn crc32c_check_value() {
     assert_eq!(crc32c::crc32c(b"123456789"), 0xE306_9283);
 }
 
-type RecordSpec = (Option<Vec<u8>>, Option<Vec<u8>>, Vec<(Vec<u8>, Option<Vec<u8>>)>, i64);
+type RecordSpec = (
+    Option<Vec<u8>>,
+    Option<Vec<u8>>,
+    Vec<(Vec<u8>, Option<Vec<u8>>)>,
+    i64,
+);
 
 fn record_spec() -> impl Strategy<Value = RecordSpec> {
     let bytes = || proptest::collection::vec(any::<u8>(), 0..40);

@@ -1,0 +1,98 @@
+//! Errors of the partition log, typed by whose fault they are.
+
+use std::path::PathBuf;
+
+use braid_proto::BatchError;
+
+/// What is wrong with bytes found on disk.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum Corruption {
+    /// The bytes are not a valid batch.
+    #[error("{0}")]
+    Batch(#[from] BatchError),
+    /// A batch carries an offset that does not continue the log.
+    #[error("batch base offset {found}, expected {expected}")]
+    UnexpectedOffset {
+        /// The offset that continues the log.
+        expected: u64,
+        /// The offset found.
+        found: i64,
+    },
+}
+
+/// Why a log operation failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum LogError {
+    /// The operating system refused an operation (disk full, permissions, IO error).
+    #[error("{op} {path}: {source}")]
+    Io {
+        /// What was being done.
+        op: &'static str,
+        /// The file or directory.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Data on disk is damaged where it cannot be a torn write: it is reported, never
+    /// dropped silently.
+    #[error("corrupt data in {path} at byte {position}: {corruption}")]
+    Corrupt {
+        /// The log segment file.
+        path: PathBuf,
+        /// Byte position of the damaged batch in the file.
+        position: u64,
+        /// What is wrong.
+        corruption: Corruption,
+    },
+    /// The offset is below the log start or above the next offset.
+    #[error("offset {offset} is outside the log [{start}, {next}]")]
+    OffsetOutOfRange {
+        /// The offset asked for.
+        offset: u64,
+        /// The earliest offset still stored.
+        start: u64,
+        /// The offset the next append will get.
+        next: u64,
+    },
+    /// Truncation must cut between batches.
+    #[error("offset {offset} is inside batch [{batch_base}, {batch_last}]; truncate at a batch boundary")]
+    NotBatchBoundary {
+        /// The offset asked for.
+        offset: u64,
+        /// First offset of the batch that holds it.
+        batch_base: u64,
+        /// Last offset of that batch.
+        batch_last: u64,
+    },
+    /// The batch cannot fit in one log segment.
+    #[error("batch of {bytes} bytes exceeds the log segment size {segment_bytes_max}")]
+    BatchTooLarge {
+        /// Size of the batch.
+        bytes: usize,
+        /// The configured segment size.
+        segment_bytes_max: u32,
+    },
+    /// An earlier fsync failed, so what the page cache holds may never reach the disk;
+    /// the log takes no more writes until it is reopened (which runs recovery).
+    #[error("log refuses writes after a failed fsync: {reason}")]
+    Poisoned {
+        /// The failure that poisoned the log.
+        reason: String,
+    },
+    /// The settings cannot work.
+    #[error(transparent)]
+    Config(#[from] crate::ConfigError),
+}
+
+impl LogError {
+    pub(crate) fn io(
+        op: &'static str,
+        path: impl Into<PathBuf>,
+    ) -> impl FnOnce(std::io::Error) -> Self {
+        let path = path.into();
+        move |source| Self::Io { op, path, source }
+    }
+}

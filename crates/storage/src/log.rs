@@ -1,0 +1,807 @@
+//! The partition log: an ordered list of log segments, the newest one active.
+
+use std::collections::VecDeque;
+use std::fs::{File, OpenOptions};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use braid_proto::ValidatedBatch;
+
+use crate::config::{FsyncPolicy, LogConfig};
+use crate::error::LogError;
+use crate::files::{index_path, log_path, time_index_path, CLEAN_MARKER};
+use crate::segment::{
+    find_batch, flush_index, load_index, read_batches, truncate_index_files, LogRead, MaxTimestamp,
+    Segment,
+};
+use crate::sync::{SyncError, SyncRequest};
+
+mod open;
+
+/// Unflushed index entries after which an append writes them to the index files.
+const INDEX_FLUSH_ENTRIES: usize = 256;
+/// Sealed segments whose indexes stay in memory per log (the active one always may).
+const SEALED_INDEXES_CACHED: usize = 2;
+
+/// Where an append landed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Appended {
+    /// Offset of the batch's first record.
+    pub base_offset: u64,
+    /// Offset of its last record.
+    pub last_offset: u64,
+    /// Size of the batch in bytes.
+    pub bytes: u32,
+}
+
+/// What opening the log found and did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RecoveryReport {
+    /// The log was closed cleanly, so the newest segment was trusted (its tail walked,
+    /// not re-verified).
+    pub clean: bool,
+    /// Bytes of the newest segment verified batch by batch.
+    pub bytes_scanned: u64,
+    /// Bytes cut from the end of the newest segment (a torn tail, or damage dropped
+    /// under [`crate::RecoveryMode::TruncateAtDamage`]).
+    pub bytes_truncated: u64,
+    /// Where damage that was not a torn tail was cut, under `TruncateAtDamage`.
+    pub damage_cut_at: Option<u64>,
+    /// Index files rebuilt from the log segment.
+    pub indexes_rebuilt: u32,
+}
+
+/// Segments removed by retention.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RetentionOutcome {
+    /// Log segments deleted.
+    pub segments_deleted: u32,
+    /// Bytes of batches deleted.
+    pub bytes_deleted: u64,
+    /// The log start offset afterwards.
+    pub start_offset: u64,
+}
+
+/// An append-only log of record batches in one directory.
+///
+/// Offsets are dense: the log assigns each appended batch the next offsets. Reads return
+/// the stored bytes of whole batches. The log is owned by one thread (a shard) and is
+/// mutated through `&mut self`; durability is asked of a [`crate::Syncer`] with
+/// [`PartitionLog::sync_request`] and reported back with [`PartitionLog::on_synced`],
+/// or done inline with [`PartitionLog::sync`].
+///
+/// Call order for a shard under `fsync = always`: [`append`](Self::append) any number
+/// of batches, then [`sync_request`](Self::sync_request), submit it, and acknowledge
+/// the appends when its callback has passed the result to
+/// [`on_synced`](Self::on_synced) and [`durable_offset`](Self::durable_offset) covers
+/// them.
+#[derive(Debug)]
+pub struct PartitionLog {
+    dir: PathBuf,
+    config: LogConfig,
+    /// Sorted by base offset; the last one is active. Never empty.
+    segments: Vec<Segment>,
+    /// Read-write handle of the active segment, opened on demand.
+    active_file: Option<Arc<File>>,
+    /// Read handle of one sealed segment: (base offset, file).
+    reader: Option<(u64, Arc<File>)>,
+    /// Base offsets of sealed segments whose indexes are loaded, oldest first.
+    sealed_indexes: VecDeque<u64>,
+    next_offset: u64,
+    durable_offset: u64,
+    /// When the oldest append not yet durable was made (ms).
+    unsynced_since_ms: Option<u64>,
+    /// Grows on every truncation, so a sync that started before it is not taken as
+    /// covering data written after it.
+    generation: u64,
+    /// The clean-shutdown marker is on disk and must go before the next write.
+    clean_marker: bool,
+    poisoned: Option<String>,
+    recovery: RecoveryReport,
+}
+
+impl PartitionLog {
+    /// The directory of the log.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &LogConfig {
+        &self.config
+    }
+
+    /// The earliest offset still stored.
+    pub fn start_offset(&self) -> u64 {
+        self.segments
+            .first()
+            .map_or(self.next_offset, |s| s.base_offset)
+    }
+
+    /// The offset the next appended record gets.
+    pub fn next_offset(&self) -> u64 {
+        self.next_offset
+    }
+
+    /// Every offset below this is on disk (fsynced).
+    pub fn durable_offset(&self) -> u64 {
+        self.durable_offset
+    }
+
+    /// Bytes of batches stored.
+    pub fn size_bytes(&self) -> u64 {
+        self.segments.iter().map(|s| s.size_bytes).sum()
+    }
+
+    /// Number of log segments.
+    pub fn segment_count(&self) -> usize {
+        self.segments.len()
+    }
+
+    /// What opening the log found.
+    pub fn recovery(&self) -> &RecoveryReport {
+        &self.recovery
+    }
+
+    /// Files this log holds open now (at most two: the active segment and one reader).
+    pub fn open_files(&self) -> usize {
+        usize::from(self.active_file.is_some()) + usize::from(self.reader.is_some())
+    }
+
+    /// Appends a batch: assigns it the next offsets and writes it to the page cache.
+    /// Rolls to a new segment first when the active one is full or old. The batch is
+    /// durable only once [`durable_offset`](Self::durable_offset) passes it (see
+    /// [`append_blocking`](Self::append_blocking) for a call that waits).
+    ///
+    /// # Errors
+    /// [`LogError::BatchTooLarge`], [`LogError::Poisoned`], or an IO error; after a
+    /// failed write the log is as it was before the call.
+    pub fn append(&mut self, mut batch: ValidatedBatch, now_ms: u64) -> Result<Appended, LogError> {
+        self.check_writable()?;
+        let bytes = batch.len();
+        if bytes > self.config.segment_bytes_max as usize {
+            return Err(LogError::BatchTooLarge {
+                bytes,
+                segment_bytes_max: self.config.segment_bytes_max,
+            });
+        }
+        let count = u64::from(batch.record_count());
+        self.remove_clean_marker()?;
+        if self.should_roll(bytes as u64, count, now_ms) {
+            self.roll(now_ms)?;
+        }
+        let active = self.segments.len() - 1;
+        self.ensure_index(active)?;
+        let file = self.file_for(active)?;
+        let base_offset = self.next_offset;
+        batch.set_base_offset(base_offset as i64);
+        let segment = &mut self.segments[active];
+        let position = segment.size_bytes;
+        if let Err(err) = file.write_all_at(batch.as_bytes(), position) {
+            // Leave no partial batch behind; if even that fails, stop writing.
+            if let Err(cut) = file.set_len(position) {
+                self.poisoned = Some(format!("could not undo a failed write: {cut}"));
+            }
+            return Err(LogError::io(
+                "write",
+                log_path(&self.dir, segment.base_offset),
+            )(err));
+        }
+        let relative_offset = segment.relative(base_offset);
+        segment.max_timestamp = match segment.max_timestamp {
+            MaxTimestamp::At {
+                timestamp,
+                relative_offset: at,
+            } if timestamp >= batch.header().max_timestamp => MaxTimestamp::At {
+                timestamp,
+                relative_offset: at,
+            },
+            _ => MaxTimestamp::At {
+                timestamp: batch.header().max_timestamp,
+                relative_offset,
+            },
+        };
+        let MaxTimestamp::At {
+            timestamp,
+            relative_offset: max_at,
+        } = segment.max_timestamp
+        else {
+            unreachable!("set just above");
+        };
+        let interval = self.config.index_interval_bytes;
+        let index = segment.index.get_or_insert_with(Default::default);
+        index.note_batch(
+            relative_offset,
+            position as u32,
+            interval,
+            timestamp,
+            max_at,
+        );
+        let pending = index.offsets.len() - index.offsets_in_file;
+        segment.size_bytes += bytes as u64;
+        self.next_offset += count;
+        segment.end_offset = Some(self.next_offset);
+        if segment.size_bytes == bytes as u64 {
+            segment.created_ms = now_ms;
+        }
+        if pending >= INDEX_FLUSH_ENTRIES {
+            flush_index(&self.dir, segment, false)?;
+        }
+        self.unsynced_since_ms.get_or_insert(now_ms);
+        Ok(Appended {
+            base_offset,
+            last_offset: self.next_offset - 1,
+            bytes: bytes as u32,
+        })
+    }
+
+    /// Appends and, under `fsync = always`, syncs before returning: the blocking form
+    /// for callers without a [`crate::Syncer`]. It gets no group commit.
+    ///
+    /// # Errors
+    /// As [`append`](Self::append) and [`sync`](Self::sync).
+    pub fn append_blocking(
+        &mut self,
+        batch: ValidatedBatch,
+        now_ms: u64,
+    ) -> Result<Appended, LogError> {
+        let appended = self.append(batch, now_ms)?;
+        if self.config.fsync == FsyncPolicy::Always {
+            self.sync()?;
+        }
+        Ok(appended)
+    }
+
+    fn should_roll(&self, bytes: u64, count: u64, now_ms: u64) -> bool {
+        let Some(active) = self.segments.last() else {
+            return true;
+        };
+        if active.size_bytes == 0 {
+            return false;
+        }
+        let full = active.size_bytes + bytes > u64::from(self.config.segment_bytes_max);
+        let old = self
+            .config
+            .segment_age_ms_max
+            .is_some_and(|max| now_ms.saturating_sub(active.created_ms) >= max);
+        // Index entries hold offsets relative to the segment base in 32 bits.
+        let span = self.next_offset + count - 1 - active.base_offset > u64::from(u32::MAX);
+        full || old || span
+    }
+
+    /// Seals the active segment (indexes completed and synced, data synced) and starts
+    /// a new one at the next offset. Does nothing while the active segment is empty.
+    ///
+    /// # Errors
+    /// IO errors; the log stays usable with the old active segment.
+    pub fn roll(&mut self, now_ms: u64) -> Result<(), LogError> {
+        self.check_writable()?;
+        let active = self.segments.len() - 1;
+        if self.segments[active].size_bytes == 0 {
+            return Ok(());
+        }
+        self.remove_clean_marker()?;
+        self.ensure_index(active)?;
+        let file = self.file_for(active)?;
+        let segment = &mut self.segments[active];
+        if let (
+            Some(index),
+            MaxTimestamp::At {
+                timestamp,
+                relative_offset,
+            },
+        ) = (segment.index.as_mut(), segment.max_timestamp)
+        {
+            index.seal(timestamp, relative_offset);
+        }
+        flush_index(&self.dir, segment, true)?;
+        file.sync_data().map_err(LogError::io(
+            "fsync",
+            log_path(&self.dir, segment.base_offset),
+        ))?;
+        let base = self.next_offset;
+        let path = log_path(&self.dir, base);
+        let new_file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(&path)
+            .map_err(LogError::io("create", &path))?;
+        sync_dir(&self.dir)?;
+        self.durable_offset = self.durable_offset.max(base);
+        self.unsynced_since_ms = None;
+        // The old active segment's index now counts as a cached sealed one.
+        self.sealed_indexes
+            .push_back(self.segments[active].base_offset);
+        self.trim_sealed_indexes();
+        self.segments.push(Segment::new_empty(base, now_ms));
+        self.active_file = Some(Arc::new(new_file));
+        Ok(())
+    }
+
+    /// Reads whole batches from the one holding `from`, up to `max_bytes` (at least one
+    /// batch, even a larger one) and from one log segment; reads stop before `end_offset`
+    /// (the commit point, for a log that holds uncommitted entries). Reading at or past
+    /// the end returns an empty result.
+    ///
+    /// # Errors
+    /// [`LogError::OffsetOutOfRange`] below the start or above the next offset;
+    /// [`LogError::Corrupt`] if a stored batch header is damaged; IO errors.
+    pub fn read(
+        &mut self,
+        from: u64,
+        max_bytes: u32,
+        end_offset: u64,
+    ) -> Result<LogRead, LogError> {
+        self.check_range(from)?;
+        let limit = end_offset.min(self.next_offset);
+        if from >= limit {
+            return Ok(LogRead::empty(from));
+        }
+        let mut at = self.segment_of(from);
+        while at < self.segments.len() {
+            self.ensure_index(at)?;
+            let file = self.file_for(at)?;
+            let read = read_batches(
+                &self.dir,
+                &self.segments[at],
+                &file,
+                from,
+                u64::from(max_bytes),
+                limit,
+                self.config.index_interval_bytes,
+            )?;
+            if !read.is_empty() {
+                return Ok(read);
+            }
+            at += 1;
+        }
+        Ok(LogRead::empty(from))
+    }
+
+    /// The first offset whose record timestamp is at or after `timestamp_ms`, or `None`
+    /// when every record is older.
+    ///
+    /// # Errors
+    /// As [`read`](Self::read).
+    pub fn offset_for_timestamp(&mut self, timestamp_ms: i64) -> Result<Option<u64>, LogError> {
+        for at in 0..self.segments.len() {
+            self.ensure_index(at)?;
+            match self.segments[at].max_timestamp {
+                MaxTimestamp::At { timestamp, .. } if timestamp >= timestamp_ms => {}
+                _ => continue,
+            }
+            let segment = &self.segments[at];
+            let Some(index) = segment.index.as_ref() else {
+                continue;
+            };
+            let mut offset = match index.last_below(timestamp_ms) {
+                Some(relative) => segment.base_offset + u64::from(relative),
+                None => segment.base_offset,
+            };
+            let end = segment.end_offset.unwrap_or(self.next_offset);
+            while offset < end {
+                let read = self.read(offset, 0, end)?;
+                if read.is_empty() {
+                    break;
+                }
+                let corrupt = |e: braid_proto::BatchError| LogError::Corrupt {
+                    path: log_path(&self.dir, self.segments[at].base_offset),
+                    position: 0,
+                    corruption: e.into(),
+                };
+                let (batch, _) =
+                    braid_proto::RecordBatch::check_frame(read.bytes()).map_err(corrupt)?;
+                let header = *batch.header();
+                if header.max_timestamp >= timestamp_ms {
+                    for (i, record) in batch.records().enumerate() {
+                        let record = record.map_err(corrupt)?;
+                        let at_ms = header.base_timestamp.saturating_add(record.timestamp_delta);
+                        if at_ms >= timestamp_ms {
+                            return Ok(Some(header.base_offset as u64 + i as u64));
+                        }
+                    }
+                }
+                if read.next_offset <= offset {
+                    break;
+                }
+                offset = read.next_offset;
+            }
+        }
+        Ok(None)
+    }
+
+    /// Discards every record at or after `offset`, which must start a batch (or be the
+    /// next offset, a no-op). Replication uses it to drop uncommitted entries after a
+    /// view change. Durable when it returns; a crash during it leaves a log that ends
+    /// somewhere between `offset` and the old end, never one with a hole.
+    ///
+    /// # Errors
+    /// [`LogError::OffsetOutOfRange`], [`LogError::NotBatchBoundary`], IO errors.
+    pub fn truncate(&mut self, offset: u64) -> Result<(), LogError> {
+        self.check_writable()?;
+        self.check_range(offset)?;
+        if offset == self.next_offset {
+            return Ok(());
+        }
+        let at = self.segment_of(offset);
+        self.ensure_index(at)?;
+        let position = if self.segments[at].base_offset == offset {
+            0
+        } else {
+            let file = self.file_for(at)?;
+            match find_batch(&self.dir, &self.segments[at], &file, offset)? {
+                Some((position, header)) if header.base_offset as u64 == offset => position,
+                Some((_, header)) => {
+                    return Err(LogError::NotBatchBoundary {
+                        offset,
+                        batch_base: header.base_offset as u64,
+                        batch_last: header.last_offset() as u64,
+                    })
+                }
+                None => return Err(self.out_of_range(offset)),
+            }
+        };
+        self.remove_clean_marker()?;
+        // Newest first, so a crash leaves a log without holes.
+        while self.segments.len() > at + 1 {
+            let Some(doomed) = self.segments.pop() else {
+                break;
+            };
+            self.forget_files_of(doomed.base_offset);
+            delete_segment_files(&self.dir, doomed.base_offset)?;
+        }
+        self.active_file = None;
+        if self
+            .reader
+            .as_ref()
+            .is_some_and(|(base, _)| *base == self.segments[at].base_offset)
+        {
+            self.reader = None;
+        }
+        self.sealed_indexes
+            .retain(|base| *base != self.segments[at].base_offset);
+        let file = self.file_for(at)?;
+        let segment = &mut self.segments[at];
+        let path = log_path(&self.dir, segment.base_offset);
+        file.set_len(position)
+            .map_err(LogError::io("truncate", &path))?;
+        file.sync_data().map_err(LogError::io("fsync", &path))?;
+        segment.size_bytes = position;
+        let relative = segment.relative(offset);
+        if let Some(index) = segment.index.as_mut() {
+            index.truncate(relative);
+        }
+        truncate_index_files(&self.dir, segment)?;
+        flush_index(&self.dir, segment, false)?;
+        // Reload so the running largest timestamp and the tail are recomputed by the
+        // same walk that opening uses.
+        segment.index = None;
+        segment.max_timestamp = MaxTimestamp::Unknown;
+        load_index(
+            &self.dir,
+            segment,
+            &file,
+            self.config.index_interval_bytes,
+            false,
+        )?;
+        sync_dir(&self.dir)?;
+        self.next_offset = offset;
+        self.durable_offset = self.durable_offset.min(offset);
+        self.generation += 1;
+        Ok(())
+    }
+
+    /// Deletes the oldest sealed segments that retention by size or age no longer
+    /// keeps; never the active one.
+    ///
+    /// # Errors
+    /// IO errors; segments deleted before the error stay deleted.
+    pub fn apply_retention(&mut self, now_ms: u64) -> Result<RetentionOutcome, LogError> {
+        let mut outcome = RetentionOutcome::default();
+        while self.segments.len() > 1 {
+            let total = self.size_bytes();
+            let oldest_bytes = self.segments[0].size_bytes;
+            let by_size = self
+                .config
+                .retention_bytes
+                .is_some_and(|keep| total - oldest_bytes >= keep);
+            let by_age = match self.config.retention_ms {
+                Some(keep_ms) => {
+                    self.ensure_index(0)?;
+                    match self.segments[0].max_timestamp {
+                        MaxTimestamp::At { timestamp, .. } => {
+                            timestamp.saturating_add(keep_ms as i64) < now_ms as i64
+                        }
+                        MaxTimestamp::Empty => true,
+                        MaxTimestamp::Unknown => false,
+                    }
+                }
+                None => false,
+            };
+            if !(by_size || by_age) {
+                break;
+            }
+            self.remove_clean_marker()?;
+            let doomed = self.segments.remove(0);
+            self.forget_files_of(doomed.base_offset);
+            delete_segment_files(&self.dir, doomed.base_offset)?;
+            outcome.segments_deleted += 1;
+            outcome.bytes_deleted += doomed.size_bytes;
+        }
+        outcome.start_offset = self.start_offset();
+        Ok(outcome)
+    }
+
+    /// A request that makes every append so far durable, or `None` if they already are.
+    ///
+    /// # Errors
+    /// The active segment's file could not be opened.
+    pub fn sync_request(&mut self) -> Result<Option<SyncRequest>, LogError> {
+        if self.durable_offset >= self.next_offset {
+            return Ok(None);
+        }
+        let active = self.segments.len() - 1;
+        let file = self.file_for(active)?;
+        Ok(Some(SyncRequest {
+            file,
+            next_offset: self.next_offset,
+            generation: self.generation,
+        }))
+    }
+
+    /// Takes the result of a [`SyncRequest`] of this log. A failure poisons the log.
+    pub fn on_synced(&mut self, request: &SyncRequest, result: Result<(), SyncError>) {
+        match result {
+            Err(err) => {
+                self.poisoned.get_or_insert(err.to_string());
+            }
+            Ok(()) if request.generation == self.generation => {
+                self.durable_offset = self.durable_offset.max(request.next_offset);
+                if self.durable_offset >= self.next_offset {
+                    self.unsynced_since_ms = None;
+                }
+            }
+            Ok(()) => {}
+        }
+    }
+
+    /// Syncs on the calling thread.
+    ///
+    /// # Errors
+    /// A failed `fdatasync` (which also poisons the log).
+    pub fn sync(&mut self) -> Result<(), LogError> {
+        if let Some(request) = self.sync_request()? {
+            let result = request.run();
+            self.on_synced(&request, result.clone());
+            result.map_err(|e| LogError::Poisoned {
+                reason: e.to_string(),
+            })?;
+        }
+        Ok(())
+    }
+
+    /// Whether the fsync policy wants a sync now: under `always` whenever appends are
+    /// not durable, under `interval` once the oldest of them is that old, under `never`
+    /// not at all.
+    pub fn sync_due(&self, now_ms: u64) -> bool {
+        let Some(since) = self.unsynced_since_ms else {
+            return false;
+        };
+        match self.config.fsync {
+            FsyncPolicy::Always => true,
+            FsyncPolicy::Interval { interval_ms } => now_ms.saturating_sub(since) >= interval_ms,
+            FsyncPolicy::Never => false,
+        }
+    }
+
+    /// Closes open files and drops the cached indexes, keeping only what an idle log
+    /// needs (a few dozen bytes per segment). The next operation reopens what it uses.
+    ///
+    /// # Errors
+    /// Writing pending index entries failed.
+    pub fn release_files(&mut self) -> Result<(), LogError> {
+        for segment in &mut self.segments {
+            flush_index(&self.dir, segment, false)?;
+            segment.index = None;
+            // The running largest timestamp is recomputed when the index is reloaded.
+            if segment.max_timestamp != MaxTimestamp::Empty {
+                segment.max_timestamp = MaxTimestamp::Unknown;
+            }
+        }
+        self.sealed_indexes.clear();
+        self.active_file = None;
+        self.reader = None;
+        Ok(())
+    }
+
+    /// Flushes and syncs everything, then marks the log cleanly closed so the next open
+    /// need not verify the newest segment.
+    ///
+    /// # Errors
+    /// Any IO error; the log is then left without the marker, as after a crash.
+    pub fn close(mut self) -> Result<(), LogError> {
+        self.check_writable()?;
+        let active = self.segments.len() - 1;
+        self.ensure_index(active)?;
+        let file = self.file_for(active)?;
+        flush_index(&self.dir, &mut self.segments[active], true)?;
+        let path = log_path(&self.dir, self.segments[active].base_offset);
+        file.sync_data().map_err(LogError::io("fsync", &path))?;
+        let marker = self.dir.join(CLEAN_MARKER);
+        File::create(&marker)
+            .and_then(|f| f.sync_all())
+            .map_err(LogError::io("create", &marker))?;
+        sync_dir(&self.dir)
+    }
+
+    /// Approximate heap bytes this log holds, for capacity planning.
+    pub fn heap_bytes(&self) -> usize {
+        self.dir.as_os_str().len()
+            + self.segments.capacity() * std::mem::size_of::<Segment>()
+            + self
+                .segments
+                .iter()
+                .filter_map(|s| s.index.as_ref())
+                .map(|i| i.heap_bytes())
+                .sum::<usize>()
+    }
+
+    fn check_writable(&self) -> Result<(), LogError> {
+        match &self.poisoned {
+            Some(reason) => Err(LogError::Poisoned {
+                reason: reason.clone(),
+            }),
+            None => Ok(()),
+        }
+    }
+
+    fn check_range(&self, offset: u64) -> Result<(), LogError> {
+        if offset < self.start_offset() || offset > self.next_offset {
+            return Err(self.out_of_range(offset));
+        }
+        Ok(())
+    }
+
+    fn out_of_range(&self, offset: u64) -> LogError {
+        LogError::OffsetOutOfRange {
+            offset,
+            start: self.start_offset(),
+            next: self.next_offset,
+        }
+    }
+
+    /// Index of the segment that holds `offset` (the last with base at or below it).
+    fn segment_of(&self, offset: u64) -> usize {
+        self.segments
+            .partition_point(|s| s.base_offset <= offset)
+            .saturating_sub(1)
+    }
+
+    fn remove_clean_marker(&mut self) -> Result<(), LogError> {
+        if self.clean_marker {
+            let marker = self.dir.join(CLEAN_MARKER);
+            match std::fs::remove_file(&marker) {
+                Ok(()) => {}
+                Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
+                Err(err) => return Err(LogError::io("remove", &marker)(err)),
+            }
+            sync_dir(&self.dir)?;
+            self.clean_marker = false;
+        }
+        Ok(())
+    }
+
+    /// Loads the indexes of segment `at` if they are not in memory.
+    fn ensure_index(&mut self, at: usize) -> Result<(), LogError> {
+        if self.segments[at].index.is_some()
+            && self.segments[at].max_timestamp != MaxTimestamp::Unknown
+        {
+            return Ok(());
+        }
+        let file = self.file_for(at)?;
+        let sealed = at + 1 < self.segments.len();
+        let interval = self.config.index_interval_bytes;
+        let rebuilt = load_index(&self.dir, &mut self.segments[at], &file, interval, sealed)?;
+        self.recovery.indexes_rebuilt += u32::from(rebuilt);
+        if sealed {
+            let segment = &self.segments[at];
+            let next_base = self.segments[at + 1].base_offset;
+            if segment.end_offset != Some(next_base) {
+                return Err(LogError::Corrupt {
+                    path: log_path(&self.dir, segment.base_offset),
+                    position: segment.size_bytes,
+                    corruption: crate::Corruption::UnexpectedOffset {
+                        expected: segment.end_offset.unwrap_or(segment.base_offset),
+                        found: next_base as i64,
+                    },
+                });
+            }
+            self.sealed_indexes.push_back(segment.base_offset);
+            self.trim_sealed_indexes();
+        }
+        Ok(())
+    }
+
+    fn trim_sealed_indexes(&mut self) {
+        while self.sealed_indexes.len() > SEALED_INDEXES_CACHED {
+            let Some(base) = self.sealed_indexes.pop_front() else {
+                break;
+            };
+            let at = self.segments.partition_point(|s| s.base_offset < base);
+            let sealed = at + 1 < self.segments.len();
+            if let Some(segment) = self.segments.get_mut(at) {
+                if segment.base_offset == base && sealed {
+                    // Sealed indexes are complete in their files; only memory is freed.
+                    segment.index = None;
+                }
+            }
+        }
+    }
+
+    /// The open file of segment `at`, opening it if needed (closing the previous
+    /// reader for a sealed segment).
+    fn file_for(&mut self, at: usize) -> Result<Arc<File>, LogError> {
+        let base = self.segments[at].base_offset;
+        let active = at + 1 == self.segments.len();
+        if active {
+            if let Some(file) = &self.active_file {
+                return Ok(Arc::clone(file));
+            }
+        } else if let Some((reader_base, file)) = &self.reader {
+            if *reader_base == base {
+                return Ok(Arc::clone(file));
+            }
+        }
+        let path = log_path(&self.dir, base);
+        let file = OpenOptions::new()
+            .read(true)
+            .write(active)
+            .open(&path)
+            .map_err(LogError::io("open", &path))?;
+        let file = Arc::new(file);
+        if active {
+            self.active_file = Some(Arc::clone(&file));
+        } else {
+            self.reader = Some((base, Arc::clone(&file)));
+        }
+        Ok(file)
+    }
+
+    fn forget_files_of(&mut self, base: u64) {
+        if self.reader.as_ref().is_some_and(|(b, _)| *b == base) {
+            self.reader = None;
+        }
+        if self.segments.last().is_none_or(|s| s.base_offset < base) {
+            self.active_file = None;
+        }
+        self.sealed_indexes.retain(|b| *b != base);
+    }
+}
+
+fn delete_segment_files(dir: &Path, base: u64) -> Result<(), LogError> {
+    // The .log file goes first: index files without it are removed on open.
+    for path in [
+        log_path(dir, base),
+        index_path(dir, base),
+        time_index_path(dir, base),
+    ] {
+        match std::fs::remove_file(&path) {
+            Ok(()) => {}
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
+            Err(err) => return Err(LogError::io("remove", &path)(err)),
+        }
+    }
+    Ok(())
+}
+
+/// Makes creations, renames and removals in `dir` durable.
+pub(crate) fn sync_dir(dir: &Path) -> Result<(), LogError> {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(LogError::io("fsync", dir))
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,181 @@
+//! Opening a log directory: finding the segments, and recovery of the newest one.
+
+use std::fs::OpenOptions;
+use std::path::{Path, PathBuf};
+
+use super::{sync_dir, PartitionLog, RecoveryReport};
+use crate::config::{LogConfig, RecoveryMode};
+use crate::error::LogError;
+use crate::files::{log_path, parse_name, FileKind, CLEAN_MARKER};
+use crate::segment::{rewrite_index_files, IndexBuilder, Segment};
+use crate::walk::{find_intact_batch, Step, Walk};
+
+impl PartitionLog {
+    /// Opens the log in `dir`, creating the directory and a first segment if needed.
+    ///
+    /// After a clean [`close`](Self::close) the newest segment is trusted and only its
+    /// tail after the last index entry is walked. Otherwise every batch of the newest
+    /// segment is verified (CRC and offset continuity): a torn tail (damage that no
+    /// intact batch follows) is cut off, and its indexes are rebuilt. Older segments were
+    /// synced when they were sealed; their indexes are checked and, if damaged, rebuilt
+    /// when first used. `now_ms` is the wall-clock time, used for segment ages.
+    ///
+    /// # Errors
+    /// [`LogError::Config`]; [`LogError::Corrupt`] naming the file and byte position of
+    /// damage that is not a torn tail (under [`RecoveryMode::Strict`]); IO errors.
+    pub fn open(dir: impl Into<PathBuf>, config: LogConfig, now_ms: u64) -> Result<Self, LogError> {
+        config.validate()?;
+        let dir = dir.into();
+        std::fs::create_dir_all(&dir).map_err(LogError::io("create", &dir))?;
+        let (mut bases, clean) = scan_dir(&dir)?;
+        if bases.is_empty() {
+            let path = log_path(&dir, 0);
+            OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(&path)
+                .map_err(LogError::io("create", &path))?;
+            sync_dir(&dir)?;
+            bases.push(0);
+        }
+        let mut segments = Vec::with_capacity(bases.len());
+        for base in bases {
+            let path = log_path(&dir, base);
+            let meta = std::fs::metadata(&path).map_err(LogError::io("stat", &path))?;
+            let created_ms = meta
+                .created()
+                .or_else(|_| meta.modified())
+                .ok()
+                .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+                .map_or(now_ms, |d| d.as_millis() as u64);
+            segments.push(Segment {
+                base_offset: base,
+                size_bytes: meta.len(),
+                end_offset: None,
+                max_timestamp: crate::segment::MaxTimestamp::Unknown,
+                created_ms,
+                index: None,
+            });
+        }
+        let mut log = Self {
+            dir,
+            config,
+            segments,
+            active_file: None,
+            reader: None,
+            sealed_indexes: Default::default(),
+            next_offset: 0,
+            durable_offset: 0,
+            unsynced_since_ms: None,
+            generation: 0,
+            clean_marker: clean,
+            poisoned: None,
+            recovery: RecoveryReport {
+                clean,
+                ..RecoveryReport::default()
+            },
+        };
+        let active = log.segments.len() - 1;
+        let trusted = clean && log.ensure_index(active).is_ok();
+        if !trusted {
+            log.recovery.clean = false;
+            log.recover_newest()?;
+        }
+        let newest = &log.segments[active];
+        log.next_offset = newest.end_offset.unwrap_or(newest.base_offset);
+        // Everything found on disk after open is treated as durable: it survived.
+        log.durable_offset = log.next_offset;
+        Ok(log)
+    }
+
+    /// Verifies every batch of the newest segment, cuts a torn tail, rebuilds its
+    /// indexes.
+    fn recover_newest(&mut self) -> Result<(), LogError> {
+        let active = self.segments.len() - 1;
+        self.active_file = None;
+        let file = self.file_for(active)?;
+        let segment = &mut self.segments[active];
+        let path = log_path(&self.dir, segment.base_offset);
+        let mut builder = IndexBuilder::new(segment.base_offset, self.config.index_interval_bytes);
+        let mut walk = Walk::new(&file, 0, segment.size_bytes, true);
+        let mut valid_end = 0;
+        let damage = loop {
+            match walk.next_step().map_err(LogError::io("read", &path))? {
+                Step::End => break None,
+                Step::Bad {
+                    position,
+                    corruption,
+                } => break Some((position, corruption)),
+                Step::Batch { position, header } => match builder.add(position, &header) {
+                    Ok(()) => valid_end = position + header.total_bytes() as u64,
+                    Err(corruption) => break Some((position, corruption)),
+                },
+            }
+        };
+        self.recovery.bytes_scanned = valid_end;
+        if let Some((position, corruption)) = damage {
+            let intact_after =
+                find_intact_batch(&file, position + 1, segment.size_bytes, builder.next_offset)
+                    .map_err(LogError::io("read", &path))?;
+            if intact_after.is_some() {
+                if self.config.recovery == RecoveryMode::Strict {
+                    return Err(LogError::Corrupt {
+                        path,
+                        position,
+                        corruption,
+                    });
+                }
+                self.recovery.damage_cut_at = Some(position);
+            }
+            self.recovery.bytes_truncated = segment.size_bytes - position;
+            file.set_len(position)
+                .map_err(LogError::io("truncate", &path))?;
+            file.sync_data().map_err(LogError::io("fsync", &path))?;
+            segment.size_bytes = position;
+        }
+        segment.end_offset = Some(builder.next_offset);
+        segment.max_timestamp = builder.max_timestamp;
+        segment.index = Some(builder.index);
+        rewrite_index_files(&self.dir, segment)?;
+        self.recovery.indexes_rebuilt += 1;
+        Ok(())
+    }
+}
+
+/// Lists the segment base offsets of `dir` in order, removes leftovers (temporary
+/// files, index files whose `.log` is gone), and reports the clean-shutdown marker.
+fn scan_dir(dir: &Path) -> Result<(Vec<u64>, bool), LogError> {
+    let mut logs = Vec::new();
+    let mut indexes = Vec::new();
+    let mut clean = false;
+    let entries = std::fs::read_dir(dir).map_err(LogError::io("list", dir))?;
+    for entry in entries {
+        let entry = entry.map_err(LogError::io("list", dir))?;
+        let name = entry.file_name();
+        let Some(name) = name.to_str() else {
+            continue;
+        };
+        if name == CLEAN_MARKER {
+            clean = true;
+            continue;
+        }
+        match parse_name(name) {
+            Some((base, FileKind::Log)) => logs.push(base),
+            Some((base, FileKind::Index | FileKind::TimeIndex)) => {
+                indexes.push((base, entry.path()))
+            }
+            Some((_, FileKind::Temp)) => {
+                let path = entry.path();
+                std::fs::remove_file(&path).map_err(LogError::io("remove", &path))?;
+            }
+            None => {}
+        }
+    }
+    logs.sort_unstable();
+    for (base, path) in indexes {
+        if logs.binary_search(&base).is_err() {
+            std::fs::remove_file(&path).map_err(LogError::io("remove", &path))?;
+        }
+    }
+    Ok((logs, clean))
+}

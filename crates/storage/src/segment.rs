@@ -1,0 +1,560 @@
+//! One log segment: its place in the log, its size, and its indexes when loaded.
+//!
+//! The functions here take the segment's open file from the caller, which owns the
+//! handles and bounds how many are open.
+
+use std::fs::File;
+use std::io::Write;
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+
+use braid_proto::batch::BatchHeader;
+
+use crate::error::{Corruption, LogError};
+use crate::files::{index_path, log_path, time_index_path, TEMP_SUFFIX};
+use crate::index::{decode_offsets, decode_times, encode_offsets, encode_times, SegmentIndex};
+use crate::walk::{Step, Walk};
+
+/// The largest timestamp of a segment and the batch that holds it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum MaxTimestamp {
+    /// Not known until the indexes are loaded.
+    Unknown,
+    /// The segment holds no batch.
+    Empty,
+    /// The largest record timestamp, in the batch at `relative_offset`.
+    At {
+        timestamp: i64,
+        relative_offset: u32,
+    },
+}
+
+impl MaxTimestamp {
+    fn include(&mut self, timestamp: i64, relative_offset: u32) {
+        let grows = match *self {
+            Self::At { timestamp: max, .. } => timestamp > max,
+            Self::Unknown | Self::Empty => true,
+        };
+        if grows {
+            *self = Self::At {
+                timestamp,
+                relative_offset,
+            };
+        }
+    }
+}
+
+/// What the log keeps of one segment. An idle segment is a few dozen bytes: its
+/// indexes are dropped and reloaded from their files when needed.
+#[derive(Debug)]
+pub(crate) struct Segment {
+    pub(crate) base_offset: u64,
+    /// Bytes of whole batches in the `.log` file.
+    pub(crate) size_bytes: u64,
+    /// Offset after the segment's last batch; `None` until the indexes are loaded.
+    pub(crate) end_offset: Option<u64>,
+    pub(crate) max_timestamp: MaxTimestamp,
+    /// Wall-clock time of the segment's creation (ms), for rolling by age.
+    pub(crate) created_ms: u64,
+    pub(crate) index: Option<SegmentIndex>,
+}
+
+impl Segment {
+    pub(crate) fn new_empty(base_offset: u64, created_ms: u64) -> Self {
+        Self {
+            base_offset,
+            size_bytes: 0,
+            end_offset: Some(base_offset),
+            max_timestamp: MaxTimestamp::Empty,
+            created_ms,
+            index: Some(SegmentIndex::default()),
+        }
+    }
+
+    /// Offset relative to the segment base. Callers keep offsets inside the segment,
+    /// whose span the log bounds to `u32`.
+    pub(crate) fn relative(&self, offset: u64) -> u32 {
+        (offset - self.base_offset) as u32
+    }
+
+    fn corrupt(&self, dir: &Path, position: u64, corruption: Corruption) -> LogError {
+        LogError::Corrupt {
+            path: log_path(dir, self.base_offset),
+            position,
+            corruption,
+        }
+    }
+}
+
+/// Indexing state carried through a walk, so a rebuild applies the same rule as the
+/// appends did.
+#[derive(Debug)]
+pub(crate) struct IndexBuilder {
+    pub(crate) index: SegmentIndex,
+    pub(crate) max_timestamp: MaxTimestamp,
+    pub(crate) next_offset: u64,
+    base_offset: u64,
+    interval_bytes: u32,
+}
+
+impl IndexBuilder {
+    pub(crate) fn new(base_offset: u64, interval_bytes: u32) -> Self {
+        Self {
+            index: SegmentIndex::default(),
+            max_timestamp: MaxTimestamp::Empty,
+            next_offset: base_offset,
+            base_offset,
+            interval_bytes,
+        }
+    }
+
+    /// Takes the next batch of the segment, which must continue the offsets.
+    pub(crate) fn add(&mut self, position: u64, header: &BatchHeader) -> Result<(), Corruption> {
+        if header.base_offset != self.next_offset as i64 {
+            return Err(Corruption::UnexpectedOffset {
+                expected: self.next_offset,
+                found: header.base_offset,
+            });
+        }
+        let relative_offset = (self.next_offset - self.base_offset) as u32;
+        self.max_timestamp
+            .include(header.max_timestamp, relative_offset);
+        if let MaxTimestamp::At {
+            timestamp,
+            relative_offset: max_at,
+        } = self.max_timestamp
+        {
+            self.index.note_batch(
+                relative_offset,
+                position as u32,
+                self.interval_bytes,
+                timestamp,
+                max_at,
+            );
+        }
+        self.next_offset = header.last_offset() as u64 + 1;
+        Ok(())
+    }
+}
+
+/// Loads a segment's indexes from their files and completes them by walking the batches
+/// after the last offset entry. Damaged index files are rebuilt from the `.log` file;
+/// damage in the `.log` file itself is an error. `sealed` adds the closing time entry.
+pub(crate) fn load_index(
+    dir: &Path,
+    segment: &mut Segment,
+    file: &File,
+    interval_bytes: u32,
+    sealed: bool,
+) -> Result<bool, LogError> {
+    let base = segment.base_offset;
+    let offsets = read_optional(&index_path(dir, base))?;
+    let times = read_optional(&time_index_path(dir, base))?;
+    let (mut offset_entries, offsets_sound) = decode_offsets(&offsets, segment.size_bytes);
+    let (mut time_entries, times_sound) = decode_times(&times, u64::from(u32::MAX) + 1);
+    let mut sound = offsets_sound && times_sound;
+    if let Some(last) = offset_entries.last() {
+        let mut raw = [0u8; braid_proto::batch::HEADER_BYTES];
+        let points_at_batch = file
+            .read_exact_at(&mut raw, u64::from(last.position))
+            .is_ok()
+            && BatchHeader::decode(&raw)
+                .is_ok_and(|h| h.base_offset == (base + u64::from(last.relative_offset)) as i64);
+        sound &= points_at_batch;
+    }
+    if !sound {
+        offset_entries.clear();
+        time_entries.clear();
+    }
+    let mut builder = IndexBuilder::new(base, interval_bytes);
+    let start = offset_entries.last().copied();
+    let (mut position, resume) = match start {
+        Some(entry) => (u64::from(entry.position), true),
+        None => (0, false),
+    };
+    builder.index.offsets_in_file = if sound { offset_entries.len() } else { 0 };
+    builder.index.times_in_file = if sound { time_entries.len() } else { 0 };
+    if resume {
+        // Resume the rule from the last indexed batch: the running largest timestamp
+        // up to and including it is the last time entry.
+        builder.max_timestamp = match time_entries.last() {
+            Some(t) => MaxTimestamp::At {
+                timestamp: t.timestamp,
+                relative_offset: t.relative_offset,
+            },
+            None => MaxTimestamp::Empty,
+        };
+    }
+    builder.index.offsets = offset_entries;
+    builder.index.times = time_entries;
+    let mut walk = Walk::new(file, position, segment.size_bytes, false);
+    let mut first = resume;
+    loop {
+        let step = walk
+            .next_step()
+            .map_err(LogError::io("read", log_path(dir, base)))?;
+        match step {
+            Step::End => break,
+            Step::Bad {
+                position,
+                corruption,
+            } => return Err(segment.corrupt(dir, position, corruption)),
+            Step::Batch {
+                position: at,
+                header,
+            } => {
+                position = at;
+                if first {
+                    // Already indexed: only move past it.
+                    first = false;
+                    builder.next_offset = header.last_offset() as u64 + 1;
+                    if let MaxTimestamp::Empty = builder.max_timestamp {
+                        builder.max_timestamp.include(
+                            header.max_timestamp,
+                            segment.relative(header.base_offset as u64),
+                        );
+                    }
+                    continue;
+                }
+                builder
+                    .add(position, &header)
+                    .map_err(|c| segment.corrupt(dir, position, c))?;
+            }
+        }
+    }
+    if sealed {
+        if let MaxTimestamp::At {
+            timestamp,
+            relative_offset,
+        } = builder.max_timestamp
+        {
+            builder.index.seal(timestamp, relative_offset);
+        }
+    }
+    let rebuilt = !sound;
+    segment.end_offset = Some(builder.next_offset);
+    segment.max_timestamp = builder.max_timestamp;
+    if rebuilt {
+        segment.index = Some(builder.index);
+        rewrite_index_files(dir, segment)?;
+    } else {
+        segment.index = Some(builder.index);
+    }
+    Ok(rebuilt)
+}
+
+fn read_optional(path: &Path) -> Result<Vec<u8>, LogError> {
+    match std::fs::read(path) {
+        Ok(bytes) => Ok(bytes),
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
+        Err(err) => Err(LogError::io("read", path)(err)),
+    }
+}
+
+/// Writes both index files whole, through a temporary file and a rename, so a crash
+/// leaves either the old or the new file.
+pub(crate) fn rewrite_index_files(dir: &Path, segment: &mut Segment) -> Result<(), LogError> {
+    let Some(index) = segment.index.as_mut() else {
+        return Ok(());
+    };
+    let mut bytes = Vec::new();
+    encode_offsets(&index.offsets, &mut bytes);
+    replace_file(&index_path(dir, segment.base_offset), &bytes)?;
+    bytes.clear();
+    encode_times(&index.times, &mut bytes);
+    replace_file(&time_index_path(dir, segment.base_offset), &bytes)?;
+    index.offsets_in_file = index.offsets.len();
+    index.times_in_file = index.times.len();
+    Ok(())
+}
+
+fn replace_file(path: &Path, bytes: &[u8]) -> Result<(), LogError> {
+    let mut temp = path.as_os_str().to_owned();
+    temp.push(".");
+    temp.push(TEMP_SUFFIX);
+    std::fs::write(&temp, bytes).map_err(LogError::io("write", &temp))?;
+    std::fs::rename(&temp, path).map_err(LogError::io("rename", path))
+}
+
+/// Appends the index entries not yet in the files; with `sync`, makes both files
+/// durable.
+pub(crate) fn flush_index(dir: &Path, segment: &mut Segment, sync: bool) -> Result<(), LogError> {
+    let Some(index) = segment.index.as_mut() else {
+        return Ok(());
+    };
+    let mut bytes = Vec::new();
+    encode_offsets(&index.offsets[index.offsets_in_file..], &mut bytes);
+    append_file(&index_path(dir, segment.base_offset), &bytes, sync)?;
+    index.offsets_in_file = index.offsets.len();
+    bytes.clear();
+    encode_times(&index.times[index.times_in_file..], &mut bytes);
+    append_file(&time_index_path(dir, segment.base_offset), &bytes, sync)?;
+    index.times_in_file = index.times.len();
+    Ok(())
+}
+
+fn append_file(path: &Path, bytes: &[u8], sync: bool) -> Result<(), LogError> {
+    if bytes.is_empty() && !sync {
+        return Ok(());
+    }
+    let mut file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .map_err(LogError::io("open", path))?;
+    file.write_all(bytes).map_err(LogError::io("write", path))?;
+    if sync {
+        file.sync_data().map_err(LogError::io("fsync", path))?;
+    }
+    Ok(())
+}
+
+/// Cuts both index files to the entries still in memory after a truncation.
+pub(crate) fn truncate_index_files(dir: &Path, segment: &Segment) -> Result<(), LogError> {
+    let Some(index) = segment.index.as_ref() else {
+        return Ok(());
+    };
+    let cuts = [
+        (
+            index_path(dir, segment.base_offset),
+            index.offsets_in_file * crate::index::OFFSET_ENTRY_BYTES,
+        ),
+        (
+            time_index_path(dir, segment.base_offset),
+            index.times_in_file * crate::index::TIME_ENTRY_BYTES,
+        ),
+    ];
+    for (path, len) in cuts {
+        match std::fs::OpenOptions::new().write(true).open(&path) {
+            Ok(file) => file
+                .set_len(len as u64)
+                .map_err(LogError::io("truncate", &path))?,
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
+            Err(err) => return Err(LogError::io("open", &path)(err)),
+        }
+    }
+    Ok(())
+}
+
+/// Finds the batch that holds `offset`: its position and header. `None` when the
+/// segment ends before it.
+pub(crate) fn find_batch(
+    dir: &Path,
+    segment: &Segment,
+    file: &File,
+    offset: u64,
+) -> Result<Option<(u64, BatchHeader)>, LogError> {
+    let Some(index) = segment.index.as_ref() else {
+        return Ok(None);
+    };
+    let entry = index.floor(segment.relative(offset));
+    let mut expected = segment.base_offset + u64::from(entry.relative_offset);
+    let mut walk = Walk::new(file, u64::from(entry.position), segment.size_bytes, false);
+    loop {
+        let step = walk
+            .next_step()
+            .map_err(LogError::io("read", log_path(dir, segment.base_offset)))?;
+        match step {
+            Step::End => return Ok(None),
+            Step::Bad {
+                position,
+                corruption,
+            } => return Err(segment.corrupt(dir, position, corruption)),
+            Step::Batch { position, header } => {
+                if header.base_offset != expected as i64 {
+                    let corruption = Corruption::UnexpectedOffset {
+                        expected,
+                        found: header.base_offset,
+                    };
+                    return Err(segment.corrupt(dir, position, corruption));
+                }
+                expected = header.last_offset() as u64 + 1;
+                if expected > offset {
+                    return Ok(Some((position, header)));
+                }
+            }
+        }
+    }
+}
+
+/// Whole batches read from one segment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogRead {
+    buf: Vec<u8>,
+    start: usize,
+    end: usize,
+    /// Base offset of the first batch returned (at or below the offset asked for).
+    pub first_offset: u64,
+    /// The offset after the last batch returned: where the next read continues.
+    pub next_offset: u64,
+    /// Number of batches returned.
+    pub batch_count: u32,
+}
+
+impl LogRead {
+    pub(crate) fn empty(next_offset: u64) -> Self {
+        Self {
+            buf: Vec::new(),
+            start: 0,
+            end: 0,
+            first_offset: next_offset,
+            next_offset,
+            batch_count: 0,
+        }
+    }
+
+    /// The batches, exactly as stored.
+    pub fn bytes(&self) -> &[u8] {
+        &self.buf[self.start..self.end]
+    }
+
+    /// Whether no batch was returned.
+    pub fn is_empty(&self) -> bool {
+        self.batch_count == 0
+    }
+
+    /// Gives the bytes as an owned buffer (moving them to its front if needed).
+    pub fn into_bytes(mut self) -> Vec<u8> {
+        self.buf.truncate(self.end);
+        self.buf.drain(..self.start);
+        self.buf
+    }
+}
+
+/// Bytes read past a header that is not yet buffered, so a walk over small batches
+/// does not read them one header at a time.
+const HEADER_SLACK_BYTES: u64 = 4096;
+
+/// Reads whole batches from the batch holding `from`, up to `budget_bytes` (the first
+/// batch is returned whole even if larger), stopping before a batch whose base offset is
+/// at or above `end_offset`.
+pub(crate) fn read_batches(
+    dir: &Path,
+    segment: &Segment,
+    file: &File,
+    from: u64,
+    budget_bytes: u64,
+    end_offset: u64,
+    interval_bytes: u32,
+) -> Result<LogRead, LogError> {
+    let Some(index) = segment.index.as_ref() else {
+        return Ok(LogRead::empty(from));
+    };
+    let entry = index.floor(segment.relative(from));
+    let path = || log_path(dir, segment.base_offset);
+    let mut reader = Reader {
+        file,
+        buf: Vec::new(),
+        buf_start: u64::from(entry.position),
+        limit: segment.size_bytes,
+    };
+    // The batch asked for starts at most one index interval plus one batch after the
+    // entry; one read of budget plus interval usually covers both.
+    let first_want = budget_bytes + u64::from(interval_bytes) + HEADER_SLACK_BYTES;
+    reader
+        .cover(reader.buf_start + first_want)
+        .map_err(LogError::io("read", path()))?;
+    let mut position = reader.buf_start;
+    let mut expected = segment.base_offset + u64::from(entry.relative_offset);
+    let mut start = None;
+    let mut read = LogRead::empty(from);
+    while position < segment.size_bytes {
+        let header = reader.header(position).map_err(|e| match e {
+            ReadFault::Io(err) => LogError::io("read", path())(err),
+            ReadFault::Bad(c) => segment.corrupt(dir, position, c),
+        })?;
+        if header.base_offset != expected as i64 {
+            let corruption = Corruption::UnexpectedOffset {
+                expected,
+                found: header.base_offset,
+            };
+            return Err(segment.corrupt(dir, position, corruption));
+        }
+        let total = header.total_bytes() as u64;
+        let last = header.last_offset() as u64;
+        expected = last + 1;
+        if last < from {
+            position += total;
+            continue;
+        }
+        if header.base_offset as u64 >= end_offset {
+            break;
+        }
+        let first = *start.get_or_insert(position);
+        if read.batch_count > 0 && position + total - first > budget_bytes {
+            break;
+        }
+        if read.batch_count == 0 {
+            read.first_offset = header.base_offset as u64;
+        }
+        reader
+            .cover(position + total)
+            .map_err(LogError::io("read", path()))?;
+        position += total;
+        read.batch_count += 1;
+        read.next_offset = expected;
+    }
+    if let Some(first) = start {
+        // `position` is the end of the last batch taken, and the buffer covers it.
+        read.start = (first - reader.buf_start) as usize;
+        read.end = (position - reader.buf_start) as usize;
+        read.buf = reader.buf;
+    }
+    Ok(read)
+}
+
+enum ReadFault {
+    Io(std::io::Error),
+    Bad(Corruption),
+}
+
+/// A growing buffer over `[buf_start, buf_start + buf.len())` of a segment file.
+struct Reader<'f> {
+    file: &'f File,
+    buf: Vec<u8>,
+    buf_start: u64,
+    limit: u64,
+}
+
+impl Reader<'_> {
+    /// Extends the buffer to cover the file up to `end` (at most the segment size).
+    fn cover(&mut self, end: u64) -> std::io::Result<()> {
+        let end = end.min(self.limit);
+        let have = self.buf_start + self.buf.len() as u64;
+        if end <= have {
+            return Ok(());
+        }
+        let old = self.buf.len();
+        self.buf.resize((end - self.buf_start) as usize, 0);
+        self.file.read_exact_at(&mut self.buf[old..], have)
+    }
+
+    fn header(&mut self, position: u64) -> Result<BatchHeader, ReadFault> {
+        let header_end = position + braid_proto::batch::HEADER_BYTES as u64;
+        if header_end > self.limit {
+            return Err(ReadFault::Bad(Corruption::Batch(
+                braid_proto::BatchError::Truncated {
+                    at: (self.limit - position) as usize,
+                    needed: braid_proto::batch::HEADER_BYTES,
+                    available: (self.limit - position) as usize,
+                },
+            )));
+        }
+        self.cover(header_end + HEADER_SLACK_BYTES)
+            .map_err(ReadFault::Io)?;
+        let from = (position - self.buf_start) as usize;
+        let header = BatchHeader::decode(&self.buf[from..])
+            .map_err(|e| ReadFault::Bad(Corruption::Batch(e)))?;
+        if position + header.total_bytes() as u64 > self.limit {
+            let available = (self.limit - position) as usize;
+            return Err(ReadFault::Bad(Corruption::Batch(
+                braid_proto::BatchError::Truncated {
+                    at: available,
+                    needed: header.total_bytes(),
+                    available,
+                },
+            )));
+        }
+        Ok(header)
+    }
+}

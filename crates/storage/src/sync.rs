@@ -1,0 +1,191 @@
+//! Group commit: one thread that turns many sync requests into few `fdatasync` calls.
+//!
+//! A shard appends to the page cache and goes on serving; under `fsync = always` it asks
+//! the [`Syncer`] to make the appends durable and acknowledges them in the callback.
+//! The syncer takes every request that arrived while it was busy and runs one
+//! `fdatasync` per file for all of them, so N concurrent appends to a log cost one
+//! sync, not N (group commit). A sync covers every byte written to the file before it
+//! started, which is why the request only needs the file and the offset it reaches.
+
+use std::fs::File;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+/// Everything appended to a log before [`crate::PartitionLog::sync_request`] was called
+/// becomes durable when `file` is synced.
+#[derive(Debug, Clone)]
+pub struct SyncRequest {
+    pub(crate) file: Arc<File>,
+    /// The log's next offset when the request was made: the sync makes every offset
+    /// below it durable.
+    pub next_offset: u64,
+    pub(crate) generation: u64,
+}
+
+impl SyncRequest {
+    /// Runs the sync on the calling thread.
+    ///
+    /// # Errors
+    /// The `fdatasync` failure.
+    pub fn run(&self) -> Result<(), SyncError> {
+        self.file.sync_data().map_err(SyncError::from)
+    }
+}
+
+/// A failed `fdatasync`. After one, the log refuses writes until it is reopened: the
+/// kernel may have dropped the dirty pages, so retrying could report success for data
+/// that is gone.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("fdatasync failed ({kind:?}): {message}")]
+pub struct SyncError {
+    /// The OS error kind.
+    pub kind: std::io::ErrorKind,
+    /// The OS error text.
+    pub message: String,
+}
+
+impl From<std::io::Error> for SyncError {
+    fn from(err: std::io::Error) -> Self {
+        Self {
+            kind: err.kind(),
+            message: err.to_string(),
+        }
+    }
+}
+
+/// What the syncer calls when a request is done.
+pub type SyncCallback = Box<dyn FnOnce(SyncRequest, Result<(), SyncError>) + Send>;
+
+struct Job {
+    request: SyncRequest,
+    done: SyncCallback,
+}
+
+/// Counters of a [`Syncer`].
+#[derive(Debug, Default)]
+pub struct SyncerStats {
+    requests: AtomicU64,
+    fsyncs: AtomicU64,
+}
+
+impl SyncerStats {
+    /// Requests completed.
+    pub fn requests(&self) -> u64 {
+        self.requests.load(Ordering::Relaxed)
+    }
+
+    /// `fdatasync` calls made. `requests / fsyncs` is the group-commit factor.
+    pub fn fsyncs(&self) -> u64 {
+        self.fsyncs.load(Ordering::Relaxed)
+    }
+}
+
+/// Most requests one round takes, so callbacks of the first ones are not delayed by an
+/// unbounded stream of later ones.
+pub const SYNC_ROUND_REQUESTS_MAX: usize = 4096;
+
+/// The sync thread. Dropping it finishes the queued requests and joins the thread.
+#[derive(Debug)]
+pub struct Syncer {
+    sender: Option<mpsc::Sender<Job>>,
+    thread: Option<JoinHandle<()>>,
+    stats: Arc<SyncerStats>,
+}
+
+impl std::fmt::Debug for Job {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Job")
+            .field("request", &self.request)
+            .finish()
+    }
+}
+
+impl Syncer {
+    /// Starts the sync thread.
+    ///
+    /// # Errors
+    /// The thread could not be spawned.
+    pub fn start(name: &str) -> std::io::Result<Self> {
+        let (sender, receiver) = mpsc::channel::<Job>();
+        let stats = Arc::new(SyncerStats::default());
+        let thread_stats = Arc::clone(&stats);
+        let thread = std::thread::Builder::new()
+            .name(name.to_owned())
+            .spawn(move || run(&receiver, &thread_stats))?;
+        Ok(Self {
+            sender: Some(sender),
+            thread: Some(thread),
+            stats,
+        })
+    }
+
+    /// Queues a request; `done` runs on the sync thread when it completes.
+    pub fn submit(
+        &self,
+        request: SyncRequest,
+        done: impl FnOnce(SyncRequest, Result<(), SyncError>) + Send + 'static,
+    ) {
+        let job = Job {
+            request,
+            done: Box::new(done),
+        };
+        let unsent = match &self.sender {
+            Some(sender) => sender.send(job).err().map(|e| e.0),
+            None => Some(job),
+        };
+        // The thread only stops when the syncer is dropped; should it have died,
+        // sync inline rather than lose the request.
+        if let Some(job) = unsent {
+            let result = job.request.run();
+            (job.done)(job.request, result);
+        }
+    }
+
+    /// The counters.
+    pub fn stats(&self) -> &SyncerStats {
+        &self.stats
+    }
+}
+
+impl Drop for Syncer {
+    fn drop(&mut self) {
+        self.sender = None;
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+fn run(receiver: &mpsc::Receiver<Job>, stats: &SyncerStats) {
+    let mut round: Vec<Job> = Vec::new();
+    while let Ok(first) = receiver.recv() {
+        round.push(first);
+        while round.len() < SYNC_ROUND_REQUESTS_MAX {
+            match receiver.try_recv() {
+                Ok(job) => round.push(job),
+                Err(_) => break,
+            }
+        }
+        // One fdatasync per distinct file covers every request for it in this round:
+        // all their bytes were written before the sync starts.
+        round.sort_by_key(|job| Arc::as_ptr(&job.request.file) as usize);
+        let mut jobs = round.drain(..).peekable();
+        while let Some(job) = jobs.next() {
+            let file = Arc::clone(&job.request.file);
+            let result = file.sync_data().map_err(SyncError::from);
+            stats.fsyncs.fetch_add(1, Ordering::Relaxed);
+            let mut group = vec![job];
+            while let Some(next) = jobs.next_if(|j| Arc::ptr_eq(&j.request.file, &file)) {
+                group.push(next);
+            }
+            stats
+                .requests
+                .fetch_add(group.len() as u64, Ordering::Relaxed);
+            for job in group {
+                (job.done)(job.request, result.clone());
+            }
+        }
+    }
+}
