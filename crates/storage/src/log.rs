@@ -12,8 +12,8 @@ use crate::config::{FsyncPolicy, LogConfig};
 use crate::error::LogError;
 use crate::files::{index_path, log_path, time_index_path, CLEAN_MARKER};
 use crate::segment::{
-    find_batch, flush_index, load_index, read_batches, truncate_index_files, LogRead, MaxTimestamp,
-    Segment,
+    find_batch, flush_index, index_batch, load_index, read_batches, truncate_index_files, LogRead,
+    MaxTimestamp, Segment,
 };
 use crate::sync::{SyncError, SyncRequest};
 
@@ -188,35 +188,15 @@ impl PartitionLog {
                 log_path(&self.dir, segment.base_offset),
             )(err));
         }
-        let relative_offset = segment.relative(base_offset);
-        segment.max_timestamp = match segment.max_timestamp {
-            MaxTimestamp::At {
-                timestamp,
-                relative_offset: at,
-            } if timestamp >= batch.header().max_timestamp => MaxTimestamp::At {
-                timestamp,
-                relative_offset: at,
-            },
-            _ => MaxTimestamp::At {
-                timestamp: batch.header().max_timestamp,
-                relative_offset,
-            },
-        };
-        let MaxTimestamp::At {
-            timestamp,
-            relative_offset: max_at,
-        } = segment.max_timestamp
-        else {
-            unreachable!("set just above");
-        };
-        let interval = self.config.index_interval_bytes;
         let index = segment.index.get_or_insert_with(Default::default);
-        index.note_batch(
-            relative_offset,
-            position as u32,
-            interval,
-            timestamp,
-            max_at,
+        index_batch(
+            index,
+            &mut segment.max_timestamp,
+            segment.base_offset,
+            base_offset,
+            position,
+            batch.header().max_timestamp,
+            self.config.index_interval_bytes,
         );
         let pending = index.offsets.len() - index.offsets_in_file;
         segment.size_bytes += bytes as u64;
@@ -334,6 +314,21 @@ impl PartitionLog {
         max_bytes: u32,
         end_offset: u64,
     ) -> Result<LogRead, LogError> {
+        self.read_reusing(from, max_bytes, end_offset, Vec::new())
+    }
+
+    /// As [`read`](Self::read), reading into `buffer` (from an earlier
+    /// [`LogRead::into_buffer`]) instead of a new allocation.
+    ///
+    /// # Errors
+    /// As [`read`](Self::read).
+    pub fn read_reusing(
+        &mut self,
+        from: u64,
+        max_bytes: u32,
+        end_offset: u64,
+        mut buffer: Vec<u8>,
+    ) -> Result<LogRead, LogError> {
         self.check_range(from)?;
         let limit = end_offset.min(self.next_offset);
         if from >= limit {
@@ -351,10 +346,12 @@ impl PartitionLog {
                 u64::from(max_bytes),
                 limit,
                 self.config.index_interval_bytes,
+                buffer,
             )?;
             if !read.is_empty() {
                 return Ok(read);
             }
+            buffer = read.into_buffer();
             at += 1;
         }
         Ok(LogRead::empty(from))

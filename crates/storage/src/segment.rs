@@ -86,6 +86,35 @@ impl Segment {
     }
 }
 
+/// The indexing rule for one batch, shared by appends and rebuilds so both write the
+/// same entries: fold the batch's largest timestamp into the segment's running maximum,
+/// then let the index decide whether the batch gets entries.
+pub(crate) fn index_batch(
+    index: &mut SegmentIndex,
+    max_timestamp: &mut MaxTimestamp,
+    segment_base: u64,
+    batch_base: u64,
+    position: u64,
+    batch_max_timestamp: i64,
+    interval_bytes: u32,
+) {
+    let relative_offset = (batch_base - segment_base) as u32;
+    max_timestamp.include(batch_max_timestamp, relative_offset);
+    if let MaxTimestamp::At {
+        timestamp,
+        relative_offset: max_at,
+    } = *max_timestamp
+    {
+        index.note_batch(
+            relative_offset,
+            position as u32,
+            interval_bytes,
+            timestamp,
+            max_at,
+        );
+    }
+}
+
 /// Indexing state carried through a walk, so a rebuild applies the same rule as the
 /// appends did.
 #[derive(Debug)]
@@ -116,22 +145,15 @@ impl IndexBuilder {
                 found: header.base_offset,
             });
         }
-        let relative_offset = (self.next_offset - self.base_offset) as u32;
-        self.max_timestamp
-            .include(header.max_timestamp, relative_offset);
-        if let MaxTimestamp::At {
-            timestamp,
-            relative_offset: max_at,
-        } = self.max_timestamp
-        {
-            self.index.note_batch(
-                relative_offset,
-                position as u32,
-                self.interval_bytes,
-                timestamp,
-                max_at,
-            );
-        }
+        index_batch(
+            &mut self.index,
+            &mut self.max_timestamp,
+            self.base_offset,
+            self.next_offset,
+            position,
+            header.max_timestamp,
+            self.interval_bytes,
+        );
         self.next_offset = header.last_offset() as u64 + 1;
         Ok(())
     }
@@ -419,6 +441,12 @@ impl LogRead {
         self.buf.drain(..self.start);
         self.buf
     }
+
+    /// Gives back the whole buffer, to pass to the next
+    /// [`crate::PartitionLog::read_reusing`] and spare its allocation and zeroing.
+    pub fn into_buffer(self) -> Vec<u8> {
+        self.buf
+    }
 }
 
 /// Bytes read past a header that is not yet buffered, so a walk over small batches
@@ -428,6 +456,7 @@ const HEADER_SLACK_BYTES: u64 = 4096;
 /// Reads whole batches from the batch holding `from`, up to `budget_bytes` (the first
 /// batch is returned whole even if larger), stopping before a batch whose base offset is
 /// at or above `end_offset`.
+#[allow(clippy::too_many_arguments)] // one call site; a struct would only rename them
 pub(crate) fn read_batches(
     dir: &Path,
     segment: &Segment,
@@ -436,15 +465,19 @@ pub(crate) fn read_batches(
     budget_bytes: u64,
     end_offset: u64,
     interval_bytes: u32,
+    buffer: Vec<u8>,
 ) -> Result<LogRead, LogError> {
     let Some(index) = segment.index.as_ref() else {
-        return Ok(LogRead::empty(from));
+        let mut read = LogRead::empty(from);
+        read.buf = buffer;
+        return Ok(read);
     };
     let entry = index.floor(segment.relative(from));
     let path = || log_path(dir, segment.base_offset);
     let mut reader = Reader {
         file,
-        buf: Vec::new(),
+        buf: buffer,
+        valid: 0,
         buf_start: u64::from(entry.position),
         limit: segment.size_bytes,
     };
@@ -498,8 +531,8 @@ pub(crate) fn read_batches(
         // `position` is the end of the last batch taken, and the buffer covers it.
         read.start = (first - reader.buf_start) as usize;
         read.end = (position - reader.buf_start) as usize;
-        read.buf = reader.buf;
     }
+    read.buf = reader.buf;
     Ok(read)
 }
 
@@ -508,25 +541,33 @@ enum ReadFault {
     Bad(Corruption),
 }
 
-/// A growing buffer over `[buf_start, buf_start + buf.len())` of a segment file.
+/// A growing buffer whose first `valid` bytes hold `[buf_start, buf_start + valid)` of
+/// a segment file. A reused buffer keeps its length, so growing into it needs no
+/// zeroing.
 struct Reader<'f> {
     file: &'f File,
     buf: Vec<u8>,
+    valid: usize,
     buf_start: u64,
     limit: u64,
 }
 
 impl Reader<'_> {
-    /// Extends the buffer to cover the file up to `end` (at most the segment size).
+    /// Extends the valid part to cover the file up to `end` (at most the segment size).
     fn cover(&mut self, end: u64) -> std::io::Result<()> {
         let end = end.min(self.limit);
-        let have = self.buf_start + self.buf.len() as u64;
+        let have = self.buf_start + self.valid as u64;
         if end <= have {
             return Ok(());
         }
-        let old = self.buf.len();
-        self.buf.resize((end - self.buf_start) as usize, 0);
-        self.file.read_exact_at(&mut self.buf[old..], have)
+        let want = (end - self.buf_start) as usize;
+        if self.buf.len() < want {
+            self.buf.resize(want, 0);
+        }
+        self.file
+            .read_exact_at(&mut self.buf[self.valid..want], have)?;
+        self.valid = want;
+        Ok(())
     }
 
     fn header(&mut self, position: u64) -> Result<BatchHeader, ReadFault> {
@@ -543,7 +584,7 @@ impl Reader<'_> {
         self.cover(header_end + HEADER_SLACK_BYTES)
             .map_err(ReadFault::Io)?;
         let from = (position - self.buf_start) as usize;
-        let header = BatchHeader::decode(&self.buf[from..])
+        let header = BatchHeader::decode(&self.buf[from..self.valid])
             .map_err(|e| ReadFault::Bad(Corruption::Batch(e)))?;
         if position + header.total_bytes() as u64 > self.limit {
             let available = (self.limit - position) as usize;

@@ -83,7 +83,7 @@ impl PartitionLog {
         }
         let newest = &log.segments[active];
         log.next_offset = newest.end_offset.unwrap_or(newest.base_offset);
-        // Everything found on disk after open is treated as durable: it survived.
+        // A clean close synced everything, and recovery syncs what it kept.
         log.durable_offset = log.next_offset;
         Ok(log)
     }
@@ -130,9 +130,11 @@ impl PartitionLog {
             self.recovery.bytes_truncated = segment.size_bytes - position;
             file.set_len(position)
                 .map_err(LogError::io("truncate", &path))?;
-            file.sync_data().map_err(LogError::io("fsync", &path))?;
             segment.size_bytes = position;
         }
+        // What survived a process crash may still be only in the page cache; sync it so
+        // that `durable_offset` tells the truth from here on.
+        file.sync_data().map_err(LogError::io("fsync", &path))?;
         segment.end_offset = Some(builder.next_offset);
         segment.max_timestamp = builder.max_timestamp;
         segment.index = Some(builder.index);

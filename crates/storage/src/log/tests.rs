@@ -328,6 +328,40 @@ fn crash_cuts_at_every_position_of_the_tail_lose_only_the_torn_batch() {
     }
 }
 
+/// A crash leaves the newest segment's index whole again after open (not rebuilt on
+/// every read), and equal to what the appends built, entry for entry.
+#[test]
+fn recovered_newest_segment_has_the_index_the_appends_built() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = LogConfig {
+        segment_bytes_max: 1 << 20,
+        index_interval_bytes: 512,
+        ..small_config()
+    };
+    let mut log = PartitionLog::open(dir.path(), config, 0).unwrap();
+    for i in 0..200 {
+        let stamp = (i * 37 % 101) as i64;
+        log.append(batch_of(&records(1 + i % 4, stamp, 90, i as u8)), 0)
+            .unwrap();
+    }
+    let built = log.segments.last().unwrap().index.clone().unwrap();
+    assert!(built.offsets.len() > 20 && built.times.len() > 3);
+    drop(log);
+    let log = PartitionLog::open(dir.path(), config, 0).unwrap();
+    assert!(!log.recovery().clean);
+    let recovered = log.segments.last().unwrap().index.clone().unwrap();
+    assert_eq!(recovered.offsets, built.offsets);
+    assert_eq!(recovered.times, built.times);
+    log.close().unwrap();
+    // A clean open loads the same entries from the files.
+    let mut log = PartitionLog::open(dir.path(), config, 0).unwrap();
+    assert!(log.recovery().clean);
+    log.ensure_index(0).unwrap();
+    let loaded = log.segments.last().unwrap().index.clone().unwrap();
+    assert_eq!(loaded.offsets, built.offsets);
+    assert_eq!(loaded.times, built.times);
+}
+
 #[test]
 fn damaged_index_of_a_sealed_segment_is_rebuilt() {
     let dir = tempfile::tempdir().unwrap();
