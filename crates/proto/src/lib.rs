@@ -6,10 +6,16 @@
 //!
 //! - [`batch`]: the record batch (Kafka message format v2), the unit Braid appends,
 //!   replicates and serves.
+//! - [`client`]: the native client protocol's frames, requests and responses.
+//! - [`wire`]: the field encoding of those frames.
+//! - [`hash`]: where a key lands on the 16-bit hash ring.
 //! - [`varint`]: the zig-zag varints the records use.
 //! - [`hash`]: where a key lands on the 16-bit hash ring.
 
 pub mod batch;
+pub mod client;
+pub mod hash;
 pub mod varint;
+pub mod wire;
 
 pub use batch::{BatchBuilder, BatchError, BatchHeader, RecordBatch, ValidatedBatch};

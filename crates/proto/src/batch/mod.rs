@@ -30,6 +30,8 @@ mod builder;
 mod header;
 mod record;
 
+use bytes::BytesMut;
+
 pub use builder::BatchBuilder;
 pub use header::{
     attribute, field, set_base_offset, set_partition_leader_epoch, BatchHeader, Compression,
@@ -296,17 +298,31 @@ impl<'a> Iterator for RecordIter<'a> {
 /// makes one, so a function that takes it knows the bytes are sound.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ValidatedBatch {
-    bytes: Vec<u8>,
+    bytes: BytesMut,
     header: BatchHeader,
 }
 
 impl ValidatedBatch {
-    /// Validates `bytes`, which must hold exactly one batch.
+    /// Validates `bytes`, which must hold exactly one batch. Takes the vector without
+    /// copying it.
     ///
     /// # Errors
     /// Any [`BatchError`] of [`RecordBatch::validate`], or [`BatchError::TrailingBytes`]
     /// if bytes follow the batch.
     pub fn new(bytes: Vec<u8>) -> Result<Self, BatchError> {
+        // A Bytes made from a Vec is unique, so this takes the allocation as it is.
+        let bytes = bytes::Bytes::from(bytes)
+            .try_into_mut()
+            .unwrap_or_else(|shared| BytesMut::from(&shared[..]));
+        Self::from_bytes_mut(bytes)
+    }
+
+    /// As [`ValidatedBatch::new`], for bytes split from a connection's read buffer
+    /// (without copying).
+    ///
+    /// # Errors
+    /// As [`ValidatedBatch::new`].
+    pub fn from_bytes_mut(bytes: BytesMut) -> Result<Self, BatchError> {
         let (batch, used) = RecordBatch::validate(&bytes)?;
         if used != bytes.len() {
             return Err(BatchError::TrailingBytes {
@@ -363,7 +379,7 @@ impl ValidatedBatch {
     }
 
     /// Gives the bytes back.
-    pub fn into_bytes(self) -> Vec<u8> {
+    pub fn into_bytes(self) -> BytesMut {
         self.bytes
     }
 }

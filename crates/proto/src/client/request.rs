@@ -1,0 +1,515 @@
+//! Request bodies.
+
+use super::{Command, NAME_BYTES_MAX};
+use crate::wire::{WireError, WireReader, WireWrite};
+
+/// `fsync` mode value: never.
+pub const FSYNC_NEVER: u8 = 0;
+/// `fsync` mode value: always.
+pub const FSYNC_ALWAYS: u8 = 1;
+/// `fsync` mode value: at an interval.
+pub const FSYNC_INTERVAL: u8 = 2;
+
+/// Settings of a new topic. Zero in a size or time field means "the node's default"
+/// (retention: keep forever).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct TopicSettings {
+    /// Number of partitions, at least 1.
+    pub partitions: u32,
+    /// [`FSYNC_NEVER`], [`FSYNC_ALWAYS`] or [`FSYNC_INTERVAL`].
+    pub fsync: u8,
+    /// Interval for [`FSYNC_INTERVAL`] (ms).
+    pub fsync_interval_ms: u64,
+    /// Retention by size per partition (bytes); 0: none.
+    pub retention_bytes: u64,
+    /// Retention by age (ms); 0: none.
+    pub retention_ms: u64,
+    /// Largest batch a producer may send (bytes); 0: the node's default.
+    pub max_batch_bytes: u32,
+    /// Log segment size (bytes); 0: the node's default.
+    pub segment_bytes: u32,
+}
+
+impl TopicSettings {
+    /// Appends the settings' wire form.
+    pub fn encode_into(&self, out: &mut Vec<u8>) {
+        out.put_u32_be(self.partitions);
+        out.put_u8_be(self.fsync);
+        out.put_u64_be(self.fsync_interval_ms);
+        out.put_u64_be(self.retention_bytes);
+        out.put_u64_be(self.retention_ms);
+        out.put_u32_be(self.max_batch_bytes);
+        out.put_u32_be(self.segment_bytes);
+    }
+
+    pub(crate) fn decode(reader: &mut WireReader<'_>) -> Result<Self, WireError> {
+        let partitions = reader.u32("partitions")?;
+        let at = reader.position();
+        let fsync = reader.u8("fsync")?;
+        if fsync > FSYNC_INTERVAL {
+            return Err(WireError::BadValue {
+                at,
+                field: "fsync",
+                value: fsync.into(),
+            });
+        }
+        Ok(Self {
+            partitions,
+            fsync,
+            fsync_interval_ms: reader.u64("fsync_interval_ms")?,
+            retention_bytes: reader.u64("retention_bytes")?,
+            retention_ms: reader.u64("retention_ms")?,
+            max_batch_bytes: reader.u32("max_batch_bytes")?,
+            segment_bytes: reader.u32("segment_bytes")?,
+        })
+    }
+}
+
+/// Which offset [`Request::ListOffsets`] asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OffsetSpec {
+    /// The earliest offset still stored (kind 0).
+    Earliest,
+    /// The offset the next record will get (kind 1).
+    Latest,
+    /// The first offset whose timestamp is at or after this (ms; kind 2).
+    Timestamp(i64),
+}
+
+/// The member fields shared by [`Request::Heartbeat`] and [`Request::CommitOffsets`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GroupMemberRequest<'a> {
+    /// The stream of the group.
+    pub stream: &'a str,
+    /// The group.
+    pub group: &'a str,
+    /// The member id from [`Request::JoinGroup`].
+    pub member_id: u64,
+    /// The generation the member knows.
+    pub generation: u32,
+}
+
+/// A request, borrowing its strings and batch from the frame.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Request<'a> {
+    /// See [`Command::Ping`].
+    Ping,
+    /// See [`Command::CreateStream`].
+    CreateStream {
+        /// Stream name.
+        name: &'a str,
+    },
+    /// See [`Command::DeleteStream`].
+    DeleteStream {
+        /// Stream name.
+        name: &'a str,
+    },
+    /// See [`Command::ListStreams`].
+    ListStreams,
+    /// See [`Command::CreateTopic`].
+    CreateTopic {
+        /// Stream name.
+        stream: &'a str,
+        /// Topic name.
+        topic: &'a str,
+        /// Settings.
+        settings: TopicSettings,
+    },
+    /// See [`Command::DeleteTopic`].
+    DeleteTopic {
+        /// Stream name.
+        stream: &'a str,
+        /// Topic name.
+        topic: &'a str,
+    },
+    /// See [`Command::ListTopics`].
+    ListTopics {
+        /// Stream name.
+        stream: &'a str,
+    },
+    /// See [`Command::DescribeTopic`].
+    DescribeTopic {
+        /// Stream name.
+        stream: &'a str,
+        /// Topic name.
+        topic: &'a str,
+    },
+    /// See [`Command::Produce`].
+    Produce {
+        /// Stream name.
+        stream: &'a str,
+        /// Topic name.
+        topic: &'a str,
+        /// Partition id.
+        partition: u32,
+        /// One record batch in the stored format.
+        batch: &'a [u8],
+    },
+    /// See [`Command::Fetch`].
+    Fetch {
+        /// Stream name.
+        stream: &'a str,
+        /// Topic name.
+        topic: &'a str,
+        /// Partition id.
+        partition: u32,
+        /// First offset wanted.
+        offset: u64,
+        /// Byte budget (at least one batch is returned).
+        max_bytes: u32,
+        /// How long to wait at the end of the log for new data (ms).
+        max_wait_ms: u32,
+    },
+    /// See [`Command::ListOffsets`].
+    ListOffsets {
+        /// Stream name.
+        stream: &'a str,
+        /// Topic name.
+        topic: &'a str,
+        /// Partition id.
+        partition: u32,
+        /// Which offset.
+        spec: OffsetSpec,
+    },
+    /// See [`Command::JoinGroup`].
+    JoinGroup {
+        /// Stream name.
+        stream: &'a str,
+        /// Group name.
+        group: &'a str,
+        /// The topic the group consumes.
+        topic: &'a str,
+        /// A name for people (client id); need not be unique.
+        member_name: &'a str,
+        /// A member that sends no heartbeat for this long is removed (ms).
+        session_timeout_ms: u32,
+    },
+    /// See [`Command::Heartbeat`].
+    Heartbeat {
+        /// The member.
+        member: GroupMemberRequest<'a>,
+        /// Partitions the member still owns (it has released all others).
+        owned: Vec<u32>,
+    },
+    /// See [`Command::LeaveGroup`].
+    LeaveGroup {
+        /// Stream name.
+        stream: &'a str,
+        /// Group name.
+        group: &'a str,
+        /// The member.
+        member_id: u64,
+    },
+    /// See [`Command::CommitOffsets`].
+    CommitOffsets {
+        /// The member.
+        member: GroupMemberRequest<'a>,
+        /// (partition, next offset to consume).
+        offsets: Vec<(u32, u64)>,
+    },
+    /// See [`Command::FetchOffsets`].
+    FetchOffsets {
+        /// Stream name.
+        stream: &'a str,
+        /// Group name.
+        group: &'a str,
+    },
+    /// See [`Command::ListGroups`].
+    ListGroups {
+        /// Stream name.
+        stream: &'a str,
+    },
+    /// See [`Command::DescribeGroup`].
+    DescribeGroup {
+        /// Stream name.
+        stream: &'a str,
+        /// Group name.
+        group: &'a str,
+    },
+}
+
+fn name<'a>(reader: &mut WireReader<'a>, field: &'static str) -> Result<&'a str, WireError> {
+    let at = reader.position();
+    let value = reader.string(field)?;
+    if value.is_empty() || value.len() > NAME_BYTES_MAX {
+        return Err(WireError::BadValue {
+            at,
+            field,
+            value: value.len() as u64,
+        });
+    }
+    Ok(value)
+}
+
+fn member<'a>(reader: &mut WireReader<'a>) -> Result<GroupMemberRequest<'a>, WireError> {
+    Ok(GroupMemberRequest {
+        stream: name(reader, "stream")?,
+        group: name(reader, "group")?,
+        member_id: reader.u64("member_id")?,
+        generation: reader.u32("generation")?,
+    })
+}
+
+fn put_member(out: &mut Vec<u8>, member: &GroupMemberRequest<'_>) {
+    out.put_string(member.stream);
+    out.put_string(member.group);
+    out.put_u64_be(member.member_id);
+    out.put_u32_be(member.generation);
+}
+
+impl<'a> Request<'a> {
+    /// The command of this request.
+    pub fn command(&self) -> Command {
+        match self {
+            Self::Ping => Command::Ping,
+            Self::CreateStream { .. } => Command::CreateStream,
+            Self::DeleteStream { .. } => Command::DeleteStream,
+            Self::ListStreams => Command::ListStreams,
+            Self::CreateTopic { .. } => Command::CreateTopic,
+            Self::DeleteTopic { .. } => Command::DeleteTopic,
+            Self::ListTopics { .. } => Command::ListTopics,
+            Self::DescribeTopic { .. } => Command::DescribeTopic,
+            Self::Produce { .. } => Command::Produce,
+            Self::Fetch { .. } => Command::Fetch,
+            Self::ListOffsets { .. } => Command::ListOffsets,
+            Self::JoinGroup { .. } => Command::JoinGroup,
+            Self::Heartbeat { .. } => Command::Heartbeat,
+            Self::LeaveGroup { .. } => Command::LeaveGroup,
+            Self::CommitOffsets { .. } => Command::CommitOffsets,
+            Self::FetchOffsets { .. } => Command::FetchOffsets,
+            Self::ListGroups { .. } => Command::ListGroups,
+            Self::DescribeGroup { .. } => Command::DescribeGroup,
+        }
+    }
+
+    /// Appends the whole frame (header and body).
+    pub fn encode(&self, request_id: u64, out: &mut Vec<u8>) {
+        let start = super::begin_request(out, request_id, self.command());
+        self.encode_body(out);
+        super::finish_frame(out, start);
+    }
+
+    fn encode_body(&self, out: &mut Vec<u8>) {
+        match self {
+            Self::Ping | Self::ListStreams => {}
+            Self::CreateStream { name } | Self::DeleteStream { name } => out.put_string(name),
+            Self::CreateTopic {
+                stream,
+                topic,
+                settings,
+            } => {
+                out.put_string(stream);
+                out.put_string(topic);
+                settings.encode_into(out);
+            }
+            Self::DeleteTopic { stream, topic } | Self::DescribeTopic { stream, topic } => {
+                out.put_string(stream);
+                out.put_string(topic);
+            }
+            Self::ListTopics { stream } | Self::ListGroups { stream } => out.put_string(stream),
+            Self::Produce {
+                stream,
+                topic,
+                partition,
+                batch,
+            } => {
+                out.put_string(stream);
+                out.put_string(topic);
+                out.put_u32_be(*partition);
+                out.put_bytes(batch);
+            }
+            Self::Fetch {
+                stream,
+                topic,
+                partition,
+                offset,
+                max_bytes,
+                max_wait_ms,
+            } => {
+                out.put_string(stream);
+                out.put_string(topic);
+                out.put_u32_be(*partition);
+                out.put_u64_be(*offset);
+                out.put_u32_be(*max_bytes);
+                out.put_u32_be(*max_wait_ms);
+            }
+            Self::ListOffsets {
+                stream,
+                topic,
+                partition,
+                spec,
+            } => {
+                out.put_string(stream);
+                out.put_string(topic);
+                out.put_u32_be(*partition);
+                let (kind, timestamp) = match spec {
+                    OffsetSpec::Earliest => (0, 0),
+                    OffsetSpec::Latest => (1, 0),
+                    OffsetSpec::Timestamp(t) => (2, *t),
+                };
+                out.put_u8_be(kind);
+                out.put_i64_be(timestamp);
+            }
+            Self::JoinGroup {
+                stream,
+                group,
+                topic,
+                member_name,
+                session_timeout_ms,
+            } => {
+                out.put_string(stream);
+                out.put_string(group);
+                out.put_string(topic);
+                out.put_string(member_name);
+                out.put_u32_be(*session_timeout_ms);
+            }
+            Self::Heartbeat { member, owned } => {
+                put_member(out, member);
+                out.put_u32_be(owned.len() as u32);
+                for partition in owned {
+                    out.put_u32_be(*partition);
+                }
+            }
+            Self::LeaveGroup {
+                stream,
+                group,
+                member_id,
+            } => {
+                out.put_string(stream);
+                out.put_string(group);
+                out.put_u64_be(*member_id);
+            }
+            Self::CommitOffsets { member, offsets } => {
+                put_member(out, member);
+                out.put_u32_be(offsets.len() as u32);
+                for (partition, offset) in offsets {
+                    out.put_u32_be(*partition);
+                    out.put_u64_be(*offset);
+                }
+            }
+            Self::FetchOffsets { stream, group } | Self::DescribeGroup { stream, group } => {
+                out.put_string(stream);
+                out.put_string(group);
+            }
+        }
+    }
+
+    /// Decodes the body of a request with a known command. Strict: every field must be
+    /// in range and no byte may be left over.
+    ///
+    /// # Errors
+    /// A [`WireError`] with the byte offset in the body.
+    pub fn decode(command: Command, body: &'a [u8]) -> Result<Self, WireError> {
+        let mut r = WireReader::new(body);
+        let request = match command {
+            Command::Ping => Self::Ping,
+            Command::ListStreams => Self::ListStreams,
+            Command::CreateStream => Self::CreateStream {
+                name: name(&mut r, "stream")?,
+            },
+            Command::DeleteStream => Self::DeleteStream {
+                name: name(&mut r, "stream")?,
+            },
+            Command::CreateTopic => Self::CreateTopic {
+                stream: name(&mut r, "stream")?,
+                topic: name(&mut r, "topic")?,
+                settings: TopicSettings::decode(&mut r)?,
+            },
+            Command::DeleteTopic => Self::DeleteTopic {
+                stream: name(&mut r, "stream")?,
+                topic: name(&mut r, "topic")?,
+            },
+            Command::ListTopics => Self::ListTopics {
+                stream: name(&mut r, "stream")?,
+            },
+            Command::DescribeTopic => Self::DescribeTopic {
+                stream: name(&mut r, "stream")?,
+                topic: name(&mut r, "topic")?,
+            },
+            Command::Produce => Self::Produce {
+                stream: name(&mut r, "stream")?,
+                topic: name(&mut r, "topic")?,
+                partition: r.u32("partition")?,
+                batch: r.bytes("batch")?,
+            },
+            Command::Fetch => Self::Fetch {
+                stream: name(&mut r, "stream")?,
+                topic: name(&mut r, "topic")?,
+                partition: r.u32("partition")?,
+                offset: r.u64("offset")?,
+                max_bytes: r.u32("max_bytes")?,
+                max_wait_ms: r.u32("max_wait_ms")?,
+            },
+            Command::ListOffsets => {
+                let stream = name(&mut r, "stream")?;
+                let topic = name(&mut r, "topic")?;
+                let partition = r.u32("partition")?;
+                let at = r.position();
+                let kind = r.u8("kind")?;
+                let timestamp = r.i64("timestamp")?;
+                let spec = match kind {
+                    0 => OffsetSpec::Earliest,
+                    1 => OffsetSpec::Latest,
+                    2 => OffsetSpec::Timestamp(timestamp),
+                    other => {
+                        return Err(WireError::BadValue {
+                            at,
+                            field: "kind",
+                            value: other.into(),
+                        })
+                    }
+                };
+                Self::ListOffsets {
+                    stream,
+                    topic,
+                    partition,
+                    spec,
+                }
+            }
+            Command::JoinGroup => Self::JoinGroup {
+                stream: name(&mut r, "stream")?,
+                group: name(&mut r, "group")?,
+                topic: name(&mut r, "topic")?,
+                member_name: r.string("member_name")?,
+                session_timeout_ms: r.u32("session_timeout_ms")?,
+            },
+            Command::Heartbeat => {
+                let member = member(&mut r)?;
+                let count = r.count("owned", 4)?;
+                let mut owned = Vec::with_capacity(count as usize);
+                for _ in 0..count {
+                    owned.push(r.u32("owned")?);
+                }
+                Self::Heartbeat { member, owned }
+            }
+            Command::LeaveGroup => Self::LeaveGroup {
+                stream: name(&mut r, "stream")?,
+                group: name(&mut r, "group")?,
+                member_id: r.u64("member_id")?,
+            },
+            Command::CommitOffsets => {
+                let member = member(&mut r)?;
+                let count = r.count("offsets", 12)?;
+                let mut offsets = Vec::with_capacity(count as usize);
+                for _ in 0..count {
+                    offsets.push((r.u32("partition")?, r.u64("offset")?));
+                }
+                Self::CommitOffsets { member, offsets }
+            }
+            Command::FetchOffsets => Self::FetchOffsets {
+                stream: name(&mut r, "stream")?,
+                group: name(&mut r, "group")?,
+            },
+            Command::ListGroups => Self::ListGroups {
+                stream: name(&mut r, "stream")?,
+            },
+            Command::DescribeGroup => Self::DescribeGroup {
+                stream: name(&mut r, "stream")?,
+                group: name(&mut r, "group")?,
+            },
+        };
+        r.finish()?;
+        Ok(request)
+    }
+}

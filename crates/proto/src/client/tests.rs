@@ -1,0 +1,301 @@
+use super::*;
+use crate::wire::WireError;
+
+fn round_trip(request: Request<'_>) {
+    let mut frame = Vec::new();
+    request.encode(42, &mut frame);
+    let total = frame_length(&frame, REQUEST_HEADER_BYTES, FRAME_BYTES_MAX_DEFAULT)
+        .unwrap()
+        .unwrap();
+    assert_eq!(total, frame.len());
+    let (header, body) = split_request(&frame).unwrap();
+    assert_eq!(header.request_id, 42);
+    let command = Command::from_u16(header.command).unwrap();
+    assert_eq!(Request::decode(command, body).unwrap(), request);
+    // Every cut of the body is an error, never a panic.
+    for cut in 0..body.len() {
+        assert!(
+            Request::decode(command, &body[..cut]).is_err(),
+            "{command:?} cut at {cut}"
+        );
+    }
+}
+
+#[test]
+fn requests_round_trip() {
+    let member = GroupMemberRequest {
+        stream: "s",
+        group: "g",
+        member_id: 7,
+        generation: 3,
+    };
+    for request in [
+        Request::Ping,
+        Request::CreateStream { name: "orders" },
+        Request::DeleteStream { name: "orders" },
+        Request::ListStreams,
+        Request::CreateTopic {
+            stream: "s",
+            topic: "t",
+            settings: TopicSettings {
+                partitions: 8,
+                fsync: FSYNC_INTERVAL,
+                fsync_interval_ms: 5,
+                retention_bytes: 1 << 30,
+                retention_ms: 0,
+                max_batch_bytes: 1 << 20,
+                segment_bytes: 0,
+            },
+        },
+        Request::DeleteTopic {
+            stream: "s",
+            topic: "t",
+        },
+        Request::ListTopics { stream: "s" },
+        Request::DescribeTopic {
+            stream: "s",
+            topic: "t",
+        },
+        Request::Produce {
+            stream: "s",
+            topic: "t",
+            partition: 3,
+            batch: &[1, 2, 3],
+        },
+        Request::Fetch {
+            stream: "s",
+            topic: "t",
+            partition: 3,
+            offset: 99,
+            max_bytes: 1 << 20,
+            max_wait_ms: 500,
+        },
+        Request::ListOffsets {
+            stream: "s",
+            topic: "t",
+            partition: 0,
+            spec: OffsetSpec::Timestamp(-5),
+        },
+        Request::JoinGroup {
+            stream: "s",
+            group: "g",
+            topic: "t",
+            member_name: "worker-1",
+            session_timeout_ms: 10_000,
+        },
+        Request::Heartbeat {
+            member: member.clone(),
+            owned: vec![1, 5],
+        },
+        Request::LeaveGroup {
+            stream: "s",
+            group: "g",
+            member_id: 7,
+        },
+        Request::CommitOffsets {
+            member,
+            offsets: vec![(1, 100), (5, 0)],
+        },
+        Request::FetchOffsets {
+            stream: "s",
+            group: "g",
+        },
+        Request::ListGroups { stream: "s" },
+        Request::DescribeGroup {
+            stream: "s",
+            group: "g",
+        },
+    ] {
+        round_trip(request);
+    }
+}
+
+#[test]
+fn responses_round_trip() {
+    let cases = [
+        (Command::Ping, Response::Empty),
+        (
+            Command::ListStreams,
+            Response::Streams(vec![StreamSummary {
+                name: "a".into(),
+                topics: 2,
+            }]),
+        ),
+        (
+            Command::DescribeTopic,
+            Response::Topic(TopicInfo {
+                stream: "s".into(),
+                name: "t".into(),
+                id: 4,
+                epoch: 1,
+                settings: TopicSettings {
+                    partitions: 2,
+                    ..TopicSettings::default()
+                },
+                partitions: vec![PartitionInfo {
+                    id: 0,
+                    hash_start: 0,
+                    hash_end: 0x7fff,
+                    parents: vec![],
+                    sealed: false,
+                    start_offset: 0,
+                    high_watermark: 10,
+                }],
+            }),
+        ),
+        (
+            Command::Produce,
+            Response::Produced {
+                base_offset: 5,
+                last_offset: 9,
+            },
+        ),
+        (
+            Command::Fetch,
+            Response::Fetched {
+                high_watermark: 10,
+                start_offset: 0,
+                batches: vec![9; 20],
+            },
+        ),
+        (Command::ListOffsets, Response::Offset(None)),
+        (
+            Command::Heartbeat,
+            Response::Assignment {
+                member_id: 1,
+                generation: 2,
+                partitions: vec![0, 3],
+            },
+        ),
+        (
+            Command::DescribeGroup,
+            Response::Group(GroupDescription {
+                name: "g".into(),
+                topic: "t".into(),
+                generation: 3,
+                members: vec![GroupMember {
+                    id: 1,
+                    name: "w".into(),
+                    assignment: vec![0],
+                }],
+                offsets: vec![PartitionOffsets {
+                    partition: 0,
+                    committed: Some(4),
+                    high_watermark: 9,
+                }],
+            }),
+        ),
+    ];
+    for (command, response) in cases {
+        let mut frame = Vec::new();
+        response.encode(9, command, &mut frame);
+        let (header, body) = split_response(&frame).unwrap();
+        assert_eq!(
+            (header.request_id, header.command, header.status),
+            (9, command as u16, 0)
+        );
+        assert_eq!(Response::decode(command, body).unwrap(), response);
+    }
+}
+
+#[test]
+fn fetch_prefix_matches_the_full_encoding() {
+    let batches = vec![7u8; 33];
+    let mut full = Vec::new();
+    Response::Fetched {
+        high_watermark: 3,
+        start_offset: 1,
+        batches: batches.clone(),
+    }
+    .encode(5, Command::Fetch, &mut full);
+    let mut split = Vec::new();
+    encode_fetch_prefix(&mut split, 5, 3, 1, batches.len() as u32);
+    split.extend_from_slice(&batches);
+    assert_eq!(split, full);
+}
+
+#[test]
+fn errors_carry_code_and_message() {
+    let mut frame = Vec::new();
+    encode_error(&mut frame, 1, 30, ErrorCode::TopicNotFound, "no topic t");
+    let (header, body) = split_response(&frame).unwrap();
+    assert_eq!(error_code(header.status), ErrorCode::TopicNotFound);
+    assert_eq!(decode_error_message(body).unwrap(), "no topic t");
+    assert_eq!(error_code(9999), ErrorCode::Internal);
+    for code in ErrorCode::ALL {
+        assert_eq!(ErrorCode::from_u16(*code as u16), Some(*code));
+    }
+    for command in Command::ALL {
+        assert_eq!(Command::from_u16(*command as u16), Some(*command));
+    }
+}
+
+#[test]
+fn framing_refuses_oversize_and_short_lengths() {
+    let mut frame = Vec::new();
+    Request::Ping.encode(1, &mut frame);
+    assert_eq!(
+        frame_length(&frame[..3], REQUEST_HEADER_BYTES, 100),
+        Ok(None)
+    );
+    assert_eq!(
+        frame_length(&frame[..13], REQUEST_HEADER_BYTES, 100),
+        Ok(None)
+    );
+    let too_big = [0, 0, 1, 0];
+    assert_eq!(
+        frame_length(&too_big, REQUEST_HEADER_BYTES, 100),
+        Err(FrameError::TooLarge {
+            length: 256,
+            max: 100
+        })
+    );
+    assert_eq!(
+        frame_length(&[0, 0, 0, 2], REQUEST_HEADER_BYTES, 100),
+        Err(FrameError::TooShort { length: 2 })
+    );
+}
+
+#[test]
+fn bad_bodies_are_typed_errors() {
+    let body = [0u8, 0]; // an empty name
+    assert!(matches!(
+        Request::decode(Command::CreateStream, &body),
+        Err(WireError::BadValue {
+            field: "stream",
+            ..
+        })
+    ));
+    let mut body = Vec::new();
+    crate::wire::WireWrite::put_string(&mut body, "s");
+    body.push(0xff);
+    assert!(matches!(
+        Request::decode(Command::CreateStream, &body),
+        Err(WireError::TrailingBytes { extra: 1, .. })
+    ));
+    let huge_count = [
+        0, 1, b's', 0, 1, b'g', 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff,
+    ];
+    assert!(matches!(
+        Request::decode(Command::Heartbeat, &huge_count),
+        Err(WireError::TooManyItems { .. })
+    ));
+    let not_utf8 = [0, 1, 0xff];
+    assert!(matches!(
+        Request::decode(Command::CreateStream, &not_utf8),
+        Err(WireError::NotUtf8 { .. })
+    ));
+}
+
+proptest::proptest! {
+    #[test]
+    fn arbitrary_bodies_never_panic(command in 0u16..64, body in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..200)) {
+        if let Some(command) = Command::from_u16(command) {
+            let _ = Request::decode(command, &body);
+            let _ = Response::decode(command, &body);
+        }
+        let _ = split_request(&body);
+        let _ = split_response(&body);
+        let _ = frame_length(&body, REQUEST_HEADER_BYTES, 1 << 20);
+    }
+}
