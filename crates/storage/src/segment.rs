@@ -414,6 +414,11 @@ pub struct LogRead {
 }
 
 impl LogRead {
+    /// An empty read positioned at `offset`.
+    pub fn default_at(offset: u64) -> Self {
+        Self::empty(offset)
+    }
+
     pub(crate) fn empty(next_offset: u64) -> Self {
         Self {
             buf: Vec::new(),

@@ -27,8 +27,8 @@ mod request;
 mod response;
 
 pub use request::{
-    GroupMemberRequest, OffsetSpec, Request, TopicSettings, FSYNC_ALWAYS, FSYNC_INTERVAL,
-    FSYNC_NEVER,
+    GroupMemberRequest, OffsetSpec, Request, TopicSettings, FSYNC_ALWAYS, FSYNC_DEFAULT,
+    FSYNC_INTERVAL, FSYNC_NEVER,
 };
 pub use response::{
     decode_error_message, encode_fetch_prefix, error_code, GroupDescription, GroupMember,

@@ -3,12 +3,14 @@
 use super::{Command, NAME_BYTES_MAX};
 use crate::wire::{WireError, WireReader, WireWrite};
 
-/// `fsync` mode value: never.
-pub const FSYNC_NEVER: u8 = 0;
+/// `fsync` mode value: the node's default.
+pub const FSYNC_DEFAULT: u8 = 0;
 /// `fsync` mode value: always.
 pub const FSYNC_ALWAYS: u8 = 1;
 /// `fsync` mode value: at an interval.
 pub const FSYNC_INTERVAL: u8 = 2;
+/// `fsync` mode value: never.
+pub const FSYNC_NEVER: u8 = 3;
 
 /// Settings of a new topic. Zero in a size or time field means "the node's default"
 /// (retention: keep forever).
@@ -16,7 +18,7 @@ pub const FSYNC_INTERVAL: u8 = 2;
 pub struct TopicSettings {
     /// Number of partitions, at least 1.
     pub partitions: u32,
-    /// [`FSYNC_NEVER`], [`FSYNC_ALWAYS`] or [`FSYNC_INTERVAL`].
+    /// [`FSYNC_DEFAULT`], [`FSYNC_ALWAYS`], [`FSYNC_INTERVAL`] or [`FSYNC_NEVER`].
     pub fsync: u8,
     /// Interval for [`FSYNC_INTERVAL`] (ms).
     pub fsync_interval_ms: u64,
@@ -42,11 +44,15 @@ impl TopicSettings {
         out.put_u32_be(self.segment_bytes);
     }
 
-    pub(crate) fn decode(reader: &mut WireReader<'_>) -> Result<Self, WireError> {
+    /// Reads the settings' wire form.
+    ///
+    /// # Errors
+    /// A [`WireError`].
+    pub fn decode(reader: &mut WireReader<'_>) -> Result<Self, WireError> {
         let partitions = reader.u32("partitions")?;
         let at = reader.position();
         let fsync = reader.u8("fsync")?;
-        if fsync > FSYNC_INTERVAL {
+        if fsync > FSYNC_NEVER {
             return Err(WireError::BadValue {
                 at,
                 field: "fsync",

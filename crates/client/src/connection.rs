@@ -1,0 +1,393 @@
+//! One connection to a node, shared by every caller: requests are pipelined, each
+//! answered by the response with its request id.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use braid_proto::client::{
+    decode_error_message, error_code, frame_length, split_response, Command, OffsetSpec, Request,
+    Response, StreamSummary, TopicInfo, TopicSettings, TopicSummary, RESPONSE_HEADER_BYTES,
+};
+use bytes::BytesMut;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::error::ClientError;
+
+/// Largest response frame the client accepts (the node's default maximum plus room).
+const RESPONSE_BYTES_MAX: u32 = 64 << 20;
+
+type Waiter = oneshot::Sender<Result<Response, ClientError>>;
+
+#[derive(Debug, Default)]
+struct Pending {
+    waiters: HashMap<u64, (Command, Waiter)>,
+    /// Set when the connection failed: later calls fail at once.
+    failed: Option<ClientError>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    frames: mpsc::UnboundedSender<Vec<u8>>,
+    pending: Mutex<Pending>,
+    next_id: AtomicU64,
+}
+
+/// A connection to a Braid node. Cheap to clone; clones share the connection.
+#[derive(Debug, Clone)]
+pub struct Client {
+    inner: Arc<Inner>,
+}
+
+/// What a fetch returned.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fetched {
+    /// Offset after the last committed record of the partition.
+    pub high_watermark: u64,
+    /// Earliest offset stored.
+    pub start_offset: u64,
+    /// Whole batches, as stored (possibly starting before the offset asked for).
+    pub batches: Vec<u8>,
+}
+
+impl Client {
+    /// Connects to a node.
+    ///
+    /// # Errors
+    /// [`ClientError::Io`] if the connection fails.
+    pub async fn connect(addr: impl tokio::net::ToSocketAddrs) -> Result<Self, ClientError> {
+        let stream = tokio::net::TcpStream::connect(addr).await?;
+        stream.set_nodelay(true)?;
+        let (mut reader, mut writer) = stream.into_split();
+        let (frames, mut outgoing) = mpsc::unbounded_channel::<Vec<u8>>();
+        let inner = Arc::new(Inner {
+            frames,
+            pending: Mutex::new(Pending::default()),
+            next_id: AtomicU64::new(1),
+        });
+        tokio::spawn(async move {
+            while let Some(frame) = outgoing.recv().await {
+                if writer.write_all(&frame).await.is_err() {
+                    break;
+                }
+            }
+        });
+        let reader_inner = Arc::clone(&inner);
+        tokio::spawn(async move {
+            let failure = read_loop(&mut reader, &reader_inner).await;
+            let waiters = match reader_inner.pending.lock() {
+                Ok(mut pending) => {
+                    pending.failed = Some(failure.clone());
+                    std::mem::take(&mut pending.waiters)
+                }
+                Err(_) => HashMap::new(),
+            };
+            for (_, (_, waiter)) in waiters {
+                let _ = waiter.send(Err(failure.clone()));
+            }
+        });
+        Ok(Self { inner })
+    }
+
+    /// Sends a request now (so calls made in order reach the node in order) and returns
+    /// a future of its response.
+    pub fn start_call(
+        &self,
+        request: &Request<'_>,
+    ) -> impl std::future::Future<Output = Result<Response, ClientError>> + Send + 'static {
+        let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
+        let (waiter, answer) = oneshot::channel();
+        let mut frame = Vec::new();
+        request.encode(id, &mut frame);
+        let registered = match self.inner.pending.lock() {
+            Ok(mut pending) => match &pending.failed {
+                Some(err) => Err(err.clone()),
+                None => {
+                    pending.waiters.insert(id, (request.command(), waiter));
+                    Ok(())
+                }
+            },
+            Err(_) => Err(ClientError::Closed),
+        };
+        let sent = registered.and_then(|()| {
+            self.inner
+                .frames
+                .send(frame)
+                .map_err(|_| ClientError::Closed)
+        });
+        async move {
+            sent?;
+            answer.await.map_err(|_| ClientError::Closed)?
+        }
+    }
+
+    /// Sends a request and waits for its response.
+    ///
+    /// # Errors
+    /// [`ClientError::Server`] with the node's code and message, or a connection error.
+    pub async fn call(&self, request: &Request<'_>) -> Result<Response, ClientError> {
+        self.start_call(request).await
+    }
+
+    /// Checks the node answers.
+    ///
+    /// # Errors
+    /// As [`Client::call`].
+    pub async fn ping(&self) -> Result<(), ClientError> {
+        self.call(&Request::Ping).await.map(|_| ())
+    }
+
+    /// Creates a stream.
+    ///
+    /// # Errors
+    /// As [`Client::call`]; `StreamExists` if it exists.
+    pub async fn create_stream(&self, name: &str) -> Result<(), ClientError> {
+        self.call(&Request::CreateStream { name }).await.map(|_| ())
+    }
+
+    /// Deletes a stream with its topics.
+    ///
+    /// # Errors
+    /// As [`Client::call`].
+    pub async fn delete_stream(&self, name: &str) -> Result<(), ClientError> {
+        self.call(&Request::DeleteStream { name }).await.map(|_| ())
+    }
+
+    /// Lists streams.
+    ///
+    /// # Errors
+    /// As [`Client::call`].
+    pub async fn list_streams(&self) -> Result<Vec<StreamSummary>, ClientError> {
+        match self.call(&Request::ListStreams).await? {
+            Response::Streams(list) => Ok(list),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// Creates a topic; settings left at 0 take the node's defaults.
+    ///
+    /// # Errors
+    /// As [`Client::call`].
+    pub async fn create_topic(
+        &self,
+        stream: &str,
+        topic: &str,
+        settings: TopicSettings,
+    ) -> Result<(), ClientError> {
+        let request = Request::CreateTopic {
+            stream,
+            topic,
+            settings,
+        };
+        self.call(&request).await.map(|_| ())
+    }
+
+    /// Deletes a topic and its data.
+    ///
+    /// # Errors
+    /// As [`Client::call`].
+    pub async fn delete_topic(&self, stream: &str, topic: &str) -> Result<(), ClientError> {
+        self.call(&Request::DeleteTopic { stream, topic })
+            .await
+            .map(|_| ())
+    }
+
+    /// Lists the topics of a stream.
+    ///
+    /// # Errors
+    /// As [`Client::call`].
+    pub async fn list_topics(&self, stream: &str) -> Result<Vec<TopicSummary>, ClientError> {
+        match self.call(&Request::ListTopics { stream }).await? {
+            Response::Topics(list) => Ok(list),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// A topic's settings and partitions with their offsets.
+    ///
+    /// # Errors
+    /// As [`Client::call`].
+    pub async fn describe_topic(
+        &self,
+        stream: &str,
+        topic: &str,
+    ) -> Result<TopicInfo, ClientError> {
+        match self.call(&Request::DescribeTopic { stream, topic }).await? {
+            Response::Topic(info) => Ok(info),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// Appends one encoded batch to a partition; returns (base offset, last offset).
+    ///
+    /// # Errors
+    /// As [`Client::call`].
+    pub async fn produce(
+        &self,
+        stream: &str,
+        topic: &str,
+        partition: u32,
+        batch: &[u8],
+    ) -> Result<(u64, u64), ClientError> {
+        let request = Request::Produce {
+            stream,
+            topic,
+            partition,
+            batch,
+        };
+        match self.call(&request).await? {
+            Response::Produced {
+                base_offset,
+                last_offset,
+            } => Ok((base_offset, last_offset)),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// Reads committed batches from `offset`, waiting up to `max_wait_ms` at the end.
+    ///
+    /// # Errors
+    /// As [`Client::call`].
+    pub async fn fetch(
+        &self,
+        stream: &str,
+        topic: &str,
+        partition: u32,
+        offset: u64,
+        max_bytes: u32,
+        max_wait_ms: u32,
+    ) -> Result<Fetched, ClientError> {
+        let request = Request::Fetch {
+            stream,
+            topic,
+            partition,
+            offset,
+            max_bytes,
+            max_wait_ms,
+        };
+        match self.call(&request).await? {
+            Response::Fetched {
+                high_watermark,
+                start_offset,
+                batches,
+            } => Ok(Fetched {
+                high_watermark,
+                start_offset,
+                batches,
+            }),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// The earliest, latest or by-timestamp offset of a partition.
+    ///
+    /// # Errors
+    /// As [`Client::call`].
+    pub async fn list_offset(
+        &self,
+        stream: &str,
+        topic: &str,
+        partition: u32,
+        spec: OffsetSpec,
+    ) -> Result<Option<u64>, ClientError> {
+        let request = Request::ListOffsets {
+            stream,
+            topic,
+            partition,
+            spec,
+        };
+        match self.call(&request).await? {
+            Response::Offset(offset) => Ok(offset),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// The consumer groups of a stream.
+    ///
+    /// # Errors
+    /// As [`Client::call`].
+    pub async fn list_groups(
+        &self,
+        stream: &str,
+    ) -> Result<Vec<braid_proto::client::GroupSummary>, ClientError> {
+        match self.call(&Request::ListGroups { stream }).await? {
+            Response::Groups(list) => Ok(list),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// A group's members, assignment, committed offsets and high watermarks.
+    ///
+    /// # Errors
+    /// As [`Client::call`].
+    pub async fn describe_group(
+        &self,
+        stream: &str,
+        group: &str,
+    ) -> Result<braid_proto::client::GroupDescription, ClientError> {
+        match self.call(&Request::DescribeGroup { stream, group }).await? {
+            Response::Group(description) => Ok(description),
+            other => Err(unexpected(&other)),
+        }
+    }
+}
+
+pub(crate) fn unexpected(response: &Response) -> ClientError {
+    ClientError::Protocol(format!("unexpected response {response:?}"))
+}
+
+async fn read_loop(reader: &mut tokio::net::tcp::OwnedReadHalf, inner: &Inner) -> ClientError {
+    let mut buf = BytesMut::with_capacity(64 * 1024);
+    loop {
+        loop {
+            let total = match frame_length(&buf, RESPONSE_HEADER_BYTES, RESPONSE_BYTES_MAX) {
+                Ok(Some(total)) => total,
+                Ok(None) => break,
+                Err(err) => return ClientError::Protocol(err.to_string()),
+            };
+            let frame = buf.split_to(total);
+            let (header, body) = match split_response(&frame) {
+                Ok(split) => split,
+                Err(err) => return ClientError::Protocol(err.to_string()),
+            };
+            let waiter = match inner.pending.lock() {
+                Ok(mut pending) => pending.waiters.remove(&header.request_id),
+                Err(_) => return ClientError::Closed,
+            };
+            let Some((command, waiter)) = waiter else {
+                if header.request_id == 0 && header.status != 0 {
+                    // The node refused the stream as a whole and is closing it.
+                    let message = decode_error_message(body).unwrap_or_default();
+                    return ClientError::Server {
+                        code: error_code(header.status),
+                        message,
+                    };
+                }
+                continue;
+            };
+            let result = if header.status == 0 {
+                Response::decode(command, body).map_err(|e| ClientError::Protocol(e.to_string()))
+            } else {
+                Err(ClientError::Server {
+                    code: error_code(header.status),
+                    message: decode_error_message(body)
+                        .unwrap_or_else(|e| format!("undecodable message: {e}")),
+                })
+            };
+            let _ = waiter.send(result);
+        }
+        buf.reserve(64 * 1024);
+        match reader.read_buf(&mut buf).await {
+            Ok(0) => return ClientError::Closed,
+            Ok(_) => {}
+            Err(err) => return err.into(),
+        }
+    }
+}
+
+/// The address a client connects to by default: the node's default client port.
+pub fn default_addr() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], 7070))
+}

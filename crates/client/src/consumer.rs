@@ -1,0 +1,492 @@
+//! The consumer: reads records from assigned partitions, or as a member of a consumer
+//! group whose coordinator assigns them, and commits its positions.
+//!
+//! In a group, a partition moves between members only after its old owner released it:
+//! when a heartbeat's grant no longer holds a partition, the consumer commits its
+//! position there, stops fetching it and says so in its next heartbeat (sent at once).
+//! Records a member has returned from `poll` are therefore committed before another
+//! member starts on the partition, and none is delivered twice while members come and
+//! go cleanly. A member that crashes leaves uncommitted records to be read again
+//! (at least once).
+
+use std::collections::{BTreeMap, VecDeque};
+use std::time::{Duration, Instant};
+
+use braid_proto::client::{ErrorCode, GroupMemberRequest, OffsetSpec, Request, Response};
+use braid_proto::RecordBatch;
+
+use crate::connection::{unexpected, Client};
+use crate::error::ClientError;
+
+/// Where a consumer starts in a partition that has no committed offset.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StartFrom {
+    /// The earliest offset still stored.
+    Earliest,
+    /// The end: only records produced from now on.
+    Latest,
+    /// A given offset.
+    Offset(u64),
+    /// The first record at or after this time (ms since the epoch).
+    Timestamp(i64),
+}
+
+/// One record as a consumer sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConsumerRecord {
+    /// Its partition.
+    pub partition: u32,
+    /// Its offset.
+    pub offset: u64,
+    /// Its timestamp (ms since the epoch).
+    pub timestamp_ms: i64,
+    /// Its key.
+    pub key: Option<Vec<u8>>,
+    /// Its value.
+    pub value: Option<Vec<u8>>,
+    /// Its headers.
+    pub headers: Vec<(Vec<u8>, Option<Vec<u8>>)>,
+}
+
+/// Consumer settings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConsumerConfig {
+    /// Where to start without a committed offset.
+    pub start_from: StartFrom,
+    /// Bytes asked for per partition per fetch.
+    pub fetch_bytes_max: u32,
+    /// Commit automatically this often (in `poll`); `None` to commit only by hand (and
+    /// on release and close).
+    pub auto_commit: Option<Duration>,
+    /// Group session timeout: the member is removed after this long without heartbeat.
+    pub session_timeout: Duration,
+    /// How often a group member heartbeats.
+    pub heartbeat_interval: Duration,
+}
+
+impl Default for ConsumerConfig {
+    fn default() -> Self {
+        Self {
+            start_from: StartFrom::Earliest,
+            fetch_bytes_max: 1 << 20,
+            auto_commit: Some(Duration::from_secs(5)),
+            session_timeout: Duration::from_secs(10),
+            heartbeat_interval: Duration::from_secs(1),
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Membership {
+    group: String,
+    member_name: String,
+    member_id: u64,
+    generation: u32,
+    last_heartbeat: Instant,
+    /// Set when partitions were released: heartbeat at once so they move quickly.
+    heartbeat_now: bool,
+}
+
+/// Reads one topic.
+#[derive(Debug)]
+pub struct Consumer {
+    client: Client,
+    stream: String,
+    topic: String,
+    config: ConsumerConfig,
+    /// Partition to next offset to read.
+    positions: BTreeMap<u32, u64>,
+    /// Positions as last committed.
+    committed: BTreeMap<u32, u64>,
+    buffered: VecDeque<ConsumerRecord>,
+    group: Option<Membership>,
+    last_commit: Instant,
+}
+
+impl Consumer {
+    /// A consumer of the given partitions, starting where `config.start_from` says.
+    ///
+    /// # Errors
+    /// [`ClientError`] if the offsets cannot be looked up.
+    pub async fn assigned(
+        client: &Client,
+        stream: &str,
+        topic: &str,
+        partitions: &[u32],
+        config: ConsumerConfig,
+    ) -> Result<Self, ClientError> {
+        let mut consumer = Self::new(client, stream, topic, config);
+        for &partition in partitions {
+            let offset = consumer.start_offset(partition).await?;
+            consumer.positions.insert(partition, offset);
+        }
+        Ok(consumer)
+    }
+
+    /// A consumer of every partition of the topic.
+    ///
+    /// # Errors
+    /// As [`Consumer::assigned`].
+    pub async fn all_partitions(
+        client: &Client,
+        stream: &str,
+        topic: &str,
+        config: ConsumerConfig,
+    ) -> Result<Self, ClientError> {
+        let info = client.describe_topic(stream, topic).await?;
+        let partitions: Vec<u32> = info.partitions.iter().map(|p| p.id).collect();
+        Self::assigned(client, stream, topic, &partitions, config).await
+    }
+
+    /// Joins consumer group `group` of `stream`, which consumes `topic`.
+    ///
+    /// # Errors
+    /// [`ClientError`] if the join is refused.
+    pub async fn join_group(
+        client: &Client,
+        stream: &str,
+        topic: &str,
+        group: &str,
+        member_name: &str,
+        config: ConsumerConfig,
+    ) -> Result<Self, ClientError> {
+        let mut consumer = Self::new(client, stream, topic, config);
+        consumer.group = Some(Membership {
+            group: group.to_owned(),
+            member_name: member_name.to_owned(),
+            member_id: 0,
+            generation: 0,
+            last_heartbeat: Instant::now(),
+            heartbeat_now: false,
+        });
+        consumer.join().await?;
+        Ok(consumer)
+    }
+
+    fn new(client: &Client, stream: &str, topic: &str, config: ConsumerConfig) -> Self {
+        Self {
+            client: client.clone(),
+            stream: stream.to_owned(),
+            topic: topic.to_owned(),
+            config,
+            positions: BTreeMap::new(),
+            committed: BTreeMap::new(),
+            buffered: VecDeque::new(),
+            group: None,
+            last_commit: Instant::now(),
+        }
+    }
+
+    /// The partitions this consumer reads now, with their next offsets.
+    pub fn positions(&self) -> &BTreeMap<u32, u64> {
+        &self.positions
+    }
+
+    /// The member id, for a group member.
+    pub fn member_id(&self) -> Option<u64> {
+        self.group.as_ref().map(|g| g.member_id)
+    }
+
+    async fn start_offset(&self, partition: u32) -> Result<u64, ClientError> {
+        let spec = match self.config.start_from {
+            StartFrom::Offset(offset) => return Ok(offset),
+            StartFrom::Earliest => OffsetSpec::Earliest,
+            StartFrom::Latest => OffsetSpec::Latest,
+            StartFrom::Timestamp(ts) => OffsetSpec::Timestamp(ts),
+        };
+        match self
+            .client
+            .list_offset(&self.stream, &self.topic, partition, spec)
+            .await?
+        {
+            Some(offset) => Ok(offset),
+            // No record at or after the timestamp: start at the end.
+            None => Ok(self
+                .client
+                .list_offset(&self.stream, &self.topic, partition, OffsetSpec::Latest)
+                .await?
+                .unwrap_or(0)),
+        }
+    }
+
+    async fn join(&mut self) -> Result<(), ClientError> {
+        let Some(group) = self.group.as_ref() else {
+            return Ok(());
+        };
+        let request = Request::JoinGroup {
+            stream: &self.stream,
+            group: &group.group,
+            topic: &self.topic,
+            member_name: &group.member_name,
+            session_timeout_ms: self.config.session_timeout.as_millis().min(u32::MAX.into()) as u32,
+        };
+        let response = self.client.call(&request).await?;
+        self.positions.clear();
+        self.buffered.clear();
+        self.apply_grant(response).await
+    }
+
+    /// Takes a join or heartbeat answer: releases what is no longer granted (after
+    /// committing it) and starts on what is newly granted.
+    async fn apply_grant(&mut self, response: Response) -> Result<(), ClientError> {
+        let Response::Assignment {
+            member_id,
+            generation,
+            partitions,
+        } = response
+        else {
+            return Err(unexpected(&response));
+        };
+        if let Some(group) = self.group.as_mut() {
+            group.member_id = member_id;
+            group.generation = generation;
+            group.last_heartbeat = Instant::now();
+        }
+        let released: Vec<u32> = self
+            .positions
+            .keys()
+            .copied()
+            .filter(|p| !partitions.contains(p))
+            .collect();
+        if !released.is_empty() {
+            // Records of released partitions not yet returned are dropped; the new
+            // owner reads them from the committed position.
+            self.buffered.retain(|r| !released.contains(&r.partition));
+            let offsets: Vec<(u32, u64)> = released
+                .iter()
+                .filter_map(|p| Some((*p, *self.positions.get(p)?)))
+                .collect();
+            self.commit_offsets(offsets).await?;
+            for partition in &released {
+                self.positions.remove(partition);
+            }
+            if let Some(group) = self.group.as_mut() {
+                group.heartbeat_now = true;
+            }
+        }
+        let added: Vec<u32> = partitions
+            .iter()
+            .copied()
+            .filter(|p| !self.positions.contains_key(p))
+            .collect();
+        if !added.is_empty() {
+            let committed = self.fetch_committed().await?;
+            for partition in added {
+                let offset = match committed.get(&partition) {
+                    Some(offset) => *offset,
+                    None => self.start_offset(partition).await?,
+                };
+                self.positions.insert(partition, offset);
+                self.committed.insert(partition, offset);
+            }
+        }
+        Ok(())
+    }
+
+    async fn fetch_committed(&self) -> Result<BTreeMap<u32, u64>, ClientError> {
+        let Some(group) = self.group.as_ref() else {
+            return Ok(BTreeMap::new());
+        };
+        let request = Request::FetchOffsets {
+            stream: &self.stream,
+            group: &group.group,
+        };
+        match self.client.call(&request).await? {
+            Response::Offsets(list) => Ok(list
+                .into_iter()
+                .filter_map(|o| Some((o.partition, o.committed?)))
+                .collect()),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    async fn heartbeat(&mut self) -> Result<(), ClientError> {
+        let Some(group) = self.group.as_mut() else {
+            return Ok(());
+        };
+        group.heartbeat_now = false;
+        let owned: Vec<u32> = self.positions.keys().copied().collect();
+        let request = Request::Heartbeat {
+            member: GroupMemberRequest {
+                stream: &self.stream,
+                group: &group.group,
+                member_id: group.member_id,
+                generation: group.generation,
+            },
+            owned,
+        };
+        match self.client.call(&request).await {
+            Ok(response) => self.apply_grant(response).await,
+            Err(err) if err.code() == Some(ErrorCode::UnknownMember) => {
+                tracing::info!("group membership lost; joining again");
+                self.join().await
+            }
+            Err(err) => Err(err),
+        }
+    }
+
+    /// Returns the next records, waiting up to `timeout` for some to arrive. In a
+    /// group it also heartbeats and follows assignment changes; with auto-commit on, it
+    /// commits when the interval has passed.
+    ///
+    /// # Errors
+    /// Connection and server errors; [`ClientError::Corrupt`] for a damaged batch.
+    pub async fn poll(&mut self, timeout: Duration) -> Result<Vec<ConsumerRecord>, ClientError> {
+        let due = self.group.as_ref().is_some_and(|g| {
+            g.heartbeat_now || g.last_heartbeat.elapsed() >= self.config.heartbeat_interval
+        });
+        if due {
+            self.heartbeat().await?;
+        }
+        if let Some(interval) = self.config.auto_commit {
+            if self.last_commit.elapsed() >= interval {
+                self.commit().await?;
+            }
+        }
+        if self.buffered.is_empty() {
+            self.fetch_all(timeout).await?;
+        }
+        let records: Vec<ConsumerRecord> = self.buffered.drain(..).collect();
+        for record in &records {
+            self.positions.insert(record.partition, record.offset + 1);
+        }
+        Ok(records)
+    }
+
+    async fn fetch_all(&mut self, timeout: Duration) -> Result<(), ClientError> {
+        if self.positions.is_empty() {
+            // Nothing assigned yet: wait a little for the group to hand something over.
+            let pause = timeout.min(self.config.heartbeat_interval / 2);
+            tokio::time::sleep(pause).await;
+            return Ok(());
+        }
+        let wait_ms = timeout.as_millis().min(u32::MAX.into()) as u32;
+        let mut pending = Vec::new();
+        for (&partition, &offset) in &self.positions {
+            let request = Request::Fetch {
+                stream: &self.stream,
+                topic: &self.topic,
+                partition,
+                offset,
+                max_bytes: self.config.fetch_bytes_max,
+                max_wait_ms: wait_ms,
+            };
+            pending.push((partition, offset, self.client.start_call(&request)));
+        }
+        for (partition, offset, answer) in pending {
+            match answer.await {
+                Ok(Response::Fetched { batches, .. }) => {
+                    decode_records(partition, offset, &batches, &mut self.buffered)?
+                }
+                Ok(other) => return Err(unexpected(&other)),
+                Err(err) if err.code() == Some(ErrorCode::OffsetOutOfRange) => {
+                    // Retention removed what we were about to read: start over by policy.
+                    let restart = self.start_offset(partition).await?;
+                    tracing::warn!(partition, offset, restart, "offset out of range; resetting");
+                    self.positions.insert(partition, restart);
+                }
+                Err(err) => return Err(err),
+            }
+        }
+        Ok(())
+    }
+
+    /// Commits the positions of the records returned so far (for a group member).
+    ///
+    /// # Errors
+    /// Connection and server errors.
+    pub async fn commit(&mut self) -> Result<(), ClientError> {
+        self.last_commit = Instant::now();
+        let changed: Vec<(u32, u64)> = self
+            .positions
+            .iter()
+            .filter(|(p, o)| self.committed.get(p) != Some(o))
+            .map(|(p, o)| (*p, *o))
+            .collect();
+        self.commit_offsets(changed).await
+    }
+
+    async fn commit_offsets(&mut self, offsets: Vec<(u32, u64)>) -> Result<(), ClientError> {
+        let Some(group) = self.group.as_ref() else {
+            return Ok(());
+        };
+        if offsets.is_empty() {
+            return Ok(());
+        }
+        let request = Request::CommitOffsets {
+            member: GroupMemberRequest {
+                stream: &self.stream,
+                group: &group.group,
+                member_id: group.member_id,
+                generation: group.generation,
+            },
+            offsets: offsets.clone(),
+        };
+        self.client.call(&request).await?;
+        for (partition, offset) in offsets {
+            self.committed.insert(partition, offset);
+        }
+        Ok(())
+    }
+
+    /// Commits and leaves the group.
+    ///
+    /// # Errors
+    /// Connection and server errors.
+    pub async fn close(mut self) -> Result<(), ClientError> {
+        self.commit().await?;
+        if let Some(group) = self.group.take() {
+            let request = Request::LeaveGroup {
+                stream: &self.stream,
+                group: &group.group,
+                member_id: group.member_id,
+            };
+            self.client.call(&request).await?;
+        }
+        Ok(())
+    }
+}
+
+/// Decodes fetched batches into records at or after `from`, checking every CRC.
+///
+/// # Errors
+/// [`ClientError::Corrupt`].
+pub fn decode_records(
+    partition: u32,
+    from: u64,
+    mut bytes: &[u8],
+    out: &mut VecDeque<ConsumerRecord>,
+) -> Result<(), ClientError> {
+    while !bytes.is_empty() {
+        let corrupt = |reason: String| ClientError::Corrupt {
+            partition,
+            offset: from,
+            reason,
+        };
+        let (batch, used) = RecordBatch::validate(bytes).map_err(|e| corrupt(e.to_string()))?;
+        let header = batch.header();
+        for (i, record) in batch.records().enumerate() {
+            let record = record.map_err(|e| corrupt(e.to_string()))?;
+            let offset = header.base_offset as u64 + i as u64;
+            if offset < from {
+                continue;
+            }
+            let headers = record
+                .headers
+                .iter()
+                .map(|h| h.map(|h| (h.key.to_vec(), h.value.map(<[u8]>::to_vec))))
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| corrupt(e.to_string()))?;
+            out.push_back(ConsumerRecord {
+                partition,
+                offset,
+                timestamp_ms: header.base_timestamp.saturating_add(record.timestamp_delta),
+                key: record.key.map(<[u8]>::to_vec),
+                value: record.value.map(<[u8]>::to_vec),
+                headers,
+            });
+        }
+        bytes = &bytes[used..];
+    }
+    Ok(())
+}

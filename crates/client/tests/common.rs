@@ -1,0 +1,51 @@
+//! Starting an in-process node for tests.
+
+// A panic in a test is a failed assertion, not a crash on outside data.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+#![allow(dead_code)] // each test file uses a different part of it
+
+use braid_node::{FsyncSetting, Node, NodeConfig};
+
+pub(crate) struct TestNode {
+    pub(crate) node: Option<Node>,
+    pub(crate) dir: tempfile::TempDir,
+}
+
+pub(crate) fn config(dir: &std::path::Path, fsync: FsyncSetting) -> NodeConfig {
+    let mut config = NodeConfig {
+        data_dir: dir.to_path_buf(),
+        client_addr: "127.0.0.1:0".parse().unwrap(),
+        http_addr: "127.0.0.1:0".parse().unwrap(),
+        shards: 2,
+        shutdown_grace_ms: 2_000,
+        ..NodeConfig::default()
+    };
+    config.topic_defaults.fsync = fsync;
+    config
+}
+
+impl TestNode {
+    pub(crate) fn start(fsync: FsyncSetting) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let node = Node::start(config(dir.path(), fsync)).unwrap();
+        Self {
+            node: Some(node),
+            dir,
+        }
+    }
+
+    pub(crate) fn addr(&self) -> std::net::SocketAddr {
+        self.node.as_ref().unwrap().client_addr()
+    }
+
+    pub(crate) fn http_addr(&self) -> std::net::SocketAddr {
+        self.node.as_ref().unwrap().http_addr()
+    }
+
+    pub(crate) fn restart(&mut self) {
+        let old = self.node.take().unwrap();
+        let fsync = FsyncSetting::Always;
+        old.shutdown();
+        self.node = Some(Node::start(config(self.dir.path(), fsync)).unwrap());
+    }
+}

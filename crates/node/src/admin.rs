@@ -1,0 +1,136 @@
+//! Metadata and group requests, served by shard 0, which owns the metadata store and
+//! the group coordinator.
+
+use braid_proto::client::{Request, TopicSettings};
+
+/// An admin or group request with owned fields, sent to shard 0.
+#[derive(Debug, Clone)]
+pub(crate) enum AdminRequest {
+    CreateStream(String),
+    DeleteStream(String),
+    ListStreams,
+    CreateTopic {
+        stream: String,
+        topic: String,
+        settings: TopicSettings,
+    },
+    DeleteTopic {
+        stream: String,
+        topic: String,
+    },
+    ListTopics(String),
+    DescribeTopic {
+        stream: String,
+        topic: String,
+    },
+    JoinGroup {
+        stream: String,
+        group: String,
+        topic: String,
+        member_name: String,
+        session_timeout_ms: u32,
+    },
+    Heartbeat {
+        stream: String,
+        group: String,
+        member_id: u64,
+        owned: Vec<u32>,
+    },
+    LeaveGroup {
+        stream: String,
+        group: String,
+        member_id: u64,
+    },
+    CommitOffsets {
+        stream: String,
+        group: String,
+        member_id: u64,
+        offsets: Vec<(u32, u64)>,
+    },
+    FetchOffsets {
+        stream: String,
+        group: String,
+    },
+    ListGroups(String),
+    DescribeGroup {
+        stream: String,
+        group: String,
+    },
+}
+
+/// The admin form of a request, or `None` for the data-path requests (ping, produce,
+/// fetch, list offsets) that the connection routes itself.
+pub(crate) fn admin_request(request: &Request<'_>) -> Option<AdminRequest> {
+    let own = |s: &str| s.to_owned();
+    Some(match request {
+        Request::Ping
+        | Request::Produce { .. }
+        | Request::Fetch { .. }
+        | Request::ListOffsets { .. } => return None,
+        Request::CreateStream { name } => AdminRequest::CreateStream(own(name)),
+        Request::DeleteStream { name } => AdminRequest::DeleteStream(own(name)),
+        Request::ListStreams => AdminRequest::ListStreams,
+        Request::CreateTopic {
+            stream,
+            topic,
+            settings,
+        } => AdminRequest::CreateTopic {
+            stream: own(stream),
+            topic: own(topic),
+            settings: *settings,
+        },
+        Request::DeleteTopic { stream, topic } => AdminRequest::DeleteTopic {
+            stream: own(stream),
+            topic: own(topic),
+        },
+        Request::ListTopics { stream } => AdminRequest::ListTopics(own(stream)),
+        Request::DescribeTopic { stream, topic } => AdminRequest::DescribeTopic {
+            stream: own(stream),
+            topic: own(topic),
+        },
+        Request::JoinGroup {
+            stream,
+            group,
+            topic,
+            member_name,
+            session_timeout_ms,
+        } => AdminRequest::JoinGroup {
+            stream: own(stream),
+            group: own(group),
+            topic: own(topic),
+            member_name: own(member_name),
+            session_timeout_ms: *session_timeout_ms,
+        },
+        Request::Heartbeat { member, owned } => AdminRequest::Heartbeat {
+            stream: own(member.stream),
+            group: own(member.group),
+            member_id: member.member_id,
+            owned: owned.clone(),
+        },
+        Request::LeaveGroup {
+            stream,
+            group,
+            member_id,
+        } => AdminRequest::LeaveGroup {
+            stream: own(stream),
+            group: own(group),
+            member_id: *member_id,
+        },
+        Request::CommitOffsets { member, offsets } => AdminRequest::CommitOffsets {
+            stream: own(member.stream),
+            group: own(member.group),
+            member_id: member.member_id,
+            offsets: offsets.clone(),
+        },
+        Request::FetchOffsets { stream, group } => AdminRequest::FetchOffsets {
+            stream: own(stream),
+            group: own(group),
+        },
+        Request::ListGroups { stream } => AdminRequest::ListGroups(own(stream)),
+        Request::DescribeGroup { stream, group } => AdminRequest::DescribeGroup {
+            stream: own(stream),
+            group: own(group),
+        },
+        _ => return None,
+    })
+}

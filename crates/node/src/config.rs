@@ -1,0 +1,274 @@
+//! Node settings: defaults that work, then a TOML file, then `BRAID_*` environment
+//! variables, then command-line flags (applied by the CLI), each overriding the last.
+//! `docs/config.md` lists every setting.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use serde::Deserialize;
+
+/// Settings of one node.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct NodeConfig {
+    /// Where partitions and metadata live.
+    pub data_dir: PathBuf,
+    /// Address of the client protocol listener.
+    pub client_addr: SocketAddr,
+    /// Address of the HTTP admin listener (`/health`, `/metrics`).
+    pub http_addr: SocketAddr,
+    /// Shard threads; 0 means one per core.
+    pub shards: usize,
+    /// Largest client frame accepted (bytes).
+    pub frame_bytes_max: u32,
+    /// Logs per shard that may hold open files at once; idle ones are released.
+    pub open_logs_per_shard: usize,
+    /// How long a graceful shutdown waits for in-flight requests (ms).
+    pub shutdown_grace_ms: u64,
+    /// Defaults for new topics.
+    pub topic_defaults: TopicDefaults,
+}
+
+/// Defaults a new topic gets for the settings its creator leaves at 0.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TopicDefaults {
+    /// `always`, `interval` or `never`.
+    pub fsync: FsyncSetting,
+    /// For `fsync = "interval"` (ms).
+    pub fsync_interval_ms: u64,
+    /// Retention by size per partition (bytes), 0 for none.
+    pub retention_bytes: u64,
+    /// Retention by age (ms), 0 for none.
+    pub retention_ms: u64,
+    /// Largest batch a producer may send (bytes).
+    pub max_batch_bytes: u32,
+    /// Log segment size (bytes).
+    pub segment_bytes: u32,
+}
+
+/// The `fsync` setting's values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FsyncSetting {
+    /// Acknowledge only what is on disk (group commit).
+    Always,
+    /// Sync every `fsync_interval_ms`.
+    Interval,
+    /// Leave it to the kernel (and, in a cluster, to replication).
+    Never,
+}
+
+impl Default for TopicDefaults {
+    fn default() -> Self {
+        Self {
+            fsync: FsyncSetting::Always,
+            fsync_interval_ms: 1000,
+            retention_bytes: 0,
+            retention_ms: 7 * 24 * 3600 * 1000,
+            max_batch_bytes: 4 << 20,
+            segment_bytes: 1 << 30,
+        }
+    }
+}
+
+impl Default for NodeConfig {
+    fn default() -> Self {
+        Self {
+            data_dir: PathBuf::from("./braid-data"),
+            client_addr: SocketAddr::from(([127, 0, 0, 1], 7070)),
+            http_addr: SocketAddr::from(([127, 0, 0, 1], 7080)),
+            shards: 0,
+            frame_bytes_max: braid_proto::client::FRAME_BYTES_MAX_DEFAULT,
+            open_logs_per_shard: 1024,
+            shutdown_grace_ms: 10_000,
+            topic_defaults: TopicDefaults::default(),
+        }
+    }
+}
+
+/// A setting that could not be read.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("reading {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The file is not valid TOML for these settings.
+    #[error("{path}: {message}")]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        message: String,
+    },
+    /// An environment variable holds a bad value.
+    #[error("environment variable {name}={value:?}: {reason}")]
+    Env {
+        /// The variable.
+        name: String,
+        /// Its value.
+        value: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A value is out of range.
+    #[error("{0}")]
+    Invalid(String),
+}
+
+impl NodeConfig {
+    /// Reads a TOML file over the defaults.
+    ///
+    /// # Errors
+    /// [`ConfigError::Read`], [`ConfigError::Parse`].
+    pub fn from_file(path: impl Into<PathBuf>) -> Result<Self, ConfigError> {
+        let path = path.into();
+        let text = std::fs::read_to_string(&path).map_err(|source| ConfigError::Read {
+            path: path.clone(),
+            source,
+        })?;
+        toml::from_str(&text).map_err(|e| ConfigError::Parse {
+            path,
+            message: e.to_string(),
+        })
+    }
+
+    /// Applies `BRAID_*` variables from `vars` (usually `std::env::vars()`).
+    ///
+    /// # Errors
+    /// [`ConfigError::Env`] for a value that does not parse.
+    pub fn apply_env(
+        &mut self,
+        vars: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<(), ConfigError> {
+        for (name, value) in vars {
+            let Some(key) = name.strip_prefix("BRAID_") else {
+                continue;
+            };
+            let bad = |reason: String| ConfigError::Env {
+                name: name.clone(),
+                value: value.clone(),
+                reason,
+            };
+            fn parse<T: std::str::FromStr>(value: &str) -> Result<T, String>
+            where
+                T::Err: std::fmt::Display,
+            {
+                value.parse::<T>().map_err(|e| e.to_string())
+            }
+            match key {
+                "DATA_DIR" => self.data_dir = PathBuf::from(&value),
+                "CLIENT_ADDR" => self.client_addr = parse(&value).map_err(bad)?,
+                "HTTP_ADDR" => self.http_addr = parse(&value).map_err(bad)?,
+                "SHARDS" => self.shards = parse(&value).map_err(bad)?,
+                "FRAME_BYTES_MAX" => self.frame_bytes_max = parse(&value).map_err(bad)?,
+                "OPEN_LOGS_PER_SHARD" => self.open_logs_per_shard = parse(&value).map_err(bad)?,
+                "SHUTDOWN_GRACE_MS" => self.shutdown_grace_ms = parse(&value).map_err(bad)?,
+                "FSYNC" => {
+                    self.topic_defaults.fsync = match value.as_str() {
+                        "always" => FsyncSetting::Always,
+                        "interval" => FsyncSetting::Interval,
+                        "never" => FsyncSetting::Never,
+                        _ => return Err(bad("expected always, interval or never".into())),
+                    }
+                }
+                "FSYNC_INTERVAL_MS" => {
+                    self.topic_defaults.fsync_interval_ms = parse(&value).map_err(bad)?
+                }
+                "RETENTION_BYTES" => {
+                    self.topic_defaults.retention_bytes = parse(&value).map_err(bad)?
+                }
+                "RETENTION_MS" => self.topic_defaults.retention_ms = parse(&value).map_err(bad)?,
+                "MAX_BATCH_BYTES" => {
+                    self.topic_defaults.max_batch_bytes = parse(&value).map_err(bad)?
+                }
+                "SEGMENT_BYTES" => {
+                    self.topic_defaults.segment_bytes = parse(&value).map_err(bad)?
+                }
+                // BRAID_CONFIG names the file and is read by the CLI; others are not ours.
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks ranges and resolves `shards = 0` to the core count.
+    ///
+    /// # Errors
+    /// [`ConfigError::Invalid`].
+    pub fn resolve(mut self) -> Result<Self, ConfigError> {
+        if self.shards == 0 {
+            self.shards = std::thread::available_parallelism().map_or(1, |n| n.get());
+        }
+        if self.shards > 256 {
+            return Err(ConfigError::Invalid(format!(
+                "shards = {} (at most 256)",
+                self.shards
+            )));
+        }
+        if self.frame_bytes_max < 1024 {
+            return Err(ConfigError::Invalid(
+                "frame_bytes_max must be at least 1024".into(),
+            ));
+        }
+        let defaults = &self.topic_defaults;
+        if defaults.max_batch_bytes as u64 + 1024 > u64::from(self.frame_bytes_max) {
+            return Err(ConfigError::Invalid(format!(
+                "topic_defaults.max_batch_bytes ({}) must leave room in frame_bytes_max ({})",
+                defaults.max_batch_bytes, self.frame_bytes_max
+            )));
+        }
+        if !(braid_storage::SEGMENT_BYTES_MIN..=braid_storage::SEGMENT_BYTES_MAX)
+            .contains(&defaults.segment_bytes)
+        {
+            return Err(ConfigError::Invalid(
+                "topic_defaults.segment_bytes out of range".into(),
+            ));
+        }
+        Ok(self)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn file_env_and_defaults_layer() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("braid.toml");
+        std::fs::write(
+            &path,
+            "data_dir = \"/var/lib/braid\"\nshards = 3\n[topic_defaults]\nfsync = \"never\"\n",
+        )
+        .unwrap();
+        let mut config = NodeConfig::from_file(&path).unwrap();
+        assert_eq!(config.shards, 3);
+        assert_eq!(config.topic_defaults.fsync, FsyncSetting::Never);
+        assert_eq!(config.client_addr, NodeConfig::default().client_addr);
+        config
+            .apply_env([
+                ("BRAID_SHARDS".to_owned(), "2".to_owned()),
+                ("BRAID_FSYNC".to_owned(), "interval".to_owned()),
+                ("HOME".to_owned(), "/root".to_owned()),
+            ])
+            .unwrap();
+        assert_eq!(config.shards, 2);
+        assert_eq!(config.topic_defaults.fsync, FsyncSetting::Interval);
+        let bad = config.apply_env([("BRAID_SHARDS".to_owned(), "two".to_owned())]);
+        assert!(matches!(bad, Err(ConfigError::Env { .. })));
+        std::fs::write(&path, "shardz = 3\n").unwrap();
+        assert!(matches!(
+            NodeConfig::from_file(&path),
+            Err(ConfigError::Parse { .. })
+        ));
+        assert!(NodeConfig::default().resolve().unwrap().shards >= 1);
+    }
+}

@@ -1,0 +1,557 @@
+//! A client connection, served by the shard it was handed to.
+//!
+//! The reader takes frames in order and dispatches each to the shard that owns its
+//! partition (or to shard 0 for metadata) before reading the next, so produces on one
+//! connection reach a partition in the order they were sent. Replies are awaited
+//! concurrently and written as they complete, matched by request id.
+
+use std::cell::Cell;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::Duration;
+
+use braid_proto::client::{
+    encode_error, encode_fetch_prefix, frame_length, split_request, Command, ErrorCode, FrameError,
+    Request, Response, REQUEST_HEADER_BYTES,
+};
+use braid_proto::ValidatedBatch;
+use bytes::BytesMut;
+use tokio::io::{AsyncReadExt, AsyncWriteExt, BufWriter};
+use tokio::net::tcp::OwnedWriteHalf;
+use tokio::sync::{mpsc, oneshot, watch};
+
+use crate::admin::admin_request;
+use crate::error::NodeError;
+use crate::layout::{Layout, PartitionKey, TopicRoute};
+use crate::metrics::{add, ShardMetrics};
+use crate::shard::{FetchOutcome, NodeShared, Shard, ShardRequest};
+
+/// Responses queued for the writer of one connection before the reader waits.
+const OUTGOING_FRAMES_MAX: usize = 256;
+/// Bytes the reader asks for at a time.
+const READ_CHUNK_BYTES: usize = 64 * 1024;
+/// Longest a fetch may wait for data (ms).
+const FETCH_WAIT_MS_MAX: u32 = 60_000;
+
+enum Outgoing {
+    Frame(Vec<u8>),
+    Fetch(Vec<u8>, braid_storage::LogRead),
+}
+
+struct Env {
+    shared: Arc<NodeShared>,
+    layout: Rc<std::cell::RefCell<Arc<Layout>>>,
+    metrics: Arc<ShardMetrics>,
+    out: mpsc::Sender<Outgoing>,
+    in_flight: Rc<Cell<usize>>,
+}
+
+/// Starts serving a connection on the current shard.
+pub(crate) fn spawn(shard: &Shard, stream: std::net::TcpStream) {
+    let metrics = Arc::clone(&shard.shared.metrics[shard.id]);
+    let shared = Arc::clone(&shard.shared);
+    let layout = Rc::clone(&shard.layout);
+    let draining = shard.draining.subscribe();
+    tokio::task::spawn_local(async move {
+        let peer = stream.peer_addr().ok();
+        let stream = match stream
+            .set_nonblocking(true)
+            .and_then(|()| tokio::net::TcpStream::from_std(stream))
+        {
+            Ok(stream) => stream,
+            Err(err) => {
+                tracing::warn!(%err, "adopting a connection");
+                return;
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        add(&metrics.connections_total, 1);
+        add(&metrics.connections_active, 1);
+        serve(stream, shared, layout, Arc::clone(&metrics), draining).await;
+        metrics
+            .connections_active
+            .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+        tracing::debug!(?peer, "connection closed");
+    });
+}
+
+/// Accepts connections on shard 0 and hands them out round robin.
+pub(crate) fn spawn_acceptor(shard: &mut Shard, listener: std::net::TcpListener) {
+    let shared = Arc::clone(&shard.shared);
+    let mut draining = shard.draining.subscribe();
+    let listener = match listener
+        .set_nonblocking(true)
+        .and_then(|()| tokio::net::TcpListener::from_std(listener))
+    {
+        Ok(listener) => listener,
+        Err(err) => {
+            tracing::error!(%err, "adopting the client listener");
+            return;
+        }
+    };
+    tokio::task::spawn_local(async move {
+        let mut next = 0usize;
+        loop {
+            tokio::select! {
+                _ = draining.changed() => break,
+                accepted = listener.accept() => match accepted {
+                    Ok((stream, _)) => {
+                        let Ok(stream) = stream.into_std() else { continue };
+                        let shard = next % shared.shards();
+                        next += 1;
+                        let _ = shared.controls[shard].send(crate::shard::Control::Connection(stream));
+                    }
+                    Err(err) => {
+                        // Out of descriptors and the like: pause rather than spin.
+                        tracing::warn!(%err, "accept failed");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                },
+            }
+        }
+        tracing::info!("client listener closed");
+    });
+}
+
+async fn serve(
+    stream: tokio::net::TcpStream,
+    shared: Arc<NodeShared>,
+    layout: Rc<std::cell::RefCell<Arc<Layout>>>,
+    metrics: Arc<ShardMetrics>,
+    mut draining: watch::Receiver<bool>,
+) {
+    let (mut reader, writer) = stream.into_split();
+    let (out, outgoing) = mpsc::channel(OUTGOING_FRAMES_MAX);
+    let writer_task = tokio::task::spawn_local(write_loop(writer, outgoing));
+    let env = Env {
+        shared,
+        layout,
+        metrics,
+        out,
+        in_flight: Rc::new(Cell::new(0)),
+    };
+    let max = env.shared.config.frame_bytes_max;
+    let mut buf = BytesMut::with_capacity(READ_CHUNK_BYTES);
+    'read: loop {
+        loop {
+            match frame_length(&buf, REQUEST_HEADER_BYTES, max) {
+                Ok(Some(total)) => {
+                    let frame = buf.split_to(total);
+                    handle_frame(&env, frame).await;
+                }
+                Ok(None) => break,
+                Err(err) => {
+                    refuse_stream(&env, &buf, &err).await;
+                    break 'read;
+                }
+            }
+        }
+        if *draining.borrow() {
+            break;
+        }
+        if buf.capacity() - buf.len() < READ_CHUNK_BYTES {
+            buf.reserve(READ_CHUNK_BYTES);
+        }
+        tokio::select! {
+            read = reader.read_buf(&mut buf) => match read {
+                Ok(0) => {
+                    if !buf.is_empty() {
+                        tracing::info!(bytes = buf.len(), "connection closed inside a frame");
+                    }
+                    break;
+                }
+                Ok(_) => {}
+                Err(err) => {
+                    tracing::debug!(%err, "connection read failed");
+                    break;
+                }
+            },
+            _ = draining.changed() => {}
+        }
+    }
+    // Finish what was started: in-flight replies are still written.
+    while env.in_flight.get() > 0 {
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    drop(env);
+    let _ = writer_task.await;
+}
+
+/// The stream can no longer be framed: answer once, then the caller closes.
+async fn refuse_stream(env: &Env, buf: &[u8], err: &FrameError) {
+    add(&env.metrics.frames_refused, 1);
+    tracing::warn!(%err, "refusing an unframeable client stream; closing the connection");
+    let (request_id, command) = split_request(buf)
+        .map(|(h, _)| (h.request_id, h.command))
+        .unwrap_or((0, 0));
+    let code = match err {
+        FrameError::TooLarge { .. } => ErrorCode::FrameTooLarge,
+        _ => ErrorCode::MalformedRequest,
+    };
+    send_error(
+        env,
+        request_id,
+        command,
+        &NodeError::new(code, err.to_string()),
+    )
+    .await;
+}
+
+async fn send_error(env: &Env, request_id: u64, command: u16, err: &NodeError) {
+    env.metrics.error(err.code);
+    let mut frame = Vec::new();
+    encode_error(&mut frame, request_id, command, err.code, &err.message);
+    let _ = env.out.send(Outgoing::Frame(frame)).await;
+}
+
+async fn write_loop(writer: OwnedWriteHalf, mut outgoing: mpsc::Receiver<Outgoing>) {
+    let mut writer = BufWriter::with_capacity(64 * 1024, writer);
+    while let Some(first) = outgoing.recv().await {
+        let mut next = Some(first);
+        while let Some(item) = next {
+            let written = match &item {
+                Outgoing::Frame(frame) => writer.write_all(frame).await,
+                Outgoing::Fetch(prefix, read) => match writer.write_all(prefix).await {
+                    Ok(()) => writer.write_all(read.bytes()).await,
+                    Err(err) => Err(err),
+                },
+            };
+            if written.is_err() {
+                return;
+            }
+            next = outgoing.try_recv().ok();
+        }
+        if writer.flush().await.is_err() {
+            return;
+        }
+    }
+}
+
+/// Runs `work` for a reply without blocking the reader.
+fn in_flight(env: &Env, work: impl std::future::Future<Output = ()> + 'static) {
+    let counter = Rc::clone(&env.in_flight);
+    counter.set(counter.get() + 1);
+    tokio::task::spawn_local(async move {
+        work.await;
+        counter.set(counter.get() - 1);
+    });
+}
+
+fn route(
+    env: &Env,
+    stream: &str,
+    topic: &str,
+    partition: u32,
+) -> Result<(Arc<TopicRoute>, PartitionKey), NodeError> {
+    let layout = Arc::clone(&env.layout.borrow());
+    let Some(route) = layout.topic(stream, topic) else {
+        let code = if layout.streams.contains_key(stream) {
+            ErrorCode::TopicNotFound
+        } else {
+            ErrorCode::StreamNotFound
+        };
+        return Err(NodeError::new(code, format!("no topic {stream}/{topic}")));
+    };
+    if route.partition(partition).is_none() {
+        return Err(NodeError::new(
+            ErrorCode::PartitionNotFound,
+            format!("topic {stream}/{topic} has no partition {partition}"),
+        ));
+    }
+    let key = PartitionKey {
+        topic_id: route.id,
+        partition,
+    };
+    Ok((Arc::clone(route), key))
+}
+
+fn shutting_down() -> NodeError {
+    NodeError::new(ErrorCode::ShuttingDown, "node is shutting down")
+}
+
+async fn handle_frame(env: &Env, mut frame: BytesMut) {
+    let Ok((header, body)) = split_request(&frame) else {
+        return;
+    };
+    let (request_id, code) = (header.request_id, header.command);
+    let Some(command) = Command::from_u16(code) else {
+        tracing::info!(command = code, "unknown command");
+        let err = NodeError::new(ErrorCode::UnknownCommand, format!("unknown command {code}"));
+        return send_error(env, request_id, code, &err).await;
+    };
+    env.metrics.request(command);
+    let request = match Request::decode(command, body) {
+        Ok(request) => request,
+        Err(err) => {
+            tracing::info!(?command, %err, "malformed request");
+            let err = NodeError::new(ErrorCode::MalformedRequest, err.to_string());
+            return send_error(env, request_id, code, &err).await;
+        }
+    };
+    let result = match request {
+        Request::Ping => {
+            let mut out = Vec::new();
+            Response::Empty.encode(request_id, command, &mut out);
+            let _ = env.out.send(Outgoing::Frame(out)).await;
+            return;
+        }
+        Request::Produce {
+            stream,
+            topic,
+            partition,
+            batch,
+        } => {
+            // The batch is the last field: split it off the frame without copying.
+            let start = batch.as_ptr() as usize - frame.as_ptr() as usize;
+            match route(env, stream, topic, partition) {
+                Ok((route, key)) => {
+                    let batch = frame.split_off(start);
+                    produce(env, request_id, route, key, batch).await
+                }
+                Err(err) => Err(err),
+            }
+        }
+        Request::Fetch {
+            stream,
+            topic,
+            partition,
+            offset,
+            max_bytes,
+            max_wait_ms,
+        } => match route(env, stream, topic, partition) {
+            Ok((_, key)) => fetch(env, request_id, key, offset, max_bytes, max_wait_ms).await,
+            Err(err) => Err(err),
+        },
+        Request::ListOffsets {
+            stream,
+            topic,
+            partition,
+            spec,
+        } => match route(env, stream, topic, partition) {
+            Ok((_, key)) => list_offsets(env, request_id, key, spec).await,
+            Err(err) => Err(err),
+        },
+        other => match admin_request(&other) {
+            Some(admin) => admin_call(env, request_id, command, admin).await,
+            None => Err(NodeError::new(
+                ErrorCode::Internal,
+                "request has no handler",
+            )),
+        },
+    };
+    if let Err(err) = result {
+        send_error(env, request_id, code, &err).await;
+    }
+}
+
+async fn produce(
+    env: &Env,
+    request_id: u64,
+    route: Arc<TopicRoute>,
+    key: PartitionKey,
+    batch: BytesMut,
+) -> Result<(), NodeError> {
+    if batch.len() > route.settings.max_batch_bytes as usize {
+        return Err(NodeError::new(
+            ErrorCode::BatchTooLarge,
+            format!(
+                "batch of {} bytes exceeds the topic's {}",
+                batch.len(),
+                route.settings.max_batch_bytes
+            ),
+        ));
+    }
+    let batch = ValidatedBatch::from_bytes_mut(batch)
+        .map_err(|e| NodeError::new(ErrorCode::InvalidBatch, e.to_string()))?;
+    let (reply, wait) = oneshot::channel();
+    let owner = key.shard(env.shared.shards());
+    env.shared.inboxes[owner]
+        .send(ShardRequest::Produce { key, batch, reply })
+        .await
+        .map_err(|_| shutting_down())?;
+    let out = env.out.clone();
+    let metrics = Arc::clone(&env.metrics);
+    in_flight(env, async move {
+        let mut frame = Vec::new();
+        match wait.await {
+            Ok(Ok((base_offset, last_offset))) => Response::Produced {
+                base_offset,
+                last_offset,
+            }
+            .encode(request_id, Command::Produce, &mut frame),
+            Ok(Err(err)) => {
+                metrics.error(err.code);
+                encode_error(
+                    &mut frame,
+                    request_id,
+                    Command::Produce as u16,
+                    err.code,
+                    &err.message,
+                );
+            }
+            Err(_) => {
+                let err = shutting_down();
+                encode_error(
+                    &mut frame,
+                    request_id,
+                    Command::Produce as u16,
+                    err.code,
+                    &err.message,
+                );
+            }
+        }
+        let _ = out.send(Outgoing::Frame(frame)).await;
+    });
+    Ok(())
+}
+
+async fn fetch_once(
+    shared: &NodeShared,
+    key: PartitionKey,
+    offset: u64,
+    max_bytes: u32,
+    wait: bool,
+) -> Result<FetchOutcome, NodeError> {
+    let (reply, answer) = oneshot::channel();
+    let owner = key.shard(shared.shards());
+    shared.inboxes[owner]
+        .send(ShardRequest::Fetch {
+            key,
+            offset,
+            max_bytes,
+            wait,
+            reply,
+        })
+        .await
+        .map_err(|_| shutting_down())?;
+    answer.await.map_err(|_| shutting_down())?
+}
+
+async fn fetch(
+    env: &Env,
+    request_id: u64,
+    key: PartitionKey,
+    offset: u64,
+    max_bytes: u32,
+    max_wait_ms: u32,
+) -> Result<(), NodeError> {
+    let shared = Arc::clone(&env.shared);
+    let out = env.out.clone();
+    let metrics = Arc::clone(&env.metrics);
+    let wait_ms = max_wait_ms.min(FETCH_WAIT_MS_MAX);
+    in_flight(env, async move {
+        let mut outcome = fetch_once(&shared, key, offset, max_bytes, wait_ms > 0).await;
+        if let Ok(FetchOutcome::Wait(commit)) = outcome {
+            let _ = tokio::time::timeout(Duration::from_millis(wait_ms.into()), commit).await;
+            outcome = fetch_once(&shared, key, offset, max_bytes, false).await;
+        }
+        let item = match outcome {
+            Ok(FetchOutcome::Data {
+                high_watermark,
+                start_offset,
+                read,
+            }) => {
+                let mut prefix = Vec::with_capacity(48);
+                encode_fetch_prefix(
+                    &mut prefix,
+                    request_id,
+                    high_watermark,
+                    start_offset,
+                    read.bytes().len() as u32,
+                );
+                Outgoing::Fetch(prefix, read)
+            }
+            Ok(FetchOutcome::Wait(_)) => {
+                let err = NodeError::new(ErrorCode::Internal, "fetch waited twice");
+                let mut frame = Vec::new();
+                encode_error(
+                    &mut frame,
+                    request_id,
+                    Command::Fetch as u16,
+                    err.code,
+                    &err.message,
+                );
+                Outgoing::Frame(frame)
+            }
+            Err(err) => {
+                metrics.error(err.code);
+                let mut frame = Vec::new();
+                encode_error(
+                    &mut frame,
+                    request_id,
+                    Command::Fetch as u16,
+                    err.code,
+                    &err.message,
+                );
+                Outgoing::Frame(frame)
+            }
+        };
+        let _ = out.send(item).await;
+    });
+    Ok(())
+}
+
+async fn list_offsets(
+    env: &Env,
+    request_id: u64,
+    key: PartitionKey,
+    spec: braid_proto::client::OffsetSpec,
+) -> Result<(), NodeError> {
+    let (reply, answer) = oneshot::channel();
+    let owner = key.shard(env.shared.shards());
+    env.shared.inboxes[owner]
+        .send(ShardRequest::ListOffsets { key, spec, reply })
+        .await
+        .map_err(|_| shutting_down())?;
+    reply_later(env, request_id, Command::ListOffsets, async move {
+        answer
+            .await
+            .map_err(|_| shutting_down())?
+            .map(Response::Offset)
+    });
+    Ok(())
+}
+
+async fn admin_call(
+    env: &Env,
+    request_id: u64,
+    command: Command,
+    request: crate::admin::AdminRequest,
+) -> Result<(), NodeError> {
+    let (reply, answer) = oneshot::channel();
+    env.shared.inboxes[0]
+        .send(ShardRequest::Admin { request, reply })
+        .await
+        .map_err(|_| shutting_down())?;
+    reply_later(env, request_id, command, async move {
+        answer.await.map_err(|_| shutting_down())?
+    });
+    Ok(())
+}
+
+fn reply_later(
+    env: &Env,
+    request_id: u64,
+    command: Command,
+    work: impl std::future::Future<Output = Result<Response, NodeError>> + 'static,
+) {
+    let out = env.out.clone();
+    let metrics = Arc::clone(&env.metrics);
+    in_flight(env, async move {
+        let mut frame = Vec::new();
+        match work.await {
+            Ok(response) => response.encode(request_id, command, &mut frame),
+            Err(err) => {
+                metrics.error(err.code);
+                encode_error(
+                    &mut frame,
+                    request_id,
+                    command as u16,
+                    err.code,
+                    &err.message,
+                );
+            }
+        }
+        let _ = out.send(Outgoing::Frame(frame)).await;
+    });
+}

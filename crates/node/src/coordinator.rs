@@ -1,0 +1,533 @@
+//! Shard 0's metadata service: the durable metadata store and the consumer group
+//! coordinator. Changes are logged (synced) before they are acknowledged, then the new
+//! topic layout goes to every shard, and the reply waits until all have applied it, so a
+//! client that created a topic can produce to it at once on any connection.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use braid_proto::client::{
+    ErrorCode, GroupDescription, GroupMember, GroupSummary, PartitionInfo, PartitionOffsets,
+    Response, StreamSummary, TopicInfo, TopicSettings, TopicSummary, FSYNC_ALWAYS, FSYNC_DEFAULT,
+    FSYNC_INTERVAL, FSYNC_NEVER,
+};
+use tokio::sync::oneshot;
+
+use crate::admin::AdminRequest;
+use crate::config::{FsyncSetting, TopicDefaults};
+use crate::error::NodeError;
+use crate::groups::GroupCoordinator;
+use crate::layout::{Layout, PartitionKey};
+use crate::meta_store::MetaStore;
+use crate::metadata::{MetaOp, TopicMeta};
+use crate::shard::{now_ms, Control, NodeShared, Shard, ShardRequest};
+
+type Reply = oneshot::Sender<Result<Response, NodeError>>;
+
+/// Shortest and longest session timeouts a member may ask for (ms).
+const SESSION_TIMEOUT_MS_MIN: u32 = 100;
+const SESSION_TIMEOUT_MS_MAX: u32 = 300_000;
+
+/// The metadata store and group coordinator, owned by shard 0.
+#[derive(Debug)]
+pub(crate) struct MetaService {
+    store: MetaStore,
+    groups: GroupCoordinator,
+}
+
+/// Fills the settings a creator left at 0 with the node's defaults.
+pub(crate) fn resolve_settings(settings: TopicSettings, defaults: &TopicDefaults) -> TopicSettings {
+    let or = |value: u64, default: u64| if value == 0 { default } else { value };
+    TopicSettings {
+        partitions: settings.partitions,
+        fsync: match settings.fsync {
+            FSYNC_DEFAULT => match defaults.fsync {
+                FsyncSetting::Always => FSYNC_ALWAYS,
+                FsyncSetting::Interval => FSYNC_INTERVAL,
+                FsyncSetting::Never => FSYNC_NEVER,
+            },
+            other => other,
+        },
+        fsync_interval_ms: or(settings.fsync_interval_ms, defaults.fsync_interval_ms),
+        retention_bytes: or(settings.retention_bytes, defaults.retention_bytes),
+        retention_ms: or(settings.retention_ms, defaults.retention_ms),
+        max_batch_bytes: or(
+            settings.max_batch_bytes.into(),
+            defaults.max_batch_bytes.into(),
+        ) as u32,
+        segment_bytes: or(settings.segment_bytes.into(), defaults.segment_bytes.into()) as u32,
+    }
+}
+
+/// Asks every shard for (start offset, high watermark) of `keys`.
+async fn gather_offsets(
+    shared: Arc<NodeShared>,
+    keys: Vec<PartitionKey>,
+) -> HashMap<PartitionKey, (u64, u64)> {
+    let shards = shared.shards();
+    let mut by_shard: Vec<Vec<PartitionKey>> = vec![Vec::new(); shards];
+    for key in keys {
+        by_shard[key.shard(shards)].push(key);
+    }
+    let mut waits = Vec::new();
+    for (shard, keys) in by_shard.into_iter().enumerate() {
+        if keys.is_empty() {
+            continue;
+        }
+        let (reply, wait) = oneshot::channel();
+        if shared.inboxes[shard]
+            .send(ShardRequest::Offsets { keys, reply })
+            .await
+            .is_ok()
+        {
+            waits.push(wait);
+        }
+    }
+    let mut found = HashMap::new();
+    for wait in waits {
+        if let Ok(list) = wait.await {
+            for (key, start, high) in list {
+                found.insert(key, (start, high));
+            }
+        }
+    }
+    found
+}
+
+fn topic_keys(topic: &TopicMeta) -> Vec<PartitionKey> {
+    topic
+        .partitions
+        .iter()
+        .map(|p| PartitionKey {
+            topic_id: topic.id,
+            partition: p.id,
+        })
+        .collect()
+}
+
+impl MetaService {
+    pub(crate) fn new(store: MetaStore) -> Self {
+        Self {
+            store,
+            groups: GroupCoordinator::default(),
+        }
+    }
+
+    pub(crate) fn layout(&self) -> Layout {
+        Layout::from_metadata(self.store.state())
+    }
+
+    pub(crate) fn close(mut self) {
+        if let Err(err) = self.store.snapshot() {
+            tracing::error!(%err, "writing the metadata snapshot at shutdown");
+        }
+    }
+
+    pub(crate) fn expire_members(&mut self, now: u64) {
+        for (stream, group, member) in self.groups.expire(now) {
+            tracing::info!(stream, group, member, "group member session expired");
+        }
+    }
+
+    /// Logs an op, then publishes the new layout to every shard and answers once all
+    /// have applied it.
+    fn change(&mut self, shard: &Shard, op: MetaOp, reply: Reply) {
+        if let Err(err) = self.store.apply(&op) {
+            let _ = reply.send(Err(err.into()));
+            return;
+        }
+        match &op {
+            MetaOp::DeleteStream { name } => self.groups.forget(name, None),
+            MetaOp::DeleteTopic { stream, name } => self.groups.forget(stream, Some(name)),
+            _ => {}
+        }
+        let layout = Arc::new(self.layout());
+        let mut waits = Vec::new();
+        for control in &shard.shared.controls {
+            let (done, wait) = oneshot::channel();
+            let message = Control::Layout {
+                layout: Arc::clone(&layout),
+                done: Some(done),
+            };
+            if control.send(message).is_ok() {
+                waits.push(wait);
+            }
+        }
+        tokio::task::spawn_local(async move {
+            for wait in waits {
+                match wait.await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(err)) => {
+                        let _ = reply.send(Err(NodeError::new(ErrorCode::StorageError, err)));
+                        return;
+                    }
+                    Err(_) => {
+                        let _ = reply.send(Err(NodeError::new(
+                            ErrorCode::ShuttingDown,
+                            "node is shutting down",
+                        )));
+                        return;
+                    }
+                }
+            }
+            let _ = reply.send(Ok(Response::Empty));
+        });
+    }
+
+    pub(crate) fn handle(&mut self, shard: &Shard, request: AdminRequest, reply: Reply) {
+        let defaults = shard.shared.config.topic_defaults;
+        match request {
+            AdminRequest::CreateStream(name) => {
+                self.change(shard, MetaOp::CreateStream { name }, reply)
+            }
+            AdminRequest::DeleteStream(name) => {
+                self.change(shard, MetaOp::DeleteStream { name }, reply)
+            }
+            AdminRequest::CreateTopic {
+                stream,
+                topic,
+                settings,
+            } => {
+                let settings = resolve_settings(settings, &defaults);
+                if settings.max_batch_bytes as u64 + 1024
+                    > u64::from(shard.shared.config.frame_bytes_max)
+                    || !(braid_storage::SEGMENT_BYTES_MIN..=braid_storage::SEGMENT_BYTES_MAX)
+                        .contains(&settings.segment_bytes)
+                    || settings.max_batch_bytes > settings.segment_bytes
+                {
+                    let _ = reply.send(Err(NodeError::new(
+                        ErrorCode::InvalidArgument,
+                        "max_batch_bytes must fit in a frame and a segment; segment_bytes must be 1 KiB to 2 GiB",
+                    )));
+                    return;
+                }
+                let op = MetaOp::CreateTopic {
+                    stream,
+                    name: topic,
+                    settings,
+                };
+                self.change(shard, op, reply);
+            }
+            AdminRequest::DeleteTopic { stream, topic } => {
+                self.change(
+                    shard,
+                    MetaOp::DeleteTopic {
+                        stream,
+                        name: topic,
+                    },
+                    reply,
+                );
+            }
+            AdminRequest::ListStreams => {
+                let list = self
+                    .store
+                    .state()
+                    .streams
+                    .iter()
+                    .map(|(name, s)| StreamSummary {
+                        name: name.clone(),
+                        topics: s.topics.len() as u32,
+                    })
+                    .collect();
+                let _ = reply.send(Ok(Response::Streams(list)));
+            }
+            AdminRequest::ListTopics(stream) => {
+                let result = self.store.state().stream(&stream).map(|s| {
+                    Response::Topics(
+                        s.topics
+                            .iter()
+                            .map(|(name, t)| TopicSummary {
+                                name: name.clone(),
+                                partitions: t.partitions.len() as u32,
+                            })
+                            .collect(),
+                    )
+                });
+                let _ = reply.send(result.map_err(NodeError::from));
+            }
+            AdminRequest::DescribeTopic { stream, topic } => {
+                let meta = match self.store.state().topic(&stream, &topic) {
+                    Ok(meta) => meta.clone(),
+                    Err(err) => {
+                        let _ = reply.send(Err(err.into()));
+                        return;
+                    }
+                };
+                let shared = Arc::clone(&shard.shared);
+                tokio::task::spawn_local(async move {
+                    let offsets = gather_offsets(shared, topic_keys(&meta)).await;
+                    let partitions = meta
+                        .partitions
+                        .iter()
+                        .map(|p| {
+                            let key = PartitionKey {
+                                topic_id: meta.id,
+                                partition: p.id,
+                            };
+                            let (start_offset, high_watermark) =
+                                offsets.get(&key).copied().unwrap_or((0, 0));
+                            PartitionInfo {
+                                id: p.id,
+                                hash_start: p.hash_start,
+                                hash_end: p.hash_end,
+                                parents: p.parents.clone(),
+                                sealed: p.sealed,
+                                start_offset,
+                                high_watermark,
+                            }
+                        })
+                        .collect();
+                    let _ = reply.send(Ok(Response::Topic(TopicInfo {
+                        stream,
+                        name: topic,
+                        id: meta.id,
+                        epoch: meta.epoch,
+                        settings: meta.settings,
+                        partitions,
+                    })));
+                });
+            }
+            AdminRequest::JoinGroup {
+                stream,
+                group,
+                topic,
+                member_name,
+                session_timeout_ms,
+            } => {
+                let result = self.join(&stream, &group, &topic, &member_name, session_timeout_ms);
+                let _ = reply.send(result);
+            }
+            AdminRequest::Heartbeat {
+                stream,
+                group,
+                member_id,
+                owned,
+            } => {
+                let result = self
+                    .groups
+                    .heartbeat(&stream, &group, member_id, &owned, now_ms())
+                    .map(|g| Response::Assignment {
+                        member_id: g.member_id,
+                        generation: g.generation,
+                        partitions: g.partitions,
+                    })
+                    .map_err(NodeError::from);
+                let _ = reply.send(result);
+            }
+            AdminRequest::LeaveGroup {
+                stream,
+                group,
+                member_id,
+            } => {
+                let result = self
+                    .groups
+                    .leave(&stream, &group, member_id)
+                    .map(|()| Response::Empty)
+                    .map_err(NodeError::from);
+                let _ = reply.send(result);
+            }
+            AdminRequest::CommitOffsets {
+                stream,
+                group,
+                member_id,
+                offsets,
+            } => {
+                let _ = reply.send(self.commit(&stream, &group, member_id, offsets));
+            }
+            AdminRequest::FetchOffsets { stream, group } => {
+                self.describe_group(shard, stream, group, true, reply);
+            }
+            AdminRequest::DescribeGroup { stream, group } => {
+                self.describe_group(shard, stream, group, false, reply);
+            }
+            AdminRequest::ListGroups(stream) => {
+                let result = self.list_groups(&stream);
+                let _ = reply.send(result);
+            }
+        }
+    }
+
+    fn join(
+        &mut self,
+        stream: &str,
+        group: &str,
+        topic: &str,
+        member_name: &str,
+        timeout_ms: u32,
+    ) -> Result<Response, NodeError> {
+        let meta = self.store.state().topic(stream, topic)?;
+        if !(SESSION_TIMEOUT_MS_MIN..=SESSION_TIMEOUT_MS_MAX).contains(&timeout_ms) {
+            return Err(NodeError::new(
+                ErrorCode::InvalidArgument,
+                format!("session timeout must be {SESSION_TIMEOUT_MS_MIN} to {SESSION_TIMEOUT_MS_MAX} ms"),
+            ));
+        }
+        if let Some(durable) = self.store.state().stream(stream)?.groups.get(group) {
+            let live = self
+                .groups
+                .describe(stream, group)
+                .is_some_and(|g| !g.members.is_empty());
+            if durable.topic != topic && live {
+                return Err(NodeError::new(
+                    ErrorCode::InvalidArgument,
+                    format!("group {group:?} consumes topic {:?}", durable.topic),
+                ));
+            }
+        }
+        let partitions: Vec<u32> = meta
+            .partitions
+            .iter()
+            .filter(|p| !p.sealed)
+            .map(|p| p.id)
+            .collect();
+        let grant = self.groups.join(
+            stream,
+            group,
+            topic,
+            &partitions,
+            member_name,
+            timeout_ms.into(),
+            now_ms(),
+        )?;
+        Ok(Response::Assignment {
+            member_id: grant.member_id,
+            generation: grant.generation,
+            partitions: grant.partitions,
+        })
+    }
+
+    fn commit(
+        &mut self,
+        stream: &str,
+        group: &str,
+        member_id: u64,
+        offsets: Vec<(u32, u64)>,
+    ) -> Result<Response, NodeError> {
+        for (partition, _) in &offsets {
+            self.groups
+                .check_commit(stream, group, member_id, *partition)?;
+        }
+        let topic = self
+            .groups
+            .describe(stream, group)
+            .map(|g| g.topic)
+            .ok_or_else(|| NodeError::new(ErrorCode::UnknownMember, "no such live group"))?;
+        let op = MetaOp::CommitOffsets {
+            stream: stream.to_owned(),
+            group: group.to_owned(),
+            topic,
+            offsets,
+        };
+        self.store.apply(&op)?;
+        Ok(Response::Empty)
+    }
+
+    fn list_groups(&self, stream: &str) -> Result<Response, NodeError> {
+        let durable = &self.store.state().stream(stream)?.groups;
+        let mut all: BTreeMap<String, GroupSummary> = durable
+            .iter()
+            .map(|(name, g)| {
+                let summary = GroupSummary {
+                    name: name.clone(),
+                    topic: g.topic.clone(),
+                    members: 0,
+                    generation: 0,
+                };
+                (name.clone(), summary)
+            })
+            .collect();
+        for (name, topic, members, generation) in self.groups.list(stream) {
+            all.insert(
+                name.clone(),
+                GroupSummary {
+                    name,
+                    topic,
+                    members,
+                    generation,
+                },
+            );
+        }
+        Ok(Response::Groups(all.into_values().collect()))
+    }
+
+    /// Answers DescribeGroup, or with `offsets_only` FetchOffsets.
+    fn describe_group(
+        &self,
+        shard: &Shard,
+        stream: String,
+        group: String,
+        offsets_only: bool,
+        reply: Reply,
+    ) {
+        let state = self.store.state();
+        let live = self.groups.describe(&stream, &group);
+        let durable = state
+            .stream(&stream)
+            .ok()
+            .and_then(|s| s.groups.get(&group))
+            .cloned();
+        let topic_name = match (&live, &durable) {
+            (Some(l), _) => l.topic.clone(),
+            (None, Some(d)) => d.topic.clone(),
+            (None, None) => {
+                let _ = reply.send(Err(NodeError::new(
+                    ErrorCode::GroupNotFound,
+                    format!("group {group:?} does not exist"),
+                )));
+                return;
+            }
+        };
+        let topic = match state.topic(&stream, &topic_name) {
+            Ok(topic) => topic.clone(),
+            Err(err) => {
+                let _ = reply.send(Err(err.into()));
+                return;
+            }
+        };
+        let committed = durable.map(|d| d.offsets).unwrap_or_default();
+        let shared = Arc::clone(&shard.shared);
+        tokio::task::spawn_local(async move {
+            let marks = gather_offsets(shared, topic_keys(&topic)).await;
+            let offsets = topic
+                .partitions
+                .iter()
+                .map(|p| {
+                    let key = PartitionKey {
+                        topic_id: topic.id,
+                        partition: p.id,
+                    };
+                    PartitionOffsets {
+                        partition: p.id,
+                        committed: committed.get(&p.id).copied(),
+                        high_watermark: marks.get(&key).map_or(0, |m| m.1),
+                    }
+                })
+                .collect();
+            if offsets_only {
+                let _ = reply.send(Ok(Response::Offsets(offsets)));
+                return;
+            }
+            let (generation, members) = match live {
+                Some(l) => (
+                    l.generation,
+                    l.members
+                        .into_iter()
+                        .map(|m| GroupMember {
+                            id: m.id,
+                            name: m.name,
+                            assignment: m.granted,
+                        })
+                        .collect(),
+                ),
+                None => (0, Vec::new()),
+            };
+            let _ = reply.send(Ok(Response::Group(GroupDescription {
+                name: group,
+                topic: topic_name,
+                generation,
+                members,
+                offsets,
+            })));
+        });
+    }
+}

@@ -1,0 +1,58 @@
+//! The error a request gets: a stable code and a message for people.
+
+use braid_proto::client::ErrorCode;
+
+/// An error answered to a client.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{code}: {message}")]
+pub struct NodeError {
+    /// The wire code.
+    pub code: ErrorCode,
+    /// What happened.
+    pub message: String,
+}
+
+impl NodeError {
+    /// An error with a code and message.
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
+        Self {
+            code,
+            message: message.into(),
+        }
+    }
+}
+
+impl From<crate::metadata::MetaError> for NodeError {
+    fn from(err: crate::metadata::MetaError) -> Self {
+        use crate::metadata::MetaError;
+        let code = match &err {
+            MetaError::StreamNotFound(_) => ErrorCode::StreamNotFound,
+            MetaError::StreamExists(_) => ErrorCode::StreamExists,
+            MetaError::TopicNotFound { .. } => ErrorCode::TopicNotFound,
+            MetaError::TopicExists { .. } => ErrorCode::TopicExists,
+            _ => ErrorCode::InvalidArgument,
+        };
+        Self::new(code, err.to_string())
+    }
+}
+
+impl From<crate::meta_store::StoreError> for NodeError {
+    fn from(err: crate::meta_store::StoreError) -> Self {
+        match err {
+            crate::meta_store::StoreError::Refused(e) => e.into(),
+            other => Self::new(ErrorCode::StorageError, other.to_string()),
+        }
+    }
+}
+
+impl From<crate::groups::GroupError> for NodeError {
+    fn from(err: crate::groups::GroupError) -> Self {
+        use crate::groups::GroupError;
+        let code = match &err {
+            GroupError::UnknownMember { .. } => ErrorCode::UnknownMember,
+            GroupError::NotAssigned { .. } => ErrorCode::NotAssigned,
+            _ => ErrorCode::InvalidArgument,
+        };
+        Self::new(code, err.to_string())
+    }
+}

@@ -1,0 +1,119 @@
+//! The routing view every shard holds: which topics exist, their settings and
+//! partitions, and which shard owns each partition.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use braid_proto::client::{TopicSettings, FSYNC_ALWAYS, FSYNC_INTERVAL};
+use braid_storage::{FsyncPolicy, LogConfig};
+
+use crate::metadata::{Metadata, PartitionMeta};
+
+/// A partition's identity inside a node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub(crate) struct PartitionKey {
+    pub(crate) topic_id: u32,
+    pub(crate) partition: u32,
+}
+
+impl PartitionKey {
+    /// The shard that owns the partition: fixed by hash, the same on every node.
+    pub(crate) fn shard(self, shards: usize) -> usize {
+        let mut bytes = [0u8; 8];
+        bytes[..4].copy_from_slice(&self.topic_id.to_be_bytes());
+        bytes[4..].copy_from_slice(&self.partition.to_be_bytes());
+        braid_proto::hash::murmur3_x86_32(&bytes, 0) as usize % shards.max(1)
+    }
+
+    /// The partition's directory.
+    pub(crate) fn dir(self, data_dir: &Path) -> PathBuf {
+        data_dir
+            .join("partitions")
+            .join(self.topic_id.to_string())
+            .join(self.partition.to_string())
+    }
+}
+
+/// One topic as the shards see it.
+#[derive(Debug, Clone)]
+pub(crate) struct TopicRoute {
+    pub(crate) id: u32,
+    pub(crate) name: String,
+    pub(crate) settings: TopicSettings,
+    pub(crate) partitions: Vec<PartitionMeta>,
+}
+
+impl TopicRoute {
+    pub(crate) fn partition(&self, id: u32) -> Option<&PartitionMeta> {
+        self.partitions.iter().find(|p| p.id == id)
+    }
+
+    pub(crate) fn log_config(&self) -> LogConfig {
+        let s = &self.settings;
+        LogConfig {
+            segment_bytes_max: s.segment_bytes,
+            fsync: match s.fsync {
+                FSYNC_ALWAYS => FsyncPolicy::Always,
+                FSYNC_INTERVAL => FsyncPolicy::Interval {
+                    interval_ms: s.fsync_interval_ms.max(1),
+                },
+                _ => FsyncPolicy::Never,
+            },
+            retention_bytes: (s.retention_bytes > 0).then_some(s.retention_bytes),
+            retention_ms: (s.retention_ms > 0).then_some(s.retention_ms),
+            ..LogConfig::default()
+        }
+    }
+}
+
+/// Every topic, by stream, then topic name.
+#[derive(Debug, Default)]
+pub(crate) struct Layout {
+    pub(crate) streams: HashMap<String, HashMap<String, Arc<TopicRoute>>>,
+}
+
+impl Layout {
+    pub(crate) fn from_metadata(meta: &Metadata) -> Self {
+        let mut streams: HashMap<String, HashMap<String, Arc<TopicRoute>>> = meta
+            .streams
+            .keys()
+            .map(|s| (s.clone(), HashMap::new()))
+            .collect();
+        for (stream, name, t) in meta.topics() {
+            let route = TopicRoute {
+                id: t.id,
+                name: name.to_owned(),
+                settings: t.settings,
+                partitions: t.partitions.clone(),
+            };
+            streams
+                .entry(stream.to_owned())
+                .or_default()
+                .insert(name.to_owned(), Arc::new(route));
+        }
+        Self { streams }
+    }
+
+    pub(crate) fn topic(&self, stream: &str, topic: &str) -> Option<&Arc<TopicRoute>> {
+        self.streams.get(stream)?.get(topic)
+    }
+
+    /// Every partition key of the layout with its topic.
+    pub(crate) fn partitions(&self) -> impl Iterator<Item = (PartitionKey, &Arc<TopicRoute>)> {
+        self.streams
+            .values()
+            .flat_map(|topics| topics.values())
+            .flat_map(|t| {
+                t.partitions.iter().map(move |p| {
+                    (
+                        PartitionKey {
+                            topic_id: t.id,
+                            partition: p.id,
+                        },
+                        t,
+                    )
+                })
+            })
+    }
+}

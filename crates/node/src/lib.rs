@@ -1,0 +1,33 @@
+//! The Braid node: shards, the client protocol server, metadata, partitions, consumer
+//! groups and the HTTP admin endpoint.
+//!
+//! A node runs one thread per shard, each with its own single-threaded tokio runtime.
+//! Partitions belong to shards by a fixed hash; a connection's requests are forwarded to
+//! the owning shard through bounded channels, so no lock is taken on the produce or
+//! fetch path. Shard 0 also hosts the client listener and the metadata (streams,
+//! topics, consumer groups, committed offsets), which is logged durably.
+//!
+//! ```no_run
+//! let node = braid_node::Node::start(braid_node::NodeConfig::default()).unwrap();
+//! println!("serving clients on {}", node.client_addr());
+//! node.shutdown();
+//! ```
+
+mod admin;
+pub mod config;
+mod connection;
+mod coordinator;
+mod error;
+pub mod groups;
+mod http;
+mod layout;
+pub mod meta_store;
+pub mod metadata;
+mod metrics;
+mod node;
+mod partition;
+mod shard;
+
+pub use config::{ConfigError, FsyncSetting, NodeConfig, TopicDefaults};
+pub use error::NodeError;
+pub use node::{Node, StartError};

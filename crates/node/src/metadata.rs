@@ -1,0 +1,636 @@
+//! The node's metadata: streams, topics with their partition layout, and the committed
+//! offsets of consumer groups. A pure state machine: [`Metadata::apply`] takes a
+//! [`MetaOp`] and changes the state deterministically, so replaying the durable op log
+//! (see `meta_store`) rebuilds the same state, ids included. It is shaped to become the
+//! metadata group's replicated state machine.
+
+use std::collections::BTreeMap;
+
+use braid_proto::client::{TopicSettings, NAME_BYTES_MAX};
+use braid_proto::hash::equal_ranges;
+use braid_proto::wire::{WireError, WireReader, WireWrite};
+
+/// Most partitions a topic may be created with.
+pub const TOPIC_PARTITIONS_MAX: u32 = 10_000;
+
+/// One partition of a topic's layout.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PartitionMeta {
+    /// Id within the topic.
+    pub id: u32,
+    /// First hash of its range.
+    pub hash_start: u16,
+    /// Last hash of its range (inclusive).
+    pub hash_end: u16,
+    /// Partitions it came from (split or merge).
+    pub parents: Vec<u32>,
+    /// No more appends.
+    pub sealed: bool,
+}
+
+/// A topic.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TopicMeta {
+    /// Node-wide unique id, never reused.
+    pub id: u32,
+    /// Settings with the node's defaults filled in.
+    pub settings: TopicSettings,
+    /// Grows with every layout change.
+    pub epoch: u64,
+    /// Every partition, active and sealed.
+    pub partitions: Vec<PartitionMeta>,
+}
+
+/// The durable part of a consumer group: its topic and committed offsets.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct GroupMeta {
+    /// The topic the group consumes.
+    pub topic: String,
+    /// Partition id to the next offset to consume.
+    pub offsets: BTreeMap<u32, u64>,
+}
+
+/// A stream: a namespace of topics and groups.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct StreamMeta {
+    /// Node-wide unique id.
+    pub id: u32,
+    /// Topics by name.
+    pub topics: BTreeMap<String, TopicMeta>,
+    /// Groups by name.
+    pub groups: BTreeMap<String, GroupMeta>,
+}
+
+/// All metadata of a node.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Metadata {
+    next_stream_id: u32,
+    next_topic_id: u32,
+    /// Streams by name.
+    pub streams: BTreeMap<String, StreamMeta>,
+}
+
+/// A change to the metadata; the unit of the durable log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MetaOp {
+    /// Create a stream.
+    CreateStream {
+        /// Its name.
+        name: String,
+    },
+    /// Delete a stream with its topics and groups.
+    DeleteStream {
+        /// Its name.
+        name: String,
+    },
+    /// Create a topic with equal hash ranges.
+    CreateTopic {
+        /// The stream.
+        stream: String,
+        /// The topic.
+        name: String,
+        /// Resolved settings.
+        settings: TopicSettings,
+    },
+    /// Delete a topic.
+    DeleteTopic {
+        /// The stream.
+        stream: String,
+        /// The topic.
+        name: String,
+    },
+    /// Record consumed positions of a group.
+    CommitOffsets {
+        /// The stream.
+        stream: String,
+        /// The group.
+        group: String,
+        /// The topic it consumes.
+        topic: String,
+        /// (partition, next offset).
+        offsets: Vec<(u32, u64)>,
+    },
+}
+
+/// Why an op was refused. Nothing changed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum MetaError {
+    /// No such stream.
+    #[error("stream {0:?} does not exist")]
+    StreamNotFound(String),
+    /// The stream exists.
+    #[error("stream {0:?} already exists")]
+    StreamExists(String),
+    /// No such topic.
+    #[error("topic {stream:?}/{topic:?} does not exist")]
+    TopicNotFound {
+        /// The stream.
+        stream: String,
+        /// The topic.
+        topic: String,
+    },
+    /// The topic exists.
+    #[error("topic {stream:?}/{topic:?} already exists")]
+    TopicExists {
+        /// The stream.
+        stream: String,
+        /// The topic.
+        topic: String,
+    },
+    /// An argument is out of range.
+    #[error("{0}")]
+    Invalid(String),
+}
+
+fn check_name(kind: &str, name: &str) -> Result<(), MetaError> {
+    let ok = !name.is_empty()
+        && name.len() <= NAME_BYTES_MAX
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
+    if ok {
+        Ok(())
+    } else {
+        Err(MetaError::Invalid(format!(
+            "{kind} name {name:?} must be 1 to {NAME_BYTES_MAX} characters of a-z, A-Z, 0-9, '-', '_', '.'"
+        )))
+    }
+}
+
+impl Metadata {
+    /// The stream named `name`.
+    ///
+    /// # Errors
+    /// [`MetaError::StreamNotFound`].
+    pub fn stream(&self, name: &str) -> Result<&StreamMeta, MetaError> {
+        self.streams
+            .get(name)
+            .ok_or_else(|| MetaError::StreamNotFound(name.to_owned()))
+    }
+
+    /// The topic `stream/topic`.
+    ///
+    /// # Errors
+    /// [`MetaError::StreamNotFound`], [`MetaError::TopicNotFound`].
+    pub fn topic(&self, stream: &str, topic: &str) -> Result<&TopicMeta, MetaError> {
+        self.stream(stream)?
+            .topics
+            .get(topic)
+            .ok_or_else(|| MetaError::TopicNotFound {
+                stream: stream.to_owned(),
+                topic: topic.to_owned(),
+            })
+    }
+
+    /// Checks an op without applying it.
+    ///
+    /// # Errors
+    /// The [`MetaError`] that [`Metadata::apply`] would return.
+    pub fn check(&self, op: &MetaOp) -> Result<(), MetaError> {
+        match op {
+            MetaOp::CreateStream { name } => {
+                check_name("stream", name)?;
+                if self.streams.contains_key(name) {
+                    return Err(MetaError::StreamExists(name.clone()));
+                }
+            }
+            MetaOp::DeleteStream { name } => {
+                self.stream(name)?;
+            }
+            MetaOp::CreateTopic {
+                stream,
+                name,
+                settings,
+            } => {
+                check_name("topic", name)?;
+                if self.stream(stream)?.topics.contains_key(name) {
+                    return Err(MetaError::TopicExists {
+                        stream: stream.clone(),
+                        topic: name.clone(),
+                    });
+                }
+                if !(1..=TOPIC_PARTITIONS_MAX).contains(&settings.partitions) {
+                    return Err(MetaError::Invalid(format!(
+                        "partitions must be between 1 and {TOPIC_PARTITIONS_MAX}, not {}",
+                        settings.partitions
+                    )));
+                }
+            }
+            MetaOp::DeleteTopic { stream, name } => {
+                self.topic(stream, name)?;
+            }
+            MetaOp::CommitOffsets {
+                stream,
+                group,
+                topic,
+                offsets,
+            } => {
+                check_name("group", group)?;
+                let meta = self.topic(stream, topic)?;
+                for (partition, _) in offsets {
+                    if !meta.partitions.iter().any(|p| p.id == *partition) {
+                        return Err(MetaError::Invalid(format!(
+                            "topic {stream}/{topic} has no partition {partition}"
+                        )));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Applies an op.
+    ///
+    /// # Errors
+    /// A [`MetaError`]; the state is then unchanged.
+    pub fn apply(&mut self, op: &MetaOp) -> Result<(), MetaError> {
+        self.check(op)?;
+        match op {
+            MetaOp::CreateStream { name } => {
+                let id = self.next_stream_id;
+                self.next_stream_id += 1;
+                let stream = StreamMeta {
+                    id,
+                    ..StreamMeta::default()
+                };
+                self.streams.insert(name.clone(), stream);
+            }
+            MetaOp::DeleteStream { name } => {
+                self.streams.remove(name);
+            }
+            MetaOp::CreateTopic {
+                stream,
+                name,
+                settings,
+            } => {
+                let id = self.next_topic_id;
+                self.next_topic_id += 1;
+                let partitions = equal_ranges(settings.partitions)
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, (hash_start, hash_end))| PartitionMeta {
+                        id: i as u32,
+                        hash_start,
+                        hash_end,
+                        parents: Vec::new(),
+                        sealed: false,
+                    })
+                    .collect();
+                let topic = TopicMeta {
+                    id,
+                    settings: *settings,
+                    epoch: 1,
+                    partitions,
+                };
+                if let Some(s) = self.streams.get_mut(stream) {
+                    s.topics.insert(name.clone(), topic);
+                }
+            }
+            MetaOp::DeleteTopic { stream, name } => {
+                if let Some(s) = self.streams.get_mut(stream) {
+                    s.topics.remove(name);
+                    s.groups.retain(|_, g| &g.topic != name);
+                }
+            }
+            MetaOp::CommitOffsets {
+                stream,
+                group,
+                topic,
+                offsets,
+            } => {
+                if let Some(s) = self.streams.get_mut(stream) {
+                    let entry = s.groups.entry(group.clone()).or_default();
+                    if &entry.topic != topic {
+                        entry.topic = topic.clone();
+                        entry.offsets.clear();
+                    }
+                    for (partition, offset) in offsets {
+                        entry.offsets.insert(*partition, *offset);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Every topic as `(stream, topic name, meta)`.
+    pub fn topics(&self) -> impl Iterator<Item = (&str, &str, &TopicMeta)> {
+        self.streams.iter().flat_map(|(stream, s)| {
+            s.topics
+                .iter()
+                .map(move |(name, t)| (stream.as_str(), name.as_str(), t))
+        })
+    }
+}
+
+// ---- durable encoding ------------------------------------------------------------
+
+const OP_CREATE_STREAM: u8 = 1;
+const OP_DELETE_STREAM: u8 = 2;
+const OP_CREATE_TOPIC: u8 = 3;
+const OP_DELETE_TOPIC: u8 = 4;
+const OP_COMMIT_OFFSETS: u8 = 5;
+
+impl MetaOp {
+    /// Appends the op's encoding.
+    pub fn encode(&self, out: &mut Vec<u8>) {
+        match self {
+            Self::CreateStream { name } => {
+                out.put_u8_be(OP_CREATE_STREAM);
+                out.put_string(name);
+            }
+            Self::DeleteStream { name } => {
+                out.put_u8_be(OP_DELETE_STREAM);
+                out.put_string(name);
+            }
+            Self::CreateTopic {
+                stream,
+                name,
+                settings,
+            } => {
+                out.put_u8_be(OP_CREATE_TOPIC);
+                out.put_string(stream);
+                out.put_string(name);
+                settings.encode_into(out);
+            }
+            Self::DeleteTopic { stream, name } => {
+                out.put_u8_be(OP_DELETE_TOPIC);
+                out.put_string(stream);
+                out.put_string(name);
+            }
+            Self::CommitOffsets {
+                stream,
+                group,
+                topic,
+                offsets,
+            } => {
+                out.put_u8_be(OP_COMMIT_OFFSETS);
+                out.put_string(stream);
+                out.put_string(group);
+                out.put_string(topic);
+                out.put_u32_be(offsets.len() as u32);
+                for (p, o) in offsets {
+                    out.put_u32_be(*p);
+                    out.put_u64_be(*o);
+                }
+            }
+        }
+    }
+
+    /// Decodes one op that fills `bytes` exactly.
+    ///
+    /// # Errors
+    /// A [`WireError`].
+    pub fn decode(bytes: &[u8]) -> Result<Self, WireError> {
+        let mut r = WireReader::new(bytes);
+        let at = r.position();
+        let s = |r: &mut WireReader<'_>, f| r.string(f).map(str::to_owned);
+        let op = match r.u8("op")? {
+            OP_CREATE_STREAM => Self::CreateStream {
+                name: s(&mut r, "name")?,
+            },
+            OP_DELETE_STREAM => Self::DeleteStream {
+                name: s(&mut r, "name")?,
+            },
+            OP_CREATE_TOPIC => Self::CreateTopic {
+                stream: s(&mut r, "stream")?,
+                name: s(&mut r, "name")?,
+                settings: decode_settings(&mut r)?,
+            },
+            OP_DELETE_TOPIC => Self::DeleteTopic {
+                stream: s(&mut r, "stream")?,
+                name: s(&mut r, "name")?,
+            },
+            OP_COMMIT_OFFSETS => {
+                let stream = s(&mut r, "stream")?;
+                let group = s(&mut r, "group")?;
+                let topic = s(&mut r, "topic")?;
+                let count = r.count("offsets", 12)?;
+                let mut offsets = Vec::with_capacity(count as usize);
+                for _ in 0..count {
+                    offsets.push((r.u32("partition")?, r.u64("offset")?));
+                }
+                Self::CommitOffsets {
+                    stream,
+                    group,
+                    topic,
+                    offsets,
+                }
+            }
+            other => {
+                return Err(WireError::BadValue {
+                    at,
+                    field: "op",
+                    value: other.into(),
+                })
+            }
+        };
+        r.finish()?;
+        Ok(op)
+    }
+}
+
+fn decode_settings(r: &mut WireReader<'_>) -> Result<TopicSettings, WireError> {
+    TopicSettings::decode(r)
+}
+
+impl Metadata {
+    /// Encodes the whole state (for a snapshot).
+    pub fn encode(&self, out: &mut Vec<u8>) {
+        out.put_u32_be(self.next_stream_id);
+        out.put_u32_be(self.next_topic_id);
+        out.put_u32_be(self.streams.len() as u32);
+        for (name, stream) in &self.streams {
+            out.put_string(name);
+            out.put_u32_be(stream.id);
+            out.put_u32_be(stream.topics.len() as u32);
+            for (topic_name, topic) in &stream.topics {
+                out.put_string(topic_name);
+                out.put_u32_be(topic.id);
+                topic.settings.encode_into(out);
+                out.put_u64_be(topic.epoch);
+                out.put_u32_be(topic.partitions.len() as u32);
+                for p in &topic.partitions {
+                    out.put_u32_be(p.id);
+                    out.put_u16_be(p.hash_start);
+                    out.put_u16_be(p.hash_end);
+                    out.put_u32_be(p.parents.len() as u32);
+                    for parent in &p.parents {
+                        out.put_u32_be(*parent);
+                    }
+                    out.put_u8_be(u8::from(p.sealed));
+                }
+            }
+            out.put_u32_be(stream.groups.len() as u32);
+            for (group_name, group) in &stream.groups {
+                out.put_string(group_name);
+                out.put_string(&group.topic);
+                out.put_u32_be(group.offsets.len() as u32);
+                for (p, o) in &group.offsets {
+                    out.put_u32_be(*p);
+                    out.put_u64_be(*o);
+                }
+            }
+        }
+    }
+
+    /// Decodes a state written by [`Metadata::encode`].
+    ///
+    /// # Errors
+    /// A [`WireError`].
+    pub fn decode(bytes: &[u8]) -> Result<Self, WireError> {
+        let mut r = WireReader::new(bytes);
+        let mut meta = Self {
+            next_stream_id: r.u32("next_stream_id")?,
+            next_topic_id: r.u32("next_topic_id")?,
+            streams: BTreeMap::new(),
+        };
+        for _ in 0..r.count("streams", 10)? {
+            let name = r.string("stream")?.to_owned();
+            let mut stream = StreamMeta {
+                id: r.u32("stream_id")?,
+                ..StreamMeta::default()
+            };
+            for _ in 0..r.count("topics", 10)? {
+                let topic_name = r.string("topic")?.to_owned();
+                let id = r.u32("topic_id")?;
+                let settings = decode_settings(&mut r)?;
+                let epoch = r.u64("epoch")?;
+                let mut partitions = Vec::new();
+                for _ in 0..r.count("partitions", 13)? {
+                    let id = r.u32("partition")?;
+                    let hash_start = r.u16("hash_start")?;
+                    let hash_end = r.u16("hash_end")?;
+                    let mut parents = Vec::new();
+                    for _ in 0..r.count("parents", 4)? {
+                        parents.push(r.u32("parent")?);
+                    }
+                    partitions.push(PartitionMeta {
+                        id,
+                        hash_start,
+                        hash_end,
+                        parents,
+                        sealed: r.bool("sealed")?,
+                    });
+                }
+                stream.topics.insert(
+                    topic_name,
+                    TopicMeta {
+                        id,
+                        settings,
+                        epoch,
+                        partitions,
+                    },
+                );
+            }
+            for _ in 0..r.count("groups", 10)? {
+                let group_name = r.string("group")?.to_owned();
+                let mut group = GroupMeta {
+                    topic: r.string("topic")?.to_owned(),
+                    offsets: BTreeMap::new(),
+                };
+                for _ in 0..r.count("offsets", 12)? {
+                    group.offsets.insert(r.u32("partition")?, r.u64("offset")?);
+                }
+                stream.groups.insert(group_name, group);
+            }
+            meta.streams.insert(name, stream);
+        }
+        r.finish()?;
+        Ok(meta)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings(partitions: u32) -> TopicSettings {
+        TopicSettings {
+            partitions,
+            ..TopicSettings::default()
+        }
+    }
+
+    #[test]
+    fn ops_apply_replay_and_round_trip() {
+        let ops = vec![
+            MetaOp::CreateStream { name: "s".into() },
+            MetaOp::CreateTopic {
+                stream: "s".into(),
+                name: "t".into(),
+                settings: settings(4),
+            },
+            MetaOp::CommitOffsets {
+                stream: "s".into(),
+                group: "g".into(),
+                topic: "t".into(),
+                offsets: vec![(0, 10), (3, 7)],
+            },
+            MetaOp::CreateTopic {
+                stream: "s".into(),
+                name: "u".into(),
+                settings: settings(1),
+            },
+            MetaOp::DeleteTopic {
+                stream: "s".into(),
+                name: "u".into(),
+            },
+        ];
+        let mut meta = Metadata::default();
+        for op in &ops {
+            meta.apply(op).unwrap();
+            let mut bytes = Vec::new();
+            op.encode(&mut bytes);
+            assert_eq!(&MetaOp::decode(&bytes).unwrap(), op);
+        }
+        let topic = meta.topic("s", "t").unwrap();
+        assert_eq!(topic.partitions.len(), 4);
+        assert_eq!(topic.partitions[3].hash_end, 0xffff);
+        assert_eq!(meta.stream("s").unwrap().groups["g"].offsets[&3], 7);
+        let mut bytes = Vec::new();
+        meta.encode(&mut bytes);
+        assert_eq!(Metadata::decode(&bytes).unwrap(), meta);
+        // Ids are never reused: a new topic gets the next one.
+        meta.apply(&ops[3]).unwrap();
+        assert_eq!(meta.topic("s", "u").unwrap().id, 2);
+    }
+
+    #[test]
+    fn bad_ops_are_refused_and_change_nothing() {
+        let mut meta = Metadata::default();
+        meta.apply(&MetaOp::CreateStream { name: "s".into() })
+            .unwrap();
+        let before = meta.clone();
+        for op in [
+            MetaOp::CreateStream { name: "s".into() },
+            MetaOp::CreateStream {
+                name: "bad name".into(),
+            },
+            MetaOp::CreateTopic {
+                stream: "nope".into(),
+                name: "t".into(),
+                settings: settings(1),
+            },
+            MetaOp::CreateTopic {
+                stream: "s".into(),
+                name: "t".into(),
+                settings: settings(0),
+            },
+            MetaOp::DeleteTopic {
+                stream: "s".into(),
+                name: "t".into(),
+            },
+            MetaOp::CommitOffsets {
+                stream: "s".into(),
+                group: "g".into(),
+                topic: "t".into(),
+                offsets: vec![],
+            },
+        ] {
+            assert!(meta.apply(&op).is_err(), "{op:?}");
+            assert_eq!(meta, before);
+        }
+    }
+}

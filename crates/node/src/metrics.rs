@@ -1,0 +1,152 @@
+//! Counters of a node, kept per shard (no shared cache line on the hot path) and summed
+//! when `/metrics` is scraped, in the Prometheus text format.
+
+use std::fmt::Write;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use braid_proto::client::{Command, ErrorCode};
+
+/// One shard's counters.
+#[derive(Debug)]
+pub(crate) struct ShardMetrics {
+    requests: Vec<AtomicU64>,
+    errors: Vec<AtomicU64>,
+    pub(crate) connections_active: AtomicU64,
+    pub(crate) connections_total: AtomicU64,
+    pub(crate) produce_records: AtomicU64,
+    pub(crate) produce_bytes: AtomicU64,
+    pub(crate) fetch_bytes: AtomicU64,
+    pub(crate) partitions: AtomicU64,
+    pub(crate) fsyncs_requested: AtomicU64,
+    pub(crate) frames_refused: AtomicU64,
+}
+
+impl Default for ShardMetrics {
+    fn default() -> Self {
+        let zeros = |n: usize| (0..n).map(|_| AtomicU64::new(0)).collect();
+        Self {
+            requests: zeros(Command::ALL.len()),
+            errors: zeros(ErrorCode::ALL.len()),
+            connections_active: AtomicU64::new(0),
+            connections_total: AtomicU64::new(0),
+            produce_records: AtomicU64::new(0),
+            produce_bytes: AtomicU64::new(0),
+            fetch_bytes: AtomicU64::new(0),
+            partitions: AtomicU64::new(0),
+            fsyncs_requested: AtomicU64::new(0),
+            frames_refused: AtomicU64::new(0),
+        }
+    }
+}
+
+pub(crate) fn add(counter: &AtomicU64, n: u64) {
+    counter.fetch_add(n, Ordering::Relaxed);
+}
+
+impl ShardMetrics {
+    pub(crate) fn request(&self, command: Command) {
+        if let Some(i) = Command::ALL.iter().position(|c| *c == command) {
+            add(&self.requests[i], 1);
+        }
+    }
+
+    pub(crate) fn error(&self, code: ErrorCode) {
+        if let Some(i) = ErrorCode::ALL.iter().position(|c| *c == code) {
+            add(&self.errors[i], 1);
+        }
+    }
+}
+
+/// Renders the sum over shards in the Prometheus text exposition format.
+pub(crate) fn render(shards: &[Arc<ShardMetrics>]) -> String {
+    let sum = |f: &dyn Fn(&ShardMetrics) -> &AtomicU64| -> u64 {
+        shards.iter().map(|s| f(s).load(Ordering::Relaxed)).sum()
+    };
+    let mut out = String::new();
+    let mut metric = |name: &str, kind: &str, help: &str, value: u64| {
+        let _ = writeln!(
+            out,
+            "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}"
+        );
+    };
+    metric(
+        "braid_connections_active",
+        "gauge",
+        "Open client connections.",
+        sum(&|s| &s.connections_active),
+    );
+    metric(
+        "braid_connections_total",
+        "counter",
+        "Client connections accepted.",
+        sum(&|s| &s.connections_total),
+    );
+    metric(
+        "braid_produce_records_total",
+        "counter",
+        "Records appended.",
+        sum(&|s| &s.produce_records),
+    );
+    metric(
+        "braid_produce_bytes_total",
+        "counter",
+        "Batch bytes appended.",
+        sum(&|s| &s.produce_bytes),
+    );
+    metric(
+        "braid_fetch_bytes_total",
+        "counter",
+        "Batch bytes served to consumers.",
+        sum(&|s| &s.fetch_bytes),
+    );
+    metric(
+        "braid_partitions",
+        "gauge",
+        "Partitions open on this node.",
+        sum(&|s| &s.partitions),
+    );
+    metric(
+        "braid_fsync_requests_total",
+        "counter",
+        "Sync requests sent to the sync thread.",
+        sum(&|s| &s.fsyncs_requested),
+    );
+    metric(
+        "braid_frames_refused_total",
+        "counter",
+        "Frames refused: oversize or unframeable; the connection was closed.",
+        sum(&|s| &s.frames_refused),
+    );
+    let _ = writeln!(
+        out,
+        "# HELP braid_requests_total Requests by command.\n# TYPE braid_requests_total counter"
+    );
+    for (i, command) in Command::ALL.iter().enumerate() {
+        let value: u64 = shards
+            .iter()
+            .map(|s| s.requests[i].load(Ordering::Relaxed))
+            .sum();
+        let _ = writeln!(
+            out,
+            "braid_requests_total{{command=\"{}\"}} {value}",
+            command.name()
+        );
+    }
+    let _ = writeln!(
+        out,
+        "# HELP braid_errors_total Error responses by code.\n# TYPE braid_errors_total counter"
+    );
+    for (i, code) in ErrorCode::ALL.iter().enumerate() {
+        let value: u64 = shards
+            .iter()
+            .map(|s| s.errors[i].load(Ordering::Relaxed))
+            .sum();
+        let _ = writeln!(
+            out,
+            "braid_errors_total{{code=\"{}\"}} {value}",
+            code.name()
+        );
+    }
+    out
+}

@@ -1,0 +1,236 @@
+//! Starting and stopping a node.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::mpsc;
+
+use crate::config::{ConfigError, NodeConfig};
+use crate::coordinator::MetaService;
+use crate::http::HttpServer;
+use crate::meta_store::{MetaStore, StoreError};
+use crate::metrics::ShardMetrics;
+use crate::shard::{Control, NodeShared, Shard, INBOX_REQUESTS_MAX};
+
+/// Why a node could not start.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StartError {
+    /// The configuration is invalid.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// The metadata could not be opened.
+    #[error("metadata: {0}")]
+    Metadata(#[from] StoreError),
+    /// A listener could not be bound.
+    #[error("binding {addr}: {source}")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A shard failed to start (for example, a partition could not be opened).
+    #[error("shard {shard}: {message}")]
+    Shard {
+        /// The shard.
+        shard: usize,
+        /// What failed.
+        message: String,
+    },
+    /// A thread or runtime could not be created.
+    #[error("starting threads: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// A running node. [`Node::shutdown`] stops it gracefully; dropping it does too.
+#[derive(Debug)]
+pub struct Node {
+    client_addr: SocketAddr,
+    http_addr: SocketAddr,
+    shared: Arc<NodeShared>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+    http: Option<HttpServer>,
+}
+
+impl Node {
+    /// Starts a node: opens the metadata and every partition (recovering after a crash),
+    /// binds the listeners (port 0 picks a free port), and starts the shards.
+    ///
+    /// # Errors
+    /// A [`StartError`]; nothing keeps running after one.
+    pub fn start(config: NodeConfig) -> Result<Self, StartError> {
+        let config = config.resolve()?;
+        std::fs::create_dir_all(&config.data_dir)?;
+        let store = MetaStore::open(config.data_dir.join("metadata"))?;
+        let client =
+            std::net::TcpListener::bind(config.client_addr).map_err(|source| StartError::Bind {
+                addr: config.client_addr,
+                source,
+            })?;
+        let http =
+            std::net::TcpListener::bind(config.http_addr).map_err(|source| StartError::Bind {
+                addr: config.http_addr,
+                source,
+            })?;
+        let client_addr = client.local_addr()?;
+        let http_addr = http.local_addr()?;
+        let shards = config.shards;
+        let mut inboxes = Vec::new();
+        let mut inbox_receivers = Vec::new();
+        let mut controls = Vec::new();
+        let mut control_receivers = Vec::new();
+        for _ in 0..shards {
+            let (tx, rx) = mpsc::channel(INBOX_REQUESTS_MAX);
+            inboxes.push(tx);
+            inbox_receivers.push(rx);
+            let (tx, rx) = mpsc::unbounded_channel();
+            controls.push(tx);
+            control_receivers.push(rx);
+        }
+        let metrics: Vec<Arc<ShardMetrics>> = (0..shards).map(|_| Arc::default()).collect();
+        let shared = Arc::new(NodeShared {
+            config,
+            inboxes,
+            controls,
+            metrics: metrics.clone(),
+            syncer: braid_storage::Syncer::start("braid-sync")?,
+        });
+        let meta = MetaService::new(store);
+        let layout = Arc::new(meta.layout());
+        let mut meta = Some(meta);
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel::<(usize, Result<(), String>)>();
+        let mut threads = Vec::new();
+        for (id, (inbox, control)) in inbox_receivers
+            .into_iter()
+            .zip(control_receivers)
+            .enumerate()
+        {
+            let shared = Arc::clone(&shared);
+            let layout = Arc::clone(&layout);
+            let meta = if id == 0 { meta.take() } else { None };
+            let ready = ready_tx.clone();
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            let thread = std::thread::Builder::new()
+                .name(format!("braid-shard-{id}"))
+                .spawn(move || {
+                    let local = tokio::task::LocalSet::new();
+                    local.block_on(&runtime, async move {
+                        let mut shard = Shard::new(id, shared, meta);
+                        let opened = shard.apply_layout(layout);
+                        let failed = opened.is_err();
+                        let _ = ready.send((id, opened));
+                        if !failed {
+                            shard.run(inbox, control).await;
+                        }
+                    });
+                })?;
+            threads.push(thread);
+        }
+        drop(ready_tx);
+        let mut failure = None;
+        for _ in 0..shards {
+            match ready_rx.recv() {
+                Ok((_, Ok(()))) => {}
+                Ok((shard, Err(message))) => {
+                    failure.get_or_insert(StartError::Shard { shard, message });
+                }
+                Err(_) => {
+                    failure.get_or_insert(StartError::Shard {
+                        shard: 0,
+                        message: "a shard thread died while starting".into(),
+                    });
+                }
+            }
+        }
+        let mut node = Self {
+            client_addr,
+            http_addr,
+            shared,
+            threads,
+            http: None,
+        };
+        if let Some(err) = failure {
+            node.stop_shards();
+            return Err(err);
+        }
+        node.http = Some(HttpServer::start(http, metrics)?);
+        let _ = node.shared.controls[0].send(Control::Listener(client));
+        tracing::info!(client = %client_addr, http = %http_addr, shards, "node started");
+        Ok(node)
+    }
+
+    /// The client protocol address (with the port actually bound).
+    pub fn client_addr(&self) -> SocketAddr {
+        self.client_addr
+    }
+
+    /// The HTTP admin address.
+    pub fn http_addr(&self) -> SocketAddr {
+        self.http_addr
+    }
+
+    /// Stops gracefully: no new connections or requests, in-flight requests finish
+    /// (within `shutdown_grace_ms`), every partition is synced and closed cleanly, and
+    /// the metadata snapshot is written.
+    pub fn shutdown(mut self) {
+        self.stop();
+    }
+
+    fn stop(&mut self) {
+        if self.threads.is_empty() {
+            return;
+        }
+        for control in &self.shared.controls {
+            let _ = control.send(Control::Drain);
+        }
+        let grace = Duration::from_millis(self.shared.config.shutdown_grace_ms);
+        let started = Instant::now();
+        while started.elapsed() < grace {
+            let open: u64 = self
+                .shared
+                .metrics
+                .iter()
+                .map(|m| {
+                    m.connections_active
+                        .load(std::sync::atomic::Ordering::Relaxed)
+                })
+                .sum();
+            if open == 0 {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        if let Some(mut http) = self.http.take() {
+            http.stop();
+        }
+        self.stop_shards();
+        tracing::info!("node stopped");
+    }
+
+    fn stop_shards(&mut self) {
+        let mut waits = Vec::new();
+        for control in &self.shared.controls {
+            let (done, wait) = std::sync::mpsc::channel();
+            if control.send(Control::Shutdown { done }).is_ok() {
+                waits.push(wait);
+            }
+        }
+        for wait in waits {
+            let _ = wait.recv();
+        }
+        for thread in self.threads.drain(..) {
+            let _ = thread.join();
+        }
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}

@@ -1,0 +1,241 @@
+//! One partition on its owning shard: the log, the commit point (high watermark), the
+//! produce acknowledgements waiting for it, and the fetches waiting for new data.
+//!
+//! The write path has the shape replication needs: [`Partition::propose`] appends (the
+//! prepare), the commit point moves only through [`Partition::commit`], producers are
+//! answered only at commit, and reads stop at the commit point. On a single node the
+//! commit follows the local append, after the `fsync` the policy asks for; the VSR
+//! issue replaces what calls `commit` with a quorum of replicas.
+
+use std::collections::VecDeque;
+
+use braid_proto::client::{ErrorCode, OffsetSpec};
+use braid_proto::ValidatedBatch;
+use braid_storage::{FsyncPolicy, LogError, LogRead, PartitionLog, SyncError, SyncRequest};
+use tokio::sync::oneshot;
+
+use crate::error::NodeError;
+
+/// Offsets a produce got: (base, last).
+pub(crate) type ProduceReply = oneshot::Sender<Result<(u64, u64), NodeError>>;
+
+struct PendingAck {
+    base_offset: u64,
+    last_offset: u64,
+    reply: ProduceReply,
+}
+
+/// A partition owned by this shard.
+pub(crate) struct Partition {
+    log: PartitionLog,
+    high_watermark: u64,
+    awaiting_commit: VecDeque<PendingAck>,
+    sync_in_flight: bool,
+    fetch_waiters: Vec<oneshot::Sender<()>>,
+    sealed: bool,
+}
+
+impl std::fmt::Debug for Partition {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Partition")
+            .field("dir", &self.log.dir())
+            .field("high_watermark", &self.high_watermark)
+            .field("awaiting_commit", &self.awaiting_commit.len())
+            .finish()
+    }
+}
+
+impl From<LogError> for NodeError {
+    fn from(err: LogError) -> Self {
+        let code = match &err {
+            LogError::OffsetOutOfRange { .. } => ErrorCode::OffsetOutOfRange,
+            LogError::BatchTooLarge { .. } => ErrorCode::BatchTooLarge,
+            _ => ErrorCode::StorageError,
+        };
+        NodeError::new(code, err.to_string())
+    }
+}
+
+impl Partition {
+    pub(crate) fn new(log: PartitionLog) -> Self {
+        // Everything found on open was synced by close or recovery: it is committed.
+        let high_watermark = log.next_offset();
+        Self {
+            log,
+            high_watermark,
+            awaiting_commit: VecDeque::new(),
+            sync_in_flight: false,
+            fetch_waiters: Vec::new(),
+            sealed: false,
+        }
+    }
+
+    pub(crate) fn log_mut(&mut self) -> &mut PartitionLog {
+        &mut self.log
+    }
+
+    pub(crate) fn high_watermark(&self) -> u64 {
+        self.high_watermark
+    }
+
+    pub(crate) fn start_offset(&self) -> u64 {
+        self.log.start_offset()
+    }
+
+    pub(crate) fn segment_count(&self) -> usize {
+        self.log.segment_count()
+    }
+
+    pub(crate) fn sync_due(&self, now_ms: u64) -> bool {
+        self.log.sync_due(now_ms)
+    }
+
+    /// Appends a batch and arranges its acknowledgement at commit. Returns a sync
+    /// request when the fsync policy needs one before the commit.
+    pub(crate) fn propose(
+        &mut self,
+        batch: ValidatedBatch,
+        now_ms: u64,
+        reply: ProduceReply,
+    ) -> Option<SyncRequest> {
+        if self.sealed {
+            let _ = reply.send(Err(NodeError::new(
+                ErrorCode::PartitionSealed,
+                "partition is sealed",
+            )));
+            return None;
+        }
+        let appended = match self.log.append(batch, now_ms) {
+            Ok(appended) => appended,
+            Err(err) => {
+                let _ = reply.send(Err(err.into()));
+                return None;
+            }
+        };
+        self.awaiting_commit.push_back(PendingAck {
+            base_offset: appended.base_offset,
+            last_offset: appended.last_offset,
+            reply,
+        });
+        match self.log.config().fsync {
+            FsyncPolicy::Always => self.request_sync(),
+            FsyncPolicy::Interval { .. } | FsyncPolicy::Never => {
+                let next = self.log.next_offset();
+                self.commit(next);
+                None
+            }
+        }
+    }
+
+    /// A sync request if one is needed and none is running.
+    pub(crate) fn request_sync(&mut self) -> Option<SyncRequest> {
+        if self.sync_in_flight {
+            return None;
+        }
+        match self.log.sync_request() {
+            Ok(Some(request)) => {
+                self.sync_in_flight = true;
+                Some(request)
+            }
+            Ok(None) => None,
+            Err(err) => {
+                self.fail_pending(&NodeError::from(err));
+                None
+            }
+        }
+    }
+
+    /// Takes a finished sync; under `always` it moves the commit point. Returns the
+    /// next sync request if appends arrived meanwhile.
+    pub(crate) fn on_synced(
+        &mut self,
+        request: &SyncRequest,
+        result: Result<(), SyncError>,
+    ) -> Option<SyncRequest> {
+        self.sync_in_flight = false;
+        let failed = result.clone().err();
+        self.log.on_synced(request, result);
+        if let Some(err) = failed {
+            self.fail_pending(&NodeError::new(
+                ErrorCode::StorageError,
+                format!("fsync failed: {err}"),
+            ));
+            return None;
+        }
+        if self.log.config().fsync == FsyncPolicy::Always {
+            let durable = self.log.durable_offset();
+            self.commit(durable);
+        }
+        if self.awaiting_commit.is_empty() {
+            None
+        } else {
+            self.request_sync()
+        }
+    }
+
+    /// Moves the commit point to `up_to` (exclusive): answers the producers whose
+    /// batches are now committed and wakes waiting fetches.
+    pub(crate) fn commit(&mut self, up_to: u64) {
+        if up_to <= self.high_watermark {
+            return;
+        }
+        self.high_watermark = up_to;
+        while let Some(front) = self.awaiting_commit.front() {
+            if front.last_offset >= up_to {
+                break;
+            }
+            if let Some(ack) = self.awaiting_commit.pop_front() {
+                let _ = ack.reply.send(Ok((ack.base_offset, ack.last_offset)));
+            }
+        }
+        for waiter in self.fetch_waiters.drain(..) {
+            let _ = waiter.send(());
+        }
+    }
+
+    fn fail_pending(&mut self, err: &NodeError) {
+        for ack in self.awaiting_commit.drain(..) {
+            let _ = ack.reply.send(Err(err.clone()));
+        }
+    }
+
+    /// Reads committed batches from `offset`.
+    pub(crate) fn read(&mut self, offset: u64, max_bytes: u32) -> Result<LogRead, NodeError> {
+        if offset > self.high_watermark && offset <= self.log.next_offset() {
+            // Appended but not committed: nothing to read yet.
+            return Ok(braid_storage::LogRead::default_at(offset));
+        }
+        Ok(self.log.read(offset, max_bytes, self.high_watermark)?)
+    }
+
+    /// A receiver that fires at the next commit.
+    pub(crate) fn wait_for_commit(&mut self) -> oneshot::Receiver<()> {
+        let (tx, rx) = oneshot::channel();
+        self.fetch_waiters.retain(|w| !w.is_closed());
+        self.fetch_waiters.push(tx);
+        rx
+    }
+
+    pub(crate) fn list_offset(&mut self, spec: OffsetSpec) -> Result<Option<u64>, NodeError> {
+        Ok(match spec {
+            OffsetSpec::Earliest => Some(self.log.start_offset()),
+            OffsetSpec::Latest => Some(self.high_watermark),
+            OffsetSpec::Timestamp(ts) => self
+                .log
+                .offset_for_timestamp(ts)?
+                .filter(|offset| *offset < self.high_watermark),
+        })
+    }
+
+    /// Syncs and closes the log cleanly. Producers still waiting get `ShuttingDown`.
+    pub(crate) fn close(mut self) -> Result<(), LogError> {
+        self.log.sync()?;
+        let durable = self.log.durable_offset();
+        self.commit(durable);
+        self.fail_pending(&NodeError::new(
+            ErrorCode::ShuttingDown,
+            "node is shutting down",
+        ));
+        self.log.close()
+    }
+}

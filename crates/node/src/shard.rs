@@ -1,0 +1,451 @@
+//! A shard: one thread with its own single-threaded runtime. It owns the partitions
+//! that hash to it and the connections handed to it, shares no mutable state with
+//! other shards, and talks to them only through channels: a bounded inbox for
+//! requests (backpressure) and an unbounded control channel for layout changes, sync
+//! completions and lifecycle, which must never block their senders.
+
+use std::cell::RefCell;
+use std::collections::{HashMap, HashSet};
+use std::path::PathBuf;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::Duration;
+
+use braid_proto::client::{ErrorCode, OffsetSpec, Response};
+use braid_proto::ValidatedBatch;
+use braid_storage::{LogRead, OpenLogLru, PartitionLog, SyncError, SyncRequest, Syncer};
+use tokio::sync::{mpsc, oneshot, watch};
+
+use crate::config::NodeConfig;
+use crate::error::NodeError;
+use crate::layout::{Layout, PartitionKey};
+use crate::metrics::{add, ShardMetrics};
+use crate::partition::{Partition, ProduceReply};
+
+/// Capacity of a shard's request inbox.
+pub(crate) const INBOX_REQUESTS_MAX: usize = 1024;
+/// How often a shard runs its timers (interval syncs, group expiry).
+const TICK_MS: u64 = 10;
+/// How often retention runs.
+const RETENTION_EVERY_MS: u64 = 60_000;
+
+/// What a fetch found.
+#[derive(Debug)]
+pub(crate) enum FetchOutcome {
+    Data {
+        high_watermark: u64,
+        start_offset: u64,
+        read: LogRead,
+    },
+    /// Nothing committed at the offset yet; fires at the next commit.
+    Wait(oneshot::Receiver<()>),
+}
+
+/// A request to the shard that owns a partition (or, for `Admin`, to shard 0).
+#[derive(Debug)]
+pub(crate) enum ShardRequest {
+    Produce {
+        key: PartitionKey,
+        batch: ValidatedBatch,
+        reply: ProduceReply,
+    },
+    Fetch {
+        key: PartitionKey,
+        offset: u64,
+        max_bytes: u32,
+        wait: bool,
+        reply: oneshot::Sender<Result<FetchOutcome, NodeError>>,
+    },
+    ListOffsets {
+        key: PartitionKey,
+        spec: OffsetSpec,
+        reply: oneshot::Sender<Result<Option<u64>, NodeError>>,
+    },
+    /// (start offset, high watermark) of each partition this shard owns among `keys`.
+    Offsets {
+        keys: Vec<PartitionKey>,
+        reply: oneshot::Sender<Vec<(PartitionKey, u64, u64)>>,
+    },
+    Admin {
+        request: crate::admin::AdminRequest,
+        reply: oneshot::Sender<Result<Response, NodeError>>,
+    },
+}
+
+/// Messages that must not wait behind requests or block their sender.
+#[derive(Debug)]
+pub(crate) enum Control {
+    Connection(std::net::TcpStream),
+    Listener(std::net::TcpListener),
+    Layout {
+        layout: Arc<Layout>,
+        done: Option<oneshot::Sender<Result<(), String>>>,
+    },
+    Synced {
+        key: PartitionKey,
+        request: SyncRequest,
+        result: Result<(), SyncError>,
+    },
+    Drain,
+    Shutdown {
+        done: std::sync::mpsc::Sender<()>,
+    },
+}
+
+/// What every shard knows of the node.
+#[derive(Debug)]
+pub(crate) struct NodeShared {
+    pub(crate) config: NodeConfig,
+    pub(crate) inboxes: Vec<mpsc::Sender<ShardRequest>>,
+    pub(crate) controls: Vec<mpsc::UnboundedSender<Control>>,
+    pub(crate) metrics: Vec<Arc<ShardMetrics>>,
+    pub(crate) syncer: Syncer,
+}
+
+impl NodeShared {
+    pub(crate) fn shards(&self) -> usize {
+        self.inboxes.len()
+    }
+
+    pub(crate) fn data_dir(&self) -> &PathBuf {
+        &self.config.data_dir
+    }
+}
+
+/// State of one shard, owned by its loop.
+pub(crate) struct Shard {
+    pub(crate) id: usize,
+    pub(crate) shared: Arc<NodeShared>,
+    pub(crate) layout: Rc<RefCell<Arc<Layout>>>,
+    partitions: HashMap<PartitionKey, Partition>,
+    lru: OpenLogLru<PartitionKey>,
+    /// Partitions under `fsync = interval` with appends not yet synced.
+    dirty: HashSet<PartitionKey>,
+    pub(crate) draining: watch::Sender<bool>,
+    pub(crate) meta: Option<crate::coordinator::MetaService>,
+    last_retention_ms: u64,
+}
+
+pub(crate) fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+impl Shard {
+    pub(crate) fn new(
+        id: usize,
+        shared: Arc<NodeShared>,
+        meta: Option<crate::coordinator::MetaService>,
+    ) -> Self {
+        let capacity = shared.config.open_logs_per_shard;
+        Self {
+            id,
+            shared,
+            layout: Rc::new(RefCell::new(Arc::new(Layout::default()))),
+            partitions: HashMap::new(),
+            lru: OpenLogLru::new(capacity),
+            dirty: HashSet::new(),
+            draining: watch::channel(false).0,
+            meta,
+            last_retention_ms: now_ms(),
+        }
+    }
+
+    fn metrics(&self) -> &ShardMetrics {
+        &self.shared.metrics[self.id]
+    }
+
+    /// Opens the partitions of `layout` this shard owns and drops those it no longer
+    /// has (their topic was deleted: the data goes too).
+    pub(crate) fn apply_layout(&mut self, layout: Arc<Layout>) -> Result<(), String> {
+        let shards = self.shared.shards();
+        let mut wanted = HashSet::new();
+        for (key, topic) in layout.partitions() {
+            if key.shard(shards) != self.id {
+                continue;
+            }
+            wanted.insert(key);
+            if self.partitions.contains_key(&key) {
+                continue;
+            }
+            let dir = key.dir(self.shared.data_dir());
+            let mut log = PartitionLog::open(&dir, topic.log_config(), now_ms())
+                .map_err(|e| format!("opening partition {}/{}: {e}", topic.name, key.partition))?;
+            // An idle partition holds no files until it is used.
+            log.release_files().map_err(|e| e.to_string())?;
+            self.partitions.insert(key, Partition::new(log));
+        }
+        let gone: Vec<PartitionKey> = self
+            .partitions
+            .keys()
+            .filter(|k| !wanted.contains(k))
+            .copied()
+            .collect();
+        for key in gone {
+            self.partitions.remove(&key);
+            self.lru.remove(&key);
+            self.dirty.remove(&key);
+            let dir = key.dir(self.shared.data_dir());
+            if let Err(err) = std::fs::remove_dir_all(&dir) {
+                tracing::warn!(dir = %dir.display(), %err, "could not remove a deleted partition");
+            }
+            if let Some(parent) = dir.parent() {
+                let _ = std::fs::remove_dir(parent);
+            }
+        }
+        self.metrics().partitions.store(
+            self.partitions.len() as u64,
+            std::sync::atomic::Ordering::Relaxed,
+        );
+        *self.layout.borrow_mut() = layout;
+        Ok(())
+    }
+
+    /// Marks a partition used; releases the files of the least recently used one when
+    /// too many are open.
+    fn touch(&mut self, key: PartitionKey) {
+        if let Some(evicted) = self.lru.touch(&key) {
+            if let Some(partition) = self.partitions.get_mut(&evicted) {
+                if let Err(err) = partition.log_mut().release_files() {
+                    tracing::warn!(%err, "releasing an idle partition's files");
+                }
+            }
+        }
+    }
+
+    fn submit_sync(&self, key: PartitionKey, request: SyncRequest) {
+        add(&self.metrics().fsyncs_requested, 1);
+        let control = self.shared.controls[self.id].clone();
+        self.shared.syncer.submit(request, move |request, result| {
+            let _ = control.send(Control::Synced {
+                key,
+                request,
+                result,
+            });
+        });
+    }
+
+    pub(crate) fn handle_request(&mut self, request: ShardRequest) {
+        match request {
+            ShardRequest::Produce { key, batch, reply } => {
+                let records = u64::from(batch.record_count());
+                let bytes = batch.len() as u64;
+                self.touch(key);
+                let Some(partition) = self.partitions.get_mut(&key) else {
+                    let _ = reply.send(Err(NodeError::new(
+                        ErrorCode::PartitionNotFound,
+                        "partition not on this node",
+                    )));
+                    return;
+                };
+                let interval = matches!(
+                    partition.log_mut().config().fsync,
+                    braid_storage::FsyncPolicy::Interval { .. }
+                );
+                let sync = partition.propose(batch, now_ms(), reply);
+                if interval {
+                    self.dirty.insert(key);
+                }
+                add(&self.metrics().produce_records, records);
+                add(&self.metrics().produce_bytes, bytes);
+                if let Some(sync) = sync {
+                    self.submit_sync(key, sync);
+                }
+            }
+            ShardRequest::Fetch {
+                key,
+                offset,
+                max_bytes,
+                wait,
+                reply,
+            } => {
+                self.touch(key);
+                let Some(partition) = self.partitions.get_mut(&key) else {
+                    let _ = reply.send(Err(NodeError::new(
+                        ErrorCode::PartitionNotFound,
+                        "partition not on this node",
+                    )));
+                    return;
+                };
+                let outcome = if wait
+                    && offset >= partition.high_watermark()
+                    && offset >= partition.start_offset()
+                {
+                    Ok(FetchOutcome::Wait(partition.wait_for_commit()))
+                } else {
+                    partition
+                        .read(offset, max_bytes)
+                        .map(|read| FetchOutcome::Data {
+                            high_watermark: partition.high_watermark(),
+                            start_offset: partition.start_offset(),
+                            read,
+                        })
+                };
+                if let Ok(FetchOutcome::Data { read, .. }) = &outcome {
+                    add(&self.metrics().fetch_bytes, read.bytes().len() as u64);
+                }
+                let _ = reply.send(outcome);
+            }
+            ShardRequest::ListOffsets { key, spec, reply } => {
+                self.touch(key);
+                let result = match self.partitions.get_mut(&key) {
+                    Some(partition) => partition.list_offset(spec),
+                    None => Err(NodeError::new(
+                        ErrorCode::PartitionNotFound,
+                        "partition not on this node",
+                    )),
+                };
+                let _ = reply.send(result);
+            }
+            ShardRequest::Offsets { keys, reply } => {
+                let found = keys
+                    .into_iter()
+                    .filter_map(|key| {
+                        let p = self.partitions.get(&key)?;
+                        Some((key, p.start_offset(), p.high_watermark()))
+                    })
+                    .collect();
+                let _ = reply.send(found);
+            }
+            ShardRequest::Admin { request, reply } => match self.meta.take() {
+                Some(mut meta) => {
+                    meta.handle(self, request, reply);
+                    self.meta = Some(meta);
+                }
+                None => {
+                    let _ = reply.send(Err(NodeError::new(
+                        ErrorCode::Internal,
+                        "admin request reached a shard without metadata",
+                    )));
+                }
+            },
+        }
+    }
+
+    /// Returns false when the shard should stop.
+    pub(crate) fn handle_control(&mut self, control: Control) -> bool {
+        match control {
+            Control::Connection(stream) => {
+                crate::connection::spawn(self, stream);
+            }
+            Control::Listener(listener) => {
+                crate::connection::spawn_acceptor(self, listener);
+            }
+            Control::Layout { layout, done } => {
+                let result = self.apply_layout(layout);
+                if let Err(err) = &result {
+                    tracing::error!(shard = self.id, %err, "applying the topic layout");
+                }
+                if let Some(done) = done {
+                    let _ = done.send(result);
+                }
+            }
+            Control::Synced {
+                key,
+                request,
+                result,
+            } => {
+                if let Some(partition) = self.partitions.get_mut(&key) {
+                    if let Some(next) = partition.on_synced(&request, result) {
+                        self.submit_sync(key, next);
+                    }
+                }
+            }
+            Control::Drain => {
+                let _ = self.draining.send(true);
+            }
+            Control::Shutdown { done } => {
+                self.close_all();
+                let _ = done.send(());
+                return false;
+            }
+        }
+        true
+    }
+
+    pub(crate) fn tick(&mut self) {
+        let now = now_ms();
+        let due: Vec<PartitionKey> = self
+            .dirty
+            .iter()
+            .copied()
+            .filter(|k| self.partitions.get(k).is_some_and(|p| p.sync_due(now)))
+            .collect();
+        for key in due {
+            self.dirty.remove(&key);
+            if let Some(request) = self
+                .partitions
+                .get_mut(&key)
+                .and_then(Partition::request_sync)
+            {
+                self.submit_sync(key, request);
+            }
+        }
+        if now.saturating_sub(self.last_retention_ms) >= RETENTION_EVERY_MS {
+            self.last_retention_ms = now;
+            self.apply_retention(now);
+        }
+        if let Some(meta) = self.meta.as_mut() {
+            meta.expire_members(now);
+        }
+    }
+
+    fn apply_retention(&mut self, now: u64) {
+        let keys: Vec<PartitionKey> = self
+            .partitions
+            .iter()
+            .filter(|(_, p)| p.segment_count() > 1)
+            .map(|(k, _)| *k)
+            .collect();
+        for key in keys {
+            self.touch(key);
+            if let Some(partition) = self.partitions.get_mut(&key) {
+                match partition.log_mut().apply_retention(now) {
+                    Ok(outcome) if outcome.segments_deleted > 0 => {
+                        tracing::info!(
+                            topic = key.topic_id,
+                            partition = key.partition,
+                            deleted = outcome.segments_deleted,
+                            "retention"
+                        );
+                    }
+                    Ok(_) => {}
+                    Err(err) => tracing::warn!(%err, "retention failed"),
+                }
+            }
+        }
+    }
+
+    fn close_all(&mut self) {
+        for (key, partition) in self.partitions.drain() {
+            if let Err(err) = partition.close() {
+                tracing::error!(topic = key.topic_id, partition = key.partition, %err, "closing a partition");
+            }
+        }
+        if let Some(meta) = self.meta.take() {
+            meta.close();
+        }
+    }
+
+    /// The shard's loop: control first (it unblocks others), then requests, then timers.
+    pub(crate) async fn run(
+        mut self,
+        mut inbox: mpsc::Receiver<ShardRequest>,
+        mut controls: mpsc::UnboundedReceiver<Control>,
+    ) {
+        let mut ticker = tokio::time::interval(Duration::from_millis(TICK_MS));
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                biased;
+                control = controls.recv() => match control {
+                    Some(control) => if !self.handle_control(control) { break },
+                    None => break,
+                },
+                Some(request) = inbox.recv() => self.handle_request(request),
+                _ = ticker.tick() => self.tick(),
+            }
+        }
+    }
+}
