@@ -34,3 +34,8 @@ pub use connection::{default_addr, Client, Fetched};
 pub use consumer::{decode_records, Consumer, ConsumerConfig, ConsumerRecord, StartFrom};
 pub use error::ClientError;
 pub use producer::{Producer, ProducerConfig, RecordMetadata};
+
+/// The README's Rust snippet, compiled as a doctest so it cannot drift from the SDK.
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+pub struct ReadmeSnippets;

@@ -141,7 +141,7 @@ async fn serve(
                 }
                 Ok(None) => break,
                 Err(err) => {
-                    refuse_stream(&env, &buf, &err).await;
+                    refuse_stream(&env, &err).await;
                     break 'read;
                 }
             }
@@ -177,13 +177,12 @@ async fn serve(
     let _ = writer_task.await;
 }
 
-/// The stream can no longer be framed: answer once, then the caller closes.
-async fn refuse_stream(env: &Env, buf: &[u8], err: &FrameError) {
+/// The stream can no longer be framed: answer once, with request id 0 and command 0
+/// (the header may be garbage), then the caller closes.
+async fn refuse_stream(env: &Env, err: &FrameError) {
     add(&env.metrics.frames_refused, 1);
     tracing::warn!(%err, "refusing an unframeable client stream; closing the connection");
-    let (request_id, command) = split_request(buf)
-        .map(|(h, _)| (h.request_id, h.command))
-        .unwrap_or((0, 0));
+    let (request_id, command) = (0, 0);
     let code = match err {
         FrameError::TooLarge { .. } => ErrorCode::FrameTooLarge,
         _ => ErrorCode::MalformedRequest,

@@ -52,8 +52,3 @@ pub use segment::LogRead;
 pub use sync::{
     SyncCallback, SyncError, SyncRequest, Syncer, SyncerStats, SYNC_ROUND_REQUESTS_MAX,
 };
-
-/// The README's tour, compiled and run as doctests so it cannot drift from the code.
-#[cfg(doctest)]
-#[doc = include_str!("../../../README.md")]
-pub struct ReadmeTour;

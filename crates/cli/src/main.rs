@@ -1,0 +1,639 @@
+//! `braid`: run a node, manage streams, topics and groups, produce and consume.
+
+use std::io::{BufRead, Write};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use braid_client::{Client, Consumer, ConsumerConfig, Producer, ProducerConfig, StartFrom};
+use braid_node::{FsyncSetting, Node, NodeConfig};
+use braid_proto::client::{
+    TopicSettings, FSYNC_ALWAYS, FSYNC_DEFAULT, FSYNC_INTERVAL, FSYNC_NEVER,
+};
+use clap::{Parser, Subcommand, ValueEnum};
+use serde_json::json;
+
+mod table;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "braid",
+    version,
+    about = "Braid: a persistent, replicated message-streaming platform"
+)]
+struct Cli {
+    /// The node to talk to.
+    #[arg(
+        long,
+        global = true,
+        env = "BRAID_ADDR",
+        default_value = "127.0.0.1:7070"
+    )]
+    addr: String,
+    /// Print JSON instead of tables.
+    #[arg(long, global = true)]
+    json: bool,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Run a node.
+    Server(ServerArgs),
+    /// Manage streams (namespaces of topics).
+    #[command(subcommand)]
+    Stream(StreamCommand),
+    /// Manage topics.
+    #[command(subcommand)]
+    Topic(TopicCommand),
+    /// Inspect consumer groups.
+    #[command(subcommand)]
+    Group(GroupCommand),
+    /// Produce lines from standard input (or a file) as records.
+    Produce(ProduceArgs),
+    /// Print records.
+    Consume(ConsumeArgs),
+}
+
+#[derive(clap::Args, Debug)]
+struct ServerArgs {
+    /// A TOML config file (also BRAID_CONFIG).
+    #[arg(long, env = "BRAID_CONFIG")]
+    config: Option<PathBuf>,
+    /// Where data lives [default: ./braid-data].
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+    /// Client protocol address [default: 127.0.0.1:7070].
+    #[arg(long)]
+    client_addr: Option<SocketAddr>,
+    /// HTTP admin address [default: 127.0.0.1:7080].
+    #[arg(long)]
+    http_addr: Option<SocketAddr>,
+    /// Shard threads [default: one per core].
+    #[arg(long)]
+    shards: Option<usize>,
+    /// Default fsync policy of new topics [default: always].
+    #[arg(long)]
+    fsync: Option<Fsync>,
+}
+
+#[derive(Copy, Clone, Debug, ValueEnum)]
+enum Fsync {
+    Always,
+    Interval,
+    Never,
+}
+
+#[derive(Subcommand, Debug)]
+enum StreamCommand {
+    /// Create a stream.
+    Create { name: String },
+    /// List streams.
+    List,
+    /// Delete a stream and everything in it.
+    Delete { name: String },
+}
+
+#[derive(Subcommand, Debug)]
+enum TopicCommand {
+    /// Create a topic.
+    Create {
+        stream: String,
+        topic: String,
+        /// Partitions, each an equal part of the key-hash ring.
+        #[arg(long, default_value_t = 1)]
+        partitions: u32,
+        /// fsync policy [default: the node's].
+        #[arg(long)]
+        fsync: Option<Fsync>,
+        /// For --fsync interval (ms).
+        #[arg(long, default_value_t = 0)]
+        fsync_interval_ms: u64,
+        /// Retention by size per partition (bytes; 0: the node's default).
+        #[arg(long, default_value_t = 0)]
+        retention_bytes: u64,
+        /// Retention by age (ms; 0: the node's default).
+        #[arg(long, default_value_t = 0)]
+        retention_ms: u64,
+        /// Largest batch (bytes; 0: the node's default).
+        #[arg(long, default_value_t = 0)]
+        max_batch_bytes: u32,
+        /// Log segment size (bytes; 0: the node's default).
+        #[arg(long, default_value_t = 0)]
+        segment_bytes: u32,
+    },
+    /// List the topics of a stream.
+    List { stream: String },
+    /// Show a topic's settings and partitions.
+    Describe { stream: String, topic: String },
+    /// Delete a topic and its data.
+    Delete { stream: String, topic: String },
+}
+
+#[derive(Subcommand, Debug)]
+enum GroupCommand {
+    /// List the consumer groups of a stream.
+    List { stream: String },
+    /// Show a group's members, assignment, offsets and lag.
+    Describe { stream: String, group: String },
+}
+
+#[derive(clap::Args, Debug)]
+struct ProduceArgs {
+    stream: String,
+    topic: String,
+    /// Split each line at the first occurrence into key and value.
+    #[arg(long)]
+    key_separator: Option<String>,
+    /// Read lines from this file instead of standard input.
+    #[arg(long)]
+    file: Option<PathBuf>,
+}
+
+#[derive(clap::Args, Debug)]
+struct ConsumeArgs {
+    stream: String,
+    topic: String,
+    /// Consume as a member of this group (committing its progress).
+    #[arg(long)]
+    group: Option<String>,
+    /// Where to start without a committed offset: earliest, latest, offset:N or
+    /// timestamp:MS.
+    #[arg(long, default_value = "earliest")]
+    from: String,
+    /// Only these partitions (without --group); all by default.
+    #[arg(long, value_delimiter = ',')]
+    partitions: Vec<u32>,
+    /// Stop after this many records.
+    #[arg(long)]
+    count: Option<u64>,
+    /// Keep waiting for new records instead of stopping at the end.
+    #[arg(long)]
+    follow: bool,
+    /// Print partition, offset and key before each value.
+    #[arg(long)]
+    verbose: bool,
+}
+
+fn main() -> Result<()> {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("BRAID_LOG")
+                .unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    match cli.command {
+        Command::Server(args) => server(args),
+        command => {
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()?;
+            runtime.block_on(client_command(&cli.addr, cli.json, command))
+        }
+    }
+}
+
+fn server(args: ServerArgs) -> Result<()> {
+    let mut config = match &args.config {
+        Some(path) => NodeConfig::from_file(path)?,
+        None => NodeConfig::default(),
+    };
+    config.apply_env(std::env::vars())?;
+    if let Some(dir) = args.data_dir {
+        config.data_dir = dir;
+    }
+    if let Some(addr) = args.client_addr {
+        config.client_addr = addr;
+    }
+    if let Some(addr) = args.http_addr {
+        config.http_addr = addr;
+    }
+    if let Some(shards) = args.shards {
+        config.shards = shards;
+    }
+    if let Some(fsync) = args.fsync {
+        config.topic_defaults.fsync = match fsync {
+            Fsync::Always => FsyncSetting::Always,
+            Fsync::Interval => FsyncSetting::Interval,
+            Fsync::Never => FsyncSetting::Never,
+        };
+    }
+    let node = Node::start(config).context("starting the node")?;
+    // Scripts and tests read this line to learn the bound ports.
+    println!(
+        "braid listening: client {} http {}",
+        node.client_addr(),
+        node.http_addr()
+    );
+    std::io::stdout().flush()?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+        Ok::<(), anyhow::Error>(())
+    })?;
+    tracing::info!("shutting down");
+    node.shutdown();
+    Ok(())
+}
+
+fn fsync_code(fsync: Option<Fsync>) -> u8 {
+    match fsync {
+        None => FSYNC_DEFAULT,
+        Some(Fsync::Always) => FSYNC_ALWAYS,
+        Some(Fsync::Interval) => FSYNC_INTERVAL,
+        Some(Fsync::Never) => FSYNC_NEVER,
+    }
+}
+
+fn fsync_name(code: u8) -> &'static str {
+    match code {
+        FSYNC_ALWAYS => "always",
+        FSYNC_INTERVAL => "interval",
+        FSYNC_NEVER => "never",
+        _ => "default",
+    }
+}
+
+async fn client_command(addr: &str, as_json: bool, command: Command) -> Result<()> {
+    let client = Client::connect(addr)
+        .await
+        .with_context(|| format!("connecting to {addr}"))?;
+    match command {
+        Command::Server(_) => bail!("`server` runs a node; it takes no client connection"),
+        Command::Stream(StreamCommand::Create { name }) => {
+            client.create_stream(&name).await?;
+            eprintln!("created stream {name}");
+        }
+        Command::Stream(StreamCommand::Delete { name }) => {
+            client.delete_stream(&name).await?;
+            eprintln!("deleted stream {name}");
+        }
+        Command::Stream(StreamCommand::List) => {
+            let streams = client.list_streams().await?;
+            if as_json {
+                let list: Vec<_> = streams
+                    .iter()
+                    .map(|s| json!({"name": s.name, "topics": s.topics}))
+                    .collect();
+                println!("{}", serde_json::Value::from(list));
+            } else {
+                let rows = streams
+                    .iter()
+                    .map(|s| vec![s.name.clone(), s.topics.to_string()])
+                    .collect();
+                table::print(&["STREAM", "TOPICS"], rows);
+            }
+        }
+        Command::Topic(command) => topic_command(&client, as_json, command).await?,
+        Command::Group(command) => group_command(&client, as_json, command).await?,
+        Command::Produce(args) => produce(&client, args).await?,
+        Command::Consume(args) => consume(&client, as_json, args).await?,
+    }
+    Ok(())
+}
+
+async fn topic_command(client: &Client, as_json: bool, command: TopicCommand) -> Result<()> {
+    match command {
+        TopicCommand::Create {
+            stream,
+            topic,
+            partitions,
+            fsync,
+            fsync_interval_ms,
+            retention_bytes,
+            retention_ms,
+            max_batch_bytes,
+            segment_bytes,
+        } => {
+            let settings = TopicSettings {
+                partitions,
+                fsync: fsync_code(fsync),
+                fsync_interval_ms,
+                retention_bytes,
+                retention_ms,
+                max_batch_bytes,
+                segment_bytes,
+            };
+            client.create_topic(&stream, &topic, settings).await?;
+            eprintln!("created topic {stream}/{topic} with {partitions} partitions");
+        }
+        TopicCommand::Delete { stream, topic } => {
+            client.delete_topic(&stream, &topic).await?;
+            eprintln!("deleted topic {stream}/{topic}");
+        }
+        TopicCommand::List { stream } => {
+            let topics = client.list_topics(&stream).await?;
+            if as_json {
+                let list: Vec<_> = topics
+                    .iter()
+                    .map(|t| json!({"name": t.name, "partitions": t.partitions}))
+                    .collect();
+                println!("{}", serde_json::Value::from(list));
+            } else {
+                let rows = topics
+                    .iter()
+                    .map(|t| vec![t.name.clone(), t.partitions.to_string()])
+                    .collect();
+                table::print(&["TOPIC", "PARTITIONS"], rows);
+            }
+        }
+        TopicCommand::Describe { stream, topic } => {
+            let info = client.describe_topic(&stream, &topic).await?;
+            let s = info.settings;
+            if as_json {
+                let partitions: Vec<_> = info
+                    .partitions
+                    .iter()
+                    .map(|p| {
+                        json!({"id": p.id, "hash_start": p.hash_start, "hash_end": p.hash_end, "parents": p.parents,
+                               "sealed": p.sealed, "start_offset": p.start_offset, "high_watermark": p.high_watermark})
+                    })
+                    .collect();
+                let value = json!({
+                    "stream": info.stream, "topic": info.name, "id": info.id, "epoch": info.epoch,
+                    "settings": {"partitions": s.partitions, "fsync": fsync_name(s.fsync), "fsync_interval_ms": s.fsync_interval_ms,
+                                 "retention_bytes": s.retention_bytes, "retention_ms": s.retention_ms,
+                                 "max_batch_bytes": s.max_batch_bytes, "segment_bytes": s.segment_bytes},
+                    "partitions": partitions,
+                });
+                println!("{value}");
+            } else {
+                println!(
+                    "topic {}/{} (id {}, layout epoch {})\nfsync {} | retention {} bytes, {} ms | max batch {} bytes | segment {} bytes\n",
+                    info.stream,
+                    info.name,
+                    info.id,
+                    info.epoch,
+                    fsync_name(s.fsync),
+                    s.retention_bytes,
+                    s.retention_ms,
+                    s.max_batch_bytes,
+                    s.segment_bytes
+                );
+                let rows = info
+                    .partitions
+                    .iter()
+                    .map(|p| {
+                        vec![
+                            p.id.to_string(),
+                            format!("{:04x}-{:04x}", p.hash_start, p.hash_end),
+                            if p.sealed { "sealed" } else { "active" }.to_owned(),
+                            p.start_offset.to_string(),
+                            p.high_watermark.to_string(),
+                        ]
+                    })
+                    .collect();
+                table::print(
+                    &[
+                        "PARTITION",
+                        "HASH RANGE",
+                        "STATE",
+                        "START",
+                        "HIGH WATERMARK",
+                    ],
+                    rows,
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+async fn group_command(client: &Client, as_json: bool, command: GroupCommand) -> Result<()> {
+    match command {
+        GroupCommand::List { stream } => {
+            let groups = client.list_groups(&stream).await?;
+            if as_json {
+                let list: Vec<_> = groups
+                    .iter()
+                    .map(|g| json!({"name": g.name, "topic": g.topic, "members": g.members, "generation": g.generation}))
+                    .collect();
+                println!("{}", serde_json::Value::from(list));
+            } else {
+                let rows = groups
+                    .iter()
+                    .map(|g| {
+                        vec![
+                            g.name.clone(),
+                            g.topic.clone(),
+                            g.members.to_string(),
+                            g.generation.to_string(),
+                        ]
+                    })
+                    .collect();
+                table::print(&["GROUP", "TOPIC", "MEMBERS", "GENERATION"], rows);
+            }
+        }
+        GroupCommand::Describe { stream, group } => {
+            let g = client.describe_group(&stream, &group).await?;
+            let lag = |o: &braid_proto::client::PartitionOffsets| {
+                o.high_watermark.saturating_sub(o.committed.unwrap_or(0))
+            };
+            if as_json {
+                let members: Vec<_> = g
+                    .members
+                    .iter()
+                    .map(|m| json!({"id": m.id, "name": m.name, "assignment": m.assignment}))
+                    .collect();
+                let offsets: Vec<_> = g
+                    .offsets
+                    .iter()
+                    .map(|o| json!({"partition": o.partition, "committed": o.committed, "high_watermark": o.high_watermark, "lag": lag(o)}))
+                    .collect();
+                println!(
+                    "{}",
+                    json!({"group": g.name, "topic": g.topic, "generation": g.generation, "members": members, "offsets": offsets})
+                );
+            } else {
+                println!(
+                    "group {} on topic {} (generation {})\n",
+                    g.name, g.topic, g.generation
+                );
+                let rows = g
+                    .members
+                    .iter()
+                    .map(|m| {
+                        let parts: Vec<String> = m.assignment.iter().map(u32::to_string).collect();
+                        vec![m.id.to_string(), m.name.clone(), parts.join(",")]
+                    })
+                    .collect();
+                table::print(&["MEMBER", "NAME", "PARTITIONS"], rows);
+                println!();
+                let owner = |p: u32| {
+                    g.members
+                        .iter()
+                        .find(|m| m.assignment.contains(&p))
+                        .map_or("-".to_owned(), |m| m.name.clone())
+                };
+                let rows = g
+                    .offsets
+                    .iter()
+                    .map(|o| {
+                        vec![
+                            o.partition.to_string(),
+                            o.committed.map_or("-".to_owned(), |c| c.to_string()),
+                            o.high_watermark.to_string(),
+                            lag(o).to_string(),
+                            owner(o.partition),
+                        ]
+                    })
+                    .collect();
+                table::print(
+                    &["PARTITION", "COMMITTED", "HIGH WATERMARK", "LAG", "MEMBER"],
+                    rows,
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+async fn produce(client: &Client, args: ProduceArgs) -> Result<()> {
+    let producer =
+        Producer::new(client, &args.stream, &args.topic, ProducerConfig::default()).await?;
+    let input: Box<dyn BufRead> = match &args.file {
+        Some(path) => Box::new(std::io::BufReader::new(
+            std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?,
+        )),
+        None => Box::new(std::io::stdin().lock()),
+    };
+    let mut pending = Vec::new();
+    let mut sent = 0u64;
+    for line in input.lines() {
+        let line = line?;
+        let (key, value) = match &args.key_separator {
+            Some(sep) => match line.split_once(sep.as_str()) {
+                Some((k, v)) => (Some(k.as_bytes().to_vec()), v.as_bytes().to_vec()),
+                None => (None, line.into_bytes()),
+            },
+            None => (None, line.into_bytes()),
+        };
+        pending.push(producer.send(key.as_deref(), &value));
+        // Bound what waits in memory.
+        if pending.len() >= 10_000 {
+            for send in pending.drain(..) {
+                send.await?;
+                sent += 1;
+            }
+        }
+    }
+    producer.flush();
+    for send in pending {
+        send.await?;
+        sent += 1;
+    }
+    eprintln!("produced {sent} records to {}/{}", args.stream, args.topic);
+    Ok(())
+}
+
+fn parse_from(from: &str) -> Result<StartFrom> {
+    Ok(match from {
+        "earliest" => StartFrom::Earliest,
+        "latest" => StartFrom::Latest,
+        other => match other.split_once(':') {
+            Some(("offset", n)) => StartFrom::Offset(n.parse().context("offset:N needs a number")?),
+            Some(("timestamp", ms)) => {
+                StartFrom::Timestamp(ms.parse().context("timestamp:MS needs a number")?)
+            }
+            _ => bail!("--from must be earliest, latest, offset:N or timestamp:MS"),
+        },
+    })
+}
+
+async fn consume(client: &Client, as_json: bool, args: ConsumeArgs) -> Result<()> {
+    let config = ConsumerConfig {
+        start_from: parse_from(&args.from)?,
+        ..ConsumerConfig::default()
+    };
+    let info = client.describe_topic(&args.stream, &args.topic).await?;
+    let mut consumer = match &args.group {
+        Some(group) => {
+            Consumer::join_group(
+                client,
+                &args.stream,
+                &args.topic,
+                group,
+                "braid-cli",
+                config,
+            )
+            .await?
+        }
+        None if args.partitions.is_empty() => {
+            Consumer::all_partitions(client, &args.stream, &args.topic, config).await?
+        }
+        None => {
+            Consumer::assigned(client, &args.stream, &args.topic, &args.partitions, config).await?
+        }
+    };
+    // Without --follow, stop once every partition is read to where it ended at start.
+    let ends: std::collections::BTreeMap<u32, u64> = info
+        .partitions
+        .iter()
+        .map(|p| (p.id, p.high_watermark))
+        .collect();
+    let mut printed = 0u64;
+    let stdout = std::io::stdout();
+    let mut idle_polls = 0;
+    'outer: loop {
+        let records = consumer.poll(Duration::from_millis(500)).await?;
+        idle_polls = if records.is_empty() {
+            idle_polls + 1
+        } else {
+            0
+        };
+        let mut out = stdout.lock();
+        for record in records {
+            let value =
+                String::from_utf8_lossy(record.value.as_deref().unwrap_or_default()).into_owned();
+            let key = record
+                .key
+                .as_deref()
+                .map(|k| String::from_utf8_lossy(k).into_owned());
+            if as_json {
+                let line = json!({"partition": record.partition, "offset": record.offset, "timestamp_ms": record.timestamp_ms, "key": key, "value": value});
+                writeln!(out, "{line}")?;
+            } else if args.verbose {
+                writeln!(
+                    out,
+                    "{}\t{}\t{}\t{}",
+                    record.partition,
+                    record.offset,
+                    key.unwrap_or_default(),
+                    value
+                )?;
+            } else {
+                writeln!(out, "{value}")?;
+            }
+            printed += 1;
+            if args.count.is_some_and(|c| printed >= c) {
+                break 'outer;
+            }
+        }
+        out.flush()?;
+        if !args.follow {
+            let caught_up = !consumer.positions().is_empty()
+                && consumer
+                    .positions()
+                    .iter()
+                    .all(|(p, o)| *o >= ends.get(p).copied().unwrap_or(0));
+            // A group member may own nothing yet; give up after a few idle polls.
+            if caught_up || (idle_polls >= 4 && consumer.positions().is_empty()) {
+                break;
+            }
+        }
+    }
+    stdout.lock().flush()?;
+    consumer.close().await?;
+    Ok(())
+}

@@ -1,0 +1,265 @@
+//! Tests that run the real `braid` binary as a separate process.
+
+// A panic in a test is a failed assertion, not a crash on outside data.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use braid_client::{Client, Consumer, ConsumerConfig, Producer, ProducerConfig};
+use braid_proto::client::TopicSettings;
+
+const BRAID: &str = env!("CARGO_BIN_EXE_braid");
+
+/// A `braid server` child process on ephemeral ports.
+struct Server {
+    child: Child,
+    client: SocketAddr,
+}
+
+impl Server {
+    fn start(data_dir: &Path) -> Self {
+        let mut child = Command::new(BRAID)
+            .args([
+                "server",
+                "--client-addr",
+                "127.0.0.1:0",
+                "--http-addr",
+                "127.0.0.1:0",
+                "--shards",
+                "2",
+            ])
+            .arg("--data-dir")
+            .arg(data_dir)
+            .env("BRAID_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        // "braid listening: client ADDR http ADDR"
+        let client = line
+            .split_whitespace()
+            .nth(3)
+            .expect("the listening line")
+            .parse()
+            .unwrap();
+        Self { child, client }
+    }
+
+    /// SIGKILL: no shutdown, no flush, no clean close.
+    fn kill_9(mut self) {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+    }
+
+    /// SIGTERM and wait for a clean exit.
+    fn terminate(mut self) -> std::process::ExitStatus {
+        let status = Command::new("kill")
+            .arg("-TERM")
+            .arg(self.child.id().to_string())
+            .status()
+            .unwrap();
+        assert!(status.success());
+        self.child.wait().unwrap()
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn fast_group() -> ConsumerConfig {
+    ConsumerConfig {
+        heartbeat_interval: Duration::from_millis(50),
+        auto_commit: None,
+        ..ConsumerConfig::default()
+    }
+}
+
+/// Every record the node acknowledged under fsync=always is there after `kill -9`, and
+/// so are committed group offsets.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_loses_no_acknowledged_record_or_committed_offset() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path());
+    let client = Client::connect(server.client).await.unwrap();
+    client.create_stream("s").await.unwrap();
+    let settings = TopicSettings {
+        partitions: 3,
+        fsync: braid_proto::client::FSYNC_ALWAYS,
+        ..TopicSettings::default()
+    };
+    client.create_topic("s", "t", settings).await.unwrap();
+
+    // A group reads the first records and commits.
+    let producer = Producer::new(&client, "s", "t", ProducerConfig::default())
+        .await
+        .unwrap();
+    let first: Vec<_> = (0..300u32)
+        .map(|i| producer.send(Some(&i.to_be_bytes()), format!("v{i}").as_bytes()))
+        .collect();
+    for send in first {
+        send.await.unwrap();
+    }
+    let mut group = Consumer::join_group(&client, "s", "t", "g", "m", fast_group())
+        .await
+        .unwrap();
+    let mut read = 0;
+    while read < 300 {
+        read += group.poll(Duration::from_millis(100)).await.unwrap().len();
+    }
+    group.commit().await.unwrap();
+    let committed = group.positions().clone();
+
+    // Producers keep going; whatever is acknowledged before the kill must survive.
+    let acked: std::sync::Arc<std::sync::Mutex<Vec<(u32, u64, String)>>> = Default::default();
+    let writer = {
+        let acked = std::sync::Arc::clone(&acked);
+        let producer = producer.clone();
+        tokio::spawn(async move {
+            for round in 0u32.. {
+                let sends: Vec<_> = (0..50u32)
+                    .map(|i| {
+                        let value = format!("r{round}-{i}");
+                        (
+                            value.clone(),
+                            producer.send(Some(&(round * 50 + i).to_be_bytes()), value.as_bytes()),
+                        )
+                    })
+                    .collect();
+                for (value, send) in sends {
+                    match send.await {
+                        Ok(meta) => {
+                            acked
+                                .lock()
+                                .unwrap()
+                                .push((meta.partition, meta.offset, value))
+                        }
+                        Err(_) => return,
+                    }
+                }
+            }
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    server.kill_9();
+    let _ = writer.await;
+    let acked = acked.lock().unwrap().clone();
+    assert!(
+        acked.len() > 50,
+        "the writer got acknowledgements before the kill: {}",
+        acked.len()
+    );
+
+    let server = Server::start(dir.path());
+    let client = Client::connect(server.client).await.unwrap();
+    let mut all = Consumer::all_partitions(&client, "s", "t", ConsumerConfig::default())
+        .await
+        .unwrap();
+    let info = client.describe_topic("s", "t").await.unwrap();
+    let ends: BTreeMap<u32, u64> = info
+        .partitions
+        .iter()
+        .map(|p| (p.id, p.high_watermark))
+        .collect();
+    let mut stored: BTreeMap<(u32, u64), String> = BTreeMap::new();
+    while all.positions().iter().any(|(p, o)| *o < ends[p]) {
+        for r in all.poll(Duration::from_millis(100)).await.unwrap() {
+            stored.insert(
+                (r.partition, r.offset),
+                String::from_utf8(r.value.unwrap()).unwrap(),
+            );
+        }
+    }
+    for (partition, offset, value) in &acked {
+        assert_eq!(
+            stored.get(&(*partition, *offset)),
+            Some(value),
+            "acknowledged record {partition}/{offset}"
+        );
+    }
+    let description = client.describe_group("s", "g").await.unwrap();
+    for o in description.offsets {
+        assert_eq!(
+            o.committed,
+            committed.get(&o.partition).copied(),
+            "committed offset of partition {}",
+            o.partition
+        );
+    }
+    assert!(server.terminate().success(), "SIGTERM exits 0");
+}
+
+/// The README's tour, run line by line against a real node, so it cannot drift.
+#[test]
+fn readme_tour_runs() {
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md")).unwrap();
+    let tour: Vec<&str> = readme
+        .split("```sh tour\n")
+        .nth(1)
+        .expect("README has a ```sh tour block")
+        .split("```")
+        .next()
+        .unwrap()
+        .lines()
+        .filter(|l| !l.trim().is_empty() && !l.trim_start().starts_with('#'))
+        .collect();
+    assert!(tour.len() >= 4, "{tour:?}");
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path());
+    let bin_dir = Path::new(BRAID).parent().unwrap();
+    let path = format!(
+        "{}:{}",
+        bin_dir.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let mut transcript = String::new();
+    for line in &tour {
+        let output = Command::new("sh")
+            .arg("-c")
+            .arg(line)
+            .env("PATH", &path)
+            .env("BRAID_ADDR", server.client.to_string())
+            .env("BRAID_LOG", "warn")
+            .current_dir(dir.path())
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            output.status.success(),
+            "`{line}` failed:\n{stdout}\n{stderr}"
+        );
+        transcript.push_str(&format!("$ {line}\n{stdout}{stderr}"));
+    }
+    // What the README promises the tour shows.
+    for expected in [
+        "created stream shop",
+        "produced 3 records",
+        "alice\tapple",
+        "alice\tplum",
+        "bob\tpear",
+        "billing",
+    ] {
+        assert!(
+            transcript.contains(expected),
+            "missing {expected:?} in:\n{transcript}"
+        );
+    }
+    // alice's records keep their order: one key, one partition.
+    let apple = transcript.find("alice\tapple").unwrap();
+    let plum = transcript.find("alice\tplum").unwrap();
+    assert!(apple < plum);
+}
