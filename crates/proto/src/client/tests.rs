@@ -299,3 +299,29 @@ proptest::proptest! {
         let _ = frame_length(&body, REQUEST_HEADER_BYTES, 1 << 20);
     }
 }
+
+/// The worked example of `docs/protocol.md`, byte for byte.
+#[test]
+fn protocol_doc_example_holds() {
+    let mut frame = Vec::new();
+    Request::CreateStream { name: "shop" }.encode(1, &mut frame);
+    assert_eq!(
+        frame,
+        [0, 0, 0, 0x10, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0x0a, 0, 4, b's', b'h', b'o', b'p']
+    );
+    let mut response = Vec::new();
+    Response::Empty.encode(1, Command::CreateStream, &mut response);
+    assert_eq!(
+        response,
+        [0, 0, 0, 0x0c, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0x0a, 0, 0]
+    );
+    let mut error = Vec::new();
+    encode_error(
+        &mut error,
+        1,
+        10,
+        ErrorCode::StreamExists,
+        "stream \"shop\" already exists",
+    );
+    assert_eq!(&error[14..18], &[0, 0x0b, 0, 0x1c]);
+}
