@@ -406,6 +406,33 @@ impl Consumer {
         self.commit_offsets(changed).await
     }
 
+    /// Sends a commit of the current positions now and returns a future of its outcome,
+    /// which the caller may await or drop; polling goes on meanwhile. A failed
+    /// asynchronous commit is retried by the next synchronous or automatic one.
+    pub fn commit_async(
+        &mut self,
+    ) -> impl std::future::Future<Output = Result<(), ClientError>> + Send + 'static {
+        self.last_commit = Instant::now();
+        let sent = self.group.as_ref().map(|group| {
+            let request = Request::CommitOffsets {
+                member: GroupMemberRequest {
+                    stream: &self.stream,
+                    group: &group.group,
+                    member_id: group.member_id,
+                    generation: group.generation,
+                },
+                offsets: self.positions.iter().map(|(p, o)| (*p, *o)).collect(),
+            };
+            self.client.start_call(&request)
+        });
+        async move {
+            match sent {
+                Some(answer) => answer.await.map(|_| ()),
+                None => Ok(()),
+            }
+        }
+    }
+
     async fn commit_offsets(&mut self, offsets: Vec<(u32, u64)>) -> Result<(), ClientError> {
         let Some(group) = self.group.as_ref() else {
             return Ok(());

@@ -200,7 +200,9 @@ async fn a_member_that_stops_heartbeating_loses_its_partitions_and_nothing_is_lo
             seen.insert((r.partition, r.offset));
         }
     }
-    quitter.commit().await.unwrap();
+    // An asynchronous commit: sent at once, awaited later.
+    let pending_commit = quitter.commit_async();
+    pending_commit.await.unwrap();
     let quitter_had: Vec<u32> = quitter.positions().keys().copied().collect();
     assert!(!quitter_had.is_empty());
     // No more polls from the quitter; more records arrive in every partition.
