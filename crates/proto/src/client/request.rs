@@ -454,11 +454,12 @@ impl<'a> Request<'a> {
                 let at = r.position();
                 let kind = r.u8("kind")?;
                 let timestamp = r.i64("timestamp")?;
-                let spec = match kind {
-                    0 => OffsetSpec::Earliest,
-                    1 => OffsetSpec::Latest,
-                    2 => OffsetSpec::Timestamp(timestamp),
-                    other => {
+                // Kinds 0 and 1 carry timestamp 0, so every request has one encoding.
+                let spec = match (kind, timestamp) {
+                    (0, 0) => OffsetSpec::Earliest,
+                    (1, 0) => OffsetSpec::Latest,
+                    (2, _) => OffsetSpec::Timestamp(timestamp),
+                    (other, _) => {
                         return Err(WireError::BadValue {
                             at,
                             field: "kind",

@@ -256,6 +256,22 @@ fn framing_refuses_oversize_and_short_lengths() {
     );
 }
 
+/// Found by the frame fuzzer: an earliest/latest ListOffsets with a stray timestamp
+/// decoded, then re-encoded differently. Now it is refused.
+#[test]
+fn list_offsets_has_one_encoding() {
+    let mut body = Vec::new();
+    for s in ["s", "t"] {
+        crate::wire::WireWrite::put_string(&mut body, s);
+    }
+    body.extend_from_slice(&[0, 0, 0, 0, 0]); // partition 0, kind 0 (earliest)
+    body.extend_from_slice(&7i64.to_be_bytes());
+    assert!(matches!(
+        Request::decode(Command::ListOffsets, &body),
+        Err(WireError::BadValue { field: "kind", .. })
+    ));
+}
+
 #[test]
 fn bad_bodies_are_typed_errors() {
     let body = [0u8, 0]; // an empty name
