@@ -92,6 +92,8 @@ enum StreamCommand {
     Create { name: String },
     /// List streams.
     List,
+    /// Show a stream's topics and consumer groups.
+    Describe { name: String },
     /// Delete a stream and everything in it.
     Delete { name: String },
 }
@@ -278,6 +280,37 @@ async fn client_command(addr: &str, as_json: bool, command: Command) -> Result<(
         Command::Stream(StreamCommand::Delete { name }) => {
             client.delete_stream(&name).await?;
             eprintln!("deleted stream {name}");
+        }
+        Command::Stream(StreamCommand::Describe { name }) => {
+            let topics = client.list_topics(&name).await?;
+            let groups = client.list_groups(&name).await?;
+            if as_json {
+                let topics: Vec<_> = topics
+                    .iter()
+                    .map(|t| json!({"name": t.name, "partitions": t.partitions}))
+                    .collect();
+                let groups: Vec<_> = groups
+                    .iter()
+                    .map(|g| json!({"name": g.name, "topic": g.topic, "members": g.members}))
+                    .collect();
+                println!(
+                    "{}",
+                    json!({"stream": name, "topics": topics, "groups": groups})
+                );
+            } else {
+                println!("stream {name}\n");
+                let rows = topics
+                    .iter()
+                    .map(|t| vec![t.name.clone(), t.partitions.to_string()])
+                    .collect();
+                table::print(&["TOPIC", "PARTITIONS"], rows);
+                println!();
+                let rows = groups
+                    .iter()
+                    .map(|g| vec![g.name.clone(), g.topic.clone(), g.members.to_string()])
+                    .collect();
+                table::print(&["GROUP", "TOPIC", "MEMBERS"], rows);
+            }
         }
         Command::Stream(StreamCommand::List) => {
             let streams = client.list_streams().await?;
