@@ -1,0 +1,1336 @@
+//! A deterministic simulator for `braid-vsr`: whole clusters run tick by tick, every
+//! choice (delays, loss, duplication, partitions, crashes, torn and corrupt writes)
+//! drawn from one seed, with checkers after every step. A failing seed replays the same
+//! run exactly.
+//!
+//! A run has a safety phase with faults, then a liveness phase in which faults stop,
+//! partitions heal and crashed replicas restart; the cluster must then converge: every
+//! client finishes and every replica applies every committed op, within a bound of
+//! ticks.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+
+use braid_vsr::{
+    Checkpoint, Config, CounterMachine, DurableState, Input, JournalSlot, Message, Output, Prepare,
+    Refusal, Replica, ReplicaId, Reply, Request,
+};
+
+/// The simulator's PRNG (SplitMix64): fixed, so a seed replays on every build.
+#[derive(Debug, Clone)]
+pub struct Prng(u64);
+
+impl Prng {
+    /// A generator for `seed`.
+    pub fn new(seed: u64) -> Self {
+        Self(seed)
+    }
+
+    /// The next 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// A number in `0..n` (0 when n is 0).
+    pub fn below(&mut self, n: u64) -> u64 {
+        if n == 0 {
+            0
+        } else {
+            self.next_u64() % n
+        }
+    }
+
+    /// True with probability `percent`/100.
+    pub fn chance(&mut self, percent: u64) -> bool {
+        self.below(100) < percent
+    }
+}
+
+/// What faults a run injects in its safety phase.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Faults {
+    /// Percent of messages lost.
+    pub loss_percent: u64,
+    /// Percent of messages delivered twice (once more, later).
+    pub duplicate_percent: u64,
+    /// Most ticks a message is delayed (delivery order varies with it).
+    pub delay_ticks_max: u64,
+    /// Chance per tick (per 10,000) of a new network partition.
+    pub partition_per_10k: u64,
+    /// Chance per tick (per 10,000) of crashing a replica.
+    pub crash_per_10k: u64,
+    /// Chance per tick (per 10,000) of corrupting a journal entry on one replica.
+    pub corrupt_per_10k: u64,
+    /// Percent of writes still pending at a crash that are torn (the rest of the
+    /// suffix is lost).
+    pub torn_percent: u64,
+}
+
+impl Faults {
+    /// No faults at all.
+    pub fn none() -> Self {
+        Self {
+            loss_percent: 0,
+            duplicate_percent: 0,
+            delay_ticks_max: 1,
+            partition_per_10k: 0,
+            crash_per_10k: 0,
+            corrupt_per_10k: 0,
+            torn_percent: 0,
+        }
+    }
+
+    /// Faults drawn from the seed, loss up to 30%.
+    pub fn random(prng: &mut Prng) -> Self {
+        Self {
+            loss_percent: prng.below(31),
+            duplicate_percent: prng.below(10),
+            delay_ticks_max: 1 + prng.below(8),
+            partition_per_10k: prng.below(30),
+            crash_per_10k: prng.below(25),
+            corrupt_per_10k: prng.below(20),
+            torn_percent: prng.below(60),
+        }
+    }
+}
+
+/// The shape of a run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SimConfig {
+    /// The seed of every choice.
+    pub seed: u64,
+    /// Replicas per group.
+    pub replica_count: u8,
+    /// Groups.
+    pub groups: u64,
+    /// Clients per group.
+    pub clients_per_group: u64,
+    /// Requests each client makes.
+    pub requests_per_client: u64,
+    /// Ticks of the safety phase.
+    pub safety_ticks: u64,
+    /// Most ticks the liveness phase may take.
+    pub liveness_ticks_max: u64,
+    /// Faults of the safety phase.
+    pub faults: Faults,
+    /// Client sessions each group keeps (smaller than the clients forces evictions).
+    pub sessions_max: usize,
+    /// Ops between checkpoints (and the journal kept below one).
+    pub checkpoint_interval: u64,
+}
+
+impl SimConfig {
+    /// A configuration drawn from `seed`: 1, 3 or 5 replicas, 1 to 3 groups, faults.
+    pub fn from_seed(seed: u64) -> Self {
+        let mut prng = Prng::new(seed ^ 0x5eed);
+        let replica_count = [1, 3, 3, 3, 5][prng.below(5) as usize];
+        let clients_per_group = 1 + prng.below(4);
+        Self {
+            seed,
+            replica_count,
+            groups: 1 + prng.below(3),
+            clients_per_group,
+            requests_per_client: 5 + prng.below(20),
+            safety_ticks: 500 + prng.below(1500),
+            liveness_ticks_max: 20_000,
+            faults: Faults::random(&mut prng),
+            // One spare: a duplicate register evicts someone, but clients never thrash.
+            sessions_max: clients_per_group as usize + 1,
+            checkpoint_interval: 64,
+        }
+    }
+}
+
+/// A safety or liveness violation, with the seed that reproduces it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Failure {
+    /// The seed.
+    pub seed: u64,
+    /// The tick.
+    pub tick: u64,
+    /// What broke.
+    pub what: String,
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "seed {} failed at tick {}: {}\nreplay: cargo run -p braid-sim --release -- --seed {} --trace",
+            self.seed, self.tick, self.what, self.seed
+        )
+    }
+}
+
+/// What a finished run measured.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Outcome {
+    /// Ticks the liveness phase needed to converge.
+    pub ticks_to_converge: u64,
+    /// Ops committed over all groups.
+    pub ops_committed: u64,
+    /// Replica crashes injected.
+    pub crashes: u64,
+    /// Journal entries corrupted.
+    pub corruptions: u64,
+    /// Writes torn by a crash.
+    pub torn_writes: u64,
+    /// The highest view reached.
+    pub views: u64,
+}
+
+#[derive(Debug, Clone)]
+struct Slot {
+    prepare: Prepare,
+    intact: bool,
+    /// Only the header was written: the body is known to be missing.
+    header_only: bool,
+}
+
+/// What a replica's disk holds.
+#[derive(Debug, Clone, Default)]
+struct Disk {
+    state: DurableState,
+    checkpoint: Option<Checkpoint>,
+    journal: BTreeMap<u64, Slot>,
+}
+
+/// A write the replica asked for. The disk performs them in order; a crash keeps a
+/// prefix of the queue (the first write lost may be torn instead).
+#[derive(Debug, Clone)]
+enum PendingWrite {
+    Journal(Prepare),
+    Header(braid_vsr::Header),
+    State(DurableState),
+    Truncate(u64),
+    Prune(u64),
+    Checkpoint(Checkpoint),
+}
+
+#[derive(Debug)]
+struct Node {
+    replica: Option<Replica<CounterMachine>>,
+    disk: Disk,
+    /// Writes issued and not yet completed, in order.
+    pending: VecDeque<PendingWrite>,
+    restart_at: Option<u64>,
+    max_view: u64,
+    max_durable_commit: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Address {
+    Replica(u64, ReplicaId),
+    Client(u64),
+}
+
+#[derive(Debug, Clone)]
+struct Packet {
+    deliver_at: u64,
+    from: Address,
+    to: Address,
+    message: Payload,
+}
+
+#[derive(Debug, Clone)]
+enum Payload {
+    Replica(Message),
+    Reply(Reply),
+}
+
+#[derive(Debug)]
+struct Client {
+    id: u64,
+    group: u64,
+    session: u64,
+    next_request: u64,
+    requests_total: u64,
+    /// The request in flight: (request number, body, last sent tick).
+    pending: Option<(u64, Vec<u8>, u64)>,
+    view_hint: u64,
+    /// Registration attempts so far; a register carries its attempt number.
+    registrations: u64,
+    done: bool,
+}
+
+/// The model the replies are checked against: the committed log applied in op order to
+/// an independent counter machine.
+#[derive(Debug, Default)]
+struct GroupModel {
+    /// op -> checksum, from the first replica to apply it.
+    committed: BTreeMap<u64, u64>,
+    machine: CounterMachine,
+    /// (session, request) -> result of its one execution.
+    results: BTreeMap<(u64, u64), Result<Vec<u8>, Refusal>>,
+    /// Bodies clients sent, by (session, request).
+    bodies: BTreeMap<(u64, u64), Vec<u8>>,
+}
+
+/// A simulated cluster.
+#[derive(Debug)]
+pub struct Simulation {
+    config: SimConfig,
+    prng: Prng,
+    tick: u64,
+    nodes: BTreeMap<(u64, ReplicaId), Node>,
+    network: Vec<Packet>,
+    /// Pairs (from, to) of replicas that cannot reach each other (one-way).
+    cut: BTreeSet<(ReplicaId, ReplicaId)>,
+    clients: Vec<Client>,
+    models: BTreeMap<u64, GroupModel>,
+    faults_on: bool,
+    trace: bool,
+    outcome: Outcome,
+    failure: Option<Failure>,
+}
+
+impl Simulation {
+    /// Builds the cluster of `config`.
+    pub fn new(config: SimConfig) -> Self {
+        let mut nodes = BTreeMap::new();
+        for group in 0..config.groups {
+            for replica in 0..config.replica_count {
+                let mut vsr = Config::new(group, replica, config.replica_count, config.seed);
+                vsr.sessions_max = config.sessions_max;
+                vsr.checkpoint_interval = config.checkpoint_interval;
+                vsr.journal_keep = config.checkpoint_interval;
+                nodes.insert(
+                    (group, replica),
+                    Node {
+                        replica: Some(Replica::new(vsr, CounterMachine::default())),
+                        disk: Disk::default(),
+                        pending: VecDeque::new(),
+                        restart_at: None,
+                        max_view: 0,
+                        max_durable_commit: 0,
+                    },
+                );
+            }
+        }
+        let mut clients = Vec::new();
+        for group in 0..config.groups {
+            for c in 0..config.clients_per_group {
+                clients.push(Client {
+                    id: 1000 + group * 100 + c,
+                    group,
+                    session: 0,
+                    next_request: 0,
+                    requests_total: config.requests_per_client,
+                    pending: None,
+                    view_hint: 0,
+                    registrations: 0,
+                    done: false,
+                });
+            }
+        }
+        let models = (0..config.groups)
+            .map(|g| (g, GroupModel::default()))
+            .collect();
+        Self {
+            config,
+            prng: Prng::new(config.seed),
+            tick: 0,
+            nodes,
+            network: Vec::new(),
+            cut: BTreeSet::new(),
+            clients,
+            models,
+            faults_on: true,
+            trace: false,
+            outcome: Outcome::default(),
+            failure: None,
+        }
+    }
+
+    /// Prints every delivery and fault to stderr.
+    pub fn set_trace(&mut self, trace: bool) {
+        self.trace = trace;
+    }
+
+    fn fail(&mut self, what: String) {
+        if self.failure.is_none() {
+            self.failure = Some(Failure {
+                seed: self.config.seed,
+                tick: self.tick,
+                what,
+            });
+        }
+    }
+
+    /// Runs both phases.
+    ///
+    /// # Errors
+    /// The first violation found.
+    pub fn run(mut self) -> Result<Outcome, Failure> {
+        for _ in 0..self.config.safety_ticks {
+            self.step();
+            if let Some(failure) = self.failure.take() {
+                return Err(failure);
+            }
+        }
+        self.heal();
+        let start = self.tick;
+        while self.tick - start < self.config.liveness_ticks_max {
+            self.step();
+            if let Some(failure) = self.failure.take() {
+                return Err(failure);
+            }
+            if self.converged() {
+                self.outcome.ticks_to_converge = self.tick - start;
+                self.outcome.ops_committed =
+                    self.models.values().map(|m| m.committed.len() as u64).sum();
+                self.outcome.views = self
+                    .nodes
+                    .values()
+                    .filter_map(|n| n.replica.as_ref().map(Replica::view))
+                    .max()
+                    .unwrap_or(0);
+                return Ok(self.outcome);
+            }
+        }
+        Err(Failure {
+            seed: self.config.seed,
+            tick: self.tick,
+            what: format!(
+                "no convergence within {} ticks: {}",
+                self.config.liveness_ticks_max,
+                self.describe()
+            ),
+        })
+    }
+
+    fn describe(&self) -> String {
+        let replicas: Vec<String> = self
+            .nodes
+            .iter()
+            .map(|((g, r), n)| match &n.replica {
+                Some(x) => format!(
+                    "g{g}r{r}:{:?} v{} op{} c{}/{} next{:?}",
+                    x.status(),
+                    x.view(),
+                    x.op(),
+                    x.commit_min(),
+                    x.commit_max(),
+                    x.entry_state(x.commit_min() + 1)
+                ),
+                None => format!("g{g}r{r}:down"),
+            })
+            .collect();
+        let clients: Vec<String> = self
+            .clients
+            .iter()
+            .filter(|c| !c.done)
+            .map(|c| format!("client {} s{} r{}", c.id, c.session, c.next_request))
+            .collect();
+        format!(
+            "[{}] waiting: [{}]",
+            replicas.join(", "),
+            clients.join(", ")
+        )
+    }
+
+    /// Turns random faults on or off (scenarios inject their own).
+    pub fn set_random_faults(&mut self, on: bool) {
+        self.faults_on = on;
+    }
+
+    /// Cuts the link from `from` to `to` (one way) in every group.
+    pub fn cut(&mut self, from: ReplicaId, to: ReplicaId) {
+        self.cut.insert((from, to));
+    }
+
+    /// Cuts a replica off both ways.
+    pub fn isolate(&mut self, replica: ReplicaId) {
+        for other in 0..self.config.replica_count {
+            if other != replica {
+                self.cut.insert((replica, other));
+                self.cut.insert((other, replica));
+            }
+        }
+    }
+
+    /// Heals every cut link (faults stay as they are).
+    pub fn heal_network(&mut self) {
+        self.cut.clear();
+    }
+
+    /// Runs `ticks` steps; stops early on a violation.
+    ///
+    /// # Errors
+    /// The violation.
+    pub fn run_ticks(&mut self, ticks: u64) -> Result<(), Failure> {
+        for _ in 0..ticks {
+            self.step();
+            if let Some(failure) = self.failure.take() {
+                return Err(failure);
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs until `done` holds or `ticks` pass; returns whether it held.
+    ///
+    /// # Errors
+    /// A violation.
+    pub fn run_until(&mut self, ticks: u64, done: impl Fn(&Self) -> bool) -> Result<bool, Failure> {
+        for _ in 0..ticks {
+            if done(self) {
+                return Ok(true);
+            }
+            self.step();
+            if let Some(failure) = self.failure.take() {
+                return Err(failure);
+            }
+        }
+        Ok(done(self))
+    }
+
+    /// Heals everything and runs the liveness phase.
+    ///
+    /// # Errors
+    /// A violation, or no convergence.
+    pub fn finish(mut self) -> Result<Outcome, Failure> {
+        self.config.safety_ticks = 0;
+        self.run()
+    }
+
+    /// A replica, if it is up.
+    pub fn replica(&self, group: u64, replica: ReplicaId) -> Option<&Replica<CounterMachine>> {
+        self.nodes
+            .get(&(group, replica))
+            .and_then(|n| n.replica.as_ref())
+    }
+
+    /// Whether a replica has disk writes it asked for that have not completed.
+    pub fn has_pending_writes(&self, group: u64, replica: ReplicaId) -> bool {
+        self.nodes
+            .get(&(group, replica))
+            .is_some_and(|n| !n.pending.is_empty())
+    }
+
+    /// Ops committed in a group (by the first replica to apply each).
+    pub fn committed(&self, group: u64) -> u64 {
+        self.models
+            .get(&group)
+            .map_or(0, |m| m.committed.len() as u64)
+    }
+
+    /// Damages the journal entry at `op` on a replica's disk (found at its next restart).
+    pub fn corrupt(&mut self, group: u64, replica: ReplicaId, op: u64) {
+        if let Some(slot) = self
+            .nodes
+            .get_mut(&(group, replica))
+            .and_then(|n| n.disk.journal.get_mut(&op))
+        {
+            slot.intact = false;
+            self.outcome.corruptions += 1;
+        }
+    }
+
+    /// Stops faults: heals partitions, stops loss, restarts every crashed replica.
+    pub fn heal(&mut self) {
+        self.faults_on = false;
+        self.cut.clear();
+        let down: Vec<(u64, ReplicaId)> = self
+            .nodes
+            .iter()
+            .filter(|(_, n)| n.replica.is_none())
+            .map(|(k, _)| *k)
+            .collect();
+        for key in down {
+            self.restart(key);
+        }
+    }
+
+    fn converged(&self) -> bool {
+        if !self.clients.iter().all(|c| c.done) {
+            return false;
+        }
+        self.models.iter().all(|(group, model)| {
+            let top = model.committed.keys().next_back().copied().unwrap_or(0);
+            self.nodes
+                .iter()
+                .filter(|((g, _), _)| g == group)
+                .all(|(_, n)| {
+                    n.replica.as_ref().is_some_and(|r| {
+                        r.commit_min() >= top && r.status() == braid_vsr::Status::Normal
+                    })
+                })
+        })
+    }
+
+    /// One tick: faults, deliveries, timers, write completions, clients, checks.
+    pub fn step(&mut self) {
+        self.tick += 1;
+        if self.faults_on {
+            self.inject_faults();
+        }
+        self.complete_writes();
+        self.deliver();
+        let keys: Vec<(u64, ReplicaId)> = self.nodes.keys().copied().collect();
+        for key in keys {
+            let due = self
+                .nodes
+                .get(&key)
+                .and_then(|n| n.replica.as_ref())
+                .and_then(Replica::next_deadline)
+                .is_some_and(|d| d <= self.tick);
+            if due {
+                self.input(key, Input::Tick);
+            }
+            let restart = self
+                .nodes
+                .get(&key)
+                .and_then(|n| n.restart_at)
+                .is_some_and(|t| t <= self.tick);
+            if restart {
+                self.restart(key);
+            }
+        }
+        self.drive_clients();
+        self.check();
+    }
+
+    fn input(&mut self, key: (u64, ReplicaId), input: Input) {
+        let tick = self.tick;
+        let mut out = Vec::new();
+        {
+            let Some(node) = self.nodes.get_mut(&key) else {
+                return;
+            };
+            let Some(replica) = node.replica.as_mut() else {
+                return;
+            };
+            replica.step(tick, input, &mut out);
+        }
+        for output in out {
+            self.output(key, output);
+        }
+    }
+
+    fn output(&mut self, key: (u64, ReplicaId), output: Output) {
+        let (group, replica) = key;
+        match output {
+            Output::Send { to, message } => self.send(
+                Address::Replica(group, replica),
+                Address::Replica(group, to),
+                Payload::Replica(message),
+            ),
+            Output::Reply(reply) => {
+                let to = Address::Client(reply.client);
+                self.send(Address::Replica(group, replica), to, Payload::Reply(reply));
+            }
+            Output::WriteJournal(prepare) => self.queue(key, PendingWrite::Journal(prepare)),
+            Output::WriteHeader(header) => self.queue(key, PendingWrite::Header(header)),
+            Output::WriteState(state) => self.queue(key, PendingWrite::State(state)),
+            Output::TruncateJournal { op } => self.queue(key, PendingWrite::Truncate(op)),
+            Output::PruneJournal { op } => self.queue(key, PendingWrite::Prune(op)),
+            Output::WriteCheckpoint(checkpoint) => {
+                self.queue(key, PendingWrite::Checkpoint(checkpoint))
+            }
+            Output::Applied {
+                op,
+                checksum,
+                session,
+                request,
+                register,
+                executed,
+                result,
+            } => {
+                // Registers are checked by the clients that get their sessions.
+                let request = if register { 0 } else { request };
+                self.on_applied(
+                    group, replica, op, checksum, session, request, executed, result,
+                );
+            }
+            Output::Evicted { .. } => {}
+        }
+    }
+
+    fn queue(&mut self, key: (u64, ReplicaId), write: PendingWrite) {
+        if let Some(node) = self.nodes.get_mut(&key) {
+            node.pending.push_back(write);
+        }
+    }
+
+    /// Performs one write on a disk; returns the completion the replica awaits.
+    fn perform(disk: &mut Disk, write: PendingWrite) -> Option<Input> {
+        match write {
+            PendingWrite::Journal(prepare) => {
+                let (op, checksum) = (prepare.header.op, prepare.header.checksum);
+                disk.journal.insert(
+                    op,
+                    Slot {
+                        prepare,
+                        intact: true,
+                        header_only: false,
+                    },
+                );
+                Some(Input::JournalWritten { op, checksum })
+            }
+            PendingWrite::State(state) => {
+                disk.state = state;
+                Some(Input::StateWritten(state))
+            }
+            PendingWrite::Header(header) => {
+                let prepare = Prepare {
+                    header,
+                    body: Vec::new(),
+                };
+                disk.journal.insert(
+                    header.op,
+                    Slot {
+                        prepare,
+                        intact: true,
+                        header_only: true,
+                    },
+                );
+                None
+            }
+            PendingWrite::Truncate(op) => {
+                disk.journal.retain(|o, _| *o <= op);
+                None
+            }
+            PendingWrite::Prune(op) => {
+                disk.journal.retain(|o, _| *o > op);
+                None
+            }
+            PendingWrite::Checkpoint(checkpoint) => {
+                if disk
+                    .checkpoint
+                    .as_ref()
+                    .is_none_or(|c| c.header.op < checkpoint.header.op)
+                {
+                    disk.checkpoint = Some(checkpoint);
+                }
+                None
+            }
+        }
+    }
+
+    fn complete_writes(&mut self) {
+        let keys: Vec<(u64, ReplicaId)> = self.nodes.keys().copied().collect();
+        for key in keys {
+            let writes: Vec<PendingWrite> = match self.nodes.get_mut(&key) {
+                Some(node) if node.replica.is_some() => node.pending.drain(..).collect(),
+                _ => continue,
+            };
+            for write in writes {
+                if self.trace {
+                    if let PendingWrite::State(state) = &write {
+                        eprintln!("t{} g{}r{} durable {:?}", self.tick, key.0, key.1, state);
+                    }
+                }
+                let Some(node) = self.nodes.get_mut(&key) else {
+                    break;
+                };
+                let Some(input) = Self::perform(&mut node.disk, write) else {
+                    continue;
+                };
+                self.input(key, input);
+            }
+        }
+    }
+
+    // ---- network ------------------------------------------------------------------
+
+    fn send(&mut self, from: Address, to: Address, message: Payload) {
+        let faults = if self.faults_on {
+            self.config.faults
+        } else {
+            Faults::none()
+        };
+        if self.prng.chance(faults.loss_percent) {
+            return;
+        }
+        let copies = if self.prng.chance(faults.duplicate_percent) {
+            2
+        } else {
+            1
+        };
+        for _ in 0..copies {
+            let delay = 1 + self.prng.below(faults.delay_ticks_max.max(1));
+            self.network.push(Packet {
+                deliver_at: self.tick + delay,
+                from,
+                to,
+                message: message.clone(),
+            });
+        }
+    }
+
+    fn reachable(&self, from: Address, to: Address) -> bool {
+        match (from, to) {
+            (Address::Replica(_, a), Address::Replica(_, b)) => !self.cut.contains(&(a, b)),
+            _ => true,
+        }
+    }
+
+    fn deliver(&mut self) {
+        let tick = self.tick;
+        let (due, later): (Vec<Packet>, Vec<Packet>) = std::mem::take(&mut self.network)
+            .into_iter()
+            .partition(|p| p.deliver_at <= tick);
+        self.network = later;
+        for packet in due {
+            if !self.reachable(packet.from, packet.to) {
+                continue;
+            }
+            match (packet.to, packet.message) {
+                (Address::Replica(group, replica), Payload::Replica(message)) => {
+                    if self.trace {
+                        eprintln!(
+                            "t{tick} {:?} -> g{group}r{replica}: {}",
+                            packet.from,
+                            brief(&message)
+                        );
+                    }
+                    self.input((group, replica), Input::Message(message));
+                }
+                (Address::Client(id), Payload::Reply(reply)) => self.on_reply(id, reply),
+                _ => {}
+            }
+        }
+    }
+
+    // ---- faults -------------------------------------------------------------------
+
+    fn inject_faults(&mut self) {
+        let faults = self.config.faults;
+        let n = self.config.replica_count;
+        if n > 1 && self.prng.below(10_000) < faults.partition_per_10k {
+            self.cut.clear();
+            match self.prng.below(4) {
+                // Heal.
+                0 => {}
+                // Isolate one replica both ways.
+                1 => {
+                    let victim = self.prng.below(u64::from(n)) as ReplicaId;
+                    for other in 0..n {
+                        if other != victim {
+                            self.cut.insert((victim, other));
+                            self.cut.insert((other, victim));
+                        }
+                    }
+                }
+                // One-way: one replica cannot send to the others.
+                2 => {
+                    let victim = self.prng.below(u64::from(n)) as ReplicaId;
+                    for other in 0..n {
+                        if other != victim {
+                            self.cut.insert((victim, other));
+                        }
+                    }
+                }
+                // Split in two.
+                _ => {
+                    let side: Vec<bool> = (0..n).map(|_| self.prng.chance(50)).collect();
+                    for a in 0..n {
+                        for b in 0..n {
+                            if side[a as usize] != side[b as usize] {
+                                self.cut.insert((a, b));
+                            }
+                        }
+                    }
+                }
+            }
+            if self.trace {
+                eprintln!("t{} partition {:?}", self.tick, self.cut);
+            }
+        }
+        if self.prng.below(10_000) < faults.crash_per_10k {
+            let keys: Vec<(u64, ReplicaId)> = self
+                .nodes
+                .iter()
+                .filter(|(_, n)| n.replica.is_some())
+                .map(|(k, _)| *k)
+                .collect();
+            if !keys.is_empty() {
+                let key = keys[self.prng.below(keys.len() as u64) as usize];
+                self.crash(key);
+                let downtime = 20 + self.prng.below(300);
+                if let Some(node) = self.nodes.get_mut(&key) {
+                    node.restart_at = Some(self.tick + downtime);
+                }
+            }
+        }
+        if self.prng.below(10_000) < faults.corrupt_per_10k {
+            self.corrupt_random_entry();
+        }
+    }
+
+    /// Crashes a replica: memory is gone; queued writes keep a prefix (the first one
+    /// lost may be torn).
+    pub fn crash(&mut self, key: (u64, ReplicaId)) {
+        let torn_percent = self.config.faults.torn_percent;
+        let keep = {
+            let Some(node) = self.nodes.get(&key) else {
+                return;
+            };
+            if node.replica.is_none() {
+                return;
+            }
+            self.prng.below(node.pending.len() as u64 + 1) as usize
+        };
+        let torn = self.prng.chance(torn_percent);
+        let Some(node) = self.nodes.get_mut(&key) else {
+            return;
+        };
+        node.replica = None;
+        let writes: Vec<PendingWrite> = node.pending.drain(..).collect();
+        for (i, write) in writes.into_iter().enumerate() {
+            if i < keep {
+                let _ = Self::perform(&mut node.disk, write);
+            } else if i == keep && torn {
+                if let PendingWrite::Journal(prepare) = write {
+                    node.disk.journal.insert(
+                        prepare.header.op,
+                        Slot {
+                            prepare,
+                            intact: false,
+                            header_only: false,
+                        },
+                    );
+                    self.outcome.torn_writes += 1;
+                }
+                break;
+            } else {
+                break;
+            }
+        }
+        self.outcome.crashes += 1;
+        if self.trace {
+            eprintln!("t{} crash g{}r{}", self.tick, key.0, key.1);
+        }
+    }
+
+    /// Restarts a crashed replica from its disk.
+    pub fn restart(&mut self, key: (u64, ReplicaId)) {
+        let (group, replica) = key;
+        let Some(node) = self.nodes.get_mut(&key) else {
+            return;
+        };
+        if node.replica.is_some() {
+            node.restart_at = None;
+            return;
+        }
+        let mut config = Config::new(
+            group,
+            replica,
+            self.config.replica_count,
+            self.config.seed ^ self.tick,
+        );
+        config.sessions_max = self.config.sessions_max;
+        config.checkpoint_interval = self.config.checkpoint_interval;
+        config.journal_keep = self.config.checkpoint_interval;
+        let journal: Vec<(u64, JournalSlot)> = node
+            .disk
+            .journal
+            .iter()
+            .map(|(op, slot)| {
+                let read = match (slot.intact, slot.header_only) {
+                    (false, _) => JournalSlot::Damaged,
+                    (true, true) => JournalSlot::Header(slot.prepare.header),
+                    (true, false) => JournalSlot::Prepare(slot.prepare.clone()),
+                };
+                (*op, read)
+            })
+            .collect();
+        match Replica::restart(
+            config,
+            CounterMachine::default(),
+            node.disk.state,
+            node.disk.checkpoint.clone(),
+            journal,
+        ) {
+            Ok(restarted) => {
+                // A restart may forget a view it never made durable; it never goes
+                // below the durable one (checked every step).
+                node.max_view = node.disk.state.view;
+                node.replica = Some(restarted);
+                node.restart_at = None;
+            }
+            Err(err) => {
+                let what = format!("g{group}r{replica} failed to restart: {err}");
+                self.fail(what);
+            }
+        }
+        if self.trace {
+            eprintln!("t{} restart g{group}r{replica}", self.tick);
+        }
+    }
+
+    /// Damages one journal entry on one replica, but only where a quorum of the other
+    /// replicas still holds an intact copy of it (faults stay recoverable).
+    fn corrupt_random_entry(&mut self) {
+        let keys: Vec<(u64, ReplicaId)> = self.nodes.keys().copied().collect();
+        let key = keys[self.prng.below(keys.len() as u64) as usize];
+        let ops: Vec<u64> = self.nodes[&key]
+            .disk
+            .journal
+            .iter()
+            .filter(|(_, s)| s.intact && !s.header_only)
+            .map(|(o, _)| *o)
+            .collect();
+        if ops.is_empty() {
+            return;
+        }
+        let op = ops[self.prng.below(ops.len() as u64) as usize];
+        let checksum = self.nodes[&key].disk.journal[&op].prepare.header.checksum;
+        let intact_elsewhere = self
+            .nodes
+            .iter()
+            .filter(|((g, r), n)| {
+                *g == key.0
+                    && *r != key.1
+                    && n.disk.journal.get(&op).is_some_and(|s| {
+                        s.intact && !s.header_only && s.prepare.header.checksum == checksum
+                    })
+            })
+            .count();
+        if intact_elsewhere < self.config.replica_count as usize / 2 + 1 {
+            return;
+        }
+        if let Some(slot) = self
+            .nodes
+            .get_mut(&key)
+            .and_then(|n| n.disk.journal.get_mut(&op))
+        {
+            slot.intact = false;
+            self.outcome.corruptions += 1;
+            if self.trace {
+                eprintln!("t{} corrupt g{}r{} op {op}", self.tick, key.0, key.1);
+            }
+        }
+    }
+
+    // ---- clients ------------------------------------------------------------------
+
+    fn drive_clients(&mut self) {
+        const RETRY_TICKS: u64 = 60;
+        for i in 0..self.clients.len() {
+            let (group, id, session, pending, view_hint, done) = {
+                let c = &self.clients[i];
+                (
+                    c.group,
+                    c.id,
+                    c.session,
+                    c.pending.clone(),
+                    c.view_hint,
+                    c.done,
+                )
+            };
+            if done {
+                continue;
+            }
+            let (request, body, sent) = match pending {
+                Some(p) => p,
+                None => {
+                    let c = &mut self.clients[i];
+                    let (request, body) = if c.session == 0 {
+                        c.registrations += 1;
+                        (c.registrations, Vec::new())
+                    } else {
+                        c.next_request += 1;
+                        // Few keys, so results depend on the order of all clients' ops.
+                        let body = format!("k{}={}", c.next_request % 3, c.id % 7 + 1).into_bytes();
+                        (c.next_request, body)
+                    };
+                    c.pending = Some((request, body.clone(), 0));
+                    if session != 0 {
+                        if let Some(model) = self.models.get_mut(&group) {
+                            model.bodies.insert((session, request), body.clone());
+                        }
+                    }
+                    (request, body, 0)
+                }
+            };
+            if sent != 0 && self.tick - sent < RETRY_TICKS {
+                continue;
+            }
+            let message = Message::Request(Request {
+                client: id,
+                session,
+                request,
+                body: body.clone(),
+            });
+            // First to the primary it believes in; on a retry, to everyone.
+            let n = u64::from(self.config.replica_count);
+            let targets: Vec<ReplicaId> = if sent == 0 {
+                vec![((view_hint + group) % n) as ReplicaId]
+            } else {
+                (0..self.config.replica_count).collect()
+            };
+            for to in targets {
+                self.send(
+                    Address::Client(id),
+                    Address::Replica(group, to),
+                    Payload::Replica(message.clone()),
+                );
+            }
+            if let Some(c) = self.clients.get_mut(i) {
+                c.pending = Some((request, body, self.tick));
+            }
+        }
+    }
+
+    fn on_reply(&mut self, client: u64, reply: Reply) {
+        let Some(index) = self.clients.iter().position(|c| c.id == client) else {
+            return;
+        };
+        let c = &self.clients[index];
+        let Some((request, _, _)) = c.pending.clone() else {
+            return;
+        };
+        let group = c.group;
+        let registering = c.session == 0;
+        if registering != reply.register {
+            return;
+        }
+        if registering {
+            // Only the answer to this attempt: a replayed old register's reply is not it.
+            if reply.request != request {
+                return;
+            }
+        } else if reply.session != c.session || reply.request != request {
+            return;
+        }
+        match &reply.result {
+            Ok(result) if !registering => {
+                let expected = self
+                    .models
+                    .get(&group)
+                    .and_then(|m| m.results.get(&(reply.session, reply.request)))
+                    .cloned();
+                match expected {
+                    Some(Ok(expected)) if &expected == result => {}
+                    other => {
+                        self.fail(format!(
+                            "client {client} got {:?} for request {} of session {}, the committed log says {other:?}",
+                            String::from_utf8_lossy(result),
+                            reply.request,
+                            reply.session
+                        ));
+                        return;
+                    }
+                }
+            }
+            Ok(_) => {}
+            Err(Refusal::SessionUnknown) => {
+                // Evicted for capacity: register again and carry on.
+                let c = &mut self.clients[index];
+                c.session = 0;
+                c.pending = None;
+                c.next_request = c.next_request.saturating_sub(1);
+                return;
+            }
+            Err(Refusal::RequestTooOld) => {
+                self.fail(format!(
+                    "client {client} request {} refused as too old",
+                    reply.request
+                ));
+                return;
+            }
+        }
+        let c = &mut self.clients[index];
+        c.view_hint = reply.view;
+        c.pending = None;
+        if registering {
+            c.session = reply.session;
+            // A stale register reply after eviction would name an evicted session; the
+            // cluster refuses its requests, which sends the client back to register.
+        } else if c.next_request >= c.requests_total {
+            c.done = true;
+        }
+    }
+
+    // ---- checks -------------------------------------------------------------------
+
+    #[allow(clippy::too_many_arguments)] // the fields of Output::Applied
+    fn on_applied(
+        &mut self,
+        group: u64,
+        replica: ReplicaId,
+        op: u64,
+        checksum: u64,
+        session: u64,
+        request: u64,
+        executed: bool,
+        result: Result<Vec<u8>, Refusal>,
+    ) {
+        if self.trace {
+            eprintln!(
+                "t{} g{group}r{replica} applied op {op} {checksum:x}",
+                self.tick
+            );
+        }
+        let Some(model) = self.models.get_mut(&group) else {
+            return;
+        };
+        match model.committed.get(&op) {
+            Some(existing) if *existing != checksum => {
+                let chain: Vec<String> = self
+                    .nodes
+                    .iter()
+                    .filter(|((g, _), _)| *g == group)
+                    .filter_map(|((_, r), n)| n.replica.as_ref().map(|x| (r, x)))
+                    .map(|(r, x)| {
+                        let ops: Vec<String> = (op.saturating_sub(1)..=op + 3)
+                            .map(|o| match x.header(o) {
+                                Some(h) => format!(
+                                    "{o}:{:x}<-{:x}@v{}{}",
+                                    h.checksum >> 48,
+                                    h.parent >> 48,
+                                    h.view,
+                                    if x.entry_state(o).is_some_and(|e| e.2) {
+                                        "*"
+                                    } else {
+                                        ""
+                                    }
+                                ),
+                                None => format!("{o}:-"),
+                            })
+                            .collect();
+                        format!("r{r} [{}]", ops.join(" "))
+                    })
+                    .collect();
+                let what = format!(
+                    "g{group}r{replica} applied op {op} with checksum {checksum:x}, others {existing:x}; chains {}",
+                    chain.join("; ")
+                );
+                self.fail(what);
+                return;
+            }
+            Some(_) => {
+                // Another replica's application of a known op: results must agree.
+                if executed
+                    && request > 0
+                    && model.results.get(&(session, request)) != Some(&result)
+                {
+                    let what = format!("g{group}r{replica} op {op}: result {result:?} differs from the first application");
+                    self.fail(what);
+                }
+                return;
+            }
+            None => {}
+        }
+        let expected_op = model.committed.keys().next_back().map_or(1, |o| o + 1);
+        if op != expected_op {
+            let what = format!(
+                "g{group}r{replica} applied op {op} before op {expected_op} was committed anywhere"
+            );
+            self.fail(what);
+            return;
+        }
+        model.committed.insert(op, checksum);
+        if !executed || request == 0 {
+            return;
+        }
+        if model.results.contains_key(&(session, request)) {
+            let what =
+                format!("g{group}: request {request} of session {session} applied twice (op {op})");
+            self.fail(what);
+            return;
+        }
+        let Some(body) = model.bodies.get(&(session, request)).cloned() else {
+            let what =
+                format!("g{group}: op {op} applied a request nobody sent ({session}, {request})");
+            self.fail(what);
+            return;
+        };
+        let expected = braid_vsr::StateMachine::apply(&mut model.machine, op, &body);
+        if result.as_ref() != Ok(&expected) {
+            let what = format!(
+                "g{group} op {op}: result {result:?}, the model says {:?}",
+                String::from_utf8_lossy(&expected)
+            );
+            self.fail(what);
+            return;
+        }
+        model.results.insert((session, request), result);
+    }
+
+    fn check(&mut self) {
+        let mut failures = Vec::new();
+        for ((group, replica), node) in self.nodes.iter_mut() {
+            if node.disk.state.view < node.max_view.min(node.disk.state.view) {
+                failures.push(format!("g{group}r{replica}: durable view went backwards"));
+            }
+            if node.disk.state.commit < node.max_durable_commit {
+                failures.push(format!(
+                    "g{group}r{replica}: durable commit went backwards ({} < {})",
+                    node.disk.state.commit, node.max_durable_commit
+                ));
+            }
+            node.max_durable_commit = node.disk.state.commit;
+            if let Some(r) = &node.replica {
+                if r.view() < node.max_view {
+                    failures.push(format!(
+                        "g{group}r{replica}: view went backwards ({} < {})",
+                        r.view(),
+                        node.max_view
+                    ));
+                }
+                node.max_view = node.max_view.max(r.view());
+                if r.view() < node.disk.state.view {
+                    failures.push(format!(
+                        "g{group}r{replica}: running below its durable view"
+                    ));
+                }
+            }
+        }
+        for what in failures {
+            self.fail(what);
+        }
+    }
+}
+
+fn brief(message: &Message) -> String {
+    match message {
+        Message::Request(r) => format!("Request(s{} r{})", r.session, r.request),
+        Message::Prepare(p) => format!(
+            "Prepare(v{} op{} c{})",
+            p.header.view, p.header.op, p.header.commit
+        ),
+        Message::PrepareOk { view, op, .. } => format!("PrepareOk(v{view} op{op})"),
+        Message::Commit { view, commit, .. } => format!("Commit(v{view} c{commit})"),
+        Message::StartViewChange { view, .. } => format!("StartViewChange(v{view})"),
+        Message::DoViewChange {
+            view,
+            log_view,
+            op,
+            commit,
+            suffix,
+            ..
+        } => {
+            format!(
+                "DoViewChange(v{view} lv{log_view} op{op} c{commit} n{})",
+                suffix.len()
+            )
+        }
+        Message::StartView {
+            view,
+            op,
+            commit,
+            suffix,
+            ..
+        } => format!("StartView(v{view} op{op} c{commit} n{})", suffix.len()),
+        Message::RequestPrepare { op, .. } => format!("RequestPrepare(op{op})"),
+        Message::RequestStartView { view, .. } => format!("RequestStartView(v{view})"),
+        Message::RequestSnapshot { .. } => "RequestSnapshot".into(),
+        Message::Snapshot { header, .. } => format!("Snapshot(op{})", header.op),
+    }
+}
+
+/// Runs one seed.
+///
+/// # Errors
+/// The violation, with the seed.
+pub fn run_seed(seed: u64, trace: bool) -> Result<Outcome, Failure> {
+    let mut sim = Simulation::new(SimConfig::from_seed(seed));
+    sim.set_trace(trace);
+    sim.run()
+}

@@ -1,0 +1,184 @@
+//! Named scenarios that break weak implementations, and a batch of random seeds.
+//! Every checker runs after every step; a failure prints the seed to replay.
+
+// A panic in a test is a failed assertion, not a crash on outside data.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use braid_sim::{run_seed, Faults, SimConfig, Simulation};
+use braid_vsr::Status;
+
+fn quiet(seed: u64, replica_count: u8, groups: u64) -> SimConfig {
+    SimConfig {
+        seed,
+        replica_count,
+        groups,
+        clients_per_group: 2,
+        requests_per_client: 30,
+        safety_ticks: 0,
+        liveness_ticks_max: 20_000,
+        faults: Faults::none(),
+        sessions_max: 3,
+        checkpoint_interval: 64,
+    }
+}
+
+fn ok<T>(result: Result<T, braid_sim::Failure>) -> T {
+    result.unwrap_or_else(|failure| panic!("{failure}"))
+}
+
+/// CI runs this many random seeds (a longer run: `cargo run -p braid-sim --release -- --seeds 10000`).
+#[test]
+fn random_seeds() {
+    let seeds: u64 = std::env::var("SIM_SEEDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(500);
+    for seed in 1..=seeds {
+        ok(run_seed(seed, false));
+    }
+}
+
+#[test]
+fn next_primary_lacks_a_committed_op_then_old_primary_crashes() {
+    // Group 0: the primary of view 0 is replica 0, of view 1 replica 1.
+    let mut sim = Simulation::new(quiet(11, 3, 1));
+    sim.set_random_faults(false);
+    ok(sim.run_until(2_000, |s| s.committed(0) >= 5));
+    // Replica 1 misses a few ops that replicas 0 and 2 commit, well inside its
+    // view-change timeout.
+    sim.isolate(1);
+    let before = sim.committed(0);
+    ok(sim.run_until(40, |s| s.committed(0) >= before + 3));
+    let lacking = sim.replica(0, 1).unwrap().commit_max();
+    assert!(
+        lacking < sim.committed(0),
+        "replica 1 is behind what a quorum committed"
+    );
+    // The old primary dies; replica 1 leads (view 1) or helps elect the next one, and
+    // the ops it lacked survive.
+    sim.crash((0, 0));
+    sim.heal_network();
+    ok(sim.run_until(5_000, |s| {
+        (1..3).any(|r| s.replica(0, r).is_some_and(|x| x.is_primary()))
+            && s.replica(0, 1)
+                .is_some_and(|x| x.commit_min() >= before + 3)
+    }));
+    let outcome = ok(sim.finish());
+    assert!(outcome.ops_committed >= before + 3);
+}
+
+#[test]
+fn one_way_partition_of_the_primary() {
+    let mut sim = Simulation::new(quiet(12, 3, 1));
+    sim.set_random_faults(false);
+    ok(sim.run_until(2_000, |s| s.committed(0) >= 5));
+    // The primary hears everyone but nobody hears it.
+    sim.cut(0, 1);
+    sim.cut(0, 2);
+    ok(sim.run_until(5_000, |s| {
+        s.replica(0, 1)
+            .is_some_and(|r| r.view() > 0 && r.status() == Status::Normal)
+    }));
+    ok(sim.finish());
+}
+
+#[test]
+fn heavy_loss_with_replayed_messages_and_evicted_sessions() {
+    for seed in 0..20 {
+        let mut config = quiet(100 + seed, 3, 1);
+        config.clients_per_group = 4;
+        config.sessions_max = 2; // registers evict sessions, old registers get replayed
+        config.safety_ticks = 3_000;
+        config.faults = Faults {
+            loss_percent: 30,
+            duplicate_percent: 20,
+            delay_ticks_max: 40,
+            ..Faults::none()
+        };
+        // With fewer sessions than clients they evict each other forever; the safety
+        // phase is what this checks, then each client needs only a few requests.
+        config.requests_per_client = 3;
+        let mut sim = Simulation::new(config);
+        ok(sim.run_ticks(3_000));
+    }
+}
+
+#[test]
+fn crash_between_view_change_and_its_durable_write() {
+    let mut sim = Simulation::new(quiet(13, 3, 1));
+    sim.set_random_faults(false);
+    ok(sim.run_until(2_000, |s| s.committed(0) >= 5));
+    sim.isolate(0);
+    // Replica 1 starts a view change; crash it while the new view is still being written.
+    let caught = ok(sim.run_until(3_000, |s| {
+        s.replica(0, 1)
+            .is_some_and(|r| r.status() == Status::ViewChange)
+            && s.has_pending_writes(0, 1)
+    }));
+    assert!(
+        caught,
+        "replica 1 entered a view change with its write pending"
+    );
+    sim.crash((0, 1));
+    sim.heal_network();
+    ok(sim.run_ticks(200));
+    sim.restart((0, 1));
+    ok(sim.finish());
+}
+
+#[test]
+fn damaged_journal_on_the_replica_that_becomes_primary() {
+    let mut sim = Simulation::new(quiet(14, 3, 1));
+    sim.set_random_faults(false);
+    ok(sim.run_until(3_000, |s| s.committed(0) >= 20));
+    // Replica 1 (next primary) loses entries to damage, found when it restarts.
+    sim.crash((0, 1));
+    for op in [3, 7, 15, 19] {
+        sim.corrupt(0, 1, op);
+    }
+    sim.restart((0, 1));
+    sim.crash((0, 0));
+    ok(sim.run_until(5_000, |s| s.replica(0, 1).is_some_and(|r| r.is_primary())));
+    ok(sim.finish());
+}
+
+#[test]
+fn lagging_replica_catches_up_by_state_transfer_while_its_source_crashes() {
+    let mut config = quiet(15, 3, 1);
+    config.checkpoint_interval = 8; // journals keep little, so the laggard needs a snapshot
+    config.requests_per_client = 60;
+    let mut sim = Simulation::new(config);
+    sim.set_random_faults(false);
+    sim.isolate(2);
+    ok(sim.run_until(10_000, |s| s.committed(0) >= 60));
+    sim.heal_network();
+    // One of its sources goes down mid-transfer.
+    ok(sim.run_ticks(12));
+    sim.crash((0, 1));
+    ok(sim.run_until(5_000, |s| {
+        s.replica(0, 2).is_some_and(|r| r.commit_min() >= 60)
+    }));
+    assert!(
+        sim.replica(0, 2).unwrap().commit_min() >= 60,
+        "the laggard caught up"
+    );
+    ok(sim.finish());
+}
+
+#[test]
+fn many_groups_restart_at_once() {
+    let mut config = quiet(16, 3, 20);
+    config.clients_per_group = 1;
+    config.requests_per_client = 10;
+    let mut sim = Simulation::new(config);
+    sim.set_random_faults(false);
+    ok(sim.run_ticks(300));
+    for group in 0..20 {
+        for replica in 0..3 {
+            sim.crash((group, replica));
+        }
+    }
+    ok(sim.run_ticks(10));
+    let outcome = ok(sim.finish());
+    assert!(outcome.ops_committed >= 20 * 10);
+}

@@ -1,0 +1,604 @@
+//! The view change: choosing the new view's log and installing it.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use super::{
+    Checkpoint, DurableState, Entry, Output, Replica, Status, Timer, ViewChangeVote, TIMERS,
+};
+use crate::message::{Header, Message, ReplicaId, SuffixEntry};
+use crate::state::StateMachine;
+
+impl<S: StateMachine> Replica<S> {
+    // ---- view change --------------------------------------------------------------
+
+    pub(super) fn start_view_change(&mut self, view: u64, out: &mut Vec<Output>) {
+        if view <= self.view && self.status == Status::ViewChange {
+            return;
+        }
+        self.view = self.view.max(view);
+        self.status = Status::ViewChange;
+        self.svc_votes.clear();
+        self.svc_votes.insert(self.config.replica);
+        self.dvc_votes.clear();
+        self.dvc_sent = false;
+        self.start_view_pending = false;
+        self.prepare_oks.clear();
+        // Uncommitted entries may be replaced by the new view's log.
+        for (op, entry) in self.journal.iter_mut() {
+            if *op > self.commit_max {
+                entry.canonical = false;
+            }
+        }
+        let commit = self.commit_max;
+        self.wanted.retain(|op, _| *op <= commit);
+        self.deadlines = [None; TIMERS];
+        let timeout = self.view_change_timeout();
+        self.arm(Timer::ViewChange, timeout);
+        self.arm(Timer::Retry, self.config.retry_ticks);
+        // The new view is written before any message of it is sent.
+        self.write_state(out);
+        self.send_to_others(
+            Message::StartViewChange {
+                view: self.view,
+                from: self.config.replica,
+            },
+            out,
+        );
+        self.maybe_send_do_view_change(out);
+    }
+
+    pub(super) fn on_start_view_change(
+        &mut self,
+        view: u64,
+        from: ReplicaId,
+        out: &mut Vec<Output>,
+    ) {
+        if view < self.view || (view == self.view && self.status == Status::Normal) {
+            return;
+        }
+        if view > self.view {
+            self.start_view_change(view, out);
+        }
+        self.svc_votes.insert(from);
+        self.maybe_send_do_view_change(out);
+    }
+
+    pub(super) fn maybe_send_do_view_change(&mut self, out: &mut Vec<Output>) {
+        if self.status == Status::ViewChange
+            && !self.dvc_sent
+            && self.svc_votes.len() >= self.config.quorum()
+            && self.durable.view == self.view
+        {
+            self.dvc_sent = true;
+            self.send_do_view_change(out);
+        }
+    }
+
+    /// The journal from the commit anchor up: headers, bodies where intact.
+    pub(super) fn suffix_from(
+        &self,
+        from: u64,
+        bodies_above: u64,
+        canonical_only: bool,
+    ) -> Vec<SuffixEntry> {
+        self.journal
+            .range(from..)
+            .filter(|(_, e)| e.canonical || !canonical_only)
+            .map(|(op, e)| SuffixEntry {
+                header: e.header,
+                body: if *op > bodies_above {
+                    e.body.clone()
+                } else {
+                    None
+                },
+            })
+            .collect()
+    }
+
+    pub(super) fn send_do_view_change(&mut self, out: &mut Vec<Output>) {
+        if self.durable.view != self.view {
+            return;
+        }
+        let anchor = self
+            .journal
+            .range(..=self.commit_max)
+            .next_back()
+            .map_or(self.checkpoint.op, |(op, _)| *op);
+        let vote = ViewChangeVote {
+            log_view: self.durable.log_view,
+            op: self.op,
+            commit: self.commit_max,
+            suffix: self.suffix_from(anchor, anchor, false),
+        };
+        let primary = self.primary_of(self.view);
+        if primary == self.config.replica {
+            self.on_do_view_change(self.view, self.config.replica, vote, out);
+        } else {
+            out.push(Output::Send {
+                to: primary,
+                message: Message::DoViewChange {
+                    view: self.view,
+                    log_view: vote.log_view,
+                    op: vote.op,
+                    commit: vote.commit,
+                    suffix: vote.suffix,
+                    from: self.config.replica,
+                },
+            });
+        }
+    }
+
+    pub(super) fn on_do_view_change(
+        &mut self,
+        view: u64,
+        from: ReplicaId,
+        vote: ViewChangeVote,
+        out: &mut Vec<Output>,
+    ) {
+        if view < self.view || self.primary_of(view) != self.config.replica {
+            return;
+        }
+        if view > self.view || self.status == Status::Recovering {
+            self.start_view_change(view, out);
+        }
+        if self.status != Status::ViewChange || view != self.view {
+            return;
+        }
+        self.dvc_votes.insert(from, vote);
+        if !self.dvc_sent {
+            // A DoViewChange is as good as a StartViewChange for counting.
+            self.svc_votes.insert(from);
+            self.maybe_send_do_view_change(out);
+        }
+        if self.dvc_votes.len() >= self.config.quorum()
+            && self.dvc_votes.contains_key(&self.config.replica)
+            && !self.start_view_pending
+        {
+            self.start_view_pending = true;
+            self.adopt_canonical_log(out);
+            self.try_start_view(out);
+        }
+    }
+    /// Whether `vote` says it never had `header` at its op (a damaged entry never
+    /// counts: it is simply absent from the suffix, and the op is at or below `vote.op`).
+    pub(super) fn nacks(vote: &ViewChangeVote, header: &Header) -> bool {
+        if vote.op < header.op {
+            return true;
+        }
+        vote.suffix
+            .iter()
+            .find(|e| e.header.op == header.op)
+            .is_some_and(|e| e.header.checksum != header.checksum)
+    }
+
+    /// The new primary builds its log from the DoViewChanges: the top is the highest op
+    /// of the best (log view, op) vote, and every op below is the header whose checksum
+    /// the op above names as parent. Stale entries in any vote simply do not match the
+    /// chain. Ops at the top that no vote can supply are dropped only on a quorum of
+    /// nacks (a damaged entry is never a nack); otherwise this view cannot start.
+    pub(super) fn adopt_canonical_log(&mut self, out: &mut Vec<Output>) {
+        let Some(best) = self
+            .dvc_votes
+            .values()
+            .max_by_key(|v| (v.log_view, v.op))
+            .cloned()
+        else {
+            return;
+        };
+        let commit = self
+            .dvc_votes
+            .values()
+            .map(|v| v.commit)
+            .max()
+            .unwrap_or(0)
+            .max(self.commit_max);
+        // Every header any vote (or this journal) offers, by checksum, with a body if any.
+        let mut pool: BTreeMap<u64, (Header, Option<Vec<u8>>)> = BTreeMap::new();
+        let offered = self
+            .dvc_votes
+            .values()
+            .flat_map(|v| v.suffix.iter().map(|e| (e.header, e.body.clone())))
+            .chain(self.journal.values().map(|e| (e.header, e.body.clone())));
+        for (header, body) in offered {
+            let slot = pool.entry(header.checksum).or_insert((header, None));
+            if slot.1.is_none() {
+                slot.1 = body;
+            }
+        }
+        // The top: the highest op of the best log a same-view vote can name.
+        let same_view: Vec<&ViewChangeVote> = self
+            .dvc_votes
+            .values()
+            .filter(|v| v.log_view == best.log_view)
+            .collect();
+        let mut top = None;
+        let mut op = best.op;
+        while op > self.checkpoint.op {
+            let header = same_view.iter().find_map(|v| {
+                v.suffix
+                    .iter()
+                    .find(|e| e.header.op == op)
+                    .map(|e| e.header)
+            });
+            if let Some(header) = header {
+                top = Some(header);
+                break;
+            }
+            let nacks = self.dvc_votes.values().filter(|v| v.op < op).count();
+            if op <= commit || nacks < self.config.quorum() {
+                // Unknown, and perhaps committed: this view cannot start.
+                self.start_view_pending = false;
+                return;
+            }
+            op -= 1;
+        }
+        // Nothing above the checkpoint anywhere: the log is the checkpoint.
+        let top = top.or_else(|| self.journal.get(&self.checkpoint.op).map(|e| e.header));
+        let Some(top) = top else {
+            self.start_view_pending = false;
+            return;
+        };
+        // Walk the chain down.
+        let mut canonical: BTreeMap<u64, (Header, Option<Vec<u8>>)> = BTreeMap::new();
+        let mut expected = top.checksum;
+        let mut op = top.op;
+        while op > self.checkpoint.op {
+            let Some((header, body)) = pool.get(&expected).cloned() else {
+                self.wanted.insert(op, expected);
+                break;
+            };
+            if header.op != op {
+                break;
+            }
+            expected = header.parent;
+            canonical.insert(op, (header, body));
+            op -= 1;
+            // Below the commit, this journal's own verified chain takes over.
+            if op <= commit
+                && self
+                    .journal
+                    .get(&op)
+                    .is_some_and(|e| e.header.checksum == expected && e.canonical)
+            {
+                break;
+            }
+        }
+        // Uncommitted ops nobody can supply and a quorum never had: drop them and all above.
+        let droppable = canonical.iter().find(|(op, (header, body))| {
+            **op > commit
+                && body.is_none()
+                && self
+                    .dvc_votes
+                    .values()
+                    .filter(|v| Self::nacks(v, header))
+                    .count()
+                    >= self.config.quorum()
+        });
+        if let Some((&first, _)) = droppable {
+            canonical.retain(|o, _| *o < first);
+        }
+        let op = canonical
+            .keys()
+            .next_back()
+            .copied()
+            .unwrap_or(top.op.min(self.op));
+        if op < commit {
+            // The log found does not reach what is known committed: this view cannot
+            // start from these votes.
+            self.start_view_pending = false;
+            return;
+        }
+        if self.op > op || self.faulty.iter().any(|f| *f > op) {
+            out.push(Output::TruncateJournal { op });
+        }
+        self.journal.retain(|o, _| *o <= op);
+        self.faulty.retain(|f| *f <= op);
+        self.wanted.retain(|o, _| *o <= op);
+        self.op = op;
+        for (o, (header, body)) in canonical {
+            let same = self.journal.get(&o).is_some_and(|e| {
+                e.header.checksum == header.checksum && (e.body.is_some() || body.is_none())
+            });
+            if same {
+                if let Some(e) = self.journal.get_mut(&o) {
+                    e.canonical = true;
+                }
+            } else {
+                self.insert_entry(header, body, true, out);
+            }
+        }
+        self.commit_max = commit;
+        self.propagate_canonical();
+    }
+
+    /// Starts the view once every uncommitted op of the adopted log is durable here.
+    pub(super) fn try_start_view(&mut self, out: &mut Vec<Output>) {
+        if !self.start_view_pending || self.status != Status::ViewChange {
+            return;
+        }
+        let incomplete = ((self.commit_max + 1)..=self.op).any(|op| {
+            self.journal
+                .get(&op)
+                .is_none_or(|e| e.body.is_none() || !e.durable)
+        });
+        if incomplete {
+            self.repair_view_change(out);
+            return;
+        }
+        self.start_view_pending = false;
+        self.status = Status::Normal;
+        self.log_view = self.view;
+        self.start_view_sent = false;
+        self.prepare_oks = ((self.commit_max + 1)..=self.op)
+            .map(|op| (op, BTreeSet::new()))
+            .collect();
+        self.arm_status_timers();
+        self.write_state(out);
+        if self.view_durable() {
+            self.send_start_view(out);
+        }
+        self.apply_committed(out);
+    }
+
+    pub(super) fn repair_view_change(&mut self, out: &mut Vec<Output>) {
+        let missing: Vec<(u64, u64)> = ((self.commit_max + 1)..=self.op)
+            .filter_map(|op| {
+                let e = self.journal.get(&op)?;
+                e.body.is_none().then_some((op, e.header.checksum))
+            })
+            .collect();
+        for (op, checksum) in missing {
+            self.send_to_others(
+                Message::RequestPrepare {
+                    op,
+                    checksum,
+                    from: self.config.replica,
+                },
+                out,
+            );
+        }
+    }
+
+    pub(super) fn start_view_message(&self) -> Message {
+        let anchor = self
+            .dvc_votes
+            .values()
+            .map(|v| v.suffix.first().map_or(v.commit, |e| e.header.op))
+            .min()
+            .unwrap_or(self.commit_max)
+            .min(self.commit_max);
+        let from = self
+            .journal
+            .range(..=anchor)
+            .next_back()
+            .map_or(self.checkpoint.op, |(op, _)| *op);
+        Message::StartView {
+            view: self.view,
+            op: self.op,
+            commit: self.commit_max,
+            suffix: self.suffix_from(from, self.commit_max, true),
+            from: self.config.replica,
+        }
+    }
+
+    pub(super) fn send_start_view(&mut self, out: &mut Vec<Output>) {
+        self.start_view_sent = true;
+        let message = self.start_view_message();
+        self.send_to_others(message, out);
+        self.send_commit(out);
+    }
+
+    pub(super) fn on_start_view(
+        &mut self,
+        view: u64,
+        op: u64,
+        commit: u64,
+        suffix: Vec<SuffixEntry>,
+        from: ReplicaId,
+        out: &mut Vec<Output>,
+    ) {
+        if view < self.view || from != self.primary_of(view) || from == self.config.replica {
+            return;
+        }
+        if view == self.view && self.status == Status::Normal {
+            return;
+        }
+        self.view = view;
+        self.status = Status::Normal;
+        self.log_view = view;
+        self.svc_votes.clear();
+        self.dvc_votes.clear();
+        self.dvc_sent = false;
+        self.start_view_pending = false;
+        self.prepare_oks.clear();
+        if self.op > op || self.faulty.iter().any(|f| *f > op) {
+            out.push(Output::TruncateJournal { op });
+        }
+        self.journal.retain(|o, _| *o <= op);
+        self.faulty.retain(|f| *f <= op);
+        self.wanted.retain(|o, _| *o <= op);
+        for (o, entry) in self.journal.iter_mut() {
+            if *o > self.commit_max {
+                entry.canonical = false;
+            }
+        }
+        let commit_before = self.commit_max;
+        self.wanted.retain(|o, _| *o <= commit_before);
+        for entry in suffix {
+            if entry.header.op <= self.checkpoint.op {
+                continue;
+            }
+            let same = self
+                .journal
+                .get(&entry.header.op)
+                .is_some_and(|e| e.header.checksum == entry.header.checksum);
+            if same {
+                if let Some(e) = self.journal.get_mut(&entry.header.op) {
+                    e.canonical = true;
+                    if e.body.is_none() && entry.body.is_some() {
+                        let header = e.header;
+                        self.insert_entry(header, entry.body, true, out);
+                    }
+                }
+            } else {
+                self.insert_entry(entry.header, entry.body, true, out);
+            }
+        }
+        self.op = op
+            .max(self.journal.keys().next_back().copied().unwrap_or(0))
+            .min(op);
+        self.commit_max = self.commit_max.max(commit.min(op));
+        self.arm_status_timers();
+        self.write_state(out);
+        self.acks_owed = true;
+        self.send_owed_acks(out);
+        self.apply_committed(out);
+        self.repair(out);
+    }
+
+    pub(super) fn send_owed_acks(&mut self, out: &mut Vec<Output>) {
+        if !self.acks_owed
+            || self.status != Status::Normal
+            || !self.view_durable()
+            || self.is_primary()
+        {
+            return;
+        }
+        self.acks_owed = false;
+        let owed: Vec<(u64, u64)> = self
+            .journal
+            .range((self.commit_max + 1)..)
+            .filter(|(_, e)| e.durable && e.canonical && e.body.is_some())
+            .map(|(op, e)| (*op, e.header.checksum))
+            .collect();
+        for (op, checksum) in owed {
+            self.send_prepare_ok(op, checksum, out);
+        }
+    }
+
+    pub(super) fn on_state_written(&mut self, state: DurableState, out: &mut Vec<Output>) {
+        self.durable = state;
+        match self.status {
+            Status::ViewChange => self.maybe_send_do_view_change(out),
+            Status::Normal if self.is_primary() => {
+                if !self.start_view_sent
+                    && self.view_durable()
+                    && self.log_view == self.view
+                    && self.view > 0
+                {
+                    self.send_start_view(out);
+                }
+                self.try_commit(out);
+            }
+            Status::Normal => self.send_owed_acks(out),
+            Status::Recovering => {}
+        }
+    }
+
+    pub(super) fn on_request_start_view(
+        &mut self,
+        view: u64,
+        from: ReplicaId,
+        out: &mut Vec<Output>,
+    ) {
+        if self.is_primary()
+            && self.view >= view
+            && self.view_durable()
+            && from != self.config.replica
+        {
+            let message = self.start_view_message();
+            out.push(Output::Send { to: from, message });
+        }
+    }
+
+    pub(super) fn on_request_prepare(
+        &mut self,
+        op: u64,
+        checksum: u64,
+        from: ReplicaId,
+        out: &mut Vec<Output>,
+    ) {
+        if let Some(prepare) = self.prepare_at(op) {
+            if prepare.header.checksum == checksum && from != self.config.replica {
+                out.push(Output::Send {
+                    to: from,
+                    message: Message::Prepare(prepare),
+                });
+            }
+        }
+    }
+
+    pub(super) fn on_request_snapshot(&mut self, from: ReplicaId, out: &mut Vec<Output>) {
+        if from == self.config.replica || self.commit_min == 0 {
+            return;
+        }
+        let Some(header) = self.journal.get(&self.commit_min).map(|e| e.header) else {
+            return;
+        };
+        out.push(Output::Send {
+            to: from,
+            message: Message::Snapshot {
+                header,
+                state: self.state.snapshot(),
+                from: self.config.replica,
+            },
+        });
+    }
+
+    pub(super) fn on_snapshot(
+        &mut self,
+        header: Header,
+        state: Vec<u8>,
+        _from: ReplicaId,
+        out: &mut Vec<Output>,
+    ) {
+        if header.group != self.config.group || !header.valid() || header.op <= self.commit_min {
+            return;
+        }
+        // Only for a replica that cannot apply its next op (missing, or not verifiable
+        // because the chain above it has a hole nobody can fill).
+        let next_applicable = self
+            .journal
+            .get(&(self.commit_min + 1))
+            .is_some_and(|e| e.body.is_some() && e.canonical);
+        if next_applicable {
+            return;
+        }
+        if self.state.restore(&state).is_err() {
+            return;
+        }
+        self.commit_min = header.op;
+        self.commit_max = self.commit_max.max(header.op);
+        self.op = self.op.max(header.op);
+        self.checkpoint = header;
+        self.journal = self.journal.split_off(&(header.op + 1));
+        self.journal.insert(
+            header.op,
+            Entry {
+                header,
+                body: None,
+                durable: true,
+                canonical: true,
+            },
+        );
+        self.wanted = self.wanted.split_off(&(header.op + 1));
+        self.faulty = self.faulty.split_off(&(header.op + 1));
+        out.push(Output::WriteCheckpoint(Checkpoint { header, state }));
+        out.push(Output::PruneJournal { op: header.op });
+        self.write_state(out);
+        self.apply_committed(out);
+    }
+
+    pub(super) fn check_invariants(&self) {
+        debug_assert!(self.commit_min <= self.commit_max, "applied beyond commit");
+        debug_assert!(self.durable.view <= self.view, "durable view ahead of view");
+        debug_assert!(
+            self.durable.log_view <= self.durable.view,
+            "log view ahead of view"
+        );
+        debug_assert!(
+            self.checkpoint.op <= self.commit_min,
+            "checkpoint beyond applied"
+        );
+    }
+}
