@@ -120,6 +120,8 @@ pub struct SimConfig {
     pub sessions_max: usize,
     /// Ops between checkpoints (and the journal kept below one).
     pub checkpoint_interval: u64,
+    /// Replicas drop timers and compact their journals while idle.
+    pub quiesce: bool,
 }
 
 impl SimConfig {
@@ -140,6 +142,7 @@ impl SimConfig {
             // One spare: a duplicate register evicts someone, but clients never thrash.
             sessions_max: clients_per_group as usize + 1,
             checkpoint_interval: 64,
+            quiesce: prng.chance(50),
         }
     }
 }
@@ -297,6 +300,7 @@ impl Simulation {
                 vsr.sessions_max = config.sessions_max;
                 vsr.checkpoint_interval = config.checkpoint_interval;
                 vsr.journal_keep = config.checkpoint_interval;
+                vsr.quiesce = config.quiesce;
                 nodes.insert(
                     (group, replica),
                     Node {
@@ -591,7 +595,39 @@ impl Simulation {
             }
         }
         self.drive_clients();
+        self.node_heartbeats();
         self.check();
+    }
+
+    /// What a node's shell does for its quiescent groups: now and then, one batch of
+    /// commit heartbeats per peer, so a backup that missed the last commits catches up.
+    fn node_heartbeats(&mut self) {
+        const NODE_HEARTBEAT_TICKS: u64 = 100;
+        if !self.config.quiesce || !self.tick.is_multiple_of(NODE_HEARTBEAT_TICKS) {
+            return;
+        }
+        let beats: Vec<((u64, ReplicaId), Message)> = self
+            .nodes
+            .iter()
+            .filter_map(|(key, n)| {
+                let replica = n.replica.as_ref()?;
+                if replica.next_deadline().is_some() {
+                    return None; // awake: its own heartbeats run
+                }
+                Some((*key, replica.commit_heartbeat()?))
+            })
+            .collect();
+        for ((group, replica), message) in beats {
+            for to in 0..self.config.replica_count {
+                if to != replica {
+                    self.send(
+                        Address::Replica(group, replica),
+                        Address::Replica(group, to),
+                        Payload::Replica(message.clone()),
+                    );
+                }
+            }
+        }
     }
 
     fn input(&mut self, key: (u64, ReplicaId), input: Input) {
@@ -625,6 +661,19 @@ impl Simulation {
             }
             Output::WriteJournal(prepare) => self.queue(key, PendingWrite::Journal(prepare)),
             Output::WriteHeader(header) => self.queue(key, PendingWrite::Header(header)),
+            Output::SendFromJournal { to, op, checksum } => {
+                let slot = self.nodes.get(&key).and_then(|n| n.disk.journal.get(&op));
+                let prepare = slot
+                    .filter(|s| s.intact && !s.header_only && s.prepare.header.checksum == checksum)
+                    .map(|s| s.prepare.clone());
+                if let Some(prepare) = prepare {
+                    self.send(
+                        Address::Replica(group, replica),
+                        Address::Replica(group, to),
+                        Payload::Replica(Message::Prepare(prepare)),
+                    );
+                }
+            }
             Output::WriteState(state) => self.queue(key, PendingWrite::State(state)),
             Output::TruncateJournal { op } => self.queue(key, PendingWrite::Truncate(op)),
             Output::PruneJournal { op } => self.queue(key, PendingWrite::Prune(op)),
@@ -926,6 +975,7 @@ impl Simulation {
         config.sessions_max = self.config.sessions_max;
         config.checkpoint_interval = self.config.checkpoint_interval;
         config.journal_keep = self.config.checkpoint_interval;
+        config.quiesce = self.config.quiesce;
         let journal: Vec<(u64, JournalSlot)> = node
             .disk
             .journal

@@ -19,6 +19,7 @@ fn quiet(seed: u64, replica_count: u8, groups: u64) -> SimConfig {
         faults: Faults::none(),
         sessions_max: 3,
         checkpoint_interval: 64,
+        quiesce: false,
     }
 }
 

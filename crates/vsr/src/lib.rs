@@ -14,11 +14,13 @@
 //! the replicated state so a retried request is answered, never applied twice.
 
 mod message;
+mod node;
 mod replica;
 mod state;
 
 pub use message::{
     checksum, Header, Message, Operation, Prepare, Refusal, ReplicaId, Reply, Request, SuffixEntry,
 };
+pub use node::{Node, UnknownGroup};
 pub use replica::{Checkpoint, Config, DurableState, Input, JournalSlot, Output, Replica, Status};
 pub use state::{Applied, CounterMachine, ReplicatedState, StateMachine};

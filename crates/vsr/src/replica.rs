@@ -51,6 +51,11 @@ pub struct Config {
     pub retry_ticks: u64,
     /// Seed of the jitter.
     pub seed: u64,
+    /// When the group is idle (everything committed and applied), drop every timer and
+    /// every journal entry but the commit anchor from memory: thousands of idle groups
+    /// then cost little and wake only on a message. Bodies dropped are served from the
+    /// journal on disk ([`Output::SendFromJournal`]).
+    pub quiesce: bool,
 }
 
 impl Config {
@@ -68,6 +73,7 @@ impl Config {
             view_change_ticks: 50,
             retry_ticks: 15,
             seed,
+            quiesce: false,
         }
     }
 
@@ -156,6 +162,16 @@ pub enum Output {
     /// entry is known but its body must be repaired. Keeps a stale body from outliving
     /// the log view that replaced it.
     WriteHeader(Header),
+    /// Send the journal's prepare at `op` (if it has `checksum`) to a peer: a repair
+    /// answer for an entry this replica keeps only on disk.
+    SendFromJournal {
+        /// The peer.
+        to: ReplicaId,
+        /// The op.
+        op: u64,
+        /// The checksum asked for.
+        checksum: u64,
+    },
     /// Remove journal entries above `op`. Takes effect before later writes.
     TruncateJournal {
         /// Entries above this op go.
@@ -222,6 +238,8 @@ enum Timer {
 }
 
 const TIMERS: usize = 3;
+/// Commit heartbeats an idle primary sends before it goes quiet.
+const QUIET_AFTER_HEARTBEATS: u32 = 3;
 /// Retries without progress before a stuck replica asks for a snapshot.
 const STALLED_RETRIES_FOR_SNAPSHOT: u32 = 4;
 
@@ -256,6 +274,14 @@ pub struct Replica<S> {
     /// Retries in a row during which nothing could be applied although ops are committed.
     stalled_retries: u32,
     commit_min_at_retry: u64,
+    /// Entries at or below this op were dropped from memory by quiescence; they are on
+    /// disk.
+    compacted_through: u64,
+    /// Backup: the highest commit its primary has told it in this view.
+    heard_commit: u64,
+    /// Primary: commit heartbeats sent since it last had work; it goes quiet after a few,
+    /// so every backup has heard the final commit.
+    idle_heartbeats: u32,
     deadlines: [Option<u64>; TIMERS],
     now: u64,
     prng: u64,
@@ -313,6 +339,9 @@ impl<S: StateMachine> Replica<S> {
             acks_owed: false,
             stalled_retries: 0,
             commit_min_at_retry: 0,
+            compacted_through: 0,
+            heard_commit: 0,
+            idle_heartbeats: 0,
             deadlines: [None; TIMERS],
             now: 0,
             prng: config.seed ^ (u64::from(config.replica) << 56) ^ config.group,
@@ -461,6 +490,21 @@ impl<S: StateMachine> Replica<S> {
             .map(|e| (e.header.checksum, e.body.is_some(), e.canonical))
     }
 
+    /// Journal entries held in memory.
+    pub fn journal_len(&self) -> usize {
+        self.journal.len()
+    }
+
+    /// Approximate heap bytes held (journal, indexes, client table excluded).
+    pub fn heap_bytes(&self) -> usize {
+        // A BTreeMap node per entry is about the entry plus a pointer or two.
+        self.journal
+            .values()
+            .map(|e| std::mem::size_of::<Entry>() + 16 + e.body.as_ref().map_or(0, Vec::capacity))
+            .sum::<usize>()
+            + (self.wanted.len() + self.faulty.len()) * 24
+    }
+
     /// The header of `op` in the journal, if present.
     pub fn header(&self, op: u64) -> Option<&Header> {
         self.journal.get(&op).map(|e| &e.header)
@@ -478,7 +522,94 @@ impl<S: StateMachine> Replica<S> {
             Input::StateWritten(state) => self.on_state_written(state, out),
             Input::Message(message) => self.on_message(message, out),
         }
+        self.settle_timers();
         self.check_invariants();
+    }
+
+    /// The commit heartbeat a quiescent primary's node sends now and then, batched with
+    /// those of its other groups: it wakes a backup that missed the final commits.
+    /// `None` unless this replica is a primary with a durable view.
+    pub fn commit_heartbeat(&self) -> Option<Message> {
+        if !self.is_primary() || !self.view_durable() {
+            return None;
+        }
+        let checksum = self.journal.get(&self.commit_max)?.header.checksum;
+        Some(Message::Commit {
+            view: self.view,
+            commit: self.commit_max,
+            checksum,
+            from: self.config.replica,
+        })
+    }
+
+    /// Whether nothing is in flight: everything prepared is committed and applied,
+    /// nothing is missing, and the view is durable.
+    pub fn is_idle(&self) -> bool {
+        self.status == Status::Normal
+            && self.op == self.commit_max
+            && self.commit_min == self.commit_max
+            && self.wanted.is_empty()
+            && self.faulty.is_empty()
+            && self.view_durable()
+            && !self.acks_owed
+            && self.prepare_oks.is_empty()
+            && (!self.is_primary() || self.start_view_sent || self.view == 0)
+            && self.journal.values().all(|e| e.durable && e.canonical)
+    }
+
+    /// Idle, and sure its peers know it: a primary has sent its final commit a few
+    /// times; a backup has heard that commit reach its op.
+    fn may_quiesce(&self) -> bool {
+        self.config.quiesce
+            && self.is_idle()
+            && if self.is_primary() {
+                self.idle_heartbeats >= QUIET_AFTER_HEARTBEATS
+            } else {
+                self.heard_commit >= self.op
+            }
+    }
+
+    /// After each input: a quiescing idle replica drops its timers and compacts its
+    /// journal to the commit anchor; a busy one has the timers its status needs.
+    fn settle_timers(&mut self) {
+        if self.may_quiesce() {
+            self.deadlines = [None; TIMERS];
+            if self.journal.len() > 1 {
+                let anchor = self.journal.get(&self.commit_min).map(|e| e.header);
+                if let Some(header) = anchor {
+                    self.journal.clear();
+                    self.journal.insert(
+                        header.op,
+                        Entry {
+                            header,
+                            body: None,
+                            durable: true,
+                            canonical: true,
+                        },
+                    );
+                    self.compacted_through = header.op;
+                }
+            }
+            return;
+        }
+        let needs = |timer: Timer, replica: &Self| replica.deadlines[timer as usize].is_none();
+        if needs(Timer::Retry, self) {
+            self.arm(Timer::Retry, self.config.retry_ticks);
+        }
+        if self.is_primary() {
+            if needs(Timer::Heartbeat, self) {
+                self.arm(Timer::Heartbeat, self.config.heartbeat_ticks);
+            }
+        } else if needs(Timer::ViewChange, self) {
+            let timeout = self.view_change_timeout();
+            self.arm(Timer::ViewChange, timeout);
+        }
+    }
+
+    /// Ops at or below this are not walked in memory: covered by a checkpoint or
+    /// compacted to disk.
+    fn floor(&self) -> u64 {
+        self.checkpoint.op.max(self.compacted_through)
     }
 
     fn on_message(&mut self, message: Message, out: &mut Vec<Output>) {
@@ -564,6 +695,11 @@ impl<S: StateMachine> Replica<S> {
             self.arm(Timer::Heartbeat, self.config.heartbeat_ticks);
             if self.is_primary() {
                 self.send_commit(out);
+                if self.is_idle() {
+                    self.idle_heartbeats = self.idle_heartbeats.saturating_add(1);
+                } else {
+                    self.idle_heartbeats = 0;
+                }
             }
         }
         if due(self.deadlines[Timer::ViewChange as usize]) {
@@ -719,7 +855,7 @@ impl<S: StateMachine> Replica<S> {
             return;
         };
         let mut op = top;
-        while op > self.checkpoint.op {
+        while op > self.floor() {
             let Some(parent) = self.journal.get(&op).map(|e| e.header.parent) else {
                 break;
             };
@@ -737,9 +873,10 @@ impl<S: StateMachine> Replica<S> {
     }
 
     fn record_anchor(&mut self, op: u64, checksum: u64) {
+        let floor = self.floor();
         match self.journal.get_mut(&op) {
             Some(entry) if entry.header.checksum == checksum => entry.canonical = true,
-            _ if op > self.checkpoint.op => {
+            _ if op > floor => {
                 self.wanted.insert(op, checksum);
             }
             _ => {}
@@ -806,6 +943,13 @@ impl<S: StateMachine> Replica<S> {
 
     fn on_request(&mut self, request: Request, out: &mut Vec<Output>) {
         if !self.is_primary() || !self.view_durable() {
+            // A client that came to a backup could not reach the primary: if this
+            // replica was quiescent, it starts watching the primary again.
+            if self.status == Status::Normal && self.deadlines[Timer::ViewChange as usize].is_none()
+            {
+                let timeout = self.view_change_timeout();
+                self.arm(Timer::ViewChange, timeout);
+            }
             return;
         }
         let reply = |result| {
@@ -888,6 +1032,7 @@ impl<S: StateMachine> Replica<S> {
             checksum: 0,
         }
         .seal();
+        self.idle_heartbeats = 0;
         self.insert_entry(header, Some(body.clone()), true, out);
         self.prepare_oks.insert(header.op, BTreeSet::new());
         self.send_to_others(Message::Prepare(Prepare { header, body }), out);
@@ -982,6 +1127,7 @@ impl<S: StateMachine> Replica<S> {
             }
             _ => {}
         }
+        self.heard_commit = self.heard_commit.max(header.commit);
         self.commit_max = self.commit_max.max(header.commit.min(self.op));
         if header.commit <= self.op {
             // The primary's commit is canonical if our chain reaches it.
@@ -1120,6 +1266,7 @@ impl<S: StateMachine> Replica<S> {
             return;
         }
         self.arm(Timer::ViewChange, self.config.view_change_ticks * 2);
+        self.heard_commit = self.heard_commit.max(commit);
         if commit > self.commit_max {
             self.commit_max = commit;
             self.record_anchor(commit, checksum);

@@ -17,6 +17,8 @@ impl<S: StateMachine> Replica<S> {
         }
         self.view = self.view.max(view);
         self.status = Status::ViewChange;
+        self.heard_commit = 0;
+        self.idle_heartbeats = 0;
         self.svc_votes.clear();
         self.svc_votes.insert(self.config.replica);
         self.dvc_votes.clear();
@@ -213,7 +215,7 @@ impl<S: StateMachine> Replica<S> {
             .collect();
         let mut top = None;
         let mut op = best.op;
-        while op > self.checkpoint.op {
+        while op > self.floor() {
             let header = same_view.iter().find_map(|v| {
                 v.suffix
                     .iter()
@@ -233,7 +235,7 @@ impl<S: StateMachine> Replica<S> {
             op -= 1;
         }
         // Nothing above the checkpoint anywhere: the log is the checkpoint.
-        let top = top.or_else(|| self.journal.get(&self.checkpoint.op).map(|e| e.header));
+        let top = top.or_else(|| self.journal.get(&self.floor()).map(|e| e.header));
         let Some(top) = top else {
             self.start_view_pending = false;
             return;
@@ -242,7 +244,7 @@ impl<S: StateMachine> Replica<S> {
         let mut canonical: BTreeMap<u64, (Header, Option<Vec<u8>>)> = BTreeMap::new();
         let mut expected = top.checksum;
         let mut op = top.op;
-        while op > self.checkpoint.op {
+        while op > self.floor() {
             let Some((header, body)) = pool.get(&expected).cloned() else {
                 self.wanted.insert(op, expected);
                 break;
@@ -448,6 +450,7 @@ impl<S: StateMachine> Replica<S> {
             .max(self.journal.keys().next_back().copied().unwrap_or(0))
             .min(op);
         self.commit_max = self.commit_max.max(commit.min(op));
+        self.heard_commit = commit;
         self.arm_status_timers();
         self.write_state(out);
         self.acks_owed = true;
@@ -518,13 +521,28 @@ impl<S: StateMachine> Replica<S> {
         from: ReplicaId,
         out: &mut Vec<Output>,
     ) {
-        if let Some(prepare) = self.prepare_at(op) {
-            if prepare.header.checksum == checksum && from != self.config.replica {
-                out.push(Output::Send {
+        if from == self.config.replica {
+            return;
+        }
+        match self.prepare_at(op) {
+            Some(prepare) if prepare.header.checksum == checksum => out.push(Output::Send {
+                to: from,
+                message: Message::Prepare(prepare),
+            }),
+            // Compacted to disk (or only the header is in memory): the shell reads it.
+            _ if op <= self.compacted_through
+                || self
+                    .journal
+                    .get(&op)
+                    .is_some_and(|e| e.header.checksum == checksum && e.durable) =>
+            {
+                out.push(Output::SendFromJournal {
                     to: from,
-                    message: Message::Prepare(prepare),
+                    op,
+                    checksum,
                 });
             }
+            _ => {}
         }
     }
 

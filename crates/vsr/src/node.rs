@@ -1,0 +1,255 @@
+//! Many groups on one node: inputs routed by group id, and a timer index so a tick
+//! touches only the groups whose deadline has come. With `Config::quiesce`, an idle
+//! group has no deadline at all (it is not in the index) and keeps only its commit
+//! anchor in memory; a message wakes it.
+
+use std::collections::{BTreeSet, HashMap};
+
+use crate::message::Message;
+use crate::replica::{Input, Output, Replica};
+use crate::state::StateMachine;
+
+/// The replicas one node holds, one per group.
+#[derive(Debug)]
+pub struct Node<S> {
+    replicas: HashMap<u64, Replica<S>>,
+    /// (deadline, group) of every group with a timer armed.
+    timers: BTreeSet<(u64, u64)>,
+    armed: HashMap<u64, u64>,
+}
+
+impl<S> Default for Node<S> {
+    fn default() -> Self {
+        Self {
+            replicas: HashMap::new(),
+            timers: BTreeSet::new(),
+            armed: HashMap::new(),
+        }
+    }
+}
+
+/// A message or tick for a group this node does not hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UnknownGroup(pub u64);
+
+impl<S: StateMachine> Node<S> {
+    /// An empty node.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds a group's replica (replacing one of the same group).
+    pub fn insert(&mut self, replica: Replica<S>) {
+        let group = replica.config().group;
+        self.replicas.insert(group, replica);
+        self.rearm(group);
+    }
+
+    /// Removes a group's replica.
+    pub fn remove(&mut self, group: u64) -> Option<Replica<S>> {
+        if let Some(deadline) = self.armed.remove(&group) {
+            self.timers.remove(&(deadline, group));
+        }
+        self.replicas.remove(&group)
+    }
+
+    /// A group's replica.
+    pub fn replica(&self, group: u64) -> Option<&Replica<S>> {
+        self.replicas.get(&group)
+    }
+
+    /// Groups held.
+    pub fn len(&self) -> usize {
+        self.replicas.len()
+    }
+
+    /// Whether no group is held.
+    pub fn is_empty(&self) -> bool {
+        self.replicas.is_empty()
+    }
+
+    /// Groups with a timer armed (busy ones); quiescent groups are not counted.
+    pub fn armed_groups(&self) -> usize {
+        self.armed.len()
+    }
+
+    /// The earliest deadline of any group.
+    pub fn next_deadline(&self) -> Option<u64> {
+        self.timers.iter().next().map(|(deadline, _)| *deadline)
+    }
+
+    fn rearm(&mut self, group: u64) {
+        if let Some(old) = self.armed.remove(&group) {
+            self.timers.remove(&(old, group));
+        }
+        if let Some(deadline) = self.replicas.get(&group).and_then(Replica::next_deadline) {
+            self.timers.insert((deadline, group));
+            self.armed.insert(group, deadline);
+        }
+    }
+
+    /// Routes one input to its group; outputs are tagged with the group.
+    ///
+    /// # Errors
+    /// [`UnknownGroup`] if this node holds no replica of `group`.
+    pub fn step(
+        &mut self,
+        now: u64,
+        group: u64,
+        input: Input,
+        out: &mut Vec<(u64, Output)>,
+    ) -> Result<(), UnknownGroup> {
+        let replica = self.replicas.get_mut(&group).ok_or(UnknownGroup(group))?;
+        let mut outputs = Vec::new();
+        replica.step(now, input, &mut outputs);
+        out.extend(outputs.into_iter().map(|o| (group, o)));
+        self.rearm(group);
+        Ok(())
+    }
+
+    /// Ticks every group whose deadline has come (and no other).
+    pub fn tick(&mut self, now: u64, out: &mut Vec<(u64, Output)>) {
+        let due: Vec<u64> = self
+            .timers
+            .range(..=(now, u64::MAX))
+            .map(|(_, group)| *group)
+            .collect();
+        for group in due {
+            let _ = self.step(now, group, Input::Tick, out);
+        }
+    }
+
+    /// The commit heartbeats of the quiescent groups this node leads, to batch per peer
+    /// now and then (see [`Replica::commit_heartbeat`]).
+    pub fn quiet_heartbeats(&self) -> Vec<(u64, Message)> {
+        self.replicas
+            .iter()
+            .filter(|(group, _)| !self.armed.contains_key(group))
+            .filter_map(|(group, r)| Some((*group, r.commit_heartbeat()?)))
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::message::{Message, Request};
+    use crate::replica::{Config, Output};
+    use crate::state::CounterMachine;
+
+    /// Three nodes with `groups` groups each, driven by a loss-free message loop.
+    fn cluster(groups: u64) -> Vec<Node<CounterMachine>> {
+        (0..3u8)
+            .map(|replica| {
+                let mut node = Node::new();
+                for group in 0..groups {
+                    let mut config = Config::new(group, replica, 3, 7);
+                    config.quiesce = true;
+                    node.insert(Replica::new(config, CounterMachine::default()));
+                }
+                node
+            })
+            .collect()
+    }
+
+    fn run(
+        nodes: &mut [Node<CounterMachine>],
+        from_tick: u64,
+        ticks: u64,
+        mut inbox: Vec<(u8, u64, Input)>,
+    ) -> u64 {
+        let mut replies = 0;
+        for now in from_tick..from_tick + ticks {
+            let mut next = Vec::new();
+            for (node, group, input) in inbox.drain(..) {
+                let mut out = Vec::new();
+                nodes[node as usize]
+                    .step(now, group, input, &mut out)
+                    .unwrap();
+                next.extend(out.into_iter().map(|o| (node, o)));
+            }
+            for (index, node) in nodes.iter_mut().enumerate() {
+                let mut out = Vec::new();
+                node.tick(now, &mut out);
+                next.extend(out.into_iter().map(|o| (index as u8, o)));
+            }
+            for (node, (group, output)) in next {
+                match output {
+                    Output::Send { to, message } => {
+                        inbox.push((to, group, Input::Message(message)))
+                    }
+                    Output::WriteJournal(p) => inbox.push((
+                        node,
+                        group,
+                        Input::JournalWritten {
+                            op: p.header.op,
+                            checksum: p.header.checksum,
+                        },
+                    )),
+                    Output::WriteState(s) => inbox.push((node, group, Input::StateWritten(s))),
+                    Output::Reply(_) => replies += 1,
+                    _ => {}
+                }
+            }
+        }
+        replies
+    }
+
+    #[test]
+    fn thousands_of_groups_tick_cheaply_and_idle_groups_go_quiet() {
+        const GROUPS: u64 = 2_000;
+        let mut nodes = cluster(GROUPS);
+        // One register per group, sent to each group's primary of view 0.
+        let requests: Vec<(u8, u64, Input)> = (0..GROUPS)
+            .map(|group| {
+                let primary = (group % 3) as u8;
+                let request = Request {
+                    client: 1,
+                    session: 0,
+                    request: 1,
+                    body: Vec::new(),
+                };
+                (primary, group, Input::Message(Message::Request(request)))
+            })
+            .collect();
+        let replies = run(&mut nodes, 1, 200, requests);
+        assert_eq!(replies, GROUPS, "every group committed its register");
+        for node in &nodes {
+            assert_eq!(node.len() as u64, GROUPS);
+            assert_eq!(node.armed_groups(), 0, "idle groups keep no timer");
+            assert_eq!(node.next_deadline(), None);
+            for group in 0..GROUPS {
+                let replica = node.replica(group).unwrap();
+                assert_eq!(replica.commit_min(), 1);
+                assert!(
+                    replica.journal_len() <= 1,
+                    "only the commit anchor stays in memory"
+                );
+            }
+        }
+        // Idle groups cost little: the replica struct and one journal entry.
+        let bytes = std::mem::size_of::<Replica<CounterMachine>>()
+            + nodes[0].replica(0).unwrap().heap_bytes();
+        eprintln!(
+            "idle group: {bytes} bytes (struct {} + heap)",
+            std::mem::size_of::<Replica<CounterMachine>>()
+        );
+        assert!(bytes < 1_500, "an idle group costs {bytes} bytes");
+        // A message wakes one group; the others stay quiet.
+        let request = Request {
+            client: 1,
+            session: 1,
+            request: 1,
+            body: b"k=1".to_vec(),
+        };
+        let woken = run(
+            &mut nodes,
+            200,
+            100,
+            vec![(0, 0, Input::Message(Message::Request(request)))],
+        );
+        assert_eq!(woken, 1);
+        assert_eq!(nodes[0].replica(0).unwrap().commit_min(), 2);
+        assert_eq!(nodes.iter().map(Node::armed_groups).sum::<usize>(), 0);
+    }
+}
