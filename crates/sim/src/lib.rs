@@ -67,6 +67,9 @@ pub struct Faults {
     /// Percent of writes still pending at a crash that are torn (the rest of the
     /// suffix is lost).
     pub torn_percent: u64,
+    /// Chance per write (per 10,000) that the disk refuses it (EIO): the replica stops
+    /// (fail-stop), as a node does after a failed fsync, and restarts later.
+    pub write_fail_per_10k: u64,
 }
 
 impl Faults {
@@ -80,6 +83,7 @@ impl Faults {
             crash_per_10k: 0,
             corrupt_per_10k: 0,
             torn_percent: 0,
+            write_fail_per_10k: 0,
         }
     }
 
@@ -93,6 +97,7 @@ impl Faults {
             crash_per_10k: prng.below(25),
             corrupt_per_10k: prng.below(20),
             torn_percent: prng.below(60),
+            write_fail_per_10k: prng.below(20),
         }
     }
 }
@@ -181,6 +186,8 @@ pub struct Outcome {
     pub corruptions: u64,
     /// Writes torn by a crash.
     pub torn_writes: u64,
+    /// Writes the disk refused.
+    pub failed_writes: u64,
     /// The highest view reached.
     pub views: u64,
 }
@@ -767,7 +774,27 @@ impl Simulation {
                 Some(node) if node.replica.is_some() => node.pending.drain(..).collect(),
                 _ => continue,
             };
-            for write in writes {
+            let fail_chance = if self.faults_on {
+                self.config.faults.write_fail_per_10k
+            } else {
+                0
+            };
+            for (index, write) in writes.iter().enumerate() {
+                if self.prng.below(10_000) < fail_chance {
+                    // The disk refused this write: it and every later one are lost, and
+                    // the replica stops.
+                    if let Some(node) = self.nodes.get_mut(&key) {
+                        node.pending = writes[index..].iter().cloned().collect();
+                    }
+                    self.outcome.failed_writes += 1;
+                    self.crash_keeping(key, 0, false);
+                    let downtime = 20 + self.prng.below(200);
+                    if let Some(node) = self.nodes.get_mut(&key) {
+                        node.restart_at = Some(self.tick + downtime);
+                    }
+                    break;
+                }
+                let write = write.clone();
                 if self.trace {
                     if let PendingWrite::State(state) = &write {
                         eprintln!("t{} g{}r{} durable {:?}", self.tick, key.0, key.1, state);
@@ -914,20 +941,25 @@ impl Simulation {
     /// Crashes a replica: memory is gone; queued writes keep a prefix (the first one
     /// lost may be torn).
     pub fn crash(&mut self, key: (u64, ReplicaId)) {
-        let torn_percent = self.config.faults.torn_percent;
-        let keep = {
-            let Some(node) = self.nodes.get(&key) else {
-                return;
-            };
-            if node.replica.is_none() {
-                return;
+        let keep = match self.nodes.get(&key) {
+            Some(node) if node.replica.is_some() => {
+                self.prng.below(node.pending.len() as u64 + 1) as usize
             }
-            self.prng.below(node.pending.len() as u64 + 1) as usize
+            _ => return,
         };
-        let torn = self.prng.chance(torn_percent);
+        let torn = self.prng.chance(self.config.faults.torn_percent);
+        self.crash_keeping(key, keep, torn);
+    }
+
+    /// Crashes a replica keeping the first `keep` queued writes; with `torn`, the next
+    /// one is written damaged.
+    fn crash_keeping(&mut self, key: (u64, ReplicaId), keep: usize, torn: bool) {
         let Some(node) = self.nodes.get_mut(&key) else {
             return;
         };
+        if node.replica.is_none() {
+            return;
+        }
         node.replica = None;
         let writes: Vec<PendingWrite> = node.pending.drain(..).collect();
         for (i, write) in writes.into_iter().enumerate() {

@@ -26,7 +26,7 @@ fn main() {
     let first = value("--from").unwrap_or(1);
     let mut ticks = Vec::new();
     let mut failures = Vec::new();
-    let (mut crashes, mut corruptions, mut torn, mut ops) = (0, 0, 0, 0);
+    let (mut crashes, mut corruptions, mut torn, mut ops, mut failed) = (0, 0, 0, 0, 0);
     for seed in first..first + seeds {
         match run_seed(seed, false) {
             Ok(outcome) => {
@@ -34,6 +34,7 @@ fn main() {
                 crashes += outcome.crashes;
                 corruptions += outcome.corruptions;
                 torn += outcome.torn_writes;
+                failed += outcome.failed_writes;
                 ops += outcome.ops_committed;
             }
             Err(failure) => {
@@ -46,7 +47,7 @@ fn main() {
     let median = ticks.get(ticks.len() / 2).copied().unwrap_or(0);
     let max = ticks.last().copied().unwrap_or(0);
     println!(
-        "{} seeds from {first}: {} passed, {} failed; {ops} ops committed; faults: {crashes} crashes, {torn} torn writes, {corruptions} corrupted entries; ticks to converge: median {median}, max {max}",
+        "{} seeds from {first}: {} passed, {} failed; {ops} ops committed; faults: {crashes} crashes, {torn} torn writes, {failed} failed writes, {corruptions} corrupted entries; ticks to converge: median {median}, max {max}",
         seeds,
         ticks.len(),
         failures.len()
