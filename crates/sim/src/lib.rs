@@ -67,6 +67,8 @@ pub struct Faults {
     /// Percent of writes still pending at a crash that are torn (the rest of the
     /// suffix is lost).
     pub torn_percent: u64,
+    /// Chance per tick (per 10,000) that an old message, delivered long ago, arrives again.
+    pub replay_per_10k: u64,
     /// Chance per write (per 10,000) that the disk refuses it (EIO): the replica stops
     /// (fail-stop), as a node does after a failed fsync, and restarts later.
     pub write_fail_per_10k: u64,
@@ -83,6 +85,7 @@ impl Faults {
             crash_per_10k: 0,
             corrupt_per_10k: 0,
             torn_percent: 0,
+            replay_per_10k: 0,
             write_fail_per_10k: 0,
         }
     }
@@ -97,6 +100,7 @@ impl Faults {
             crash_per_10k: prng.below(25),
             corrupt_per_10k: prng.below(20),
             torn_percent: prng.below(60),
+            replay_per_10k: prng.below(200),
             write_fail_per_10k: prng.below(20),
         }
     }
@@ -188,6 +192,8 @@ pub struct Outcome {
     pub torn_writes: u64,
     /// Writes the disk refused.
     pub failed_writes: u64,
+    /// Replayed old registers the cluster refused.
+    pub stale_registers_refused: u64,
     /// The highest view reached.
     pub views: u64,
 }
@@ -289,6 +295,8 @@ pub struct Simulation {
     network: Vec<Packet>,
     /// Pairs (from, to) of replicas that cannot reach each other (one-way).
     cut: BTreeSet<(ReplicaId, ReplicaId)>,
+    /// Recently delivered packets, for replaying old messages.
+    history: VecDeque<Packet>,
     clients: Vec<Client>,
     models: BTreeMap<u64, GroupModel>,
     faults_on: bool,
@@ -347,6 +355,7 @@ impl Simulation {
             nodes,
             network: Vec::new(),
             cut: BTreeSet::new(),
+            history: VecDeque::new(),
             clients,
             models,
             faults_on: true,
@@ -466,6 +475,11 @@ impl Simulation {
     /// Heals every cut link (faults stay as they are).
     pub fn heal_network(&mut self) {
         self.cut.clear();
+    }
+
+    /// What the run measured so far.
+    pub fn outcome(&self) -> Outcome {
+        self.outcome
     }
 
     /// Runs `ticks` steps; stops early on a violation.
@@ -855,6 +869,11 @@ impl Simulation {
             if !self.reachable(packet.from, packet.to) {
                 continue;
             }
+            const HISTORY_PACKETS: usize = 512;
+            if self.history.len() == HISTORY_PACKETS {
+                self.history.pop_front();
+            }
+            self.history.push_back(packet.clone());
             match (packet.to, packet.message) {
                 (Address::Replica(group, replica), Payload::Replica(message)) => {
                     if self.trace {
@@ -935,6 +954,13 @@ impl Simulation {
         }
         if self.prng.below(10_000) < faults.corrupt_per_10k {
             self.corrupt_random_entry();
+        }
+        if !self.history.is_empty() && self.prng.below(10_000) < faults.replay_per_10k {
+            let old = self.history[self.prng.below(self.history.len() as u64) as usize].clone();
+            self.network.push(Packet {
+                deliver_at: self.tick + 1,
+                ..old
+            });
         }
     }
 
@@ -1160,6 +1186,9 @@ impl Simulation {
     }
 
     fn on_reply(&mut self, client: u64, reply: Reply) {
+        if reply.register && reply.result == Err(Refusal::RequestTooOld) {
+            self.outcome.stale_registers_refused += 1;
+        }
         let Some(index) = self.clients.iter().position(|c| c.id == client) else {
             return;
         };

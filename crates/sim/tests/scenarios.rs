@@ -85,6 +85,7 @@ fn one_way_partition_of_the_primary() {
 
 #[test]
 fn heavy_loss_with_replayed_messages_and_evicted_sessions() {
+    let mut refused = 0;
     for seed in 0..20 {
         let mut config = quiet(100 + seed, 3, 1);
         config.clients_per_group = 4;
@@ -94,6 +95,7 @@ fn heavy_loss_with_replayed_messages_and_evicted_sessions() {
             loss_percent: 30,
             duplicate_percent: 20,
             delay_ticks_max: 40,
+            replay_per_10k: 2_000,
             ..Faults::none()
         };
         // With fewer sessions than clients they evict each other forever; the safety
@@ -101,7 +103,12 @@ fn heavy_loss_with_replayed_messages_and_evicted_sessions() {
         config.requests_per_client = 3;
         let mut sim = Simulation::new(config);
         ok(sim.run_ticks(3_000));
+        refused += sim.outcome().stale_registers_refused;
     }
+    assert!(
+        refused > 0,
+        "replayed old registers reached the cluster and were refused"
+    );
 }
 
 #[test]
