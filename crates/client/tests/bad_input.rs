@@ -212,18 +212,7 @@ async fn bad_frames_get_errors_or_a_close_and_other_connections_carry_on() {
 async fn health_and_metrics_over_http() {
     let node = TestNode::start(FsyncSetting::Always);
     let client = Client::connect(node.addr()).await.unwrap();
-    client.create_stream("s").await.unwrap();
-    client
-        .create_topic(
-            "s",
-            "t",
-            TopicSettings {
-                partitions: 1,
-                ..TopicSettings::default()
-            },
-        )
-        .await
-        .unwrap();
+    common::create_topic(&client, "s", "t", 1).await;
     let producer = Producer::new(&client, "s", "t", ProducerConfig::default())
         .await
         .unwrap();

@@ -49,3 +49,18 @@ impl TestNode {
         self.node = Some(Node::start(config(self.dir.path(), fsync)).unwrap());
     }
 }
+
+/// Creates stream `stream` and topic `topic` with `partitions` (other settings default).
+pub(crate) async fn create_topic(
+    client: &braid_client::Client,
+    stream: &str,
+    topic: &str,
+    partitions: u32,
+) {
+    client.create_stream(stream).await.unwrap();
+    let settings = braid_proto::client::TopicSettings {
+        partitions,
+        ..braid_proto::client::TopicSettings::default()
+    };
+    client.create_topic(stream, topic, settings).await.unwrap();
+}

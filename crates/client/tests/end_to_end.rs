@@ -311,18 +311,7 @@ fn sample_batch(records: usize) -> Vec<u8> {
 async fn fetch_long_polls_until_data_commits() {
     let node = TestNode::start(FsyncSetting::Always);
     let client = Client::connect(node.addr()).await.unwrap();
-    client.create_stream("s").await.unwrap();
-    client
-        .create_topic(
-            "s",
-            "t",
-            TopicSettings {
-                partitions: 1,
-                ..TopicSettings::default()
-            },
-        )
-        .await
-        .unwrap();
+    common::create_topic(&client, "s", "t", 1).await;
     let waiting = {
         let client = client.clone();
         tokio::spawn(async move {

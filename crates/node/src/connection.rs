@@ -196,10 +196,16 @@ async fn refuse_stream(env: &Env, err: &FrameError) {
     .await;
 }
 
-async fn send_error(env: &Env, request_id: u64, command: u16, err: &NodeError) {
-    env.metrics.error(err.code);
+/// The error response frame for a request.
+fn error_frame(request_id: u64, command: u16, err: &NodeError) -> Vec<u8> {
     let mut frame = Vec::new();
     encode_error(&mut frame, request_id, command, err.code, &err.message);
+    frame
+}
+
+async fn send_error(env: &Env, request_id: u64, command: u16, err: &NodeError) {
+    env.metrics.error(err.code);
+    let frame = error_frame(request_id, command, err);
     let _ = env.out.send(Outgoing::Frame(frame)).await;
 }
 
@@ -380,23 +386,11 @@ async fn produce(
             .encode(request_id, Command::Produce, &mut frame),
             Ok(Err(err)) => {
                 metrics.error(err.code);
-                encode_error(
-                    &mut frame,
-                    request_id,
-                    Command::Produce as u16,
-                    err.code,
-                    &err.message,
-                );
+                frame = error_frame(request_id, Command::Produce as u16, &err);
             }
             Err(_) => {
                 let err = shutting_down();
-                encode_error(
-                    &mut frame,
-                    request_id,
-                    Command::Produce as u16,
-                    err.code,
-                    &err.message,
-                );
+                frame = error_frame(request_id, Command::Produce as u16, &err);
             }
         }
         let _ = out.send(Outgoing::Frame(frame)).await;
@@ -462,27 +456,11 @@ async fn fetch(
             }
             Ok(FetchOutcome::Wait(_)) => {
                 let err = NodeError::new(ErrorCode::Internal, "fetch waited twice");
-                let mut frame = Vec::new();
-                encode_error(
-                    &mut frame,
-                    request_id,
-                    Command::Fetch as u16,
-                    err.code,
-                    &err.message,
-                );
-                Outgoing::Frame(frame)
+                Outgoing::Frame(error_frame(request_id, Command::Fetch as u16, &err))
             }
             Err(err) => {
                 metrics.error(err.code);
-                let mut frame = Vec::new();
-                encode_error(
-                    &mut frame,
-                    request_id,
-                    Command::Fetch as u16,
-                    err.code,
-                    &err.message,
-                );
-                Outgoing::Frame(frame)
+                Outgoing::Frame(error_frame(request_id, Command::Fetch as u16, &err))
             }
         };
         let _ = out.send(item).await;
@@ -542,13 +520,7 @@ fn reply_later(
             Ok(response) => response.encode(request_id, command, &mut frame),
             Err(err) => {
                 metrics.error(err.code);
-                encode_error(
-                    &mut frame,
-                    request_id,
-                    command as u16,
-                    err.code,
-                    &err.message,
-                );
+                frame = error_frame(request_id, command as u16, &err);
             }
         }
         let _ = out.send(Outgoing::Frame(frame)).await;

@@ -789,6 +789,16 @@ impl<S: StateMachine> Replica<S> {
         }
     }
 
+    /// Asks every peer for the prepare at `op` with `checksum`.
+    fn request_prepare(&self, op: u64, checksum: u64, out: &mut Vec<Output>) {
+        let message = Message::RequestPrepare {
+            op,
+            checksum,
+            from: self.config.replica,
+        };
+        self.send_to_others(message, out);
+    }
+
     fn prepare_at(&self, op: u64) -> Option<Prepare> {
         let entry = self.journal.get(&op)?;
         Some(Prepare {
@@ -893,14 +903,7 @@ impl<S: StateMachine> Replica<S> {
                 continue;
             }
             asked += 1;
-            self.send_to_others(
-                Message::RequestPrepare {
-                    op,
-                    checksum,
-                    from: self.config.replica,
-                },
-                out,
-            );
+            self.request_prepare(op, checksum, out);
         }
         // Canonical entries whose bodies are missing.
         let missing: Vec<(u64, u64)> = self
@@ -911,14 +914,7 @@ impl<S: StateMachine> Replica<S> {
             .take(8)
             .collect();
         for (op, checksum) in missing {
-            self.send_to_others(
-                Message::RequestPrepare {
-                    op,
-                    checksum,
-                    from: self.config.replica,
-                },
-                out,
-            );
+            self.request_prepare(op, checksum, out);
         }
         // Repairs that make no progress: peers may have pruned what is missing (they
         // moved on to a checkpoint). Ask for their state instead.

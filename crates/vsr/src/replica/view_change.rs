@@ -350,14 +350,7 @@ impl<S: StateMachine> Replica<S> {
             })
             .collect();
         for (op, checksum) in missing {
-            self.send_to_others(
-                Message::RequestPrepare {
-                    op,
-                    checksum,
-                    from: self.config.replica,
-                },
-                out,
-            );
+            self.request_prepare(op, checksum, out);
         }
     }
 
