@@ -218,6 +218,19 @@ struct Entry {
     canonical: bool,
 }
 
+impl Entry {
+    /// A committed op kept only as the chain's anchor: its body is on disk or covered
+    /// by a checkpoint.
+    fn anchor(header: Header) -> Self {
+        Self {
+            header,
+            body: None,
+            durable: true,
+            canonical: true,
+        }
+    }
+}
+
 /// A DoViewChange as the new primary keeps it.
 #[derive(Debug, Clone)]
 struct ViewChangeVote {
@@ -372,15 +385,9 @@ impl<S: StateMachine> Replica<S> {
         replica.durable = durable;
         replica.commit_min = checkpoint_header.op;
         replica.commit_max = durable.commit.max(checkpoint_header.op);
-        replica.journal.insert(
-            checkpoint_header.op,
-            Entry {
-                header: checkpoint_header,
-                body: None,
-                durable: true,
-                canonical: true,
-            },
-        );
+        replica
+            .journal
+            .insert(checkpoint_header.op, Entry::anchor(checkpoint_header));
         for (op, slot) in journal {
             if op <= checkpoint_header.op {
                 continue;
@@ -578,15 +585,7 @@ impl<S: StateMachine> Replica<S> {
                 let anchor = self.journal.get(&self.commit_min).map(|e| e.header);
                 if let Some(header) = anchor {
                     self.journal.clear();
-                    self.journal.insert(
-                        header.op,
-                        Entry {
-                            header,
-                            body: None,
-                            durable: true,
-                            canonical: true,
-                        },
-                    );
+                    self.journal.insert(header.op, Entry::anchor(header));
                     self.compacted_through = header.op;
                 }
             }
@@ -1360,12 +1359,9 @@ impl<S: StateMachine> Replica<S> {
             let keep = self.journal.split_off(&prune);
             self.journal = keep;
             // The checkpoint op's header stays as the chain's anchor.
-            self.journal.entry(header.op).or_insert(Entry {
-                header,
-                body: None,
-                durable: true,
-                canonical: true,
-            });
+            self.journal
+                .entry(header.op)
+                .or_insert(Entry::anchor(header));
             self.wanted = self.wanted.split_off(&prune);
         }
     }

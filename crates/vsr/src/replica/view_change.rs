@@ -583,15 +583,7 @@ impl<S: StateMachine> Replica<S> {
         self.op = self.op.max(header.op);
         self.checkpoint = header;
         self.journal = self.journal.split_off(&(header.op + 1));
-        self.journal.insert(
-            header.op,
-            Entry {
-                header,
-                body: None,
-                durable: true,
-                canonical: true,
-            },
-        );
+        self.journal.insert(header.op, Entry::anchor(header));
         self.wanted = self.wanted.split_off(&(header.op + 1));
         self.faulty = self.faulty.split_off(&(header.op + 1));
         out.push(Output::WriteCheckpoint(Checkpoint { header, state }));
