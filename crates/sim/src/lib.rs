@@ -671,11 +671,25 @@ impl Simulation {
     fn output(&mut self, key: (u64, ReplicaId), output: Output) {
         let (group, replica) = key;
         match output {
-            Output::Send { to, message } => self.send(
-                Address::Replica(group, replica),
-                Address::Replica(group, to),
-                Payload::Replica(message),
-            ),
+            Output::Send { to, message } => {
+                // A view-scoped message must speak for a view already on this disk.
+                let view = match &message {
+                    Message::StartViewChange { view, .. }
+                    | Message::DoViewChange { view, .. }
+                    | Message::StartView { view, .. }
+                    | Message::PrepareOk { view, .. } => Some(*view),
+                    _ => None,
+                };
+                let durable = self.nodes.get(&key).map_or(0, |n| n.disk.state.view);
+                if let Some(view) = view.filter(|v| *v > durable) {
+                    self.fail(format!("g{group}r{replica} sent a message of view {view} with view {durable} on disk"));
+                }
+                self.send(
+                    Address::Replica(group, replica),
+                    Address::Replica(group, to),
+                    Payload::Replica(message),
+                );
+            }
             Output::Reply(reply) => {
                 let to = Address::Client(reply.client);
                 self.send(Address::Replica(group, replica), to, Payload::Reply(reply));

@@ -742,13 +742,7 @@ impl<S: StateMachine> Replica<S> {
             }
             Status::Normal => self.repair(out),
             Status::ViewChange => {
-                self.send_to_others(
-                    Message::StartViewChange {
-                        view: self.view,
-                        from: self.config.replica,
-                    },
-                    out,
-                );
+                self.send_start_view_change(out);
                 if self.dvc_sent {
                     self.send_do_view_change(out);
                 }

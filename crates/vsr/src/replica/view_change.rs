@@ -37,16 +37,22 @@ impl<S: StateMachine> Replica<S> {
         let timeout = self.view_change_timeout();
         self.arm(Timer::ViewChange, timeout);
         self.arm(Timer::Retry, self.config.retry_ticks);
-        // The new view is written before any message of it is sent.
+        // The new view is written before any message of it is sent: the vote goes out
+        // when the write completes (or now, if the view is already durable).
         self.write_state(out);
-        self.send_to_others(
-            Message::StartViewChange {
+        self.send_start_view_change(out);
+        self.maybe_send_do_view_change(out);
+    }
+
+    /// Votes for the current view change, once the view is durable.
+    pub(super) fn send_start_view_change(&self, out: &mut Vec<Output>) {
+        if self.status == Status::ViewChange && self.durable.view == self.view {
+            let message = Message::StartViewChange {
                 view: self.view,
                 from: self.config.replica,
-            },
-            out,
-        );
-        self.maybe_send_do_view_change(out);
+            };
+            self.send_to_others(message, out);
+        }
     }
 
     pub(super) fn on_start_view_change(
@@ -475,7 +481,10 @@ impl<S: StateMachine> Replica<S> {
     pub(super) fn on_state_written(&mut self, state: DurableState, out: &mut Vec<Output>) {
         self.durable = state;
         match self.status {
-            Status::ViewChange => self.maybe_send_do_view_change(out),
+            Status::ViewChange => {
+                self.send_start_view_change(out);
+                self.maybe_send_do_view_change(out);
+            }
             Status::Normal if self.is_primary() => {
                 if !self.start_view_sent
                     && self.view_durable()
