@@ -1,0 +1,306 @@
+//! The k links to one peer as one bundle, as a pure state machine.
+//!
+//! A node sends to a peer only while the bundle is complete: frames of a shard range
+//! use only their own link, and a missing link would force a fallback that reorders
+//! them. If one link closes, or the bundle stays incomplete for `handshake_grace`, all
+//! k are closed and a new generation starts; the node with the lower id dials every
+//! link of it again, with backoff. A link of an older generation is refused, so a
+//! half-closed old link never joins a new bundle. A failed handshake changes nothing
+//! here: it never reached the bundle.
+
+/// What the shell must do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BundleAction {
+    /// Dial `link` for `generation`.
+    Dial {
+        /// The link.
+        link: u16,
+        /// The generation.
+        generation: u32,
+    },
+    /// Close every link of the bundle (of any generation).
+    CloseAll,
+    /// The bundle is complete: sending may start.
+    Up,
+    /// The bundle is no longer complete: stop sending.
+    Down,
+}
+
+/// Why a link was not taken into the bundle.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum LinkRefused {
+    /// The link belongs to an older bundle generation.
+    #[error("stale generation {theirs} (current {current})")]
+    StaleGeneration {
+        /// The link's.
+        theirs: u32,
+        /// The current.
+        current: u32,
+    },
+    /// The link index is beyond k.
+    #[error("no link {0}")]
+    NoSuchLink(u16),
+}
+
+/// Backoff between redials: doubles from `first` up to `max`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Backoff {
+    /// The first wait (ticks).
+    pub first: u64,
+    /// The longest wait (ticks).
+    pub max: u64,
+}
+
+/// The bundle of links to one peer.
+#[derive(Debug, Clone)]
+pub struct Bundle {
+    links: u16,
+    we_dial: bool,
+    grace: u64,
+    backoff: Backoff,
+    generation: u32,
+    up: Vec<bool>,
+    complete: bool,
+    /// When the current generation started (for the grace).
+    started: u64,
+    /// When the dialer dials next.
+    next_dial: Option<u64>,
+    failures: u32,
+    teardowns: u64,
+}
+
+impl Bundle {
+    /// A bundle of `links` links to a peer; `we_dial` when our replica id is lower.
+    pub fn new(links: u16, we_dial: bool, grace: u64, backoff: Backoff, now: u64) -> Self {
+        Self {
+            links,
+            we_dial,
+            grace,
+            backoff,
+            generation: 1,
+            up: vec![false; usize::from(links)],
+            complete: false,
+            started: now,
+            next_dial: we_dial.then_some(now),
+            failures: 0,
+            teardowns: 0,
+        }
+    }
+
+    /// Whether frames may be sent to the peer.
+    pub fn is_complete(&self) -> bool {
+        self.complete
+    }
+
+    /// The current generation.
+    pub fn generation(&self) -> u32 {
+        self.generation
+    }
+
+    /// Teardowns so far.
+    pub fn teardowns(&self) -> u64 {
+        self.teardowns
+    }
+
+    /// A link finished its handshake.
+    ///
+    /// # Errors
+    /// [`LinkRefused`]: the shell closes that link; the bundle is unchanged.
+    pub fn on_link_up(
+        &mut self,
+        now: u64,
+        link: u16,
+        generation: u32,
+        out: &mut Vec<BundleAction>,
+    ) -> Result<(), LinkRefused> {
+        if link >= self.links {
+            return Err(LinkRefused::NoSuchLink(link));
+        }
+        if generation < self.generation {
+            return Err(LinkRefused::StaleGeneration {
+                theirs: generation,
+                current: self.generation,
+            });
+        }
+        if generation > self.generation {
+            // The dialer started a newer bundle: everything of ours is stale.
+            self.teardown(now, out);
+            self.generation = generation;
+        }
+        self.up[usize::from(link)] = true;
+        if !self.complete && self.up.iter().all(|u| *u) {
+            self.complete = true;
+            self.failures = 0;
+            out.push(BundleAction::Up);
+        }
+        Ok(())
+    }
+
+    /// A link of the bundle closed (or failed to dial).
+    pub fn on_link_closed(
+        &mut self,
+        now: u64,
+        link: u16,
+        generation: u32,
+        out: &mut Vec<BundleAction>,
+    ) {
+        if generation != self.generation || link >= self.links {
+            return; // an older bundle's link: already torn down
+        }
+        self.failures = self.failures.saturating_add(1);
+        self.teardown(now, out);
+        self.generation += 1;
+        self.schedule_dial(now);
+    }
+
+    /// Time passed: tear down a bundle incomplete for longer than the grace; dial.
+    pub fn on_tick(&mut self, now: u64, out: &mut Vec<BundleAction>) {
+        if !self.complete
+            && now.saturating_sub(self.started) > self.grace
+            && self.up.iter().any(|u| *u)
+        {
+            self.failures = self.failures.saturating_add(1);
+            self.teardown(now, out);
+            self.generation += 1;
+            self.schedule_dial(now);
+        }
+        if self.next_dial.is_some_and(|t| t <= now) {
+            self.next_dial = None;
+            self.started = now;
+            for link in 0..self.links {
+                out.push(BundleAction::Dial {
+                    link,
+                    generation: self.generation,
+                });
+            }
+        }
+    }
+
+    /// The next tick at which [`Bundle::on_tick`] has something to do.
+    pub fn next_deadline(&self) -> Option<u64> {
+        let grace =
+            (!self.complete && self.up.iter().any(|u| *u)).then_some(self.started + self.grace + 1);
+        match (grace, self.next_dial) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    fn teardown(&mut self, now: u64, out: &mut Vec<BundleAction>) {
+        if self.complete {
+            out.push(BundleAction::Down);
+        }
+        if self.complete || self.up.iter().any(|u| *u) {
+            self.teardowns += 1;
+        }
+        self.complete = false;
+        self.up.iter_mut().for_each(|u| *u = false);
+        self.started = now;
+        out.push(BundleAction::CloseAll);
+    }
+
+    fn schedule_dial(&mut self, now: u64) {
+        if self.we_dial {
+            let exponent = self.failures.saturating_sub(1).min(20);
+            let wait = (self.backoff.first << exponent).min(self.backoff.max);
+            self.next_dial = Some(now + wait);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BACKOFF: Backoff = Backoff { first: 10, max: 80 };
+
+    fn dials(actions: &[BundleAction]) -> Vec<(u16, u32)> {
+        actions
+            .iter()
+            .filter_map(|a| match a {
+                BundleAction::Dial { link, generation } => Some((*link, *generation)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_lower_id_dials_every_link_and_the_bundle_comes_up_whole() {
+        let mut bundle = Bundle::new(3, true, 100, BACKOFF, 0);
+        let mut out = Vec::new();
+        bundle.on_tick(0, &mut out);
+        assert_eq!(dials(&out), [(0, 1), (1, 1), (2, 1)]);
+        out.clear();
+        bundle.on_link_up(1, 0, 1, &mut out).unwrap();
+        bundle.on_link_up(1, 2, 1, &mut out).unwrap();
+        assert!(!bundle.is_complete(), "no sending on a partial bundle");
+        bundle.on_link_up(2, 1, 1, &mut out).unwrap();
+        assert!(bundle.is_complete());
+        assert_eq!(out, [BundleAction::Up]);
+    }
+
+    #[test]
+    fn one_closed_link_tears_all_down_and_old_links_are_refused() {
+        let mut bundle = Bundle::new(2, true, 100, BACKOFF, 0);
+        let mut out = Vec::new();
+        bundle.on_tick(0, &mut out);
+        bundle.on_link_up(1, 0, 1, &mut out).unwrap();
+        bundle.on_link_up(1, 1, 1, &mut out).unwrap();
+        out.clear();
+        bundle.on_link_closed(5, 1, 1, &mut out);
+        assert_eq!(out, [BundleAction::Down, BundleAction::CloseAll]);
+        assert!(!bundle.is_complete());
+        assert_eq!(bundle.generation(), 2);
+        assert_eq!(bundle.teardowns(), 1);
+        // A half-closed link of generation 1 must not join generation 2.
+        assert_eq!(
+            bundle.on_link_up(6, 0, 1, &mut out),
+            Err(LinkRefused::StaleGeneration {
+                theirs: 1,
+                current: 2
+            })
+        );
+        // Redial after the backoff.
+        out.clear();
+        bundle.on_tick(14, &mut out);
+        assert!(dials(&out).is_empty());
+        bundle.on_tick(15, &mut out);
+        assert_eq!(dials(&out), [(0, 2), (1, 2)]);
+    }
+
+    #[test]
+    fn an_incomplete_bundle_is_torn_down_after_the_grace_and_backoff_grows() {
+        let mut bundle = Bundle::new(2, true, 50, BACKOFF, 0);
+        let mut out = Vec::new();
+        bundle.on_tick(0, &mut out);
+        bundle.on_link_up(1, 0, 1, &mut out).unwrap();
+        out.clear();
+        bundle.on_tick(50, &mut out);
+        assert!(out.is_empty(), "still within the grace");
+        bundle.on_tick(51, &mut out);
+        assert_eq!(out, [BundleAction::CloseAll]);
+        assert_eq!(bundle.next_deadline(), Some(61));
+        // Again: the wait doubles.
+        out.clear();
+        bundle.on_tick(61, &mut out);
+        bundle.on_link_up(62, 1, 2, &mut out).unwrap();
+        bundle.on_tick(112, &mut out);
+        assert_eq!(bundle.next_deadline(), Some(132));
+    }
+
+    #[test]
+    fn the_acceptor_follows_the_dialers_generation_and_never_dials() {
+        let mut bundle = Bundle::new(2, false, 100, BACKOFF, 0);
+        let mut out = Vec::new();
+        bundle.on_tick(0, &mut out);
+        assert!(out.is_empty());
+        bundle.on_link_up(1, 0, 3, &mut out).unwrap();
+        assert_eq!(bundle.generation(), 3);
+        bundle.on_link_up(1, 1, 3, &mut out).unwrap();
+        assert!(bundle.is_complete());
+        out.clear();
+        bundle.on_link_closed(2, 0, 3, &mut out);
+        bundle.on_tick(500, &mut out);
+        assert!(dials(&out).is_empty(), "the higher id waits to be dialed");
+    }
+}
