@@ -1,0 +1,145 @@
+//! The checkers that run after every step.
+
+use braid_vsr::{Refusal, ReplicaId};
+
+use super::*;
+
+impl Simulation {
+    #[allow(clippy::too_many_arguments)] // the fields of Output::Applied
+    pub(crate) fn on_applied(
+        &mut self,
+        group: u64,
+        replica: ReplicaId,
+        op: u64,
+        checksum: u64,
+        session: u64,
+        request: u64,
+        executed: bool,
+        result: Result<Vec<u8>, Refusal>,
+    ) {
+        if self.trace {
+            eprintln!(
+                "t{} g{group}r{replica} applied op {op} {checksum:x}",
+                self.tick
+            );
+        }
+        let Some(model) = self.models.get_mut(&group) else {
+            return;
+        };
+        match model.committed.get(&op) {
+            Some(existing) if *existing != checksum => {
+                let chain: Vec<String> = self
+                    .nodes
+                    .iter()
+                    .filter(|((g, _), _)| *g == group)
+                    .filter_map(|((_, r), n)| n.replica.as_ref().map(|x| (r, x)))
+                    .map(|(r, x)| {
+                        let ops: Vec<String> = (op.saturating_sub(1)..=op + 3)
+                            .map(|o| match x.header(o) {
+                                Some(h) => format!(
+                                    "{o}:{:x}<-{:x}@v{}{}",
+                                    h.checksum >> 48,
+                                    h.parent >> 48,
+                                    h.view,
+                                    if x.entry_state(o).is_some_and(|e| e.2) {
+                                        "*"
+                                    } else {
+                                        ""
+                                    }
+                                ),
+                                None => format!("{o}:-"),
+                            })
+                            .collect();
+                        format!("r{r} [{}]", ops.join(" "))
+                    })
+                    .collect();
+                let what = format!(
+                    "g{group}r{replica} applied op {op} with checksum {checksum:x}, others {existing:x}; chains {}",
+                    chain.join("; ")
+                );
+                self.fail(what);
+                return;
+            }
+            Some(_) => {
+                // Another replica's application of a known op: results must agree.
+                if executed
+                    && request > 0
+                    && model.results.get(&(session, request)) != Some(&result)
+                {
+                    let what = format!("g{group}r{replica} op {op}: result {result:?} differs from the first application");
+                    self.fail(what);
+                }
+                return;
+            }
+            None => {}
+        }
+        let expected_op = model.committed.keys().next_back().map_or(1, |o| o + 1);
+        if op != expected_op {
+            let what = format!(
+                "g{group}r{replica} applied op {op} before op {expected_op} was committed anywhere"
+            );
+            self.fail(what);
+            return;
+        }
+        model.committed.insert(op, checksum);
+        if !executed || request == 0 {
+            return;
+        }
+        if model.results.contains_key(&(session, request)) {
+            let what =
+                format!("g{group}: request {request} of session {session} applied twice (op {op})");
+            self.fail(what);
+            return;
+        }
+        let Some(body) = model.bodies.get(&(session, request)).cloned() else {
+            let what =
+                format!("g{group}: op {op} applied a request nobody sent ({session}, {request})");
+            self.fail(what);
+            return;
+        };
+        let expected = braid_vsr::StateMachine::apply(&mut model.machine, op, &body);
+        if result.as_ref() != Ok(&expected) {
+            let what = format!(
+                "g{group} op {op}: result {result:?}, the model says {:?}",
+                String::from_utf8_lossy(&expected)
+            );
+            self.fail(what);
+            return;
+        }
+        model.results.insert((session, request), result);
+    }
+
+    pub(crate) fn check(&mut self) {
+        let mut failures = Vec::new();
+        for ((group, replica), node) in self.nodes.iter_mut() {
+            if node.disk.state.view < node.max_view.min(node.disk.state.view) {
+                failures.push(format!("g{group}r{replica}: durable view went backwards"));
+            }
+            if node.disk.state.commit < node.max_durable_commit {
+                failures.push(format!(
+                    "g{group}r{replica}: durable commit went backwards ({} < {})",
+                    node.disk.state.commit, node.max_durable_commit
+                ));
+            }
+            node.max_durable_commit = node.disk.state.commit;
+            if let Some(r) = &node.replica {
+                if r.view() < node.max_view {
+                    failures.push(format!(
+                        "g{group}r{replica}: view went backwards ({} < {})",
+                        r.view(),
+                        node.max_view
+                    ));
+                }
+                node.max_view = node.max_view.max(r.view());
+                if r.view() < node.disk.state.view {
+                    failures.push(format!(
+                        "g{group}r{replica}: running below its durable view"
+                    ));
+                }
+            }
+        }
+        for what in failures {
+            self.fail(what);
+        }
+    }
+}
