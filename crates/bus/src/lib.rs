@@ -8,12 +8,15 @@
 //! - [`bundle`]: the k links to a peer as one bundle that is whole or torn down;
 //! - [`frame`]: the checksummed frames links carry.
 //!
-//! The IO shell (sockets with TCP_NODELAY and TCP_USER_TIMEOUT, optional TLS, bounded
-//! per-link queues, metrics) is the next step.
+//! [`io`] is the tokio shell around them: sockets with TCP_NODELAY and
+//! TCP_USER_TIMEOUT, dialing and accepting under one admission deadline, a task pair per
+//! link, bounded per-link queues that drop (and count) rather than block, and metrics.
+//! Not yet: TLS, and running each link on its owner shard's runtime (node integration).
 
 pub mod bundle;
 pub mod frame;
 pub mod handshake;
+pub mod io;
 pub mod placement;
 
 pub use bundle::{Backoff, Bundle, BundleAction, LinkRefused};
@@ -21,4 +24,5 @@ pub use frame::{Frame, FrameError, FRAME_HEADER_BYTES};
 pub use handshake::{
     accept_preamble, DialerAwaitReply, Established, HandshakeConfig, Preamble, Refusal,
 };
+pub use io::{Bus, BusConfig, BusMetrics, Delivery, SendError};
 pub use placement::{LayoutError, LinkLayout, INBOUND_HANDSHAKES_MAX, METADATA_LINK};

@@ -1,0 +1,708 @@
+//! The tokio shell around the pure bus pieces: sockets, dialing, accepting, link tasks,
+//! bounded queues and metrics. Every decision (placement, admission, bundle state) is
+//! made by the pure types; this module only moves bytes and events.
+//!
+//! This first shell runs on one tokio runtime per node; placing each link on its owner
+//! shard's runtime comes with the node integration. TLS is not wired yet.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, Semaphore};
+use tokio::task::JoinHandle;
+
+use crate::bundle::{Backoff, Bundle, BundleAction};
+use crate::frame::{Frame, FrameError};
+use crate::handshake::{
+    accept_preamble, DialerAwaitReply, HandshakeConfig, Refusal, CONFIRM_BYTES, HELLO_BYTES,
+    PREAMBLE_BYTES, REPLY_BYTES,
+};
+use crate::placement::{LayoutError, LinkLayout, INBOUND_HANDSHAKES_MAX, METADATA_LINK};
+
+/// Settings of one node's bus.
+#[derive(Debug, Clone)]
+pub struct BusConfig {
+    /// The cluster id.
+    pub cluster: u64,
+    /// This node's replica id.
+    pub replica: u8,
+    /// Every node's replica address, by replica id.
+    pub addresses: Vec<SocketAddr>,
+    /// This node's shard count.
+    pub shards: u16,
+    /// Links per peer (k).
+    pub links: u16,
+    /// Keep links off shard 0 while its range has another shard.
+    pub skip_shard_zero: bool,
+    /// The cluster secret; `None` turns the handshake MAC off.
+    pub secret: Option<Vec<u8>>,
+    /// One admission deadline for preamble and handshake; also how long a bundle may
+    /// stay incomplete.
+    pub handshake_grace: Duration,
+    /// TCP_USER_TIMEOUT of replica sockets: a peer that stopped acknowledging loses its
+    /// links after this long.
+    pub heartbeat_timeout: Duration,
+    /// Frames each link queues before new ones are dropped (and counted).
+    pub queue_frames_max: usize,
+    /// Largest frame accepted.
+    pub frame_bytes_max: u32,
+    /// Redial backoff.
+    pub backoff: Duration,
+}
+
+/// Counters of a node's bus.
+#[derive(Debug, Default)]
+pub struct BusMetrics {
+    /// Bundles that came up.
+    pub bundles_up: AtomicU64,
+    /// Bundles torn down.
+    pub teardowns: AtomicU64,
+    /// Inbound sockets refused at the preamble.
+    pub preamble_refusals: AtomicU64,
+    /// Handshakes that failed, by reason.
+    pub handshake_failures: Mutex<BTreeMap<String, u64>>,
+    /// Frames dropped because a link queue was full.
+    pub frames_dropped: AtomicU64,
+    /// Frames not sent because the bundle was not complete.
+    pub frames_refused_bundle_down: AtomicU64,
+    /// Frames sent.
+    pub frames_sent: AtomicU64,
+    /// Bytes sent.
+    pub bytes_sent: AtomicU64,
+    /// Frames received.
+    pub frames_received: AtomicU64,
+    /// Bytes received.
+    pub bytes_received: AtomicU64,
+}
+
+impl BusMetrics {
+    fn failed(&self, reason: &str) {
+        if let Ok(mut map) = self.handshake_failures.lock() {
+            *map.entry(reason.to_owned()).or_insert(0) += 1;
+        }
+    }
+
+    /// Handshake failures counted under `reason`.
+    pub fn handshake_failures_for(&self, reason: &str) -> u64 {
+        self.handshake_failures
+            .lock()
+            .map_or(0, |m| m.get(reason).copied().unwrap_or(0))
+    }
+}
+
+fn reason(refusal: &Refusal) -> &'static str {
+    match refusal {
+        Refusal::BadMagic | Refusal::Version(_) => "preamble",
+        Refusal::UnknownReplica(_) => "unknown_replica",
+        Refusal::NoSuchLink { .. } => "no_such_link",
+        Refusal::Malformed => "malformed",
+        Refusal::Cluster { .. } => "cluster",
+        Refusal::PreambleMismatch => "preamble_mismatch",
+        Refusal::LinkCount { .. } => "link_count",
+        Refusal::BadMac => "bad_mac",
+        Refusal::StaleGeneration { .. } => "stale_generation",
+        Refusal::Timeout => "timeout",
+    }
+}
+
+/// A frame that arrived, with where it came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Delivery {
+    /// The sending replica.
+    pub peer: u8,
+    /// The link it came over.
+    pub link: u16,
+    /// The frame.
+    pub frame: Frame,
+}
+
+/// Why a frame was not queued.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum SendError {
+    /// The bundle to that peer is not complete.
+    #[error("bundle to replica {0} is down")]
+    BundleDown(u8),
+    /// The link's queue is full: the frame was dropped (consensus retransmits).
+    #[error("queue full: frame dropped")]
+    QueueFull,
+    /// No such peer.
+    #[error("no peer {0}")]
+    NoPeer(u8),
+}
+
+enum PeerEvent {
+    LinkUp {
+        link: u16,
+        generation: u32,
+        stream: TcpStream,
+    },
+    LinkClosed {
+        link: u16,
+        generation: u32,
+    },
+    Kill(u16),
+}
+
+struct Peer {
+    complete: AtomicBool,
+    queues: Mutex<Vec<Option<mpsc::Sender<Frame>>>>,
+    events: mpsc::UnboundedSender<PeerEvent>,
+}
+
+/// A node's replica bus.
+#[derive(Debug)]
+pub struct Bus {
+    layout: LinkLayout,
+    replica: u8,
+    peers: Vec<Option<Arc<PeerHandle>>>,
+    metrics: Arc<BusMetrics>,
+    tasks: Vec<JoinHandle<()>>,
+    local: SocketAddr,
+}
+
+/// The shared part of a peer (public only through [`Bus`]).
+#[derive(Debug)]
+pub struct PeerHandle {
+    inner: Peer,
+}
+
+impl std::fmt::Debug for Peer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Peer")
+            .field("complete", &self.complete)
+            .finish()
+    }
+}
+
+fn random_nonce() -> [u8; 16] {
+    use std::hash::{BuildHasher, Hasher};
+    // RandomState is seeded from the OS's randomness per instance: enough for a nonce
+    // that must not repeat, without another dependency.
+    let mut out = [0u8; 16];
+    for chunk in out.chunks_mut(8) {
+        let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+        hasher.write_u64(0);
+        chunk.copy_from_slice(&hasher.finish().to_be_bytes());
+    }
+    out
+}
+
+fn tune(stream: &TcpStream, heartbeat_timeout: Duration) {
+    let _ = stream.set_nodelay(true);
+    let socket = socket2::SockRef::from(stream);
+    let _ = socket.set_tcp_user_timeout(Some(heartbeat_timeout));
+}
+
+fn handshake_config(config: &BusConfig) -> HandshakeConfig {
+    HandshakeConfig {
+        cluster: config.cluster,
+        replica: config.replica,
+        replica_count: config.addresses.len() as u8,
+        links: config.links,
+        capabilities: crate::handshake::CAPABILITY_LIGHT_FRAMES,
+        secret: config.secret.clone(),
+    }
+}
+
+impl Bus {
+    /// Starts the bus on `listener` (bound to this node's replica address): accepts
+    /// links, dials the peers with a higher id, and delivers every frame that arrives
+    /// to the returned receiver.
+    ///
+    /// # Errors
+    /// [`LayoutError`] if the link layout cannot run.
+    pub fn start(
+        config: BusConfig,
+        listener: TcpListener,
+    ) -> Result<(Self, mpsc::UnboundedReceiver<Delivery>), LayoutError> {
+        let peers_count = config.addresses.len().saturating_sub(1);
+        let layout = LinkLayout::new(
+            config.shards,
+            config.links,
+            config.skip_shard_zero,
+            peers_count,
+        )?;
+        let metrics = Arc::new(BusMetrics::default());
+        let (deliver, deliveries) = mpsc::unbounded_channel();
+        let config = Arc::new(config);
+        let local = listener
+            .local_addr()
+            .unwrap_or_else(|_| SocketAddr::from(([127, 0, 0, 1], 0)));
+        let mut peers = Vec::new();
+        let mut tasks = Vec::new();
+        let mut receivers = Vec::new();
+        for id in 0..config.addresses.len() as u8 {
+            if id == config.replica {
+                peers.push(None);
+                receivers.push(None);
+                continue;
+            }
+            let (events, rx) = mpsc::unbounded_channel();
+            let handle = Arc::new(PeerHandle {
+                inner: Peer {
+                    complete: AtomicBool::new(false),
+                    queues: Mutex::new(vec![None; usize::from(config.links)]),
+                    events,
+                },
+            });
+            peers.push(Some(Arc::clone(&handle)));
+            receivers.push(Some((handle, rx)));
+        }
+        let peer_list: Arc<Vec<Option<Arc<PeerHandle>>>> = Arc::new(peers.clone());
+        for (id, slot) in receivers.into_iter().enumerate() {
+            if let Some((handle, rx)) = slot {
+                let task = tokio::spawn(manage_peer(
+                    Arc::clone(&config),
+                    id as u8,
+                    handle,
+                    rx,
+                    Arc::clone(&metrics),
+                    deliver.clone(),
+                ));
+                tasks.push(task);
+            }
+        }
+        tasks.push(tokio::spawn(accept_loop(
+            Arc::clone(&config),
+            listener,
+            peer_list,
+            Arc::clone(&metrics),
+        )));
+        let bus = Self {
+            layout,
+            replica: config.replica,
+            peers,
+            metrics,
+            tasks,
+            local,
+        };
+        Ok((bus, deliveries))
+    }
+
+    /// The address the bus listens on.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local
+    }
+
+    /// The counters.
+    pub fn metrics(&self) -> &BusMetrics {
+        &self.metrics
+    }
+
+    /// The link layout.
+    pub fn layout(&self) -> &LinkLayout {
+        &self.layout
+    }
+
+    fn peer(&self, peer: u8) -> Result<&Peer, SendError> {
+        self.peers
+            .get(usize::from(peer))
+            .and_then(|p| p.as_ref())
+            .map(|p| &p.inner)
+            .ok_or(SendError::NoPeer(peer))
+    }
+
+    /// Whether the bundle to `peer` is complete.
+    pub fn bundle_up(&self, peer: u8) -> bool {
+        self.peer(peer)
+            .is_ok_and(|p| p.complete.load(Ordering::Acquire))
+    }
+
+    /// Queues a frame from `shard` to `peer` on the link of the shard's range; never
+    /// blocks: a full queue drops the frame and counts it.
+    ///
+    /// # Errors
+    /// [`SendError`].
+    pub fn send(&self, shard: u16, peer: u8, frame: Frame) -> Result<(), SendError> {
+        let link = if frame.group == 0 {
+            METADATA_LINK
+        } else {
+            self.layout.range_of(shard)
+        };
+        self.send_on(link, peer, frame)
+    }
+
+    fn send_on(&self, link: u16, peer: u8, frame: Frame) -> Result<(), SendError> {
+        let p = self.peer(peer)?;
+        if !p.complete.load(Ordering::Acquire) {
+            self.metrics
+                .frames_refused_bundle_down
+                .fetch_add(1, Ordering::Relaxed);
+            return Err(SendError::BundleDown(peer));
+        }
+        let sender = p
+            .queues
+            .lock()
+            .ok()
+            .and_then(|q| q.get(usize::from(link)).cloned().flatten());
+        let Some(sender) = sender else {
+            return Err(SendError::BundleDown(peer));
+        };
+        sender.try_send(frame).map_err(|_| {
+            self.metrics.frames_dropped.fetch_add(1, Ordering::Relaxed);
+            SendError::QueueFull
+        })
+    }
+
+    /// Closes one link to `peer` (as a failure would): the whole bundle is torn down on
+    /// both sides and dialed again.
+    pub fn kill_link(&self, peer: u8, link: u16) {
+        if let Ok(p) = self.peer(peer) {
+            let _ = p.events.send(PeerEvent::Kill(link));
+        }
+    }
+
+    /// This node's replica id.
+    pub fn replica(&self) -> u8 {
+        self.replica
+    }
+}
+
+impl Drop for Bus {
+    fn drop(&mut self) {
+        for task in &self.tasks {
+            task.abort();
+        }
+    }
+}
+
+struct LinkTasks {
+    reader: JoinHandle<()>,
+    writer: JoinHandle<()>,
+}
+
+impl LinkTasks {
+    fn abort(self) {
+        self.reader.abort();
+        self.writer.abort();
+    }
+}
+
+async fn manage_peer(
+    config: Arc<BusConfig>,
+    peer: u8,
+    handle: Arc<PeerHandle>,
+    mut events: mpsc::UnboundedReceiver<PeerEvent>,
+    metrics: Arc<BusMetrics>,
+    deliver: mpsc::UnboundedSender<Delivery>,
+) {
+    let start = Instant::now();
+    let now = || start.elapsed().as_millis() as u64;
+    let backoff = Backoff {
+        first: config.backoff.as_millis().max(1) as u64,
+        max: (config.backoff.as_millis().max(1) as u64) * 32,
+    };
+    let mut bundle = Bundle::new(
+        config.links,
+        config.replica < peer,
+        config.handshake_grace.as_millis() as u64,
+        backoff,
+        now(),
+    );
+    let mut links: Vec<Option<LinkTasks>> = (0..config.links).map(|_| None).collect();
+    let peer_state = &handle.inner;
+    let mut actions = Vec::new();
+    loop {
+        let wait = bundle
+            .next_deadline()
+            .map_or(Duration::from_millis(50), |d| {
+                Duration::from_millis(d.saturating_sub(now()).min(50))
+            });
+        let mut install = None;
+        tokio::select! {
+            event = events.recv() => match event {
+                None => return,
+                Some(PeerEvent::LinkUp { link, generation, stream }) => {
+                    match bundle.on_link_up(now(), link, generation, &mut actions) {
+                        Ok(()) => install = Some((link, generation, stream)),
+                        Err(_) => metrics.failed("stale_generation"),
+                    }
+                }
+                Some(PeerEvent::LinkClosed { link, generation }) => bundle.on_link_closed(now(), link, generation, &mut actions),
+                Some(PeerEvent::Kill(link)) => {
+                    let generation = bundle.generation();
+                    if let Some(tasks) = links.get_mut(usize::from(link)).and_then(Option::take) {
+                        tasks.abort();
+                    }
+                    bundle.on_link_closed(now(), link, generation, &mut actions);
+                }
+            },
+            () = tokio::time::sleep(wait) => bundle.on_tick(now(), &mut actions),
+        }
+        // Teardowns first, then the new link, then "up": a frame queued as soon as the
+        // bundle is up finds every link's queue in place.
+        let up = actions.contains(&BundleAction::Up);
+        for action in actions.drain(..) {
+            match action {
+                BundleAction::CloseAll => {
+                    peer_state.complete.store(false, Ordering::Release);
+                    if let Ok(mut queues) = peer_state.queues.lock() {
+                        queues.iter_mut().for_each(|q| *q = None);
+                    }
+                    for tasks in links.iter_mut().filter_map(Option::take) {
+                        tasks.abort();
+                    }
+                }
+                BundleAction::Down => {
+                    peer_state.complete.store(false, Ordering::Release);
+                    metrics.teardowns.fetch_add(1, Ordering::Relaxed);
+                }
+                BundleAction::Dial { link, generation } => {
+                    tokio::spawn(dial(
+                        Arc::clone(&config),
+                        peer,
+                        link,
+                        generation,
+                        handle.inner.events.clone(),
+                        Arc::clone(&metrics),
+                    ));
+                }
+                BundleAction::Up => {}
+            }
+        }
+        if let Some((link, generation, stream)) = install {
+            let (queue, frames) = mpsc::channel(config.queue_frames_max.max(1));
+            if let Ok(mut queues) = peer_state.queues.lock() {
+                if let Some(slot) = queues.get_mut(usize::from(link)) {
+                    *slot = Some(queue);
+                }
+            }
+            let tasks = spawn_link(
+                &config,
+                peer,
+                link,
+                generation,
+                stream,
+                frames,
+                handle.inner.events.clone(),
+                Arc::clone(&metrics),
+                deliver.clone(),
+            );
+            if let Some(old) = links
+                .get_mut(usize::from(link))
+                .and_then(|slot| slot.replace(tasks))
+            {
+                old.abort();
+            }
+        }
+        if up {
+            peer_state.complete.store(true, Ordering::Release);
+            metrics.bundles_up.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)] // the parts of one link
+fn spawn_link(
+    config: &BusConfig,
+    peer: u8,
+    link: u16,
+    generation: u32,
+    stream: TcpStream,
+    mut frames: mpsc::Receiver<Frame>,
+    events: mpsc::UnboundedSender<PeerEvent>,
+    metrics: Arc<BusMetrics>,
+    deliver: mpsc::UnboundedSender<Delivery>,
+) -> LinkTasks {
+    let (mut reader, mut writer) = stream.into_split();
+    let max = config.frame_bytes_max;
+    let read_events = events.clone();
+    let read_metrics = Arc::clone(&metrics);
+    let reader = tokio::spawn(async move {
+        let mut buf = Vec::with_capacity(64 * 1024);
+        let mut chunk = vec![0u8; 64 * 1024];
+        loop {
+            loop {
+                match Frame::decode(&buf, max) {
+                    Ok(Some((frame, used))) => {
+                        buf.drain(..used);
+                        read_metrics.frames_received.fetch_add(1, Ordering::Relaxed);
+                        read_metrics
+                            .bytes_received
+                            .fetch_add(used as u64, Ordering::Relaxed);
+                        let _ = deliver.send(Delivery { peer, link, frame });
+                    }
+                    Ok(None) => break,
+                    Err(err) => {
+                        let err: FrameError = err;
+                        tracing::warn!(peer, link, %err, "closing a replica link");
+                        let _ = read_events.send(PeerEvent::LinkClosed { link, generation });
+                        return;
+                    }
+                }
+            }
+            match reader.read(&mut chunk).await {
+                Ok(0) | Err(_) => {
+                    let _ = read_events.send(PeerEvent::LinkClosed { link, generation });
+                    return;
+                }
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            }
+        }
+    });
+    let writer = tokio::spawn(async move {
+        let mut bytes = Vec::new();
+        while let Some(frame) = frames.recv().await {
+            bytes.clear();
+            frame.encode(&mut bytes);
+            let mut count = 1u64;
+            while let Ok(more) = frames.try_recv() {
+                more.encode(&mut bytes);
+                count += 1;
+            }
+            if writer.write_all(&bytes).await.is_err() {
+                let _ = events.send(PeerEvent::LinkClosed { link, generation });
+                return;
+            }
+            metrics.frames_sent.fetch_add(count, Ordering::Relaxed);
+            metrics
+                .bytes_sent
+                .fetch_add(bytes.len() as u64, Ordering::Relaxed);
+        }
+    });
+    LinkTasks { reader, writer }
+}
+
+async fn dial(
+    config: Arc<BusConfig>,
+    peer: u8,
+    link: u16,
+    generation: u32,
+    events: mpsc::UnboundedSender<PeerEvent>,
+    metrics: Arc<BusMetrics>,
+) {
+    let closed = PeerEvent::LinkClosed { link, generation };
+    let Some(addr) = config.addresses.get(usize::from(peer)).copied() else {
+        return;
+    };
+    let attempt = async {
+        let mut stream = TcpStream::connect(addr).await.map_err(|_| "connect")?;
+        tune(&stream, config.heartbeat_timeout);
+        let (state, hello) = DialerAwaitReply::start(
+            handshake_config(&config),
+            peer,
+            link,
+            generation,
+            random_nonce(),
+        );
+        stream.write_all(&hello).await.map_err(|_| "io")?;
+        let mut reply = [0u8; REPLY_BYTES];
+        stream.read_exact(&mut reply).await.map_err(|_| "io")?;
+        let (_, confirm) = state.on_reply(&reply).map_err(|r| reason(&r))?;
+        stream.write_all(&confirm).await.map_err(|_| "io")?;
+        Ok::<TcpStream, &'static str>(stream)
+    };
+    match tokio::time::timeout(config.handshake_grace, attempt).await {
+        Ok(Ok(stream)) => {
+            let _ = events.send(PeerEvent::LinkUp {
+                link,
+                generation,
+                stream,
+            });
+        }
+        Ok(Err(why)) => {
+            metrics.failed(why);
+            let _ = events.send(closed);
+        }
+        Err(_) => {
+            metrics.failed("timeout");
+            let _ = events.send(closed);
+        }
+    }
+}
+
+async fn accept_loop(
+    config: Arc<BusConfig>,
+    listener: TcpListener,
+    peers: Arc<Vec<Option<Arc<PeerHandle>>>>,
+    metrics: Arc<BusMetrics>,
+) {
+    let slots = Arc::new(Semaphore::new(INBOUND_HANDSHAKES_MAX));
+    loop {
+        let Ok((stream, _)) = listener.accept().await else {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            continue;
+        };
+        let Ok(slot) = Arc::clone(&slots).try_acquire_owned() else {
+            metrics.failed("too_many_handshakes");
+            continue;
+        };
+        let config = Arc::clone(&config);
+        let peers = Arc::clone(&peers);
+        let metrics = Arc::clone(&metrics);
+        tokio::spawn(async move {
+            let _slot = slot;
+            admit(config, stream, peers, metrics).await;
+        });
+    }
+}
+
+/// Runs admission for one inbound socket under one deadline.
+async fn admit(
+    config: Arc<BusConfig>,
+    mut stream: TcpStream,
+    peers: Arc<Vec<Option<Arc<PeerHandle>>>>,
+    metrics: Arc<BusMetrics>,
+) {
+    let accepted = Instant::now();
+    let deadline = tokio::time::Instant::now() + config.handshake_grace;
+    let grace_ms = config.handshake_grace.as_millis() as u64;
+    let now = || accepted.elapsed().as_millis() as u64;
+    tune(&stream, config.heartbeat_timeout);
+    let mut preamble = [0u8; PREAMBLE_BYTES];
+    if tokio::time::timeout_at(deadline, stream.read_exact(&mut preamble))
+        .await
+        .map_or(true, |r| r.is_err())
+    {
+        metrics.preamble_refusals.fetch_add(1, Ordering::Relaxed);
+        metrics.failed("timeout");
+        return;
+    }
+    let awaiting = match accept_preamble(handshake_config(&config), &preamble, now(), grace_ms) {
+        Ok(awaiting) => awaiting,
+        Err(refusal) => {
+            metrics.preamble_refusals.fetch_add(1, Ordering::Relaxed);
+            metrics.failed(reason(&refusal));
+            return;
+        }
+    };
+    let peer = awaiting.preamble().replica;
+    let link = u16::from(awaiting.preamble().link);
+    let generation = awaiting.preamble().generation;
+    let rest = async {
+        let mut hello = [0u8; HELLO_BYTES];
+        stream
+            .read_exact(&mut hello)
+            .await
+            .map_err(|_| Refusal::Malformed)?;
+        let (confirming, reply) = awaiting.on_hello(&hello, random_nonce(), now())?;
+        stream
+            .write_all(&reply)
+            .await
+            .map_err(|_| Refusal::Malformed)?;
+        let mut confirm = [0u8; CONFIRM_BYTES];
+        stream
+            .read_exact(&mut confirm)
+            .await
+            .map_err(|_| Refusal::Malformed)?;
+        confirming.on_confirm(&confirm, now())
+    };
+    match tokio::time::timeout_at(deadline, rest).await {
+        Ok(Ok(_established)) => {
+            if let Some(Some(handle)) = peers.get(usize::from(peer)) {
+                let _ = handle.inner.events.send(PeerEvent::LinkUp {
+                    link,
+                    generation,
+                    stream,
+                });
+            }
+        }
+        Ok(Err(refusal)) => metrics.failed(reason(&refusal)),
+        Err(_) => metrics.failed("timeout"),
+    }
+}

@@ -1,0 +1,283 @@
+//! The bus with real sockets on 127.0.0.1.
+
+// A panic in a test is a failed assertion, not a crash on outside data.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use braid_bus::{Bus, BusConfig, Delivery, Frame};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc::UnboundedReceiver;
+
+const GRACE: Duration = Duration::from_millis(1_000);
+
+fn config(replica: u8, addresses: &[std::net::SocketAddr], shards: u16, links: u16) -> BusConfig {
+    BusConfig {
+        cluster: 7,
+        replica,
+        addresses: addresses.to_vec(),
+        shards,
+        links,
+        skip_shard_zero: true,
+        secret: Some(b"cluster secret".to_vec()),
+        handshake_grace: GRACE,
+        heartbeat_timeout: Duration::from_secs(2),
+        queue_frames_max: 4096,
+        frame_bytes_max: 1 << 20,
+        backoff: Duration::from_millis(20),
+    }
+}
+
+async fn listeners(n: usize) -> (Vec<TcpListener>, Vec<std::net::SocketAddr>) {
+    let mut listeners = Vec::new();
+    let mut addresses = Vec::new();
+    for _ in 0..n {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        addresses.push(listener.local_addr().unwrap());
+        listeners.push(listener);
+    }
+    (listeners, addresses)
+}
+
+async fn cluster(shards: &[u16], links: u16) -> Vec<(Bus, UnboundedReceiver<Delivery>)> {
+    let (ls, addresses) = listeners(shards.len()).await;
+    ls.into_iter()
+        .enumerate()
+        .map(|(i, l)| Bus::start(config(i as u8, &addresses, shards[i], links), l).unwrap())
+        .collect()
+}
+
+async fn wait_until(what: &str, cond: impl Fn() -> bool) {
+    let start = Instant::now();
+    while !cond() {
+        assert!(
+            start.elapsed() < Duration::from_secs(15),
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+async fn all_up(nodes: &[(Bus, UnboundedReceiver<Delivery>)]) {
+    wait_until("every bundle up", || {
+        nodes.iter().all(|(bus, _)| {
+            (0..nodes.len() as u8)
+                .filter(|p| *p != bus.replica())
+                .all(|p| bus.bundle_up(p))
+        })
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn frames_ride_the_link_of_their_shard_range_in_order() {
+    for links in [1u16, 2, 4] {
+        let mut nodes = cluster(&[4, 4, 4], links).await;
+        all_up(&nodes).await;
+        const PER_SHARD: u32 = 50;
+        for (bus, _) in &nodes {
+            for peer in 0..3u8 {
+                if peer == bus.replica() {
+                    continue;
+                }
+                for seq in 0..PER_SHARD {
+                    for shard in 0..4u16 {
+                        let payload =
+                            [shard.to_be_bytes().to_vec(), seq.to_be_bytes().to_vec()].concat();
+                        // Group 1 + shard: a partition group; group 0: metadata.
+                        bus.send(
+                            shard,
+                            peer,
+                            Frame {
+                                group: 1 + u64::from(shard),
+                                kind: 1,
+                                payload,
+                            },
+                        )
+                        .unwrap();
+                    }
+                    bus.send(
+                        3,
+                        peer,
+                        Frame {
+                            group: 0,
+                            kind: 2,
+                            payload: seq.to_be_bytes().to_vec(),
+                        },
+                    )
+                    .unwrap();
+                }
+            }
+        }
+        for (bus, deliveries) in &mut nodes {
+            let layout = *bus.layout();
+            let mut last: BTreeMap<(u8, u16), u32> = BTreeMap::new();
+            let mut metadata = 0;
+            let expected = 2 * (4 * PER_SHARD + PER_SHARD);
+            let mut got = 0;
+            while got < expected {
+                let delivery = tokio::time::timeout(Duration::from_secs(10), deliveries.recv())
+                    .await
+                    .unwrap()
+                    .unwrap();
+                got += 1;
+                if delivery.frame.group == 0 {
+                    assert_eq!(delivery.link, 0, "metadata frames use link 0");
+                    metadata += 1;
+                    continue;
+                }
+                let shard =
+                    u16::from_be_bytes([delivery.frame.payload[0], delivery.frame.payload[1]]);
+                let seq = u32::from_be_bytes(delivery.frame.payload[2..6].try_into().unwrap());
+                assert_eq!(
+                    delivery.link,
+                    layout.range_of(shard),
+                    "k = {links}: shard {shard} uses its range's link"
+                );
+                if let Some(prev) = last.insert((delivery.peer, shard), seq) {
+                    assert_eq!(seq, prev + 1, "frames of one shard stay in order");
+                }
+            }
+            assert_eq!(metadata, 2 * PER_SHARD);
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killing_one_link_tears_the_bundle_down_on_both_sides_and_it_returns() {
+    let nodes = cluster(&[4, 4, 4], 2).await;
+    all_up(&nodes).await;
+    nodes[0].0.kill_link(1, 1);
+    wait_until("teardowns on both sides", || {
+        nodes[0].0.metrics().teardowns.load(Ordering::Relaxed) >= 1
+            && nodes[1].0.metrics().teardowns.load(Ordering::Relaxed) >= 1
+    })
+    .await;
+    all_up(&nodes).await;
+    assert!(
+        nodes[0].0.metrics().bundles_up.load(Ordering::Relaxed) >= 3,
+        "the bundle came back"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn peers_with_another_k_or_secret_and_unknown_replicas_are_refused_and_counted() {
+    let (ls, addresses) = listeners(2).await;
+    let mut ls = ls.into_iter();
+    let (a, _ra) = Bus::start(config(0, &addresses, 4, 1), ls.next().unwrap()).unwrap();
+    let (b, _rb) = Bus::start(config(1, &addresses, 4, 2), ls.next().unwrap()).unwrap();
+    wait_until("a k mismatch counted", || {
+        a.metrics().handshake_failures_for("link_count")
+            + b.metrics().handshake_failures_for("link_count")
+            > 0
+    })
+    .await;
+    assert!(!a.bundle_up(1) && !b.bundle_up(0));
+    drop((a, b));
+
+    let (ls, addresses) = listeners(2).await;
+    let mut ls = ls.into_iter();
+    let (a, _ra) = Bus::start(config(0, &addresses, 4, 1), ls.next().unwrap()).unwrap();
+    let mut wrong = config(1, &addresses, 4, 1);
+    wrong.secret = Some(b"another secret".to_vec());
+    let (b, _rb) = Bus::start(wrong, ls.next().unwrap()).unwrap();
+    wait_until("a wrong MAC counted", || {
+        a.metrics().handshake_failures_for("bad_mac")
+            + b.metrics().handshake_failures_for("bad_mac")
+            > 0
+    })
+    .await;
+    assert!(!a.bundle_up(1));
+
+    // A preamble naming replica 9.
+    let mut raw = TcpStream::connect(addresses[0]).await.unwrap();
+    raw.write_all(&[b'B', b'R', 1, 9, 0, 0, 0, 1])
+        .await
+        .unwrap();
+    wait_until("an unknown replica refused", || {
+        a.metrics().handshake_failures_for("unknown_replica") > 0
+    })
+    .await;
+    assert!(a.metrics().preamble_refusals.load(Ordering::Relaxed) >= 1);
+    drop(b);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_dialer_is_closed_one_grace_after_connect() {
+    let (ls, addresses) = listeners(2).await;
+    let (a, _ra) = Bus::start(config(0, &addresses, 4, 1), ls.into_iter().next().unwrap()).unwrap();
+    let started = Instant::now();
+    let mut raw = TcpStream::connect(addresses[0]).await.unwrap();
+    tokio::time::sleep(GRACE.mul_f32(0.8)).await;
+    // A valid preamble from replica 1, then nothing.
+    raw.write_all(&[b'B', b'R', 1, 1, 0, 0, 0, 1])
+        .await
+        .unwrap();
+    let mut rest = Vec::new();
+    let _ = tokio::time::timeout(GRACE * 3, raw.read_to_end(&mut rest)).await;
+    let closed_after = started.elapsed();
+    assert!(
+        closed_after < GRACE.mul_f32(1.6),
+        "closed after {closed_after:?}, one grace is {GRACE:?}"
+    );
+    assert!(closed_after >= GRACE.mul_f32(0.8));
+    drop(a);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_with_4_and_2_shards_link_at_k_1() {
+    let mut nodes = cluster(&[4, 2], 1).await;
+    all_up(&nodes).await;
+    nodes[0]
+        .0
+        .send(
+            3,
+            1,
+            Frame {
+                group: 5,
+                kind: 1,
+                payload: b"hi".to_vec(),
+            },
+        )
+        .unwrap();
+    let delivery = tokio::time::timeout(Duration::from_secs(5), nodes[1].1.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (delivery.peer, delivery.link, delivery.frame.payload),
+        (0, 0, b"hi".to_vec())
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_queue_drops_and_counts_without_blocking() {
+    let (ls, addresses) = listeners(2).await;
+    let mut ls = ls.into_iter();
+    let mut small = config(0, &addresses, 4, 1);
+    small.queue_frames_max = 4;
+    let (a, _ra) = Bus::start(small, ls.next().unwrap()).unwrap();
+    let (b, _rb) = Bus::start(config(1, &addresses, 4, 1), ls.next().unwrap()).unwrap();
+    wait_until("the bundle", || a.bundle_up(1) && b.bundle_up(0)).await;
+    let mut refused = 0;
+    for i in 0..20_000u32 {
+        if a.send(
+            1,
+            1,
+            Frame {
+                group: 1,
+                kind: 1,
+                payload: vec![0; 512 + (i % 3) as usize],
+            },
+        )
+        .is_err()
+        {
+            refused += 1;
+        }
+    }
+    assert!(refused > 0, "some frames met a full queue");
+    assert_eq!(a.metrics().frames_dropped.load(Ordering::Relaxed), refused);
+}
