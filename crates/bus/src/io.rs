@@ -24,6 +24,9 @@ use crate::handshake::{
 };
 use crate::placement::{LayoutError, LinkLayout, INBOUND_HANDSHAKES_MAX, METADATA_LINK};
 
+/// Most bytes a link's writer gathers into one write.
+const WRITE_BATCH_BYTES_MAX: usize = 1 << 20;
+
 /// Settings of one node's bus.
 #[derive(Debug, Clone)]
 pub struct BusConfig {
@@ -56,7 +59,7 @@ pub struct BusConfig {
 }
 
 /// Counters of a node's bus.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct BusMetrics {
     /// Bundles that came up.
     pub bundles_up: AtomicU64,
@@ -78,9 +81,44 @@ pub struct BusMetrics {
     pub frames_received: AtomicU64,
     /// Bytes received.
     pub bytes_received: AtomicU64,
+    /// Per link (index `peer * k + link`): frames sent, bytes sent, frames received,
+    /// bytes received.
+    pub per_link: Vec<[AtomicU64; 4]>,
 }
 
 impl BusMetrics {
+    fn new(replicas: usize, links: u16) -> Self {
+        let zero = || AtomicU64::new(0);
+        Self {
+            bundles_up: zero(),
+            teardowns: zero(),
+            preamble_refusals: zero(),
+            handshake_failures: Mutex::new(BTreeMap::new()),
+            frames_dropped: zero(),
+            frames_refused_bundle_down: zero(),
+            frames_sent: zero(),
+            bytes_sent: zero(),
+            frames_received: zero(),
+            bytes_received: zero(),
+            per_link: (0..replicas * usize::from(links))
+                .map(|_| [zero(), zero(), zero(), zero()])
+                .collect(),
+        }
+    }
+
+    fn link(&self, peer: u8, link: u16, links: u16) -> Option<&[AtomicU64; 4]> {
+        self.per_link
+            .get(usize::from(peer) * usize::from(links) + usize::from(link))
+    }
+
+    /// (frames sent, bytes sent, frames received, bytes received) of one link.
+    pub fn link_counts(&self, peer: u8, link: u16, links: u16) -> (u64, u64, u64, u64) {
+        self.link(peer, link, links).map_or((0, 0, 0, 0), |c| {
+            let get = |i: usize| c[i].load(Ordering::Relaxed);
+            (get(0), get(1), get(2), get(3))
+        })
+    }
+
     fn failed(&self, reason: &str) {
         if let Ok(mut map) = self.handshake_failures.lock() {
             *map.entry(reason.to_owned()).or_insert(0) += 1;
@@ -227,7 +265,7 @@ impl Bus {
             config.skip_shard_zero,
             peers_count,
         )?;
-        let metrics = Arc::new(BusMetrics::default());
+        let metrics = Arc::new(BusMetrics::new(config.addresses.len(), config.links));
         let (deliver, deliveries) = mpsc::unbounded_channel();
         let config = Arc::new(config);
         let local = listener
@@ -347,6 +385,36 @@ impl Bus {
             self.metrics.frames_dropped.fetch_add(1, Ordering::Relaxed);
             SendError::QueueFull
         })
+    }
+
+    /// As [`Bus::send`], but waits for room in the link's queue instead of dropping:
+    /// for callers that want backpressure (bulk transfer, benchmarks) rather than the
+    /// drop-and-retransmit that consensus prefers.
+    ///
+    /// # Errors
+    /// [`SendError::BundleDown`] or [`SendError::NoPeer`].
+    pub async fn send_waiting(&self, shard: u16, peer: u8, frame: Frame) -> Result<(), SendError> {
+        let link = if frame.group == 0 {
+            METADATA_LINK
+        } else {
+            self.layout.range_of(shard)
+        };
+        let p = self.peer(peer)?;
+        if !p.complete.load(Ordering::Acquire) {
+            return Err(SendError::BundleDown(peer));
+        }
+        let sender = p
+            .queues
+            .lock()
+            .ok()
+            .and_then(|q| q.get(usize::from(link)).cloned().flatten());
+        let Some(sender) = sender else {
+            return Err(SendError::BundleDown(peer));
+        };
+        sender
+            .send(frame)
+            .await
+            .map_err(|_| SendError::BundleDown(peer))
     }
 
     /// Closes one link to `peer` (as a failure would): the whole bundle is torn down on
@@ -511,6 +579,7 @@ fn spawn_link(
 ) -> LinkTasks {
     let (mut reader, mut writer) = stream.into_split();
     let max = config.frame_bytes_max;
+    let links = config.links;
     let read_events = events.clone();
     let read_metrics = Arc::clone(&metrics);
     let reader = tokio::spawn(async move {
@@ -525,6 +594,10 @@ fn spawn_link(
                         read_metrics
                             .bytes_received
                             .fetch_add(used as u64, Ordering::Relaxed);
+                        if let Some(c) = read_metrics.link(peer, link, links) {
+                            c[2].fetch_add(1, Ordering::Relaxed);
+                            c[3].fetch_add(used as u64, Ordering::Relaxed);
+                        }
                         let _ = deliver.send(Delivery { peer, link, frame });
                     }
                     Ok(None) => break,
@@ -551,7 +624,10 @@ fn spawn_link(
             bytes.clear();
             frame.encode(&mut bytes);
             let mut count = 1u64;
-            while let Ok(more) = frames.try_recv() {
+            // Batch what is already queued into one write, but only up to a bound:
+            // senders that keep the queue full must not keep the writer from writing.
+            while bytes.len() < WRITE_BATCH_BYTES_MAX {
+                let Ok(more) = frames.try_recv() else { break };
                 more.encode(&mut bytes);
                 count += 1;
             }
@@ -563,6 +639,10 @@ fn spawn_link(
             metrics
                 .bytes_sent
                 .fetch_add(bytes.len() as u64, Ordering::Relaxed);
+            if let Some(c) = metrics.link(peer, link, links) {
+                c[0].fetch_add(count, Ordering::Relaxed);
+                c[1].fetch_add(bytes.len() as u64, Ordering::Relaxed);
+            }
         }
     });
     LinkTasks { reader, writer }

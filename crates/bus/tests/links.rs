@@ -142,6 +142,16 @@ async fn frames_ride_the_link_of_their_shard_range_in_order() {
                 }
             }
             assert_eq!(metadata, 2 * PER_SHARD);
+            // Per-link counters: every link to each peer carried frames.
+            for peer in (0..3u8).filter(|p| *p != bus.replica()) {
+                for link in 0..links {
+                    let (_, _, received, bytes) = bus.metrics().link_counts(peer, link, links);
+                    assert!(
+                        received > 0 && bytes > 0,
+                        "k = {links}: link {link} from {peer} carried frames"
+                    );
+                }
+            }
         }
     }
 }
@@ -280,4 +290,39 @@ async fn a_full_queue_drops_and_counts_without_blocking() {
     }
     assert!(refused > 0, "some frames met a full queue");
     assert_eq!(a.metrics().frames_dropped.load(Ordering::Relaxed), refused);
+}
+
+/// Found by the bus benchmark: four shards keeping one link's queue full kept its writer
+/// gathering frames forever, and nothing was written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_link_kept_full_by_many_shards_still_writes() {
+    let mut nodes = cluster(&[4, 4], 1).await;
+    all_up(&nodes).await;
+    let sender = std::sync::Arc::new(nodes.remove(0).0);
+    let mut tasks = Vec::new();
+    for shard in 0..4u16 {
+        let sender = std::sync::Arc::clone(&sender);
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..400 {
+                let frame = Frame {
+                    group: 1,
+                    kind: 1,
+                    payload: vec![1; 64 * 1024],
+                };
+                if sender.send_waiting(shard, 1, frame).await.is_err() {
+                    return;
+                }
+            }
+        }));
+    }
+    let (_, deliveries) = &mut nodes[0];
+    for _ in 0..1_600 {
+        tokio::time::timeout(Duration::from_secs(10), deliveries.recv())
+            .await
+            .unwrap()
+            .unwrap();
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
 }

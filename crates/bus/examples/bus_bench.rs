@@ -1,0 +1,144 @@
+//! Throughput between two nodes over one bundle, k = 1 against k = 4: 4 shards on the
+//! sending node each send 64 KiB frames as fast as the queues take them (waiting for
+//! room, not dropping). Medians of
+//! `--runs` runs of `--seconds` each; the ratio k=4 / k=1 is the figure.
+//!
+//! ```sh
+//! cargo run --release -p braid-bus --example bus_bench -- --seconds 3 --runs 3
+//! ```
+
+use std::time::{Duration, Instant};
+
+use braid_bus::{Bus, BusConfig, Frame};
+use tokio::net::TcpListener;
+
+type Res<T> = Result<T, Box<dyn std::error::Error>>;
+
+const FRAME_BYTES: usize = 64 * 1024;
+const SHARDS: u16 = 4;
+
+fn arg(name: &str, default: u64) -> u64 {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn config(replica: u8, addresses: &[std::net::SocketAddr], links: u16) -> BusConfig {
+    BusConfig {
+        cluster: 1,
+        replica,
+        addresses: addresses.to_vec(),
+        shards: SHARDS,
+        links,
+        skip_shard_zero: false,
+        secret: None,
+        handshake_grace: Duration::from_secs(2),
+        heartbeat_timeout: Duration::from_secs(5),
+        queue_frames_max: 256,
+        frame_bytes_max: 1 << 20,
+        backoff: Duration::from_millis(20),
+    }
+}
+
+/// Frames per second and MB/s delivered over `seconds`.
+async fn run(links: u16, seconds: u64) -> Res<(f64, f64)> {
+    let a_listener = TcpListener::bind("127.0.0.1:0").await?;
+    let b_listener = TcpListener::bind("127.0.0.1:0").await?;
+    let addresses = [a_listener.local_addr()?, b_listener.local_addr()?];
+    let (a, _ra) = Bus::start(config(0, &addresses, links), a_listener)?;
+    let (b, mut rb) = Bus::start(config(1, &addresses, links), b_listener)?;
+    while !(a.bundle_up(1) && b.bundle_up(0)) {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let a = std::sync::Arc::new(a);
+    let deadline = Instant::now() + Duration::from_secs(seconds);
+    let mut senders = Vec::new();
+    for shard in 0..SHARDS {
+        let a = std::sync::Arc::clone(&a);
+        senders.push(tokio::spawn(async move {
+            let payload = vec![7u8; FRAME_BYTES];
+            while Instant::now() < deadline {
+                let frame = Frame {
+                    group: 1 + u64::from(shard),
+                    kind: 1,
+                    payload: payload.clone(),
+                };
+                if a.send_waiting(shard, 1, frame).await.is_err() {
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+            }
+        }));
+    }
+    let start = Instant::now();
+    let (mut frames, mut bytes) = (0u64, 0u64);
+    while Instant::now() < deadline {
+        match tokio::time::timeout(Duration::from_millis(100), rb.recv()).await {
+            Ok(Some(delivery)) => {
+                frames += 1;
+                bytes += delivery.frame.payload.len() as u64;
+            }
+            Ok(None) => break,
+            Err(_) => {}
+        }
+    }
+    let elapsed = start.elapsed().as_secs_f64();
+    if std::env::var("BUS_BENCH_DEBUG").is_ok() {
+        let m = a.metrics();
+        eprintln!(
+            "  sent {} frames, up {}, teardowns {}, failures {:?}, receiver up {}",
+            m.frames_sent.load(std::sync::atomic::Ordering::Relaxed),
+            m.bundles_up.load(std::sync::atomic::Ordering::Relaxed),
+            m.teardowns.load(std::sync::atomic::Ordering::Relaxed),
+            m.handshake_failures
+                .lock()
+                .map(|f| f.clone())
+                .unwrap_or_default(),
+            b.bundle_up(0)
+        );
+    }
+    for sender in senders {
+        sender.abort();
+    }
+    drop(b);
+    Ok((frames as f64 / elapsed, bytes as f64 / elapsed / 1e6))
+}
+
+fn median(values: &mut [f64]) -> f64 {
+    values.sort_by(|a, b| a.total_cmp(b));
+    values[values.len() / 2]
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() -> Res<()> {
+    let seconds = arg("--seconds", 3);
+    let runs = arg("--runs", 3) as usize;
+    let mut results: Vec<(u16, Vec<(f64, f64)>)> = vec![(1, Vec::new()), (4, Vec::new())];
+    for run_index in 0..runs {
+        // Alternate the order so neither k always runs on a warmer machine.
+        let order: [usize; 2] = if run_index % 2 == 0 { [0, 1] } else { [1, 0] };
+        for i in order {
+            let links = results[i].0;
+            let figure = run(links, seconds).await?;
+            eprintln!(
+                "run {} k = {links}: {:.0} frames/s, {:.0} MB/s",
+                run_index + 1,
+                figure.0,
+                figure.1
+            );
+            results[i].1.push(figure);
+        }
+    }
+    let mut medians = Vec::new();
+    for (links, figures) in &results {
+        let mut fps: Vec<f64> = figures.iter().map(|f| f.0).collect();
+        let mut mbs: Vec<f64> = figures.iter().map(|f| f.1).collect();
+        let (fps, mbs) = (median(&mut fps), median(&mut mbs));
+        println!("k = {links}: {fps:.0} frames/s, {mbs:.0} MB/s (64 KiB frames, {SHARDS} sending shards, median of {runs})");
+        medians.push(mbs);
+    }
+    println!("ratio k=4 / k=1: {:.2}", medians[1] / medians[0]);
+    Ok(())
+}
