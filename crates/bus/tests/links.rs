@@ -326,3 +326,88 @@ async fn a_link_kept_full_by_many_shards_still_writes() {
         task.await.unwrap();
     }
 }
+
+/// A peer process stopped with SIGSTOP while traffic flows loses its links within the
+/// heartbeat timeout (TCP_USER_TIMEOUT also covers a zero window) plus a margin, and the
+/// bundle returns after SIGCONT.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_peer_loses_its_links_and_they_return_after_it_resumes() {
+    use std::io::BufRead;
+    let heartbeat = Duration::from_millis(1_000);
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let own = listener.local_addr().unwrap();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_braid-bus-peer"))
+        .args([
+            "--replica",
+            "1",
+            "--links",
+            "2",
+            "--heartbeat-ms",
+            "1000",
+            "--peer",
+        ])
+        .arg(own.to_string())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let peer: std::net::SocketAddr = line
+        .trim()
+        .strip_prefix("listening ")
+        .unwrap()
+        .parse()
+        .unwrap();
+    let mut config = config(0, &[own, peer], 4, 2);
+    config.heartbeat_timeout = heartbeat;
+    let (bus, _deliveries) = Bus::start(config, listener).unwrap();
+    let bus = std::sync::Arc::new(bus);
+    wait_until("the bundle to the child", || bus.bundle_up(1)).await;
+    let sender = {
+        let bus = std::sync::Arc::clone(&bus);
+        tokio::spawn(async move {
+            loop {
+                for shard in 0..4u16 {
+                    let _ = bus.send(
+                        shard,
+                        1,
+                        Frame {
+                            group: 1,
+                            kind: 1,
+                            payload: vec![0; 64 * 1024],
+                        },
+                    );
+                }
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let pid = child.id().to_string();
+    assert!(std::process::Command::new("kill")
+        .args(["-STOP", &pid])
+        .status()
+        .unwrap()
+        .success());
+    let stopped = Instant::now();
+    wait_until("the links to the stopped peer to close", || {
+        !bus.bundle_up(1)
+    })
+    .await;
+    let lost_after = stopped.elapsed();
+    assert!(
+        lost_after < heartbeat + Duration::from_secs(4),
+        "links lost after {lost_after:?}"
+    );
+    assert!(std::process::Command::new("kill")
+        .args(["-CONT", &pid])
+        .status()
+        .unwrap()
+        .success());
+    wait_until("the bundle to return", || bus.bundle_up(1)).await;
+    sender.abort();
+    let _ = child.kill();
+    let _ = child.wait();
+}
