@@ -56,6 +56,91 @@ pub struct BusConfig {
     pub frame_bytes_max: u32,
     /// Redial backoff.
     pub backoff: Duration,
+    /// Mutual TLS on replica links (after the preamble, before the hello); `None`
+    /// sends the handshake and frames in the clear.
+    pub tls: Option<TlsConfig>,
+}
+
+/// Certificates for mutual TLS between nodes. Every node presents a certificate for
+/// `server_name` signed by one of `ca_certificates`, and accepts only such peers.
+#[derive(Debug, Clone)]
+pub struct TlsConfig {
+    /// The node's certificate chain, DER, leaf first.
+    pub certificate_chain: Vec<Vec<u8>>,
+    /// The node's private key, PKCS#8 DER.
+    pub private_key: Vec<u8>,
+    /// The certificate authorities replica certificates are signed by, DER.
+    pub ca_certificates: Vec<Vec<u8>>,
+    /// The name replica certificates carry.
+    pub server_name: String,
+}
+
+/// Why the bus could not start.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StartError {
+    /// The link layout cannot run.
+    #[error(transparent)]
+    Layout(#[from] LayoutError),
+    /// The TLS settings are unusable.
+    #[error("TLS: {0}")]
+    Tls(String),
+}
+
+/// Anything a link can run over: plain TCP or TLS.
+trait LinkStream: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send {}
+impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send> LinkStream for T {}
+type BoxStream = Box<dyn LinkStream>;
+
+/// Built once at start: the two TLS roles.
+#[derive(Clone)]
+struct Tls {
+    connector: tokio_rustls::TlsConnector,
+    acceptor: tokio_rustls::TlsAcceptor,
+    server_name: rustls::pki_types::ServerName<'static>,
+}
+
+fn build_tls(config: &TlsConfig) -> Result<Tls, StartError> {
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, ServerName};
+    let bad = |e: &dyn std::fmt::Display| StartError::Tls(e.to_string());
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let mut roots = rustls::RootCertStore::empty();
+    for ca in &config.ca_certificates {
+        roots
+            .add(CertificateDer::from(ca.clone()))
+            .map_err(|e| bad(&e))?;
+    }
+    let roots = std::sync::Arc::new(roots);
+    let chain: Vec<CertificateDer<'static>> = config
+        .certificate_chain
+        .iter()
+        .map(|c| CertificateDer::from(c.clone()))
+        .collect();
+    let key = || PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(config.private_key.clone()));
+    let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+        std::sync::Arc::clone(&roots),
+        std::sync::Arc::clone(&provider),
+    )
+    .build()
+    .map_err(|e| bad(&e))?;
+    let server = rustls::ServerConfig::builder_with_provider(std::sync::Arc::clone(&provider))
+        .with_safe_default_protocol_versions()
+        .map_err(|e| bad(&e))?
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(chain.clone(), key())
+        .map_err(|e| bad(&e))?;
+    let client = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| bad(&e))?
+        .with_root_certificates(roots)
+        .with_client_auth_cert(chain, key())
+        .map_err(|e| bad(&e))?;
+    let server_name = ServerName::try_from(config.server_name.clone()).map_err(|e| bad(&e))?;
+    Ok(Tls {
+        connector: tokio_rustls::TlsConnector::from(std::sync::Arc::new(client)),
+        acceptor: tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(server)),
+        server_name,
+    })
 }
 
 /// Counters of a node's bus.
@@ -177,7 +262,7 @@ enum PeerEvent {
     LinkUp {
         link: u16,
         generation: u32,
-        stream: TcpStream,
+        stream: BoxStream,
     },
     LinkClosed {
         link: u16,
@@ -253,11 +338,15 @@ impl Bus {
     /// to the returned receiver.
     ///
     /// # Errors
-    /// [`LayoutError`] if the link layout cannot run.
+    /// [`StartError`] if the link layout cannot run or the TLS settings are unusable.
     pub fn start(
         config: BusConfig,
         listener: TcpListener,
-    ) -> Result<(Self, mpsc::UnboundedReceiver<Delivery>), LayoutError> {
+    ) -> Result<(Self, mpsc::UnboundedReceiver<Delivery>), StartError> {
+        let tls = Arc::new(match &config.tls {
+            Some(settings) => Some(build_tls(settings)?),
+            None => None,
+        });
         let peers_count = config.addresses.len().saturating_sub(1);
         let layout = LinkLayout::new(
             config.shards,
@@ -296,6 +385,7 @@ impl Bus {
             if let Some((handle, rx)) = slot {
                 let task = tokio::spawn(manage_peer(
                     Arc::clone(&config),
+                    Arc::clone(&tls),
                     id as u8,
                     handle,
                     rx,
@@ -307,6 +397,7 @@ impl Bus {
         }
         tasks.push(tokio::spawn(accept_loop(
             Arc::clone(&config),
+            Arc::clone(&tls),
             listener,
             peer_list,
             Arc::clone(&metrics),
@@ -451,8 +542,10 @@ impl LinkTasks {
     }
 }
 
+#[allow(clippy::too_many_arguments)] // the parts one peer's manager needs
 async fn manage_peer(
     config: Arc<BusConfig>,
+    tls: Arc<Option<Tls>>,
     peer: u8,
     handle: Arc<PeerHandle>,
     mut events: mpsc::UnboundedReceiver<PeerEvent>,
@@ -523,6 +616,7 @@ async fn manage_peer(
                 BundleAction::Dial { link, generation } => {
                     tokio::spawn(dial(
                         Arc::clone(&config),
+                        Arc::clone(&tls),
                         peer,
                         link,
                         generation,
@@ -571,13 +665,13 @@ fn spawn_link(
     peer: u8,
     link: u16,
     generation: u32,
-    stream: TcpStream,
+    stream: BoxStream,
     mut frames: mpsc::Receiver<Frame>,
     events: mpsc::UnboundedSender<PeerEvent>,
     metrics: Arc<BusMetrics>,
     deliver: mpsc::UnboundedSender<Delivery>,
 ) -> LinkTasks {
-    let (mut reader, mut writer) = stream.into_split();
+    let (mut reader, mut writer) = tokio::io::split(stream);
     let max = config.frame_bytes_max;
     let links = config.links;
     let read_events = events.clone();
@@ -650,6 +744,7 @@ fn spawn_link(
 
 async fn dial(
     config: Arc<BusConfig>,
+    tls: Arc<Option<Tls>>,
     peer: u8,
     link: u16,
     generation: u32,
@@ -661,8 +756,8 @@ async fn dial(
         return;
     };
     let attempt = async {
-        let mut stream = TcpStream::connect(addr).await.map_err(|_| "connect")?;
-        tune(&stream, config.heartbeat_timeout);
+        let mut tcp = TcpStream::connect(addr).await.map_err(|_| "connect")?;
+        tune(&tcp, config.heartbeat_timeout);
         let (state, hello) = DialerAwaitReply::start(
             handshake_config(&config),
             peer,
@@ -670,12 +765,30 @@ async fn dial(
             generation,
             random_nonce(),
         );
-        stream.write_all(&hello).await.map_err(|_| "io")?;
+        // The preamble goes in the clear: it tells the acceptor which shard takes over.
+        tcp.write_all(&hello[..PREAMBLE_BYTES])
+            .await
+            .map_err(|_| "io")?;
+        let mut stream: BoxStream = match tls.as_ref() {
+            Some(tls) => Box::new(
+                tls.connector
+                    .connect(tls.server_name.clone(), tcp)
+                    .await
+                    .map_err(|_| "tls")?,
+            ),
+            None => Box::new(tcp),
+        };
+        stream
+            .write_all(&hello[PREAMBLE_BYTES..])
+            .await
+            .map_err(|_| "io")?;
+        stream.flush().await.map_err(|_| "io")?;
         let mut reply = [0u8; REPLY_BYTES];
         stream.read_exact(&mut reply).await.map_err(|_| "io")?;
         let (_, confirm) = state.on_reply(&reply).map_err(|r| reason(&r))?;
         stream.write_all(&confirm).await.map_err(|_| "io")?;
-        Ok::<TcpStream, &'static str>(stream)
+        stream.flush().await.map_err(|_| "io")?;
+        Ok::<BoxStream, &'static str>(stream)
     };
     match tokio::time::timeout(config.handshake_grace, attempt).await {
         Ok(Ok(stream)) => {
@@ -698,6 +811,7 @@ async fn dial(
 
 async fn accept_loop(
     config: Arc<BusConfig>,
+    tls: Arc<Option<Tls>>,
     listener: TcpListener,
     peers: Arc<Vec<Option<Arc<PeerHandle>>>>,
     metrics: Arc<BusMetrics>,
@@ -713,11 +827,12 @@ async fn accept_loop(
             continue;
         };
         let config = Arc::clone(&config);
+        let tls = Arc::clone(&tls);
         let peers = Arc::clone(&peers);
         let metrics = Arc::clone(&metrics);
         tokio::spawn(async move {
             let _slot = slot;
-            admit(config, stream, peers, metrics).await;
+            admit(config, tls, stream, peers, metrics).await;
         });
     }
 }
@@ -725,7 +840,8 @@ async fn accept_loop(
 /// Runs admission for one inbound socket under one deadline.
 async fn admit(
     config: Arc<BusConfig>,
-    mut stream: TcpStream,
+    tls: Arc<Option<Tls>>,
+    mut tcp: TcpStream,
     peers: Arc<Vec<Option<Arc<PeerHandle>>>>,
     metrics: Arc<BusMetrics>,
 ) {
@@ -733,9 +849,9 @@ async fn admit(
     let deadline = tokio::time::Instant::now() + config.handshake_grace;
     let grace_ms = config.handshake_grace.as_millis() as u64;
     let now = || accepted.elapsed().as_millis() as u64;
-    tune(&stream, config.heartbeat_timeout);
+    tune(&tcp, config.heartbeat_timeout);
     let mut preamble = [0u8; PREAMBLE_BYTES];
-    if tokio::time::timeout_at(deadline, stream.read_exact(&mut preamble))
+    if tokio::time::timeout_at(deadline, tcp.read_exact(&mut preamble))
         .await
         .map_or(true, |r| r.is_err())
     {
@@ -755,25 +871,32 @@ async fn admit(
     let link = u16::from(awaiting.preamble().link);
     let generation = awaiting.preamble().generation;
     let rest = async {
+        let mut stream: BoxStream = match tls.as_ref() {
+            Some(tls) => Box::new(tls.acceptor.accept(tcp).await.map_err(|_| "tls")?),
+            None => Box::new(tcp),
+        };
         let mut hello = [0u8; HELLO_BYTES];
         stream
             .read_exact(&mut hello)
             .await
-            .map_err(|_| Refusal::Malformed)?;
-        let (confirming, reply) = awaiting.on_hello(&hello, random_nonce(), now())?;
-        stream
-            .write_all(&reply)
-            .await
-            .map_err(|_| Refusal::Malformed)?;
+            .map_err(|_| "malformed")?;
+        let (confirming, reply) = awaiting
+            .on_hello(&hello, random_nonce(), now())
+            .map_err(|r| reason(&r))?;
+        stream.write_all(&reply).await.map_err(|_| "malformed")?;
+        stream.flush().await.map_err(|_| "malformed")?;
         let mut confirm = [0u8; CONFIRM_BYTES];
         stream
             .read_exact(&mut confirm)
             .await
-            .map_err(|_| Refusal::Malformed)?;
-        confirming.on_confirm(&confirm, now())
+            .map_err(|_| "malformed")?;
+        confirming
+            .on_confirm(&confirm, now())
+            .map_err(|r| reason(&r))?;
+        Ok::<BoxStream, &'static str>(stream)
     };
     match tokio::time::timeout_at(deadline, rest).await {
-        Ok(Ok(_established)) => {
+        Ok(Ok(stream)) => {
             if let Some(Some(handle)) = peers.get(usize::from(peer)) {
                 let _ = handle.inner.events.send(PeerEvent::LinkUp {
                     link,
@@ -782,7 +905,7 @@ async fn admit(
                 });
             }
         }
-        Ok(Err(refusal)) => metrics.failed(reason(&refusal)),
+        Ok(Err(why)) => metrics.failed(why),
         Err(_) => metrics.failed("timeout"),
     }
 }

@@ -11,7 +11,8 @@
 //! [`io`] is the tokio shell around them: sockets with TCP_NODELAY and
 //! TCP_USER_TIMEOUT, dialing and accepting under one admission deadline, a task pair per
 //! link, bounded per-link queues that drop (and count) rather than block, and metrics.
-//! Not yet: TLS, and running each link on its owner shard's runtime (node integration).
+//! Optional mutual TLS (rustls) wraps each link after the preamble. Not yet: running
+//! each link on its owner shard's runtime (node integration).
 
 pub mod bundle;
 pub mod frame;
@@ -24,5 +25,5 @@ pub use frame::{Frame, FrameError, FRAME_HEADER_BYTES};
 pub use handshake::{
     accept_preamble, DialerAwaitReply, Established, HandshakeConfig, Preamble, Refusal,
 };
-pub use io::{Bus, BusConfig, BusMetrics, Delivery, SendError};
+pub use io::{Bus, BusConfig, BusMetrics, Delivery, SendError, StartError, TlsConfig};
 pub use placement::{LayoutError, LinkLayout, INBOUND_HANDSHAKES_MAX, METADATA_LINK};

@@ -28,6 +28,7 @@ fn config(replica: u8, addresses: &[std::net::SocketAddr], shards: u16, links: u
         queue_frames_max: 4096,
         frame_bytes_max: 1 << 20,
         backoff: Duration::from_millis(20),
+        tls: None,
     }
 }
 
@@ -410,4 +411,79 @@ async fn a_stopped_peer_loses_its_links_and_they_return_after_it_resumes() {
     sender.abort();
     let _ = child.kill();
     let _ = child.wait();
+}
+
+/// A certificate authority and one replica certificate it signed (for `braid-replica`).
+fn certificates() -> braid_bus::TlsConfig {
+    use rcgen::{BasicConstraints, CertificateParams, IsCa, KeyPair};
+    let ca_key = KeyPair::generate().unwrap();
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca = ca_params.self_signed(&ca_key).unwrap();
+    let node_key = KeyPair::generate().unwrap();
+    let node = CertificateParams::new(vec!["braid-replica".to_owned()])
+        .unwrap()
+        .signed_by(&node_key, &ca, &ca_key)
+        .unwrap();
+    braid_bus::TlsConfig {
+        certificate_chain: vec![node.der().to_vec()],
+        private_key: node_key.serialize_der(),
+        ca_certificates: vec![ca.der().to_vec()],
+        server_name: "braid-replica".to_owned(),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn links_run_over_mutual_tls_and_a_plain_peer_is_refused() {
+    let tls = certificates();
+    let (ls, addresses) = listeners(3).await;
+    let mut nodes: Vec<_> = ls
+        .into_iter()
+        .enumerate()
+        .map(|(i, l)| {
+            let mut c = config(i as u8, &addresses, 4, 2);
+            c.tls = Some(tls.clone());
+            Bus::start(c, l).unwrap()
+        })
+        .collect();
+    all_up(&nodes).await;
+    nodes[0]
+        .0
+        .send(
+            2,
+            1,
+            Frame {
+                group: 3,
+                kind: 1,
+                payload: b"over tls".to_vec(),
+            },
+        )
+        .unwrap();
+    let delivery = tokio::time::timeout(Duration::from_secs(5), nodes[1].1.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(delivery.frame.payload, b"over tls".to_vec());
+    drop(nodes);
+
+    // One side with TLS, the other without: no link.
+    let (ls, addresses) = listeners(2).await;
+    let mut ls = ls.into_iter();
+    let mut with_tls = config(0, &addresses, 4, 1);
+    with_tls.tls = Some(tls);
+    let (a, _ra) = Bus::start(with_tls, ls.next().unwrap()).unwrap();
+    let (b, _rb) = Bus::start(config(1, &addresses, 4, 1), ls.next().unwrap()).unwrap();
+    wait_until("a failed handshake", || {
+        let failures = |bus: &Bus| {
+            bus.metrics()
+                .handshake_failures
+                .lock()
+                .unwrap()
+                .values()
+                .sum::<u64>()
+        };
+        failures(&a) + failures(&b) > 0
+    })
+    .await;
+    assert!(!a.bundle_up(1) && !b.bundle_up(0));
 }

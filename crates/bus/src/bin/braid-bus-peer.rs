@@ -38,6 +38,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         queue_frames_max: 1024,
         frame_bytes_max: 1 << 20,
         backoff: Duration::from_millis(20),
+        tls: None,
     };
     let (_bus, mut deliveries) = Bus::start(config, listener)?;
     while deliveries.recv().await.is_some() {}
