@@ -3,8 +3,13 @@
 //! room, not dropping). Medians of
 //! `--runs` runs of `--seconds` each; the ratio k=4 / k=1 is the figure.
 //!
+//! With `--on-shards 1` each node runs one current-thread runtime per shard, on its own
+//! thread, and every link lives on its owner shard (as in a node); without it both
+//! nodes share one two-worker runtime.
+//!
 //! ```sh
 //! cargo run --release -p braid-bus --example bus_bench -- --seconds 3 --runs 3
+//! cargo run --release -p braid-bus --example bus_bench -- --seconds 3 --runs 3 --on-shards 1
 //! ```
 
 use std::time::{Duration, Instant};
@@ -44,13 +49,55 @@ fn config(replica: u8, addresses: &[std::net::SocketAddr], links: u16) -> BusCon
     }
 }
 
+/// One current-thread runtime per shard, each on its own thread; they stop when the
+/// senders are dropped.
+fn shard_runtimes(
+    node: u8,
+) -> Res<(
+    Vec<tokio::runtime::Handle>,
+    Vec<tokio::sync::oneshot::Sender<()>>,
+)> {
+    let mut handles = Vec::new();
+    let mut stops = Vec::new();
+    for shard in 0..SHARDS {
+        let (handle_tx, handle_rx) = std::sync::mpsc::channel();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        std::thread::Builder::new()
+            .name(format!("node{node}-shard{shard}"))
+            .spawn(move || {
+                let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                else {
+                    return;
+                };
+                let _ = handle_tx.send(runtime.handle().clone());
+                let _ = runtime.block_on(stopped);
+            })?;
+        handles.push(handle_rx.recv()?);
+        stops.push(stop);
+    }
+    Ok((handles, stops))
+}
+
 /// Frames per second and MB/s delivered over `seconds`.
-async fn run(links: u16, seconds: u64) -> Res<(f64, f64)> {
+async fn run(links: u16, seconds: u64, on_shards: bool) -> Res<(f64, f64)> {
     let a_listener = TcpListener::bind("127.0.0.1:0").await?;
     let b_listener = TcpListener::bind("127.0.0.1:0").await?;
     let addresses = [a_listener.local_addr()?, b_listener.local_addr()?];
-    let (a, _ra) = Bus::start(config(0, &addresses, links), a_listener)?;
-    let (b, mut rb) = Bus::start(config(1, &addresses, links), b_listener)?;
+    let (a_shards, _a_stops) = if on_shards {
+        shard_runtimes(0)?
+    } else {
+        (Vec::new(), Vec::new())
+    };
+    let (b_shards, _b_stops) = if on_shards {
+        shard_runtimes(1)?
+    } else {
+        (Vec::new(), Vec::new())
+    };
+    let (a, _ra) =
+        Bus::start_on_shards(config(0, &addresses, links), a_listener, a_shards.clone())?;
+    let (b, mut rb) = Bus::start_on_shards(config(1, &addresses, links), b_listener, b_shards)?;
     while !(a.bundle_up(1) && b.bundle_up(0)) {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
@@ -59,7 +106,7 @@ async fn run(links: u16, seconds: u64) -> Res<(f64, f64)> {
     let mut senders = Vec::new();
     for shard in 0..SHARDS {
         let a = std::sync::Arc::clone(&a);
-        senders.push(tokio::spawn(async move {
+        let sender = async move {
             let payload = vec![7u8; FRAME_BYTES];
             while Instant::now() < deadline {
                 let frame = Frame {
@@ -71,7 +118,12 @@ async fn run(links: u16, seconds: u64) -> Res<(f64, f64)> {
                     tokio::time::sleep(Duration::from_millis(1)).await;
                 }
             }
-        }));
+        };
+        // Each shard sends from its own thread when there are shard runtimes.
+        senders.push(match a_shards.get(usize::from(shard)) {
+            Some(handle) => handle.spawn(sender),
+            None => tokio::spawn(sender),
+        });
     }
     let start = Instant::now();
     let (mut frames, mut bytes) = (0u64, 0u64);
@@ -116,13 +168,14 @@ fn median(values: &mut [f64]) -> f64 {
 async fn main() -> Res<()> {
     let seconds = arg("--seconds", 3);
     let runs = arg("--runs", 3) as usize;
+    let on_shards = arg("--on-shards", 0) != 0;
     let mut results: Vec<(u16, Vec<(f64, f64)>)> = vec![(1, Vec::new()), (4, Vec::new())];
     for run_index in 0..runs {
         // Alternate the order so neither k always runs on a warmer machine.
         let order: [usize; 2] = if run_index % 2 == 0 { [0, 1] } else { [1, 0] };
         for i in order {
             let links = results[i].0;
-            let figure = run(links, seconds).await?;
+            let figure = run(links, seconds, on_shards).await?;
             eprintln!(
                 "run {} k = {links}: {:.0} frames/s, {:.0} MB/s",
                 run_index + 1,

@@ -13,14 +13,14 @@ use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{mpsc, Semaphore};
+use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinHandle;
 
 use crate::bundle::{Backoff, Bundle, BundleAction};
 use crate::frame::{Frame, FrameError};
 use crate::handshake::{
-    accept_preamble, DialerAwaitReply, HandshakeConfig, Refusal, CONFIRM_BYTES, HELLO_BYTES,
-    PREAMBLE_BYTES, REPLY_BYTES,
+    accept_preamble, AcceptorAwaitHello, DialerAwaitReply, HandshakeConfig, Refusal, CONFIRM_BYTES,
+    HELLO_BYTES, PREAMBLE_BYTES, REPLY_BYTES,
 };
 use crate::placement::{LayoutError, LinkLayout, INBOUND_HANDSHAKES_MAX, METADATA_LINK};
 
@@ -85,6 +85,49 @@ pub enum StartError {
     /// The TLS settings are unusable.
     #[error("TLS: {0}")]
     Tls(String),
+    /// The shard runtimes given do not match the configured shard count.
+    #[error("{got} shard runtimes for {expected} shards")]
+    Shards {
+        /// The configured shard count.
+        expected: u16,
+        /// Runtimes given.
+        got: usize,
+    },
+}
+
+/// Which runtime each link lives on: the owner shard's, when the bus runs on shards.
+struct Placement {
+    layout: LinkLayout,
+    replica: u8,
+    shards: Vec<tokio::runtime::Handle>,
+}
+
+impl Placement {
+    /// The peer's slot among this node's peers (ids in order, this node left out).
+    fn slot(&self, peer: u8) -> u8 {
+        if peer > self.replica {
+            peer - 1
+        } else {
+            peer
+        }
+    }
+
+    /// The owner shard's runtime for `link` to `peer`, if the bus runs on shards.
+    fn owner(&self, link: u16, peer: u8) -> Option<&tokio::runtime::Handle> {
+        let shard = self.layout.link_owner(link, self.slot(peer));
+        self.shards.get(usize::from(shard))
+    }
+
+    fn spawn<F>(&self, link: u16, peer: u8, task: F) -> JoinHandle<F::Output>
+    where
+        F: std::future::Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
+        match self.owner(link, peer) {
+            Some(handle) => handle.spawn(task),
+            None => tokio::spawn(task),
+        }
+    }
 }
 
 /// Anything a link can run over: plain TCP or TLS.
@@ -242,6 +285,9 @@ pub struct Delivery {
     pub link: u16,
     /// The frame.
     pub frame: Frame,
+    /// The name of the thread that read it (the link owner shard's, when the bus runs
+    /// on shards).
+    pub read_on: Option<String>,
 }
 
 /// Why a frame was not queued.
@@ -343,6 +389,28 @@ impl Bus {
         config: BusConfig,
         listener: TcpListener,
     ) -> Result<(Self, mpsc::UnboundedReceiver<Delivery>), StartError> {
+        Self::start_on_shards(config, listener, Vec::new())
+    }
+
+    /// As [`Bus::start`], with one runtime per shard: each link (its dial, its
+    /// handshake, its reader and writer) runs on its owner shard's runtime; the runtime
+    /// `start_on_shards` is called on (shard 0's) accepts, reads the preamble and hands
+    /// the socket over.
+    ///
+    /// # Errors
+    /// As [`Bus::start`], and [`StartError::Shards`] if the runtimes do not match the
+    /// shard count.
+    pub fn start_on_shards(
+        config: BusConfig,
+        listener: TcpListener,
+        shards: Vec<tokio::runtime::Handle>,
+    ) -> Result<(Self, mpsc::UnboundedReceiver<Delivery>), StartError> {
+        if !shards.is_empty() && shards.len() != usize::from(config.shards) {
+            return Err(StartError::Shards {
+                expected: config.shards,
+                got: shards.len(),
+            });
+        }
         let tls = Arc::new(match &config.tls {
             Some(settings) => Some(build_tls(settings)?),
             None => None,
@@ -355,6 +423,11 @@ impl Bus {
             peers_count,
         )?;
         let metrics = Arc::new(BusMetrics::new(config.addresses.len(), config.links));
+        let placement = Arc::new(Placement {
+            layout,
+            replica: config.replica,
+            shards,
+        });
         let (deliver, deliveries) = mpsc::unbounded_channel();
         let config = Arc::new(config);
         let local = listener
@@ -386,6 +459,7 @@ impl Bus {
                 let task = tokio::spawn(manage_peer(
                     Arc::clone(&config),
                     Arc::clone(&tls),
+                    Arc::clone(&placement),
                     id as u8,
                     handle,
                     rx,
@@ -398,6 +472,7 @@ impl Bus {
         tasks.push(tokio::spawn(accept_loop(
             Arc::clone(&config),
             Arc::clone(&tls),
+            Arc::clone(&placement),
             listener,
             peer_list,
             Arc::clone(&metrics),
@@ -537,6 +612,14 @@ struct LinkTasks {
 
 impl LinkTasks {
     fn abort(self) {
+        drop(self);
+    }
+}
+
+/// A link's tasks end with their manager, so a dropped bus leaves no socket behind on
+/// any shard.
+impl Drop for LinkTasks {
+    fn drop(&mut self) {
         self.reader.abort();
         self.writer.abort();
     }
@@ -546,6 +629,7 @@ impl LinkTasks {
 async fn manage_peer(
     config: Arc<BusConfig>,
     tls: Arc<Option<Tls>>,
+    placement: Arc<Placement>,
     peer: u8,
     handle: Arc<PeerHandle>,
     mut events: mpsc::UnboundedReceiver<PeerEvent>,
@@ -614,15 +698,19 @@ async fn manage_peer(
                     metrics.teardowns.fetch_add(1, Ordering::Relaxed);
                 }
                 BundleAction::Dial { link, generation } => {
-                    tokio::spawn(dial(
-                        Arc::clone(&config),
-                        Arc::clone(&tls),
-                        peer,
+                    placement.spawn(
                         link,
-                        generation,
-                        handle.inner.events.clone(),
-                        Arc::clone(&metrics),
-                    ));
+                        peer,
+                        dial(
+                            Arc::clone(&config),
+                            Arc::clone(&tls),
+                            peer,
+                            link,
+                            generation,
+                            handle.inner.events.clone(),
+                            Arc::clone(&metrics),
+                        ),
+                    );
                 }
                 BundleAction::Up => {}
             }
@@ -636,6 +724,7 @@ async fn manage_peer(
             }
             let tasks = spawn_link(
                 &config,
+                &placement,
                 peer,
                 link,
                 generation,
@@ -662,6 +751,7 @@ async fn manage_peer(
 #[allow(clippy::too_many_arguments)] // the parts of one link
 fn spawn_link(
     config: &BusConfig,
+    placement: &Placement,
     peer: u8,
     link: u16,
     generation: u32,
@@ -676,7 +766,7 @@ fn spawn_link(
     let links = config.links;
     let read_events = events.clone();
     let read_metrics = Arc::clone(&metrics);
-    let reader = tokio::spawn(async move {
+    let reader = placement.spawn(link, peer, async move {
         let mut buf = Vec::with_capacity(64 * 1024);
         let mut chunk = vec![0u8; 64 * 1024];
         loop {
@@ -692,7 +782,13 @@ fn spawn_link(
                             c[2].fetch_add(1, Ordering::Relaxed);
                             c[3].fetch_add(used as u64, Ordering::Relaxed);
                         }
-                        let _ = deliver.send(Delivery { peer, link, frame });
+                        let read_on = std::thread::current().name().map(str::to_owned);
+                        let _ = deliver.send(Delivery {
+                            peer,
+                            link,
+                            frame,
+                            read_on,
+                        });
                     }
                     Ok(None) => break,
                     Err(err) => {
@@ -712,7 +808,7 @@ fn spawn_link(
             }
         }
     });
-    let writer = tokio::spawn(async move {
+    let writer = placement.spawn(link, peer, async move {
         let mut bytes = Vec::new();
         while let Some(frame) = frames.recv().await {
             bytes.clear();
@@ -812,6 +908,7 @@ async fn dial(
 async fn accept_loop(
     config: Arc<BusConfig>,
     tls: Arc<Option<Tls>>,
+    placement: Arc<Placement>,
     listener: TcpListener,
     peers: Arc<Vec<Option<Arc<PeerHandle>>>>,
     metrics: Arc<BusMetrics>,
@@ -828,27 +925,41 @@ async fn accept_loop(
         };
         let config = Arc::clone(&config);
         let tls = Arc::clone(&tls);
+        let placement = Arc::clone(&placement);
         let peers = Arc::clone(&peers);
         let metrics = Arc::clone(&metrics);
-        tokio::spawn(async move {
-            let _slot = slot;
-            admit(config, tls, stream, peers, metrics).await;
-        });
+        tokio::spawn(admit(
+            Admission {
+                config,
+                tls,
+                peers,
+                metrics,
+                _slot: slot,
+            },
+            placement,
+            stream,
+        ));
     }
 }
 
-/// Runs admission for one inbound socket under one deadline.
-async fn admit(
+/// What one inbound socket's admission needs, wherever it runs; holding it holds one
+/// of the [`INBOUND_HANDSHAKES_MAX`] slots.
+struct Admission {
     config: Arc<BusConfig>,
     tls: Arc<Option<Tls>>,
-    mut tcp: TcpStream,
     peers: Arc<Vec<Option<Arc<PeerHandle>>>>,
     metrics: Arc<BusMetrics>,
-) {
+    _slot: OwnedSemaphorePermit,
+}
+
+/// Runs admission for one inbound socket under one deadline: the preamble here (the
+/// accepting shard), the rest on the link's owner shard.
+async fn admit(admission: Admission, placement: Arc<Placement>, mut tcp: TcpStream) {
     let accepted = Instant::now();
-    let deadline = tokio::time::Instant::now() + config.handshake_grace;
+    let deadline = tokio::time::Instant::now() + admission.config.handshake_grace;
+    let config = &admission.config;
+    let metrics = &admission.metrics;
     let grace_ms = config.handshake_grace.as_millis() as u64;
-    let now = || accepted.elapsed().as_millis() as u64;
     tune(&tcp, config.heartbeat_timeout);
     let mut preamble = [0u8; PREAMBLE_BYTES];
     if tokio::time::timeout_at(deadline, tcp.read_exact(&mut preamble))
@@ -859,7 +970,8 @@ async fn admit(
         metrics.failed("timeout");
         return;
     }
-    let awaiting = match accept_preamble(handshake_config(&config), &preamble, now(), grace_ms) {
+    let now = accepted.elapsed().as_millis() as u64;
+    let awaiting = match accept_preamble(handshake_config(config), &preamble, now, grace_ms) {
         Ok(awaiting) => awaiting,
         Err(refusal) => {
             metrics.preamble_refusals.fetch_add(1, Ordering::Relaxed);
@@ -869,9 +981,42 @@ async fn admit(
     };
     let peer = awaiting.preamble().replica;
     let link = u16::from(awaiting.preamble().link);
+    let Some(owner) = placement.owner(link, peer) else {
+        finish_admission(admission, awaiting, tcp, accepted, deadline).await;
+        return;
+    };
+    // Hand the socket to the owner shard: it is re-registered with that runtime's
+    // reactor, so every later read and write of this link happens there.
+    let std = match tcp.into_std() {
+        Ok(std) => std,
+        Err(_) => {
+            metrics.failed("handoff");
+            return;
+        }
+    };
+    owner.spawn(async move {
+        match TcpStream::from_std(std) {
+            Ok(tcp) => finish_admission(admission, awaiting, tcp, accepted, deadline).await,
+            Err(_) => admission.metrics.failed("handoff"),
+        }
+    });
+}
+
+/// TLS, hello, reply and confirm for an accepted preamble, then the link goes to its
+/// peer's manager; all under the deadline set at accept.
+async fn finish_admission(
+    admission: Admission,
+    awaiting: AcceptorAwaitHello,
+    tcp: TcpStream,
+    accepted: Instant,
+    deadline: tokio::time::Instant,
+) {
+    let now = || accepted.elapsed().as_millis() as u64;
+    let peer = awaiting.preamble().replica;
+    let link = u16::from(awaiting.preamble().link);
     let generation = awaiting.preamble().generation;
     let rest = async {
-        let mut stream: BoxStream = match tls.as_ref() {
+        let mut stream: BoxStream = match admission.tls.as_ref() {
             Some(tls) => Box::new(tls.acceptor.accept(tcp).await.map_err(|_| "tls")?),
             None => Box::new(tcp),
         };
@@ -897,7 +1042,7 @@ async fn admit(
     };
     match tokio::time::timeout_at(deadline, rest).await {
         Ok(Ok(stream)) => {
-            if let Some(Some(handle)) = peers.get(usize::from(peer)) {
+            if let Some(Some(handle)) = admission.peers.get(usize::from(peer)) {
                 let _ = handle.inner.events.send(PeerEvent::LinkUp {
                     link,
                     generation,
@@ -905,7 +1050,7 @@ async fn admit(
                 });
             }
         }
-        Ok(Err(why)) => metrics.failed(why),
-        Err(_) => metrics.failed("timeout"),
+        Ok(Err(why)) => admission.metrics.failed(why),
+        Err(_) => admission.metrics.failed("timeout"),
     }
 }

@@ -487,3 +487,148 @@ async fn links_run_over_mutual_tls_and_a_plain_peer_is_refused() {
     .await;
     assert!(!a.bundle_up(1) && !b.bundle_up(0));
 }
+
+/// One current-thread runtime per shard, each on a thread named `node{n}-shard{s}`,
+/// standing in for the node's shard threads.
+struct ShardThreads {
+    handles: Vec<tokio::runtime::Handle>,
+    stops: Vec<tokio::sync::oneshot::Sender<()>>,
+}
+
+impl ShardThreads {
+    fn start(node: u8, shards: u16) -> Self {
+        let mut handles = Vec::new();
+        let mut stops = Vec::new();
+        for shard in 0..shards {
+            let (handle_tx, handle_rx) = std::sync::mpsc::channel();
+            let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+            std::thread::Builder::new()
+                .name(format!("node{node}-shard{shard}"))
+                .spawn(move || {
+                    let runtime = tokio::runtime::Builder::new_current_thread()
+                        .enable_all()
+                        .build()
+                        .unwrap();
+                    handle_tx.send(runtime.handle().clone()).unwrap();
+                    let _ = runtime.block_on(stopped);
+                })
+                .unwrap();
+            handles.push(handle_rx.recv().unwrap());
+            stops.push(stop);
+        }
+        Self { handles, stops }
+    }
+}
+
+impl Drop for ShardThreads {
+    fn drop(&mut self) {
+        for stop in self.stops.drain(..) {
+            let _ = stop.send(());
+        }
+    }
+}
+
+/// Every frame of a link is read on the thread of that link's owner shard, on the
+/// dialing side and the accepting side, and again after the link is redialed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_link_is_read_on_its_owner_shard() {
+    const SHARDS: u16 = 4;
+    const LINKS: u16 = 2;
+    let (ls, addresses) = listeners(3).await;
+    let threads: Vec<ShardThreads> = (0..3u8).map(|n| ShardThreads::start(n, SHARDS)).collect();
+    let mut nodes: Vec<(Bus, UnboundedReceiver<Delivery>)> = ls
+        .into_iter()
+        .enumerate()
+        .map(|(i, l)| {
+            Bus::start_on_shards(
+                config(i as u8, &addresses, SHARDS, LINKS),
+                l,
+                threads[i].handles.clone(),
+            )
+            .unwrap()
+        })
+        .collect();
+    // A runtime count that does not match the shard count is refused.
+    let stray = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    assert!(matches!(
+        Bus::start_on_shards(
+            config(0, &addresses, SHARDS, LINKS),
+            stray,
+            threads[0].handles[..2].to_vec(),
+        ),
+        Err(braid_bus::StartError::Shards {
+            expected: SHARDS,
+            got: 2
+        })
+    ));
+    for round in 0..2 {
+        all_up(&nodes).await;
+        for (bus, _) in &nodes {
+            for peer in (0..3u8).filter(|p| *p != bus.replica()) {
+                for shard in 0..SHARDS {
+                    bus.send(
+                        shard,
+                        peer,
+                        Frame {
+                            group: 1 + u64::from(shard),
+                            kind: 1,
+                            payload: vec![round],
+                        },
+                    )
+                    .unwrap();
+                }
+            }
+        }
+        for (bus, deliveries) in &mut nodes {
+            let layout = *bus.layout();
+            let me = bus.replica();
+            let mut seen = BTreeMap::new();
+            while seen.values().sum::<u32>() < 2 * u32::from(SHARDS) {
+                let delivery = tokio::time::timeout(Duration::from_secs(10), deliveries.recv())
+                    .await
+                    .unwrap()
+                    .unwrap();
+                if delivery.frame.payload != [round] {
+                    continue; // left over from before the redial
+                }
+                let slot = if delivery.peer > me {
+                    delivery.peer - 1
+                } else {
+                    delivery.peer
+                };
+                let owner = layout.link_owner(delivery.link, slot);
+                // With shard 0 skipped, no link whose range has other shards lands there.
+                if layout.range_shards(delivery.link).len() > 1 {
+                    assert_ne!(owner, 0);
+                }
+                assert_eq!(
+                    delivery.read_on.as_deref(),
+                    Some(format!("node{me}-shard{owner}").as_str()),
+                    "round {round}: link {} from {} is read on its owner shard",
+                    delivery.link,
+                    delivery.peer
+                );
+                *seen.entry((delivery.peer, delivery.link)).or_insert(0u32) += 1;
+            }
+            assert_eq!(
+                seen.len(),
+                2 * usize::from(LINKS),
+                "every link carried frames"
+            );
+        }
+        // Kill a link: the bundle tears down and its links come back on the same shards.
+        let before: Vec<u64> = nodes[..2]
+            .iter()
+            .map(|(bus, _)| bus.metrics().teardowns.load(Ordering::Relaxed))
+            .collect();
+        nodes[0].0.kill_link(1, 1);
+        let (a, b) = (&nodes[0].0, &nodes[1].0);
+        wait_until("teardowns on both sides", || {
+            a.metrics().teardowns.load(Ordering::Relaxed) > before[0]
+                && b.metrics().teardowns.load(Ordering::Relaxed) > before[1]
+        })
+        .await;
+    }
+    drop(nodes);
+    drop(threads);
+}
