@@ -11,8 +11,9 @@
 //! [`io`] is the tokio shell around them: sockets with TCP_NODELAY and
 //! TCP_USER_TIMEOUT, dialing and accepting under one admission deadline, a task pair per
 //! link, bounded per-link queues that drop (and count) rather than block, and metrics.
-//! Optional mutual TLS (rustls) wraps each link after the preamble. Not yet: running
-//! each link on its owner shard's runtime (node integration).
+//! Optional mutual TLS (rustls) wraps each link after the preamble. Given one runtime
+//! per shard ([`Bus::start_on_shards`]), each link runs on its owner shard and the
+//! acceptor hands the socket over right after the preamble.
 
 pub mod bundle;
 pub mod frame;
