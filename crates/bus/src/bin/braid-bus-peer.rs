@@ -14,7 +14,9 @@ fn arg(name: &str) -> Option<String> {
         .cloned()
 }
 
-#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+// One thread is plenty for a peer that only discards; it also builds without the
+// multi-thread runtime feature, which only the tests and examples enable.
+#[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let replica: u8 = arg("--replica").ok_or("--replica")?.parse()?;
     let peer: std::net::SocketAddr = arg("--peer").ok_or("--peer")?.parse()?;
