@@ -523,31 +523,8 @@ impl Bus {
     /// # Errors
     /// [`SendError`].
     pub fn send(&self, shard: u16, peer: u8, frame: Frame) -> Result<(), SendError> {
-        let link = if frame.group == 0 {
-            METADATA_LINK
-        } else {
-            self.layout.range_of(shard)
-        };
-        self.send_on(link, peer, frame)
-    }
-
-    fn send_on(&self, link: u16, peer: u8, frame: Frame) -> Result<(), SendError> {
-        let p = self.peer(peer)?;
-        if !p.complete.load(Ordering::Acquire) {
-            self.metrics
-                .frames_refused_bundle_down
-                .fetch_add(1, Ordering::Relaxed);
-            return Err(SendError::BundleDown(peer));
-        }
-        let sender = p
-            .queues
-            .lock()
-            .ok()
-            .and_then(|q| q.get(usize::from(link)).cloned().flatten());
-        let Some(sender) = sender else {
-            return Err(SendError::BundleDown(peer));
-        };
-        sender.try_send(frame).map_err(|_| {
+        let queue = self.queue(shard, peer, &frame)?;
+        queue.try_send(frame).map_err(|_| {
             self.metrics.frames_dropped.fetch_add(1, Ordering::Relaxed);
             SendError::QueueFull
         })
@@ -560,27 +537,36 @@ impl Bus {
     /// # Errors
     /// [`SendError::BundleDown`] or [`SendError::NoPeer`].
     pub async fn send_waiting(&self, shard: u16, peer: u8, frame: Frame) -> Result<(), SendError> {
+        let queue = self.queue(shard, peer, &frame)?;
+        queue
+            .send(frame)
+            .await
+            .map_err(|_| SendError::BundleDown(peer))
+    }
+
+    /// The queue of the link `frame` from `shard` takes to `peer`: link 0 for metadata,
+    /// else the shard range's link; refused (and counted) while the bundle is down.
+    fn queue(&self, shard: u16, peer: u8, frame: &Frame) -> Result<mpsc::Sender<Frame>, SendError> {
         let link = if frame.group == 0 {
             METADATA_LINK
         } else {
             self.layout.range_of(shard)
         };
         let p = self.peer(peer)?;
-        if !p.complete.load(Ordering::Acquire) {
-            return Err(SendError::BundleDown(peer));
-        }
-        let sender = p
-            .queues
-            .lock()
-            .ok()
-            .and_then(|q| q.get(usize::from(link)).cloned().flatten());
-        let Some(sender) = sender else {
-            return Err(SendError::BundleDown(peer));
+        let queue = if p.complete.load(Ordering::Acquire) {
+            p.queues
+                .lock()
+                .ok()
+                .and_then(|q| q.get(usize::from(link)).cloned().flatten())
+        } else {
+            None
         };
-        sender
-            .send(frame)
-            .await
-            .map_err(|_| SendError::BundleDown(peer))
+        queue.ok_or_else(|| {
+            self.metrics
+                .frames_refused_bundle_down
+                .fetch_add(1, Ordering::Relaxed);
+            SendError::BundleDown(peer)
+        })
     }
 
     /// Closes one link to `peer` (as a failure would): the whole bundle is torn down on
