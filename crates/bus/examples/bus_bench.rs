@@ -17,6 +17,10 @@ use std::time::{Duration, Instant};
 use braid_bus::{Bus, BusConfig, Frame};
 use tokio::net::TcpListener;
 
+#[path = "../tests/support/shard_threads.rs"]
+mod shard_threads;
+use shard_threads::ShardThreads;
+
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
 
 const FRAME_BYTES: usize = 64 * 1024;
@@ -49,51 +53,23 @@ fn config(replica: u8, addresses: &[std::net::SocketAddr], links: u16) -> BusCon
     }
 }
 
-/// One current-thread runtime per shard, each on its own thread; they stop when the
-/// senders are dropped.
-fn shard_runtimes(
-    node: u8,
-) -> Res<(
-    Vec<tokio::runtime::Handle>,
-    Vec<tokio::sync::oneshot::Sender<()>>,
-)> {
-    let mut handles = Vec::new();
-    let mut stops = Vec::new();
-    for shard in 0..SHARDS {
-        let (handle_tx, handle_rx) = std::sync::mpsc::channel();
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        std::thread::Builder::new()
-            .name(format!("node{node}-shard{shard}"))
-            .spawn(move || {
-                let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                else {
-                    return;
-                };
-                let _ = handle_tx.send(runtime.handle().clone());
-                let _ = runtime.block_on(stopped);
-            })?;
-        handles.push(handle_rx.recv()?);
-        stops.push(stop);
-    }
-    Ok((handles, stops))
-}
-
 /// Frames per second and MB/s delivered over `seconds`.
 async fn run(links: u16, seconds: u64, on_shards: bool) -> Res<(f64, f64)> {
     let a_listener = TcpListener::bind("127.0.0.1:0").await?;
     let b_listener = TcpListener::bind("127.0.0.1:0").await?;
     let addresses = [a_listener.local_addr()?, b_listener.local_addr()?];
-    let (a_shards, _a_stops) = if on_shards {
-        shard_runtimes(0)?
+    // Kept alive for the run; dropping them stops the shard threads.
+    let threads = if on_shards {
+        Some((
+            ShardThreads::start(0, SHARDS)?,
+            ShardThreads::start(1, SHARDS)?,
+        ))
     } else {
-        (Vec::new(), Vec::new())
+        None
     };
-    let (b_shards, _b_stops) = if on_shards {
-        shard_runtimes(1)?
-    } else {
-        (Vec::new(), Vec::new())
+    let (a_shards, b_shards) = match &threads {
+        Some((a, b)) => (a.handles.clone(), b.handles.clone()),
+        None => (Vec::new(), Vec::new()),
     };
     let (a, _ra) =
         Bus::start_on_shards(config(0, &addresses, links), a_listener, a_shards.clone())?;

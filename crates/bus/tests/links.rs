@@ -12,6 +12,10 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc::UnboundedReceiver;
 
+#[path = "support/shard_threads.rs"]
+mod shard_threads;
+use shard_threads::ShardThreads;
+
 const GRACE: Duration = Duration::from_millis(1_000);
 
 fn config(replica: u8, addresses: &[std::net::SocketAddr], shards: u16, links: u16) -> BusConfig {
@@ -488,46 +492,6 @@ async fn links_run_over_mutual_tls_and_a_plain_peer_is_refused() {
     assert!(!a.bundle_up(1) && !b.bundle_up(0));
 }
 
-/// One current-thread runtime per shard, each on a thread named `node{n}-shard{s}`,
-/// standing in for the node's shard threads.
-struct ShardThreads {
-    handles: Vec<tokio::runtime::Handle>,
-    stops: Vec<tokio::sync::oneshot::Sender<()>>,
-}
-
-impl ShardThreads {
-    fn start(node: u8, shards: u16) -> Self {
-        let mut handles = Vec::new();
-        let mut stops = Vec::new();
-        for shard in 0..shards {
-            let (handle_tx, handle_rx) = std::sync::mpsc::channel();
-            let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-            std::thread::Builder::new()
-                .name(format!("node{node}-shard{shard}"))
-                .spawn(move || {
-                    let runtime = tokio::runtime::Builder::new_current_thread()
-                        .enable_all()
-                        .build()
-                        .unwrap();
-                    handle_tx.send(runtime.handle().clone()).unwrap();
-                    let _ = runtime.block_on(stopped);
-                })
-                .unwrap();
-            handles.push(handle_rx.recv().unwrap());
-            stops.push(stop);
-        }
-        Self { handles, stops }
-    }
-}
-
-impl Drop for ShardThreads {
-    fn drop(&mut self) {
-        for stop in self.stops.drain(..) {
-            let _ = stop.send(());
-        }
-    }
-}
-
 /// Every frame of a link is read on the thread of that link's owner shard, on the
 /// dialing side and the accepting side, and again after the link is redialed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -535,7 +499,9 @@ async fn each_link_is_read_on_its_owner_shard() {
     const SHARDS: u16 = 4;
     const LINKS: u16 = 2;
     let (ls, addresses) = listeners(3).await;
-    let threads: Vec<ShardThreads> = (0..3u8).map(|n| ShardThreads::start(n, SHARDS)).collect();
+    let threads: Vec<ShardThreads> = (0..3u8)
+        .map(|n| ShardThreads::start(n, SHARDS).unwrap())
+        .collect();
     let mut nodes: Vec<(Bus, UnboundedReceiver<Delivery>)> = ls
         .into_iter()
         .enumerate()
