@@ -287,7 +287,7 @@ pub struct Delivery {
     pub frame: Frame,
     /// The name of the thread that read it (the link owner shard's, when the bus runs
     /// on shards).
-    pub read_on: Option<String>,
+    pub read_on: Option<Arc<str>>,
 }
 
 /// Why a frame was not queued.
@@ -755,11 +755,20 @@ fn spawn_link(
     let reader = placement.spawn(link, peer, async move {
         let mut buf = Vec::with_capacity(64 * 1024);
         let mut chunk = vec![0u8; 64 * 1024];
+        // The reading thread's name, looked up again only when the task moves threads.
+        let mut thread: Option<(std::thread::ThreadId, Option<Arc<str>>)> = None;
         loop {
+            let current = std::thread::current();
+            if thread.as_ref().is_none_or(|(id, _)| *id != current.id()) {
+                thread = Some((current.id(), current.name().map(Arc::from)));
+            }
+            let read_on = thread.as_ref().and_then(|(_, name)| name.clone());
+            // Decode every whole frame in the buffer, then drop their bytes in one move.
+            let mut consumed = 0;
             loop {
-                match Frame::decode(&buf, max) {
+                match Frame::decode(&buf[consumed..], max) {
                     Ok(Some((frame, used))) => {
-                        buf.drain(..used);
+                        consumed += used;
                         read_metrics.frames_received.fetch_add(1, Ordering::Relaxed);
                         read_metrics
                             .bytes_received
@@ -768,15 +777,17 @@ fn spawn_link(
                             c[2].fetch_add(1, Ordering::Relaxed);
                             c[3].fetch_add(used as u64, Ordering::Relaxed);
                         }
-                        let read_on = std::thread::current().name().map(str::to_owned);
                         let _ = deliver.send(Delivery {
                             peer,
                             link,
                             frame,
-                            read_on,
+                            read_on: read_on.clone(),
                         });
                     }
-                    Ok(None) => break,
+                    Ok(None) => {
+                        buf.drain(..consumed);
+                        break;
+                    }
                     Err(err) => {
                         let err: FrameError = err;
                         tracing::warn!(peer, link, %err, "closing a replica link");
