@@ -1,4 +1,6 @@
-//! The engine behind `braid bench`, built in the pieces that need no node:
+//! The engine behind `braid bench`.
+//!
+//! Pure pieces, with the clock as an input so tests drive them with exact times:
 //! - [`workload`]: what a run does (producers, consumers, sizes, rate, stop rule) and the
 //!   named presets, validated into typed errors;
 //! - [`pacing`]: a token bucket that gives every batch its *intended* send time, so
@@ -8,14 +10,27 @@
 //!   the JSON that scripts read;
 //! - [`stamp`]: the producer timestamp carried in each record for end-to-end latency.
 //!
-//! All of them are pure: the clock is an input, so tests drive them with exact times.
+//! And the shell that uses them:
+//! - [`runner`]: drives a workload against a node over real sockets;
+//! - [`embedded`]: a node in the same process on a temporary directory;
+//! - [`reference`]: raw file write and loopback TCP, measured in the same run;
+//! - [`chart`]: the SVG of throughput over time and latency percentiles.
 
+pub mod chart;
+pub mod embedded;
 pub mod pacing;
+pub mod reference;
 pub mod report;
+pub mod runner;
 pub mod stamp;
 pub mod workload;
 
+pub use chart::ChartError;
+pub use embedded::{EmbeddedError, EmbeddedNode};
 pub use pacing::{Pacer, Pacing};
-pub use report::{LatencySummary, Recorder, References, Report, Sample, Throughput};
+pub use report::{
+    LatencySummary, Recorder, References, Report, Sample, Throughput, CURVE_QUANTILES,
+};
+pub use runner::{run, BenchError, Counters, Phase, RunOptions};
 pub use stamp::{read_stamp, write_stamp, StampError, STAMP_BYTES};
 pub use workload::{Fsync, Mode, Preset, Rate, Stop, Workload, WorkloadError, PRESETS};

@@ -11,6 +11,11 @@ use crate::workload::Workload;
 /// The longest latency recorded exactly; longer ones are recorded as this.
 const LATENCY_MAX_US: u64 = 3_600_000_000;
 
+/// The quantiles of the latency percentile curve the report carries and the chart draws.
+pub const CURVE_QUANTILES: &[f64] = &[
+    0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 0.99, 0.995, 0.999, 0.9995, 0.9999, 0.99999, 1.0,
+];
+
 /// Collects latencies in microseconds, at three significant digits.
 #[derive(Debug, Clone)]
 pub struct Recorder {
@@ -145,7 +150,8 @@ pub struct References {
 /// One second of the run, for the throughput-over-time chart.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct Sample {
-    /// Seconds since the measured interval began.
+    /// Seconds since the run (or, for a catch-up read, the read) began, warm-up
+    /// included: the sample covers the second before.
     pub second: u64,
     /// Records acknowledged in this second.
     pub produced: u64,
@@ -166,6 +172,10 @@ pub struct Report {
     pub ack_latency: Option<LatencySummary>,
     /// End-to-end latency, from the producer's stamp to the consumer.
     pub end_to_end_latency: Option<LatencySummary>,
+    /// Acknowledgement latency at each of [`CURVE_QUANTILES`], as (quantile, µs).
+    pub ack_curve: Vec<(f64, u64)>,
+    /// End-to-end latency at each of [`CURVE_QUANTILES`], as (quantile, µs).
+    pub end_to_end_curve: Vec<(f64, u64)>,
     /// Errors seen (failed produces, failed fetches, bad records).
     pub errors: u64,
     /// Raw references, with `--reference`.
@@ -254,6 +264,8 @@ mod tests {
             consume: None,
             ack_latency: None,
             end_to_end_latency: None,
+            ack_curve: Vec::new(),
+            end_to_end_curve: Vec::new(),
             errors: 0,
             references: Some(References {
                 file_write_mb_per_sec: 1_000.0,
@@ -274,6 +286,8 @@ mod tests {
             consume: Some(Throughput::new(40, 40_960, Duration::from_secs(1))),
             ack_latency: Some(recorder.summary()),
             end_to_end_latency: Some(recorder.summary()),
+            ack_curve: recorder.curve(CURVE_QUANTILES),
+            end_to_end_curve: recorder.curve(CURVE_QUANTILES),
             errors: 3,
             references: None,
             timeline: vec![Sample {
@@ -290,6 +304,8 @@ mod tests {
             "consume",
             "ack_latency",
             "end_to_end_latency",
+            "ack_curve",
+            "end_to_end_curve",
             "errors",
             "references",
             "timeline",

@@ -73,6 +73,8 @@ pub struct Workload {
     pub batch_records: u32,
     /// How long a producer waits to fill a batch.
     pub linger_ms: u32,
+    /// Batches each producer keeps sent and unanswered at once.
+    pub in_flight: u32,
     /// Distinct keys, drawn uniformly; `None` sends keyless records.
     pub key_cardinality: Option<u64>,
     /// Target rate.
@@ -145,6 +147,7 @@ impl Workload {
             ("topics", u64::from(self.topics)),
             ("partitions", u64::from(self.partitions)),
             ("batch_records", u64::from(self.batch_records)),
+            ("in_flight", u64::from(self.in_flight)),
             ("key_cardinality", self.key_cardinality.unwrap_or(1)),
         ] {
             if value == 0 {
@@ -225,6 +228,7 @@ fn throughput_1kb() -> Workload {
         record_bytes: 1024,
         batch_records: 1_000,
         linger_ms: 0,
+        in_flight: 8,
         key_cardinality: None,
         rate: Rate::Max,
         stop: Stop::Seconds(30),

@@ -14,6 +14,7 @@ use braid_proto::client::{
 use clap::{Parser, Subcommand, ValueEnum};
 use serde_json::json;
 
+mod bench;
 mod table;
 
 #[derive(Parser, Debug)]
@@ -31,9 +32,10 @@ struct Cli {
         default_value = "127.0.0.1:7070"
     )]
     addr: String,
-    /// Print JSON instead of tables.
-    #[arg(long, global = true)]
-    json: bool,
+    /// Print JSON instead of tables. `braid bench --json FILE` writes its report to FILE
+    /// (the other commands take no file: put `--json` after their arguments).
+    #[arg(long, global = true, num_args = 0..=1, value_name = "FILE")]
+    json: Option<Option<PathBuf>>,
     #[command(subcommand)]
     command: Command,
 }
@@ -55,6 +57,9 @@ enum Command {
     Produce(ProduceArgs),
     /// Print records.
     Consume(ConsumeArgs),
+    /// Benchmark a node (or an embedded one): presets, live progress, latency
+    /// percentiles, JSON reports and charts.
+    Bench(bench::BenchArgs),
 }
 
 #[derive(clap::Args, Debug)]
@@ -181,21 +186,34 @@ struct ConsumeArgs {
 
 fn main() -> Result<()> {
     let cli = Cli::parse();
+    // A benchmark's own output is the point; an embedded node only speaks up on trouble.
+    let default_filter = if matches!(cli.command, Command::Bench(_)) {
+        "warn"
+    } else {
+        "info"
+    };
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("BRAID_LOG")
-                .unwrap_or_else(|_| "info".into()),
+                .unwrap_or_else(|_| default_filter.into()),
         )
         .with_writer(std::io::stderr)
         .init();
     match cli.command {
         Command::Server(args) => server(args),
+        Command::Bench(args) => bench::bench(&cli.addr, cli.json, args),
         command => {
+            if let Some(Some(file)) = &cli.json {
+                bail!(
+                    "--json takes a file only for `braid bench` (got {}); put --json after the command's arguments",
+                    file.display()
+                );
+            }
             let runtime = tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(2)
                 .enable_all()
                 .build()?;
-            runtime.block_on(client_command(&cli.addr, cli.json, command))
+            runtime.block_on(client_command(&cli.addr, cli.json.is_some(), command))
         }
     }
 }
@@ -272,7 +290,9 @@ async fn client_command(addr: &str, as_json: bool, command: Command) -> Result<(
         .await
         .with_context(|| format!("connecting to {addr}"))?;
     match command {
-        Command::Server(_) => bail!("`server` runs a node; it takes no client connection"),
+        Command::Server(_) | Command::Bench(_) => {
+            bail!("`server` and `bench` are not client commands")
+        }
         Command::Stream(StreamCommand::Create { name }) => {
             client.create_stream(&name).await?;
             eprintln!("created stream {name}");

@@ -31,9 +31,11 @@ mod error;
 mod producer;
 
 pub use connection::{default_addr, Client, Fetched};
-pub use consumer::{decode_records, Consumer, ConsumerConfig, ConsumerRecord, StartFrom};
+pub use consumer::{
+    decode_records, Consumer, ConsumerConfig, ConsumerRecord, RecordView, StartFrom,
+};
 pub use error::ClientError;
-pub use producer::{Producer, ProducerConfig, RecordMetadata};
+pub use producer::{Producer, ProducerConfig, RecordMetadata, Router};
 
 /// The README's Rust snippet, compiled as a doctest so it cannot drift from the SDK.
 #[cfg(doctest)]

@@ -107,6 +107,40 @@ pub(crate) fn active_ranges(info: &TopicInfo) -> Vec<(u16, u16, u32)> {
     ranges
 }
 
+/// Where a topic's records go, for callers that build their own batches (a benchmark,
+/// a bulk loader): the active partitions and the hash range each holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Router {
+    ranges: Vec<(u16, u16, u32)>,
+}
+
+impl Router {
+    /// The router of a described topic.
+    ///
+    /// # Errors
+    /// [`ClientError::Invalid`] if the topic has no active partition.
+    pub fn new(info: &TopicInfo) -> Result<Self, ClientError> {
+        let ranges = active_ranges(info);
+        if ranges.is_empty() {
+            return Err(ClientError::Invalid(format!(
+                "topic {} has no active partition",
+                info.name
+            )));
+        }
+        Ok(Self { ranges })
+    }
+
+    /// The active partition a key goes to (the one whose range holds its hash).
+    pub fn partition_for_key(&self, key: &[u8]) -> Option<u32> {
+        partition_for(&self.ranges, key_hash(key))
+    }
+
+    /// The active partitions, in hash order.
+    pub fn partitions(&self) -> impl Iterator<Item = u32> + '_ {
+        self.ranges.iter().map(|r| r.2)
+    }
+}
+
 /// The partition whose range holds `hash`.
 pub(crate) fn partition_for(ranges: &[(u16, u16, u32)], hash: u16) -> Option<u32> {
     let at = ranges.partition_point(|r| r.0 <= hash);
@@ -132,12 +166,7 @@ impl Producer {
         config: ProducerConfig,
     ) -> Result<Self, ClientError> {
         let info = client.describe_topic(stream, topic).await?;
-        let ranges = active_ranges(&info);
-        if ranges.is_empty() {
-            return Err(ClientError::Invalid(format!(
-                "topic {stream}/{topic} has no active partition"
-            )));
-        }
+        let ranges = Router::new(&info)?.ranges;
         let (closed, batches) = mpsc::unbounded_channel();
         let shared = Arc::new(Shared {
             state: Mutex::new(State {

@@ -156,11 +156,19 @@ impl Group {
             .collect()
     }
 
-    fn grant(&self, member_id: u64) -> Grant {
+    /// The member's grant. What it is granted counts as owned by it from now on, until
+    /// a heartbeat of its own reports otherwise: a member that joined a moment ago and
+    /// has not yet heartbeated still holds what it was handed, and nobody else may be
+    /// granted it meanwhile.
+    fn grant(&mut self, member_id: u64) -> Grant {
+        let partitions = self.granted(member_id);
+        if let Some(member) = self.members.get_mut(&member_id) {
+            member.owned.extend(partitions.iter().copied());
+        }
         Grant {
             member_id,
             generation: self.generation,
-            partitions: self.granted(member_id),
+            partitions,
         }
     }
 }
@@ -365,6 +373,30 @@ mod tests {
     const PARTITIONS: [u32; 8] = [0, 1, 2, 3, 4, 5, 6, 7];
 
     #[test]
+    fn a_grant_is_owned_before_the_first_heartbeat() {
+        // Two members join back to back: the second gets nothing the first was handed,
+        // although the first has not heartbeated yet (found by `braid bench fanout`,
+        // where both members then read the same partitions from the start).
+        let mut c = GroupCoordinator::default();
+        let a = c.join("s", "g", "t", &PARTITIONS, "a", 1_000, 0).unwrap();
+        assert_eq!(a.partitions, PARTITIONS);
+        let b = c.join("s", "g", "t", &PARTITIONS, "b", 1_000, 1).unwrap();
+        assert!(b.partitions.is_empty(), "a holds everything it was granted");
+        let a2 = c.heartbeat("s", "g", a.member_id, &PARTITIONS, 2).unwrap();
+        assert_eq!(a2.partitions.len(), 4);
+        assert!(c
+            .heartbeat("s", "g", b.member_id, &[], 3)
+            .unwrap()
+            .partitions
+            .is_empty());
+        c.heartbeat("s", "g", a.member_id, &a2.partitions, 4)
+            .unwrap();
+        let b2 = c.heartbeat("s", "g", b.member_id, &[], 5).unwrap();
+        assert_eq!(b2.partitions.len(), 4);
+        assert!(b2.partitions.iter().all(|p| !a2.partitions.contains(p)));
+    }
+
+    #[test]
     fn partitions_move_only_after_release() {
         let mut c = GroupCoordinator::default();
         let a = c.join("s", "g", "t", &PARTITIONS, "a", 1_000, 0).unwrap();
@@ -432,6 +464,15 @@ mod tests {
                     .member_id
             })
             .collect();
+        // Members heartbeat what they hold after each grant, releasing what left their
+        // grant, until partitions settle.
+        let mut held: Vec<Vec<u32>> = vec![PARTITIONS.to_vec(), Vec::new(), Vec::new()];
+        for round in 0..3 {
+            for (i, id) in ids.iter().enumerate() {
+                let grant = c.heartbeat("s", "g", *id, &held[i], 10 + round).unwrap();
+                held[i] = grant.partitions;
+            }
+        }
         let view = c.describe("s", "g").unwrap();
         let sizes: Vec<usize> = view.members.iter().map(|m| m.granted.len()).collect();
         assert_eq!(sizes.iter().sum::<usize>(), 8);

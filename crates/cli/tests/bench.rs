@@ -1,0 +1,170 @@
+//! `braid bench` as users run it: the real binary, an embedded node, a JSON report.
+//! Short runs of each mode check the counts; a 5-second paced run checks the rate.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::Path;
+use std::process::Command;
+
+use braid_bench::Report;
+
+const BRAID: &str = env!("CARGO_BIN_EXE_braid");
+
+/// Runs `braid bench ARGS --embedded --json FILE` and reads the report back.
+fn bench(dir: &Path, name: &str, args: &[&str]) -> (Report, serde_json::Value, String) {
+    let json = dir.join(format!("{name}.json"));
+    let output = Command::new(BRAID)
+        .arg("bench")
+        .args(args)
+        .arg("--embedded")
+        .arg("--data-dir")
+        .arg(dir)
+        .arg("--json")
+        .arg(&json)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert!(
+        output.status.success(),
+        "braid bench {args:?} failed\nstdout:\n{stdout}\nstderr:\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let text = std::fs::read_to_string(&json).unwrap();
+    let value: serde_json::Value = serde_json::from_str(&text).unwrap();
+    (Report::from_json(&text).unwrap(), value, stdout)
+}
+
+#[test]
+fn each_mode_consumes_every_produced_record_and_reports_every_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let small = [
+        "--records",
+        "3000",
+        "--warmup",
+        "0",
+        "--record-size",
+        "256",
+        "--batch",
+        "100",
+    ];
+    let cases: [(&str, &[&str], u64); 4] = [
+        ("throughput-1kb", &[], 0),
+        ("consume-1kb", &[], 1),
+        ("end-to-end-1kb", &["--partitions", "3", "--keys", "500"], 1),
+        // Four groups of one, and a group of two sharing partitions: every group reads
+        // everything once.
+        ("fanout", &["--consumers", "6", "--groups", "4"], 4),
+    ];
+    for (preset, extra, units) in cases {
+        let mut args = vec![preset];
+        args.extend_from_slice(&small);
+        args.extend_from_slice(extra);
+        let (report, value, stdout) = bench(dir.path(), preset, &args);
+        for field in [
+            "workload",
+            "produce",
+            "consume",
+            "ack_latency",
+            "end_to_end_latency",
+            "ack_curve",
+            "end_to_end_curve",
+            "errors",
+            "references",
+            "timeline",
+        ] {
+            assert!(value.get(field).is_some(), "{preset}: {field} missing");
+        }
+        assert_eq!(report.errors, 0, "{preset}");
+        let produce = report.produce.expect("every mode produces");
+        assert_eq!(produce.records, 3_000, "{preset}");
+        assert_eq!(produce.bytes, 3_000 * 256, "{preset}");
+        assert_eq!(report.ack_latency.unwrap().count, 3_000, "{preset}");
+        match report.consume {
+            Some(consume) => assert_eq!(consume.records, 3_000 * units, "{preset}"),
+            None => assert_eq!(units, 0, "{preset}"),
+        }
+        if let Some(e2e) = report.end_to_end_latency {
+            assert_eq!(e2e.count, 3_000 * units, "{preset}");
+            assert!(e2e.p50_us <= e2e.p99_us && e2e.p99_us <= e2e.max_us);
+        }
+        assert!(
+            stdout.contains("THROUGHPUT"),
+            "{preset}: no table in\n{stdout}"
+        );
+    }
+    // Nothing is left in the data directory: the embedded node's is removed.
+    assert_eq!(
+        std::fs::read_dir(dir.path())
+            .unwrap()
+            .filter(|e| e.as_ref().unwrap().path().is_dir())
+            .count(),
+        0
+    );
+}
+
+#[test]
+fn a_paced_run_holds_its_rate_within_five_percent() {
+    let dir = tempfile::tempdir().unwrap();
+    let (report, _, _) = bench(
+        dir.path(),
+        "paced",
+        &[
+            "throughput-1kb",
+            "--rate",
+            "4000",
+            "--duration",
+            "5",
+            "--warmup",
+            "0",
+            "--batch",
+            "20",
+            "--record-size",
+            "128",
+        ],
+    );
+    let produce = report.produce.unwrap();
+    let achieved = produce.records_per_sec;
+    assert!(
+        (achieved / 4_000.0 - 1.0).abs() < 0.05,
+        "achieved {achieved:.0} records/s over {:.2} s",
+        produce.seconds
+    );
+    // The five seconds are in the timeline, each near the rate.
+    assert!(report.timeline.len() >= 4, "{:?}", report.timeline);
+}
+
+#[test]
+fn bad_options_are_refused_with_the_value() {
+    for (args, expect) in [
+        (&["bench", "no-such-preset"][..], "no preset named"),
+        (
+            &["bench", "throughput-1kb", "--rate", "fast"],
+            "is not a rate",
+        ),
+        (
+            &["bench", "throughput-1kb", "--fsync", "sometimes"],
+            "not an fsync policy",
+        ),
+        (
+            &["bench", "throughput-1kb", "--record-size", "8"],
+            "cannot hold",
+        ),
+        (
+            &["bench", "throughput-1kb", "--rate", "150%"],
+            "outside 1..=100",
+        ),
+    ] {
+        let output = Command::new(BRAID).args(args).output().unwrap();
+        assert!(!output.status.success(), "{args:?}");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(stderr.contains(expect), "{args:?}: {stderr}");
+    }
+    let list = Command::new(BRAID)
+        .args(["bench", "--list"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&list.stdout);
+    for preset in braid_bench::PRESETS {
+        assert!(stdout.contains(preset.name), "{stdout}");
+    }
+}
