@@ -177,6 +177,8 @@ mod tests {
             ack_curve: recorder.curve(CURVE_QUANTILES),
             end_to_end_curve: recorder.curve(CURVE_QUANTILES),
             errors: 0,
+            target_rate: None,
+            probed_max_rate: None,
             references: None,
             timeline: (1..=10)
                 .map(|second| Sample {

@@ -18,6 +18,9 @@ pub enum EmbeddedError {
         /// The OS error.
         source: std::io::Error,
     },
+    /// A `BRAID_*` variable does not parse.
+    #[error("embedded node settings: {0}")]
+    Config(#[from] braid_node::ConfigError),
     /// The node refused to start.
     #[error("starting the embedded node: {0}")]
     Start(#[from] StartError),
@@ -31,8 +34,8 @@ pub struct EmbeddedNode {
 }
 
 impl EmbeddedNode {
-    /// Starts a node with default settings (client and HTTP ports on 127.0.0.1, chosen
-    /// by the OS) on a fresh directory under `parent` (the system's temporary directory
+    /// Starts a node with default settings and any `BRAID_*` environment variables
+    /// (client and HTTP ports on 127.0.0.1, chosen by the OS) on a fresh directory under `parent` (the system's temporary directory
     /// if `None`). Topic `fsync` policies come from the workload, not the node.
     ///
     /// # Errors
@@ -46,12 +49,13 @@ impl EmbeddedNode {
                 parent: parent.display().to_string(),
                 source,
             })?;
-        let config = NodeConfig {
-            data_dir: dir.path().to_path_buf(),
-            client_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
-            http_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
-            ..NodeConfig::default()
-        };
+        // `BRAID_*` variables tune the node as they tune `braid server`; the directory
+        // and the addresses are the benchmark's own.
+        let mut config = NodeConfig::default();
+        config.apply_env(std::env::vars())?;
+        config.data_dir = dir.path().to_path_buf();
+        config.client_addr = SocketAddr::from(([127, 0, 0, 1], 0));
+        config.http_addr = SocketAddr::from(([127, 0, 0, 1], 0));
         let node = Node::start(config)?;
         Ok(Self { node, dir })
     }

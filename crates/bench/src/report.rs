@@ -178,6 +178,10 @@ pub struct Report {
     pub end_to_end_curve: Vec<(f64, u64)>,
     /// Errors seen (failed produces, failed fetches, bad records).
     pub errors: u64,
+    /// Records/s the producers were paced at, all together; `None`: unpaced.
+    pub target_rate: Option<u64>,
+    /// The unpaced rate the probe measured, for a rate given as a percentage of it.
+    pub probed_max_rate: Option<u64>,
     /// Raw references, with `--reference`.
     pub references: Option<References>,
     /// Per-second throughput.
@@ -267,6 +271,8 @@ mod tests {
             ack_curve: Vec::new(),
             end_to_end_curve: Vec::new(),
             errors: 0,
+            target_rate: None,
+            probed_max_rate: None,
             references: Some(References {
                 file_write_mb_per_sec: 1_000.0,
                 loopback_tcp_mb_per_sec: 1_024.0,
@@ -289,6 +295,8 @@ mod tests {
             ack_curve: recorder.curve(CURVE_QUANTILES),
             end_to_end_curve: recorder.curve(CURVE_QUANTILES),
             errors: 3,
+            target_rate: Some(10),
+            probed_max_rate: Some(20),
             references: None,
             timeline: vec![Sample {
                 second: 0,
@@ -307,6 +315,8 @@ mod tests {
             "ack_curve",
             "end_to_end_curve",
             "errors",
+            "target_rate",
+            "probed_max_rate",
             "references",
             "timeline",
         ] {

@@ -213,6 +213,7 @@ async fn run_in_stream(
     counters: &Arc<Counters>,
 ) -> Result<Report, BenchError> {
     let names = create_topics(admin, stream, "t", workload).await?;
+    let mut probed_max = None;
     let rate = match workload.rate {
         Rate::Max => None,
         Rate::Fixed(rate) => NonZeroU64::new(rate),
@@ -220,13 +221,26 @@ async fn run_in_stream(
             counters.set_phase(Phase::Probe);
             let probe = create_topics(admin, stream, "probe", workload).await?;
             let max = probe_max_rate(addr, &probe, workload).await?;
+            // The probe's data would only weigh on the run (its dirty pages, its disk).
+            for topic in &probe.topics {
+                admin
+                    .delete_topic(stream, topic)
+                    .await
+                    .map_err(client_error(format!("deleting probe topic {topic}")))?;
+            }
+            probed_max = Some(max);
             Some(NonZeroU64::new(max * u64::from(percent) / 100).ok_or(BenchError::NoProbeRate)?)
         }
     };
-    match workload.mode {
-        Mode::Consume => catch_up(addr, &names, workload, rate, counters).await,
-        Mode::Produce | Mode::ProduceConsume => live(addr, &names, workload, rate, counters).await,
-    }
+    let mut report = match workload.mode {
+        Mode::Consume => catch_up(addr, &names, workload, rate, counters).await?,
+        Mode::Produce | Mode::ProduceConsume => {
+            live(addr, &names, workload, rate, counters).await?
+        }
+    };
+    report.probed_max_rate = probed_max;
+    report.target_rate = rate.map(NonZeroU64::get);
+    Ok(report)
 }
 
 async fn create_topics(
@@ -858,6 +872,8 @@ async fn live(
             Vec::new()
         },
         errors: counters.errors.load(Ordering::Relaxed),
+        target_rate: None,
+        probed_max_rate: None,
         references: None,
         timeline,
     })
@@ -948,6 +964,8 @@ async fn catch_up(
         ack_curve: ack.curve(CURVE_QUANTILES),
         end_to_end_curve: Vec::new(),
         errors: counters.errors.load(Ordering::Relaxed),
+        target_rate: None,
+        probed_max_rate: None,
         references: None,
         timeline,
     })

@@ -459,6 +459,12 @@ fn print_report(preset: &str, report: &Report) {
         rows,
     );
     println!();
+    if let Some(rate) = report.target_rate {
+        match report.probed_max_rate {
+            Some(max) => println!("paced at {rate} records/s (the probe measured {max} unpaced)"),
+            None => println!("paced at {rate} records/s"),
+        }
+    }
     if let Some(r) = report.references {
         println!(
             "references: file write {:.1} MB/s, loopback TCP {:.1} MB/s",

@@ -69,6 +69,8 @@ fn each_mode_consumes_every_produced_record_and_reports_every_field() {
             "ack_curve",
             "end_to_end_curve",
             "errors",
+            "target_rate",
+            "probed_max_rate",
             "references",
             "timeline",
         ] {
@@ -122,6 +124,7 @@ fn a_paced_run_holds_its_rate_within_five_percent() {
             "128",
         ],
     );
+    assert_eq!(report.target_rate, Some(4_000));
     let produce = report.produce.unwrap();
     let achieved = produce.records_per_sec;
     assert!(

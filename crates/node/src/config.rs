@@ -25,6 +25,13 @@ pub struct NodeConfig {
     pub open_logs_per_shard: usize,
     /// How long a graceful shutdown waits for in-flight requests (ms).
     pub shutdown_grace_ms: u64,
+    /// Each partition log starts the kernel's write-back every this many appended bytes
+    /// instead of letting dirty pages pile up; 0 leaves write-back to the kernel.
+    pub write_behind_bytes: u64,
+    /// Page-cache pages more than this many bytes behind the head of a partition's
+    /// active segment are dropped once written back; 0 leaves the page cache to the
+    /// kernel.
+    pub cached_tail_bytes: u64,
     /// Defaults for new topics.
     pub topic_defaults: TopicDefaults,
 }
@@ -82,6 +89,8 @@ impl Default for NodeConfig {
             frame_bytes_max: braid_proto::client::FRAME_BYTES_MAX_DEFAULT,
             open_logs_per_shard: 1024,
             shutdown_grace_ms: 10_000,
+            write_behind_bytes: braid_storage::WRITE_BEHIND_BYTES_DEFAULT,
+            cached_tail_bytes: 0,
             topic_defaults: TopicDefaults::default(),
         }
     }
@@ -171,6 +180,8 @@ impl NodeConfig {
                 "FRAME_BYTES_MAX" => self.frame_bytes_max = parse(&value).map_err(bad)?,
                 "OPEN_LOGS_PER_SHARD" => self.open_logs_per_shard = parse(&value).map_err(bad)?,
                 "SHUTDOWN_GRACE_MS" => self.shutdown_grace_ms = parse(&value).map_err(bad)?,
+                "WRITE_BEHIND_BYTES" => self.write_behind_bytes = parse(&value).map_err(bad)?,
+                "CACHED_TAIL_BYTES" => self.cached_tail_bytes = parse(&value).map_err(bad)?,
                 "FSYNC" => {
                     self.topic_defaults.fsync = match value.as_str() {
                         "always" => FsyncSetting::Always,

@@ -49,7 +49,8 @@ impl TopicRoute {
         self.partitions.iter().find(|p| p.id == id)
     }
 
-    pub(crate) fn log_config(&self) -> LogConfig {
+    /// The log settings of this topic's partitions on a node with `node`'s settings.
+    pub(crate) fn log_config(&self, node: &crate::config::NodeConfig) -> LogConfig {
         let s = &self.settings;
         LogConfig {
             segment_bytes_max: s.segment_bytes,
@@ -62,6 +63,8 @@ impl TopicRoute {
             },
             retention_bytes: (s.retention_bytes > 0).then_some(s.retention_bytes),
             retention_ms: (s.retention_ms > 0).then_some(s.retention_ms),
+            write_behind_bytes: node.write_behind_bytes,
+            cached_tail_bytes: (node.cached_tail_bytes > 0).then_some(node.cached_tail_bytes),
             ..LogConfig::default()
         }
     }

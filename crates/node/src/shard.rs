@@ -170,7 +170,7 @@ impl Shard {
                 continue;
             }
             let dir = key.dir(self.shared.data_dir());
-            let mut log = PartitionLog::open(&dir, topic.log_config(), now_ms())
+            let mut log = PartitionLog::open(&dir, topic.log_config(&self.shared.config), now_ms())
                 .map_err(|e| format!("opening partition {}/{}: {e}", topic.name, key.partition))?;
             // An idle partition holds no files until it is used.
             log.release_files().map_err(|e| e.to_string())?;

@@ -49,6 +49,16 @@ pub struct LogConfig {
     pub retention_ms: Option<u64>,
     /// What to do with damage in the middle of the newest log segment.
     pub recovery: RecoveryMode,
+    /// Start the kernel's write-back each time this many bytes have been appended,
+    /// without waiting for it; 0: leave write-back to the kernel. Durability is
+    /// unchanged (only `fsync` decides it); write-back just runs steadily in large
+    /// writes instead of piling up and throttling the writer.
+    pub write_behind_bytes: u64,
+    /// Drop the page-cache pages of the active segment that lie more than this many
+    /// bytes behind its head, once their write-back has had that long to finish;
+    /// `None`: leave the page cache to the kernel. Bounds a busy log's page cache and
+    /// reuses its pages while warm; consumers further behind read from disk.
+    pub cached_tail_bytes: Option<u64>,
 }
 
 impl Default for LogConfig {
@@ -61,9 +71,15 @@ impl Default for LogConfig {
             retention_bytes: None,
             retention_ms: Some(7 * 24 * 3600 * 1000),
             recovery: RecoveryMode::Strict,
+            write_behind_bytes: WRITE_BEHIND_BYTES_DEFAULT,
+            cached_tail_bytes: None,
         }
     }
 }
+
+/// The default write-behind window: large enough that each call starts a big write,
+/// small enough that a log's dirty bytes stay a few windows.
+pub const WRITE_BEHIND_BYTES_DEFAULT: u64 = 8 << 20;
 
 /// The smallest allowed `segment_bytes_max`: one header must fit.
 pub const SEGMENT_BYTES_MIN: u32 = 1024;

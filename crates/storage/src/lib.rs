@@ -41,9 +41,11 @@ mod lru;
 mod segment;
 mod sync;
 mod walk;
+mod writeback;
 
 pub use config::{
     ConfigError, FsyncPolicy, LogConfig, RecoveryMode, SEGMENT_BYTES_MAX, SEGMENT_BYTES_MIN,
+    WRITE_BEHIND_BYTES_DEFAULT,
 };
 pub use error::{Corruption, LogError};
 pub use log::{Appended, PartitionLog, RecoveryReport, RetentionOutcome};

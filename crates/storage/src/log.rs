@@ -16,6 +16,7 @@ use crate::segment::{
     MaxTimestamp, Segment,
 };
 use crate::sync::{SyncError, SyncRequest};
+use crate::writeback::WriteBehind;
 
 mod open;
 
@@ -92,6 +93,8 @@ pub struct PartitionLog {
     durable_offset: u64,
     /// When the oldest append not yet durable was made (ms).
     unsynced_since_ms: Option<u64>,
+    /// How far write-back and cache dropping have reached in the active segment.
+    write_behind: WriteBehind,
     /// Grows on every truncation, so a sync that started before it is not taken as
     /// covering data written after it.
     generation: u64,
@@ -204,6 +207,20 @@ impl PartitionLog {
         segment.end_offset = Some(self.next_offset);
         if segment.size_bytes == bytes as u64 {
             segment.created_ms = now_ms;
+        }
+        let actions = self.write_behind.after_append(
+            segment.base_offset,
+            segment.size_bytes,
+            self.config.write_behind_bytes,
+            self.config.cached_tail_bytes,
+        );
+        // Both are advice to the kernel: failing loses nothing (fsync alone decides
+        // durability), so they are not errors of the append.
+        if let Some(range) = actions.write_back {
+            let _ = crate::writeback::start(&file, range.start, range.end - range.start);
+        }
+        if let Some(range) = actions.drop {
+            let _ = crate::writeback::drop_cached(&file, range.start, range.end - range.start);
         }
         if pending >= INDEX_FLUSH_ENTRIES {
             flush_index(&self.dir, segment, false)?;
@@ -422,6 +439,8 @@ impl PartitionLog {
         if offset == self.next_offset {
             return Ok(());
         }
+        // Rewritten bytes get write-back started again as they arrive.
+        self.write_behind = WriteBehind::default();
         let at = self.segment_of(offset);
         self.ensure_index(at)?;
         let position = if self.segments[at].base_offset == offset {

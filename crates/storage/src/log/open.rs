@@ -67,6 +67,7 @@ impl PartitionLog {
             next_offset: 0,
             durable_offset: 0,
             unsynced_since_ms: None,
+            write_behind: Default::default(),
             generation: 0,
             clean_marker: clean,
             poisoned: None,
