@@ -807,7 +807,7 @@ fn write_behind_and_a_dropped_tail_lose_nothing() {
         cached_tail_bytes: Some(2048),
         ..small_config()
     };
-    let mut log = PartitionLog::open(&path, config.clone(), 0).unwrap();
+    let mut log = PartitionLog::open(&path, config, 0).unwrap();
     let mut expected = Vec::new();
     for i in 0..200u8 {
         let batch = records(3, i64::from(i) * 10, 100, i);
