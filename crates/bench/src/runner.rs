@@ -619,6 +619,8 @@ struct ConsumerShared {
     /// Set when the drain deadline passes.
     give_up: Mutex<Option<Instant>>,
     record_bytes: u64,
+    /// End-to-end latency means something (not for data written before the read).
+    end_to_end: bool,
 }
 
 /// One consumer task: a consumer per topic, each a group member or plain.
@@ -676,7 +678,7 @@ async fn consume(
                     match record.value.map(read_stamp) {
                         Some(Ok((_, sent_ns))) => {
                             let sent = Duration::from_nanos(sent_ns);
-                            if shared.clock.measured(sent) {
+                            if shared.end_to_end && shared.clock.measured(sent) {
                                 latencies.record(now.saturating_sub(sent));
                             }
                         }
@@ -792,6 +794,7 @@ async fn live(
         expected: AtomicU64::new(u64::MAX),
         give_up: Mutex::new(None),
         record_bytes: u64::from(workload.record_bytes),
+        end_to_end: true,
     });
     let (units, consumer_tasks) = if consumes {
         spawn_consumers(addr, &shared, workload)
@@ -943,11 +946,11 @@ async fn catch_up(
         expected: AtomicU64::new(preloaded[0]),
         give_up: Mutex::new(Some(Instant::now() + DRAIN.max(preload_time * 10))),
         record_bytes: u64::from(workload.record_bytes),
+        end_to_end: false,
     });
     let stop_sampler = Arc::new(tokio::sync::Notify::new());
     let sampler = spawn_sampler(Arc::clone(counters), clock, Arc::clone(&stop_sampler));
     let (units, tasks) = spawn_consumers(addr, &shared, workload);
-    // End-to-end latency means nothing for data written before the read began.
     join_consumers(tasks).await?;
     let elapsed = clock.now();
     stop_sampler.notify_one();

@@ -49,7 +49,7 @@ pub struct Fetched {
     /// Earliest offset stored.
     pub start_offset: u64,
     /// Whole batches, as stored (possibly starting before the offset asked for).
-    pub batches: Vec<u8>,
+    pub batches: bytes::Bytes,
 }
 
 impl Client {
@@ -347,7 +347,7 @@ async fn read_loop(reader: &mut tokio::net::tcp::OwnedReadHalf, inner: &Inner) -
                 Ok(None) => break,
                 Err(err) => return ClientError::Protocol(err.to_string()),
             };
-            let frame = buf.split_to(total);
+            let frame = buf.split_to(total).freeze();
             let (header, body) = match split_response(&frame) {
                 Ok(split) => split,
                 Err(err) => return ClientError::Protocol(err.to_string()),
@@ -368,7 +368,9 @@ async fn read_loop(reader: &mut tokio::net::tcp::OwnedReadHalf, inner: &Inner) -
                 continue;
             };
             let result = if header.status == 0 {
-                Response::decode(command, body).map_err(|e| ClientError::Protocol(e.to_string()))
+                // Fetched batches stay in the frame's buffer: no copy of a large read.
+                Response::decode_shared(command, &frame.slice_ref(body))
+                    .map_err(|e| ClientError::Protocol(e.to_string()))
             } else {
                 Err(ClientError::Server {
                     code: error_code(header.status),
@@ -378,7 +380,13 @@ async fn read_loop(reader: &mut tokio::net::tcp::OwnedReadHalf, inner: &Inner) -
             };
             let _ = waiter.send(result);
         }
-        buf.reserve(64 * 1024);
+        // Room for the rest of a frame whose length is known, in one allocation (a
+        // large fetch answer would otherwise grow, and be copied, step by step).
+        let announced = buf
+            .get(..4)
+            .map(|raw| 4 + u32::from_be_bytes([raw[0], raw[1], raw[2], raw[3]]) as usize);
+        let want = announced.map_or(0, |total| total.saturating_sub(buf.len()));
+        buf.reserve(want.max(64 * 1024));
         match reader.read_buf(&mut buf).await {
             Ok(0) => return ClientError::Closed,
             Ok(_) => {}

@@ -414,7 +414,7 @@ impl Consumer {
     async fn fetch_raw(
         &mut self,
         timeout: Duration,
-    ) -> Result<Vec<(u32, u64, Vec<u8>)>, ClientError> {
+    ) -> Result<Vec<(u32, u64, bytes::Bytes)>, ClientError> {
         if self.positions.is_empty() {
             // Nothing assigned yet: wait a little for the group to hand something over.
             let pause = timeout.min(self.config.heartbeat_interval / 2);

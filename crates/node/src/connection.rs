@@ -122,7 +122,7 @@ async fn serve(
 ) {
     let (mut reader, writer) = stream.into_split();
     let (out, outgoing) = mpsc::channel(OUTGOING_FRAMES_MAX);
-    let writer_task = tokio::task::spawn_local(write_loop(writer, outgoing));
+    let writer_task = tokio::task::spawn_local(write_loop(writer, outgoing, Arc::clone(&shared)));
     let env = Env {
         shared,
         layout,
@@ -209,7 +209,11 @@ async fn send_error(env: &Env, request_id: u64, command: u16, err: &NodeError) {
     let _ = env.out.send(Outgoing::Frame(frame)).await;
 }
 
-async fn write_loop(writer: OwnedWriteHalf, mut outgoing: mpsc::Receiver<Outgoing>) {
+async fn write_loop(
+    writer: OwnedWriteHalf,
+    mut outgoing: mpsc::Receiver<Outgoing>,
+    shared: Arc<NodeShared>,
+) {
     let mut writer = BufWriter::with_capacity(64 * 1024, writer);
     while let Some(first) = outgoing.recv().await {
         let mut next = Some(first);
@@ -223,6 +227,9 @@ async fn write_loop(writer: OwnedWriteHalf, mut outgoing: mpsc::Receiver<Outgoin
             };
             if written.is_err() {
                 return;
+            }
+            if let Outgoing::Fetch(_, read) = item {
+                shared.read_buffers.give_back(read.into_buffer());
             }
             next = outgoing.try_recv().ok();
         }

@@ -14,6 +14,7 @@
 //! ```
 
 mod admin;
+mod buffers;
 pub mod config;
 mod connection;
 mod coordinator;

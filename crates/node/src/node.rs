@@ -97,6 +97,7 @@ impl Node {
             controls,
             metrics: metrics.clone(),
             syncer: braid_storage::Syncer::start("braid-sync")?,
+            read_buffers: crate::buffers::ReadBuffers::default(),
         });
         let meta = MetaService::new(store);
         let layout = Arc::new(meta.layout());

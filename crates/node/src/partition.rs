@@ -199,13 +199,21 @@ impl Partition {
         }
     }
 
-    /// Reads committed batches from `offset`.
-    pub(crate) fn read(&mut self, offset: u64, max_bytes: u32) -> Result<LogRead, NodeError> {
+    /// Reads committed batches from `offset` into `buffer` (from the node's pool; the
+    /// read hands it back through [`LogRead::into_buffer`]).
+    pub(crate) fn read(
+        &mut self,
+        offset: u64,
+        max_bytes: u32,
+        buffer: Vec<u8>,
+    ) -> Result<LogRead, NodeError> {
         if offset > self.high_watermark && offset <= self.log.next_offset() {
             // Appended but not committed: nothing to read yet.
-            return Ok(braid_storage::LogRead::default_at(offset));
+            return Ok(LogRead::empty_with(offset, buffer));
         }
-        Ok(self.log.read(offset, max_bytes, self.high_watermark)?)
+        Ok(self
+            .log
+            .read_reusing(offset, max_bytes, self.high_watermark, buffer)?)
     }
 
     /// A receiver that fires at the next commit.

@@ -100,6 +100,8 @@ pub(crate) struct NodeShared {
     pub(crate) controls: Vec<mpsc::UnboundedSender<Control>>,
     pub(crate) metrics: Vec<Arc<ShardMetrics>>,
     pub(crate) syncer: Syncer,
+    /// Buffers fetches read into, handed back once the answer is written.
+    pub(crate) read_buffers: crate::buffers::ReadBuffers,
 }
 
 impl NodeShared {
@@ -274,8 +276,9 @@ impl Shard {
                 {
                     Ok(FetchOutcome::Wait(partition.wait_for_commit()))
                 } else {
+                    let buffer = self.shared.read_buffers.take();
                     partition
-                        .read(offset, max_bytes)
+                        .read(offset, max_bytes, buffer)
                         .map(|read| FetchOutcome::Data {
                             high_watermark: partition.high_watermark(),
                             start_offset: partition.start_offset(),

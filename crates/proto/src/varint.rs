@@ -74,6 +74,13 @@ pub fn get_varlong(input: &[u8]) -> Result<(i64, usize), VarintFault> {
 }
 
 fn get_unsigned(input: &[u8], bytes_max: usize) -> Result<(u64, usize), VarintFault> {
+    // Record fields are mostly one or two bytes long (deltas, lengths under 16 KiB):
+    // take those without the loop.
+    match *input {
+        [b0, ..] if b0 < 0x80 => return Ok((u64::from(b0), 1)),
+        [b0, b1, ..] if b1 < 0x80 => return Ok((u64::from(b0 & 0x7f) | u64::from(b1) << 7, 2)),
+        _ => {}
+    }
     let mut raw: u64 = 0;
     for (index, &byte) in input.iter().enumerate().take(bytes_max) {
         let shift = 7 * index as u32;

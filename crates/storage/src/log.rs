@@ -349,7 +349,7 @@ impl PartitionLog {
         self.check_range(from)?;
         let limit = end_offset.min(self.next_offset);
         if from >= limit {
-            return Ok(LogRead::empty(from));
+            return Ok(LogRead::empty_with(from, buffer));
         }
         let mut at = self.segment_of(from);
         while at < self.segments.len() {
@@ -371,7 +371,7 @@ impl PartitionLog {
             buffer = read.into_buffer();
             at += 1;
         }
-        Ok(LogRead::empty(from))
+        Ok(LogRead::empty_with(from, buffer))
     }
 
     /// The first offset whose record timestamp is at or after `timestamp_ms`, or `None`

@@ -419,6 +419,13 @@ impl LogRead {
         Self::empty(offset)
     }
 
+    /// An empty read at `offset` that keeps `buffer` for [`LogRead::into_buffer`].
+    pub fn empty_with(offset: u64, buffer: Vec<u8>) -> Self {
+        let mut read = Self::empty(offset);
+        read.buf = buffer;
+        read
+    }
+
     pub(crate) fn empty(next_offset: u64) -> Self {
         Self {
             buf: Vec::new(),
@@ -473,9 +480,7 @@ pub(crate) fn read_batches(
     buffer: Vec<u8>,
 ) -> Result<LogRead, LogError> {
     let Some(index) = segment.index.as_ref() else {
-        let mut read = LogRead::empty(from);
-        read.buf = buffer;
-        return Ok(read);
+        return Ok(LogRead::empty_with(from, buffer));
     };
     let entry = index.floor(segment.relative(from));
     let path = || log_path(dir, segment.base_offset);

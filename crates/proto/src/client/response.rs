@@ -133,8 +133,9 @@ pub enum Response {
         high_watermark: u64,
         /// Earliest offset stored.
         start_offset: u64,
-        /// Whole batches, as stored; empty if none.
-        batches: Vec<u8>,
+        /// Whole batches, as stored; empty if none. Shared with the frame they came
+        /// in (see [`Response::decode_shared`]), so a large fetch is not copied.
+        batches: bytes::Bytes,
     },
     /// ListOffsets; `None` when no record is at or after the timestamp.
     Offset(Option<u64>),
@@ -325,6 +326,27 @@ impl Response {
         }
     }
 
+    /// As [`Response::decode`], for a body held in shared bytes: a fetch's batches then
+    /// point into `body` instead of being copied out of it.
+    ///
+    /// # Errors
+    /// As [`Response::decode`].
+    pub fn decode_shared(command: Command, body: &bytes::Bytes) -> Result<Self, WireError> {
+        if command != Command::Fetch {
+            return Self::decode(command, body);
+        }
+        let mut r = WireReader::new(body);
+        let high_watermark = r.u64("high_watermark")?;
+        let start_offset = r.u64("start_offset")?;
+        let batches = body.slice_ref(r.bytes("batches")?);
+        r.finish()?;
+        Ok(Self::Fetched {
+            high_watermark,
+            start_offset,
+            batches,
+        })
+    }
+
     /// Decodes the body of a successful response to `command`.
     ///
     /// # Errors
@@ -399,7 +421,7 @@ impl Response {
             Command::Fetch => Self::Fetched {
                 high_watermark: r.u64("high_watermark")?,
                 start_offset: r.u64("start_offset")?,
-                batches: r.bytes("batches")?.to_vec(),
+                batches: bytes::Bytes::copy_from_slice(r.bytes("batches")?),
             },
             Command::ListOffsets => Self::Offset(option(&mut r, "offset")?),
             Command::JoinGroup | Command::Heartbeat => Self::Assignment {

@@ -155,7 +155,7 @@ fn responses_round_trip() {
             Response::Fetched {
                 high_watermark: 10,
                 start_offset: 0,
-                batches: vec![9; 20],
+                batches: bytes::Bytes::from(vec![9; 20]),
             },
         ),
         (Command::ListOffsets, Response::Offset(None)),
@@ -195,7 +195,29 @@ fn responses_round_trip() {
             (9, command as u16, 0)
         );
         assert_eq!(Response::decode(command, body).unwrap(), response);
+        // The shared decoding gives the same response; a fetch's batches point into
+        // the frame instead of being copied.
+        let shared = bytes::Bytes::copy_from_slice(body);
+        let decoded = Response::decode_shared(command, &shared).unwrap();
+        assert_eq!(decoded, response);
+        if let Response::Fetched { batches, .. } = decoded {
+            let inside = shared.as_ptr_range();
+            assert!(inside.contains(&batches.as_ptr()), "batches were copied");
+        }
     }
+    // Trailing bytes are refused by both.
+    let mut frame = Vec::new();
+    Response::Fetched {
+        high_watermark: 1,
+        start_offset: 0,
+        batches: bytes::Bytes::from_static(b"abc"),
+    }
+    .encode(1, Command::Fetch, &mut frame);
+    let (_, body) = split_response(&frame).unwrap();
+    let mut long = body.to_vec();
+    long.push(0);
+    assert!(Response::decode(Command::Fetch, &long).is_err());
+    assert!(Response::decode_shared(Command::Fetch, &bytes::Bytes::from(long)).is_err());
 }
 
 #[test]
@@ -205,7 +227,7 @@ fn fetch_prefix_matches_the_full_encoding() {
     Response::Fetched {
         high_watermark: 3,
         start_offset: 1,
-        batches: batches.clone(),
+        batches: bytes::Bytes::from(batches.clone()),
     }
     .encode(5, Command::Fetch, &mut full);
     let mut split = Vec::new();
