@@ -27,12 +27,26 @@ pub enum Pacing {
 pub struct Pacer {
     rate: Option<NonZeroU64>,
     granted: u64,
+    lead: Duration,
 }
 
 impl Pacer {
     /// A pacer at `rate` records per second, or unpaced (`None`: as fast as possible).
     pub fn new(rate: Option<NonZeroU64>) -> Self {
-        Self { rate, granted: 0 }
+        Self {
+            rate,
+            granted: 0,
+            lead: Duration::ZERO,
+        }
+    }
+
+    /// Lets batches go out up to `lead` before they are due. A sender that sleeps on a
+    /// coarse timer (tokio's ticks in milliseconds) wakes up to a tick late; without a
+    /// lead that lateness would count as the node's latency. An early batch's latency
+    /// counts from when it left; a late one's still from when it was due.
+    pub fn with_lead(mut self, lead: Duration) -> Self {
+        self.lead = lead;
+        self
     }
 
     /// Records granted so far.
@@ -47,11 +61,14 @@ impl Pacer {
             return Pacing::Send { intended: now };
         };
         let due = due_at(self.granted.saturating_add(count), rate);
-        if due > now {
-            return Pacing::WaitUntil(due);
+        if due > now + self.lead {
+            return Pacing::WaitUntil(due - self.lead);
         }
         self.granted += count;
-        Pacing::Send { intended: due }
+        // Early (within the lead): from now. Late: from when it was due.
+        Pacing::Send {
+            intended: due.min(now),
+        }
     }
 }
 
@@ -110,6 +127,20 @@ mod tests {
         assert_eq!(intended.len(), 10);
         assert_eq!(intended[0], Duration::from_millis(100));
         assert_eq!(intended[9], Duration::from_millis(1_000));
+    }
+
+    #[test]
+    fn a_lead_sends_a_tick_early_from_now_and_late_batches_from_the_schedule() {
+        let ms = Duration::from_millis;
+        // 1,000 records/s, batches of 100: due at 100 ms, 200 ms, ...
+        let mut pacer = Pacer::new(rate(1_000)).with_lead(ms(1));
+        assert_eq!(pacer.take(ms(50), 100), Pacing::WaitUntil(ms(99)));
+        // Woken within the lead: goes now, and counts from now.
+        let now = Duration::from_micros(99_400);
+        assert_eq!(pacer.take(now, 100), Pacing::Send { intended: now });
+        // Behind the schedule: counts from when it was due.
+        assert_eq!(pacer.take(ms(250), 100), Pacing::Send { intended: ms(200) });
+        assert_eq!(pacer.granted(), 200);
     }
 
     #[test]

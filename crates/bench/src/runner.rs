@@ -10,7 +10,7 @@
 //! topics first; then for a catch-up read, a preload of the data; then the run itself,
 //! whose first `warmup_seconds` are sent and checked but not measured.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::num::NonZeroU64;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
@@ -32,6 +32,9 @@ use crate::workload::{Fsync, Mode, Rate, Stop, Workload, WorkloadError};
 const PROBE: Duration = Duration::from_secs(3);
 /// How long consumers may take, after the producers stop, to read what was produced.
 const DRAIN: Duration = Duration::from_secs(60);
+/// How far ahead of its schedule a paced batch may go out: one tick of the runtime's
+/// millisecond timer (see [`Pacer::with_lead`]).
+const PACING_LEAD: Duration = Duration::from_millis(1);
 /// How long a consumer's fetch waits for data.
 const POLL: Duration = Duration::from_millis(100);
 
@@ -371,7 +374,7 @@ async fn spawn_producers(
             client,
             plan: plan.clone(),
             routers,
-            pacer: Pacer::new(share(p)),
+            pacer: Pacer::new(share(p)).with_lead(PACING_LEAD),
             counters: Arc::clone(counters),
         };
         tasks.push(tokio::spawn(producer.run()));
@@ -388,12 +391,20 @@ struct OpenBatch {
     opened: Instant,
 }
 
-/// A batch sent and not yet answered.
+/// A batch sent and not yet answered; its permit bounds the batches in flight.
 struct InFlight {
     answer:
         std::pin::Pin<Box<dyn std::future::Future<Output = Result<Response, ClientError>> + Send>>,
     chunks: Vec<(Duration, u32)>,
     records: u32,
+    _permit: tokio::sync::OwnedSemaphorePermit,
+}
+
+/// Where a producer's sent batches go: a task that awaits their answers in order and
+/// takes each latency the moment its answer arrives, not when the sender next looks.
+struct Pipeline {
+    permits: Arc<tokio::sync::Semaphore>,
+    sent: tokio::sync::mpsc::UnboundedSender<InFlight>,
 }
 
 struct ProducerTask {
@@ -421,8 +432,17 @@ impl ProducerTask {
         let mut value = vec![0x5au8; value_bytes];
         let mut rng = XorShift::new(u64::from(self.id) + 1);
         let mut open: HashMap<(usize, u32), OpenBatch> = HashMap::new();
-        let mut in_flight: VecDeque<InFlight> = VecDeque::new();
-        let mut latencies = Recorder::new();
+        let (sent, answers) = tokio::sync::mpsc::unbounded_channel();
+        let acknowledger = tokio::spawn(acknowledge(
+            answers,
+            clock,
+            Arc::clone(&self.counters),
+            u64::from(workload.record_bytes),
+        ));
+        let mut in_flight = Pipeline {
+            permits: Arc::new(tokio::sync::Semaphore::new(in_flight_max)),
+            sent,
+        };
         let mut sequence = 0u64;
         let mut next_keyless = self.id as usize;
         loop {
@@ -440,8 +460,7 @@ impl ProducerTask {
                     let wake = clock.start + at;
                     let wake = linger_due.map_or(wake, |l| l.min(wake));
                     tokio::time::sleep_until(wake.into()).await;
-                    self.close_lingering(&mut open, &mut in_flight, linger, true);
-                    self.settle(&mut in_flight, in_flight_max, &mut latencies)
+                    self.close_lingering(&mut open, &mut in_flight, linger, true)
                         .await;
                     continue;
                 }
@@ -492,24 +511,24 @@ impl ProducerTask {
                 }
                 if batch.records >= batch_records {
                     if let Some(full) = open.remove(&(topic, partition)) {
-                        self.send(topic, partition, full, &mut in_flight);
+                        self.send(topic, partition, full, &mut in_flight).await;
                     }
                 }
             }
-            self.close_lingering(&mut open, &mut in_flight, linger, linger.is_zero());
-            self.settle(&mut in_flight, in_flight_max, &mut latencies)
+            self.close_lingering(&mut open, &mut in_flight, linger, linger.is_zero())
                 .await;
         }
-        self.close_lingering(&mut open, &mut in_flight, linger, true);
-        self.settle(&mut in_flight, 1, &mut latencies).await;
-        latencies
+        self.close_lingering(&mut open, &mut in_flight, linger, true)
+            .await;
+        drop(in_flight);
+        acknowledger.await.unwrap_or_default()
     }
 
     /// Sends open batches whose linger has passed (all of them if `all`).
-    fn close_lingering(
+    async fn close_lingering(
         &self,
         open: &mut HashMap<(usize, u32), OpenBatch>,
-        in_flight: &mut VecDeque<InFlight>,
+        in_flight: &mut Pipeline,
         linger: Duration,
         all: bool,
     ) {
@@ -520,18 +539,16 @@ impl ProducerTask {
             .collect();
         for (topic, partition) in due {
             if let Some(batch) = open.remove(&(topic, partition)) {
-                self.send(topic, partition, batch, in_flight);
+                self.send(topic, partition, batch, in_flight).await;
             }
         }
     }
 
-    fn send(
-        &self,
-        topic: usize,
-        partition: u32,
-        batch: OpenBatch,
-        in_flight: &mut VecDeque<InFlight>,
-    ) {
+    /// Sends a batch once fewer than `in_flight` are unanswered.
+    async fn send(&self, topic: usize, partition: u32, batch: OpenBatch, in_flight: &mut Pipeline) {
+        let Ok(permit) = Arc::clone(&in_flight.permits).acquire_owned().await else {
+            return;
+        };
         let bytes = batch.builder.finish();
         let request = Request::Produce {
             stream: &self.plan.names.stream,
@@ -539,48 +556,47 @@ impl ProducerTask {
             partition,
             batch: &bytes,
         };
-        in_flight.push_back(InFlight {
+        // The acknowledger outlives the sender, so this cannot fail while we send.
+        let _ = in_flight.sent.send(InFlight {
             answer: Box::pin(self.client.start_call(&request)),
             chunks: batch.chunks,
             records: batch.records,
+            _permit: permit,
         });
     }
+}
 
-    /// Waits for answers until fewer than `max` batches are in flight.
-    async fn settle(
-        &self,
-        in_flight: &mut VecDeque<InFlight>,
-        max: usize,
-        latencies: &mut Recorder,
-    ) {
-        while in_flight.len() >= max {
-            let Some(sent) = in_flight.pop_front() else {
-                return;
-            };
-            let answer = sent.answer.await;
-            let now = self.plan.clock.now();
-            match answer {
-                Ok(Response::Produced { .. }) => {
-                    let bytes =
-                        u64::from(sent.records) * u64::from(self.plan.workload.record_bytes);
-                    self.counters
-                        .produced
-                        .fetch_add(u64::from(sent.records), Ordering::Relaxed);
-                    self.counters
-                        .produced_bytes
-                        .fetch_add(bytes, Ordering::Relaxed);
-                    for (intended, records) in sent.chunks {
-                        if self.plan.clock.measured(intended) {
-                            latencies.record_n(now.saturating_sub(intended), u64::from(records));
-                        }
+/// Awaits a producer's answers in the order sent (the connection answers in order),
+/// counting and timing each as it arrives; returns the acknowledgement latencies.
+async fn acknowledge(
+    mut answers: tokio::sync::mpsc::UnboundedReceiver<InFlight>,
+    clock: RunClock,
+    counters: Arc<Counters>,
+    record_bytes: u64,
+) -> Recorder {
+    let mut latencies = Recorder::new();
+    while let Some(sent) = answers.recv().await {
+        let answer = sent.answer.await;
+        let now = clock.now();
+        match answer {
+            Ok(Response::Produced { .. }) => {
+                let records = u64::from(sent.records);
+                counters.produced.fetch_add(records, Ordering::Relaxed);
+                counters
+                    .produced_bytes
+                    .fetch_add(records * record_bytes, Ordering::Relaxed);
+                for (intended, records) in sent.chunks {
+                    if clock.measured(intended) {
+                        latencies.record_n(now.saturating_sub(intended), u64::from(records));
                     }
                 }
-                Ok(_) | Err(_) => {
-                    self.counters.errors.fetch_add(1, Ordering::Relaxed);
-                }
+            }
+            Ok(_) | Err(_) => {
+                counters.errors.fetch_add(1, Ordering::Relaxed);
             }
         }
     }
+    latencies
 }
 
 /// A small fast generator for keys; quality only needs to spread keys evenly.
