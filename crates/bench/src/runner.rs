@@ -28,8 +28,11 @@ use crate::report::{Recorder, Report, Sample, Throughput, CURVE_QUANTILES};
 use crate::stamp::{read_stamp, write_stamp};
 use crate::workload::{Fsync, Mode, Rate, Stop, Workload, WorkloadError};
 
-/// How long the unpaced probe of a `PercentOfMax` rate runs.
-const PROBE: Duration = Duration::from_secs(3);
+/// How long the unpaced probe of a `PercentOfMax` rate runs. Only its second half
+/// counts: a node's first seconds of writing land in free page cache and run faster
+/// than it can keep up once write-back has to follow, and half of a burst rate is not a
+/// rate a latency run can hold.
+const PROBE: Duration = Duration::from_secs(10);
 /// How long consumers may take, after the producers stop, to read what was produced.
 const DRAIN: Duration = Duration::from_secs(60);
 /// How far ahead of its schedule a paced batch may go out: one tick of the runtime's
@@ -298,11 +301,14 @@ async fn probe_max_rate(
         clock,
     };
     let results = spawn_producers(addr, &plan, &counters).await?;
+    tokio::time::sleep_until((clock.start + PROBE / 2).into()).await;
+    let (half_at, half) = (clock.now(), counters.produced.load(Ordering::Relaxed));
     for task in results {
         let _ = task.await;
     }
-    let produced = counters.produced.load(Ordering::Relaxed);
-    Ok((produced as f64 / clock.start.elapsed().as_secs_f64()) as u64)
+    let produced = counters.produced.load(Ordering::Relaxed) - half;
+    let seconds = clock.now().saturating_sub(half_at).as_secs_f64();
+    Ok((produced as f64 / seconds.max(1e-3)) as u64)
 }
 
 /// The run's time base: stamps and pacing count from `start`; figures count from
