@@ -171,3 +171,29 @@ fn bad_options_are_refused_with_the_value() {
         assert!(stdout.contains(preset.name), "{stdout}");
     }
 }
+
+#[test]
+fn a_percentage_of_the_maximum_is_paced_at_that_share_of_the_probe() {
+    let dir = tempfile::tempdir().unwrap();
+    let (report, _, stdout) = bench(
+        dir.path(),
+        "latency",
+        &[
+            "latency-1kb",
+            "--duration",
+            "2",
+            "--warmup",
+            "0",
+            "--record-size",
+            "128",
+            "--batch",
+            "50",
+        ],
+    );
+    let max = report.probed_max_rate.expect("the probe ran");
+    assert!(max > 0);
+    assert_eq!(report.target_rate, Some(max / 2));
+    let produce = report.produce.unwrap();
+    assert!(produce.records > 0 && report.errors == 0);
+    assert!(stdout.contains("paced at"), "{stdout}");
+}
