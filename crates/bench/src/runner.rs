@@ -702,10 +702,13 @@ async fn consume(
             break;
         }
         for consumer in &mut consumers {
-            let now = shared.clock.now();
+            // Records of one poll arrived together: the time is taken at the first one,
+            // after the fetch answered (not before the poll, which may wait).
+            let mut arrived: Option<Duration> = None;
             let mut bad = 0u64;
             let polled = consumer
                 .poll_each(POLL, |_, _, record: &RecordView<'_>| {
+                    let now = *arrived.get_or_insert_with(|| shared.clock.now());
                     // Every benchmark record has a stamp and a real timestamp.
                     if record.timestamp_ms <= 0 {
                         bad += 1;

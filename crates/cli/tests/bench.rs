@@ -50,7 +50,12 @@ fn each_mode_consumes_every_produced_record_and_reports_every_field() {
     let cases: [(&str, &[&str], u64); 4] = [
         ("throughput-1kb", &[], 0),
         ("consume-1kb", &[], 1),
-        ("end-to-end-1kb", &["--partitions", "3", "--keys", "500"], 1),
+        // Paced, so the consumer waits in its long poll for each batch.
+        (
+            "end-to-end-1kb",
+            &["--partitions", "3", "--keys", "500", "--rate", "6000"],
+            1,
+        ),
         // Four groups of one, and a group of two sharing partitions: every group reads
         // everything once.
         ("fanout", &["--consumers", "6", "--groups", "4"], 4),
@@ -88,6 +93,9 @@ fn each_mode_consumes_every_produced_record_and_reports_every_field() {
         if let Some(e2e) = report.end_to_end_latency {
             assert_eq!(e2e.count, 3_000 * units, "{preset}");
             assert!(e2e.p50_us <= e2e.p99_us && e2e.p99_us <= e2e.max_us);
+            // A record crosses two sockets and a disk write: 1 µs is a clock taken
+            // before the data arrived.
+            assert!(e2e.p50_us > 1, "{preset}: end-to-end p50 {} µs", e2e.p50_us);
         }
         assert!(
             stdout.contains("THROUGHPUT"),
