@@ -76,6 +76,7 @@ fn throughput(report: &Report, area: &Area<'_>) -> DrawResult {
         .configure_mesh()
         .x_desc("seconds")
         .y_desc("records/s")
+        .y_label_formatter(&|v| format!("{v:.0}"))
         .draw()?;
     type Line = (&'static str, RGBColor, fn(&crate::report::Sample) -> u64);
     let lines: [Line; 2] = [
@@ -105,6 +106,12 @@ fn nines(quantile: f64) -> f64 {
     -(1.0 - quantile).max(1e-6).log10()
 }
 
+/// "99.9%" for 3 nines: at most four decimals, no trailing zeros.
+fn percentile_label(nines: f64) -> String {
+    let percent = format!("{:.4}", 100.0 * (1.0 - 10f64.powf(-nines)));
+    format!("{}%", percent.trim_end_matches('0').trim_end_matches('.'))
+}
+
 /// Latency (ms, log scale) against percentile, for acknowledgement and end to end.
 fn percentiles(report: &Report, area: &Area<'_>) -> DrawResult {
     let curves = [
@@ -119,6 +126,14 @@ fn percentiles(report: &Report, area: &Area<'_>) -> DrawResult {
         .max(1) as f64
         / 1e3
         * 2.0;
+    let bottom_ms = curves
+        .iter()
+        .flat_map(|(_, _, c)| c.iter().map(|p| p.1))
+        .min()
+        .unwrap_or(1)
+        .max(1) as f64
+        / 1e3
+        / 2.0;
     let right = curves
         .iter()
         .flat_map(|(_, _, c)| c.iter().map(|p| nines(p.0)))
@@ -128,12 +143,12 @@ fn percentiles(report: &Report, area: &Area<'_>) -> DrawResult {
         .margin(12)
         .x_label_area_size(32)
         .y_label_area_size(80)
-        .build_cartesian_2d(0f64..right, (0.001f64..top_ms).log_scale())?;
+        .build_cartesian_2d(0f64..right, (bottom_ms..top_ms).log_scale())?;
     chart
         .configure_mesh()
         .x_desc("percentile")
         .y_desc("ms")
-        .x_label_formatter(&|x| format!("{}%", 100.0 * (1.0 - 10f64.powf(-x))))
+        .x_label_formatter(&|x| percentile_label(*x))
         .draw()?;
     for (label, color, curve) in curves {
         if curve.is_empty() {
@@ -161,6 +176,14 @@ mod tests {
     use crate::report::{Recorder, Sample, CURVE_QUANTILES};
     use crate::workload::Preset;
     use std::time::Duration;
+
+    #[test]
+    fn percentile_labels_are_short() {
+        assert_eq!(percentile_label(0.0), "0%");
+        assert_eq!(percentile_label(1.0), "90%");
+        assert_eq!(percentile_label(3.0), "99.9%");
+        assert_eq!(percentile_label(5.0), "99.999%");
+    }
 
     #[test]
     fn a_report_draws_as_svg_with_both_panels() {
