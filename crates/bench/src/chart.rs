@@ -88,17 +88,40 @@ fn throughput(report: &Report, area: &Area<'_>) -> DrawResult {
             continue;
         }
         let points = report.timeline.iter().map(|s| (s.second, value(s) as f64));
-        chart
-            .draw_series(LineSeries::new(points, color.stroke_width(2)))?
-            .label(label)
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
+        line(&mut chart, label, color, points)?;
     }
+    legend(&mut chart)
+}
+
+/// Draws one labelled line.
+fn line<'a, X, Y>(
+    chart: &mut ChartContext<'a, SVGBackend<'a>, Cartesian2d<X, Y>>,
+    label: &str,
+    color: RGBColor,
+    points: impl Iterator<Item = (X::ValueType, Y::ValueType)>,
+) -> DrawResult
+where
+    X: Ranged,
+    Y: Ranged,
+    X::ValueType: Clone + 'static,
+    Y::ValueType: Clone + 'static,
+{
+    chart
+        .draw_series(LineSeries::new(points, color.stroke_width(2)))?
+        .label(label)
+        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
+    Ok(())
+}
+
+/// Draws the legend box of the labelled lines.
+fn legend<'a, X: Ranged, Y: Ranged>(
+    chart: &mut ChartContext<'a, SVGBackend<'a>, Cartesian2d<X, Y>>,
+) -> DrawResult {
     chart
         .configure_series_labels()
         .background_style(WHITE.mix(0.8))
         .border_style(BLACK)
-        .draw()?;
-    Ok(())
+        .draw()
 }
 
 /// "Nines" of a quantile: 0.9 is 1, 0.99 is 2; the x axis of a percentile curve.
@@ -157,17 +180,9 @@ fn percentiles(report: &Report, area: &Area<'_>) -> DrawResult {
         let points = curve
             .iter()
             .map(|&(q, us)| (nines(q), (us.max(1) as f64) / 1e3));
-        chart
-            .draw_series(LineSeries::new(points, color.stroke_width(2)))?
-            .label(label)
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
+        line(&mut chart, label, color, points)?;
     }
-    chart
-        .configure_series_labels()
-        .background_style(WHITE.mix(0.8))
-        .border_style(BLACK)
-        .draw()?;
-    Ok(())
+    legend(&mut chart)
 }
 
 #[cfg(test)]

@@ -30,6 +30,7 @@ pub use embedded::{EmbeddedError, EmbeddedNode};
 pub use pacing::{Pacer, Pacing};
 pub use report::{
     LatencySummary, Recorder, References, Report, Sample, Throughput, CURVE_QUANTILES,
+    REPORT_FIELDS,
 };
 pub use runner::{run, BenchError, Counters, Phase, RunOptions};
 pub use stamp::{read_stamp, write_stamp, StampError, STAMP_BYTES};

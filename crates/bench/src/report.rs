@@ -159,6 +159,22 @@ pub struct Sample {
     pub consumed: u64,
 }
 
+/// The top-level fields of the JSON report, for scripts that check they have them all.
+pub const REPORT_FIELDS: &[&str] = &[
+    "workload",
+    "produce",
+    "consume",
+    "ack_latency",
+    "end_to_end_latency",
+    "ack_curve",
+    "end_to_end_curve",
+    "errors",
+    "target_rate",
+    "probed_max_rate",
+    "references",
+    "timeline",
+];
+
 /// Everything a run measured, with the workload that produced it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Report {
@@ -306,22 +322,11 @@ mod tests {
         };
         let json = report.to_json().unwrap();
         let value: serde_json::Value = serde_json::from_str(&json).unwrap();
-        for field in [
-            "workload",
-            "produce",
-            "consume",
-            "ack_latency",
-            "end_to_end_latency",
-            "ack_curve",
-            "end_to_end_curve",
-            "errors",
-            "target_rate",
-            "probed_max_rate",
-            "references",
-            "timeline",
-        ] {
+        for field in REPORT_FIELDS {
             assert!(value.get(field).is_some(), "{field} missing from {json}");
         }
+        // And the list names every field there is.
+        assert_eq!(value.as_object().unwrap().len(), REPORT_FIELDS.len());
         assert_eq!(value["workload"]["mode"], "produce-consume");
         assert_eq!(value["ack_latency"]["p99_us"], 750);
         assert_eq!(Report::from_json(&json).unwrap(), report);

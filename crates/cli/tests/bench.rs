@@ -65,20 +65,7 @@ fn each_mode_consumes_every_produced_record_and_reports_every_field() {
         args.extend_from_slice(&small);
         args.extend_from_slice(extra);
         let (report, value, stdout) = bench(dir.path(), preset, &args);
-        for field in [
-            "workload",
-            "produce",
-            "consume",
-            "ack_latency",
-            "end_to_end_latency",
-            "ack_curve",
-            "end_to_end_curve",
-            "errors",
-            "target_rate",
-            "probed_max_rate",
-            "references",
-            "timeline",
-        ] {
+        for field in braid_bench::REPORT_FIELDS {
             assert!(value.get(field).is_some(), "{preset}: {field} missing");
         }
         assert_eq!(report.errors, 0, "{preset}");
