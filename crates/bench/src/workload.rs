@@ -255,10 +255,14 @@ pub static PRESETS: &[Preset] = &[
     },
     Preset {
         name: "end-to-end-1kb",
-        about: "1 producer and 1 consumer at once, end-to-end latency, max rate",
+        about:
+            "1 producer and 1 consumer at once, at half the measured max rate; end-to-end latency",
+        // Unpaced, end-to-end latency would only measure how far the consumer falls
+        // behind a producer that saturates the node.
         build: || Workload {
             mode: Mode::ProduceConsume,
             consumers: 1,
+            rate: Rate::PercentOfMax(50),
             ..throughput_1kb()
         },
     },

@@ -257,21 +257,25 @@ mod tests {
         let path = dir.path().join("braid.toml");
         std::fs::write(
             &path,
-            "data_dir = \"/var/lib/braid\"\nshards = 3\n[topic_defaults]\nfsync = \"never\"\n",
+            "data_dir = \"/var/lib/braid\"\nshards = 3\ncached_tail_bytes = 67108864\n[topic_defaults]\nfsync = \"never\"\n",
         )
         .unwrap();
         let mut config = NodeConfig::from_file(&path).unwrap();
         assert_eq!(config.shards, 3);
         assert_eq!(config.topic_defaults.fsync, FsyncSetting::Never);
         assert_eq!(config.client_addr, NodeConfig::default().client_addr);
+        assert_eq!(config.cached_tail_bytes, 64 << 20);
+        assert_eq!(config.write_behind_bytes, 8 << 20);
         config
             .apply_env([
+                ("BRAID_WRITE_BEHIND_BYTES".to_owned(), "0".to_owned()),
                 ("BRAID_SHARDS".to_owned(), "2".to_owned()),
                 ("BRAID_FSYNC".to_owned(), "interval".to_owned()),
                 ("HOME".to_owned(), "/root".to_owned()),
             ])
             .unwrap();
         assert_eq!(config.shards, 2);
+        assert_eq!(config.write_behind_bytes, 0);
         assert_eq!(config.topic_defaults.fsync, FsyncSetting::Interval);
         let bad = config.apply_env([("BRAID_SHARDS".to_owned(), "two".to_owned())]);
         assert!(matches!(bad, Err(ConfigError::Env { .. })));
