@@ -303,9 +303,7 @@ async fn probe_max_rate(
     let results = spawn_producers(addr, &plan, &counters).await?;
     tokio::time::sleep_until((clock.start + PROBE / 2).into()).await;
     let (half_at, half) = (clock.now(), counters.produced.load(Ordering::Relaxed));
-    for task in results {
-        let _ = task.await;
-    }
+    join_producers(results).await;
     let produced = counters.produced.load(Ordering::Relaxed) - half;
     let seconds = clock.now().saturating_sub(half_at).as_secs_f64();
     Ok((produced as f64 / seconds.max(1e-3)) as u64)
@@ -860,13 +858,7 @@ async fn live(
             (clock.now(), counters.snapshot())
         })
     };
-    let producer_tasks = spawn_producers(addr, &plan, counters).await?;
-    let mut ack = Recorder::new();
-    for task in producer_tasks {
-        if let Ok(recorder) = task.await {
-            ack.merge(&recorder);
-        }
-    }
+    let ack = join_producers(spawn_producers(addr, &plan, counters).await?).await;
     let end = (clock.now(), counters.snapshot());
     let (warm_at, warm) = if warmup_mark.is_finished() {
         warmup_mark.await.unwrap_or((Duration::ZERO, [0; 4]))
@@ -900,24 +892,14 @@ async fn live(
     }
     stop_sampler.notify_one();
     let (timeline, _) = sampler.await.unwrap_or_default();
-    Ok(Report {
-        workload: workload.clone(),
-        produce: Some(produce),
-        consume,
-        ack_latency: Some(ack.summary()),
-        end_to_end_latency: consumes.then(|| end_to_end.summary()),
-        ack_curve: ack.curve(CURVE_QUANTILES),
-        end_to_end_curve: if consumes {
-            end_to_end.curve(CURVE_QUANTILES)
-        } else {
-            Vec::new()
-        },
-        errors: counters.errors.load(Ordering::Relaxed),
-        target_rate: None,
-        probed_max_rate: None,
-        references: None,
+    Ok(report(
+        workload,
+        (Some(produce), consume),
+        &ack,
+        consumes.then_some(&end_to_end),
+        counters,
         timeline,
-    })
+    ))
 }
 
 async fn join_consumers(tasks: Vec<ConsumerTask>) -> Result<Recorder, BenchError> {
@@ -965,12 +947,7 @@ async fn catch_up(
         rate,
         clock,
     };
-    let mut ack = Recorder::new();
-    for task in spawn_producers(addr, &plan, counters).await? {
-        if let Ok(recorder) = task.await {
-            ack.merge(&recorder);
-        }
-    }
+    let ack = join_producers(spawn_producers(addr, &plan, counters).await?).await;
     let preloaded = counters.snapshot();
     let preload_time = clock.now();
     let produce = Throughput::new(preloaded[0], preloaded[1], preload_time);
@@ -996,20 +973,51 @@ async fn catch_up(
     check_units(&units, preloaded[0])?;
     let read = counters.snapshot();
     let consume = Throughput::new(read[2], read[3], elapsed);
-    Ok(Report {
+    // End-to-end latency means nothing for data written before the read began.
+    Ok(report(
+        workload,
+        (Some(produce), Some(consume)),
+        &ack,
+        None,
+        counters,
+        timeline,
+    ))
+}
+
+/// Waits for the producer tasks and merges their acknowledgement latencies.
+async fn join_producers(tasks: Vec<Task<Recorder>>) -> Recorder {
+    let mut merged = Recorder::new();
+    for task in tasks {
+        if let Ok(recorder) = task.await {
+            merged.merge(&recorder);
+        }
+    }
+    merged
+}
+
+/// The report of a run, before the caller adds the rate and references.
+fn report(
+    workload: &Workload,
+    (produce, consume): (Option<Throughput>, Option<Throughput>),
+    ack: &Recorder,
+    end_to_end: Option<&Recorder>,
+    counters: &Counters,
+    timeline: Vec<Sample>,
+) -> Report {
+    Report {
         workload: workload.clone(),
-        produce: Some(produce),
-        consume: Some(consume),
+        produce,
+        consume,
         ack_latency: Some(ack.summary()),
-        end_to_end_latency: None,
+        end_to_end_latency: end_to_end.map(Recorder::summary),
         ack_curve: ack.curve(CURVE_QUANTILES),
-        end_to_end_curve: Vec::new(),
+        end_to_end_curve: end_to_end.map_or_else(Vec::new, |r| r.curve(CURVE_QUANTILES)),
         errors: counters.errors.load(Ordering::Relaxed),
         target_rate: None,
         probed_max_rate: None,
         references: None,
         timeline,
-    })
+    }
 }
 
 #[cfg(test)]

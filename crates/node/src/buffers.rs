@@ -8,10 +8,11 @@
 
 use std::sync::Mutex;
 
-/// Buffers kept for reuse, at most; more are freed.
-const POOLED_MAX: usize = 32;
+/// Buffers kept for reuse, at most; more are freed. With [`BUFFER_BYTES_MAX`] this
+/// bounds what an idle node holds here to 128 MiB (typically 16 fetches of 4 MiB).
+const POOLED_MAX: usize = 16;
 /// A buffer grown past this (by an unusually large fetch) is freed, not kept.
-const BUFFER_BYTES_MAX: usize = 32 << 20;
+const BUFFER_BYTES_MAX: usize = 8 << 20;
 
 /// The node's pool of read buffers. A lock, not a queue per shard: it is taken once per
 /// fetch, and a buffer may come back on another shard's thread.
