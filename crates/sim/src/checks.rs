@@ -109,6 +109,27 @@ impl Simulation {
         model.results.insert((session, request), result);
     }
 
+    /// The log-level check: every replica that ever holds (view, op) holds one checksum
+    /// for it. A primary that prepared two different ops at one number in one view is
+    /// caught here, at prepare time, before any replica applies either.
+    pub(crate) fn check_prepared(&mut self, key: (u64, ReplicaId), header: &braid_vsr::Header) {
+        let (group, replica) = key;
+        let slot = (group, header.view, header.op);
+        match self.prepared.get(&slot) {
+            Some(existing) if *existing != header.checksum => {
+                let what = format!(
+                    "g{group}r{replica} holds op {} of view {} with checksum {:x}, another replica {existing:x}",
+                    header.op, header.view, header.checksum
+                );
+                self.fail(what);
+            }
+            Some(_) => {}
+            None => {
+                self.prepared.insert(slot, header.checksum);
+            }
+        }
+    }
+
     pub(crate) fn check(&mut self) {
         let mut failures = Vec::new();
         for ((group, replica), node) in self.nodes.iter_mut() {

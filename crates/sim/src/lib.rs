@@ -304,6 +304,8 @@ pub struct Simulation {
     history: VecDeque<Packet>,
     clients: Vec<Client>,
     models: BTreeMap<u64, GroupModel>,
+    /// (group, view, op) -> the checksum of the first prepare any replica held for it.
+    prepared: BTreeMap<(u64, u64, u64), u64>,
     faults_on: bool,
     trace: bool,
     outcome: Outcome,
@@ -363,6 +365,7 @@ impl Simulation {
             history: VecDeque::new(),
             clients,
             models,
+            prepared: BTreeMap::new(),
             faults_on: true,
             trace: false,
             outcome: Outcome::default(),
@@ -685,6 +688,9 @@ impl Simulation {
                     | Message::PrepareOk { view, .. } => Some(*view),
                     _ => None,
                 };
+                if let Message::Prepare(prepare) = &message {
+                    self.check_prepared(key, &prepare.header);
+                }
                 let durable = self.nodes.get(&key).map_or(0, |n| n.disk.state.view);
                 if let Some(view) = view.filter(|v| *v > durable) {
                     self.fail(format!("g{group}r{replica} sent a message of view {view} with view {durable} on disk"));
@@ -699,8 +705,14 @@ impl Simulation {
                 let to = Address::Client(reply.client);
                 self.send(Address::Replica(group, replica), to, Payload::Reply(reply));
             }
-            Output::WriteJournal(prepare) => self.queue(key, PendingWrite::Journal(prepare)),
-            Output::WriteHeader(header) => self.queue(key, PendingWrite::Header(header)),
+            Output::WriteJournal(prepare) => {
+                self.check_prepared(key, &prepare.header);
+                self.queue(key, PendingWrite::Journal(prepare))
+            }
+            Output::WriteHeader(header) => {
+                self.check_prepared(key, &header);
+                self.queue(key, PendingWrite::Header(header))
+            }
             Output::SendFromJournal { to, op, checksum } => {
                 let slot = self.nodes.get(&key).and_then(|n| n.disk.journal.get(&op));
                 let prepare = slot

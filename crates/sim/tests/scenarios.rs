@@ -190,3 +190,27 @@ fn many_groups_restart_at_once() {
     let outcome = ok(sim.finish());
     assert!(outcome.ops_committed >= 20 * 10);
 }
+
+#[test]
+fn restarted_primary_never_reruns_the_view_it_led() {
+    // Seed 27667: the primary of view 1 restarts, a replayed DoViewChange of view 1
+    // reaches it, and (before the fix) it started view 1 again from its durable commit,
+    // preparing other ops at numbers its backups already held.
+    ok(run_seed(27667, false));
+}
+
+#[test]
+fn restarted_primary_moves_to_the_next_view() {
+    let mut sim = Simulation::new(quiet(17, 3, 1));
+    sim.set_random_faults(false);
+    ok(sim.run_until(2_000, |s| s.committed(0) >= 5));
+    // Group 0's primary of view 0 is replica 0.
+    assert!(sim.replica(0, 0).unwrap().is_primary());
+    sim.crash((0, 0));
+    sim.restart((0, 0));
+    ok(sim.run_ticks(1));
+    let restarted = sim.replica(0, 0).unwrap();
+    assert_eq!(restarted.status(), Status::ViewChange);
+    assert_eq!(restarted.view(), 1, "it left the view it led");
+    ok(sim.finish());
+}

@@ -295,6 +295,10 @@ pub struct Replica<S> {
     /// Primary: commit heartbeats sent since it last had work; it goes quiet after a few,
     /// so every backup has heard the final commit.
     idle_heartbeats: u32,
+    /// Restarted as the primary of its log view: it may have lost prepares it sent but
+    /// had not synced, so it must never lead that view again. Its first step moves the
+    /// group to the next view (as TigerBeetle's replica does on open).
+    leave_log_view: bool,
     deadlines: [Option<u64>; TIMERS],
     now: u64,
     prng: u64,
@@ -355,6 +359,7 @@ impl<S: StateMachine> Replica<S> {
             compacted_through: 0,
             heard_commit: 0,
             idle_heartbeats: 0,
+            leave_log_view: false,
             deadlines: [None; TIMERS],
             now: 0,
             prng: config.seed ^ (u64::from(config.replica) << 56) ^ config.group,
@@ -432,6 +437,9 @@ impl<S: StateMachine> Replica<S> {
         replica.op = highest.max(replica.faulty.iter().next_back().copied().unwrap_or(0));
         // Entries up to the durable commit are committed; mark what the chain proves.
         replica.status = Status::Recovering;
+        replica.leave_log_view = config.replica_count > 1
+            && durable.view == durable.log_view
+            && replica.primary_of(durable.log_view) == config.replica;
         replica.arm(Timer::Retry, config.retry_ticks);
         let timeout = replica.view_change_timeout();
         replica.arm(Timer::ViewChange, timeout);
@@ -523,6 +531,10 @@ impl<S: StateMachine> Replica<S> {
     pub fn step(&mut self, now: u64, input: Input, out: &mut Vec<Output>) {
         debug_assert!(now >= self.now, "time went backwards");
         self.now = now.max(self.now);
+        if self.leave_log_view {
+            self.leave_log_view = false;
+            self.start_view_change(self.view + 1, out);
+        }
         match input {
             Input::Tick => self.on_tick(out),
             Input::JournalWritten { op, checksum } => self.on_journal_written(op, checksum, out),
@@ -879,6 +891,12 @@ impl<S: StateMachine> Replica<S> {
         let floor = self.floor();
         match self.journal.get_mut(&op) {
             Some(entry) if entry.header.checksum == checksum => entry.canonical = true,
+            // The primary of this view says op is committed with another checksum than
+            // the one this view already pinned here: two histories, an agreement bug.
+            Some(entry) if entry.canonical => panic!(
+                "group {} replica {}: commit anchor {checksum:x} at op {op} contradicts canonical entry {:x} (view {})",
+                self.config.group, self.config.replica, entry.header.checksum, self.view
+            ),
             _ if op > floor => {
                 self.wanted.insert(op, checksum);
             }

@@ -146,7 +146,10 @@ impl<S: StateMachine> Replica<S> {
         if view < self.view || self.primary_of(view) != self.config.replica {
             return;
         }
-        if view > self.view || self.status == Status::Recovering {
+        // A restarted replica may take part in the change to the view it was moving to
+        // (it never led it: its log view is older), never re-run the change of a view
+        // it led: it left that view on restart.
+        if view > self.view || (self.status == Status::Recovering && self.log_view < view) {
             self.start_view_change(view, out);
         }
         if self.status != Status::ViewChange || view != self.view {
