@@ -11,7 +11,7 @@ impl Simulation {
         group: u64,
         replica: ReplicaId,
         op: u64,
-        checksum: u64,
+        checksum: braid_vsr::Checksum,
         session: u64,
         request: u64,
         executed: bool,
@@ -38,8 +38,8 @@ impl Simulation {
                             .map(|o| match x.header(o) {
                                 Some(h) => format!(
                                     "{o}:{:x}<-{:x}@v{}{}",
-                                    h.checksum >> 48,
-                                    h.parent >> 48,
+                                    h.checksum >> 112,
+                                    h.parent >> 112,
                                     h.view,
                                     if x.entry_state(o).is_some_and(|e| e.2) {
                                         "*"

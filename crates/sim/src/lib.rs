@@ -282,7 +282,7 @@ struct Client {
 #[derive(Debug, Default)]
 struct GroupModel {
     /// op -> checksum, from the first replica to apply it.
-    committed: BTreeMap<u64, u64>,
+    committed: BTreeMap<u64, braid_vsr::Checksum>,
     machine: CounterMachine,
     /// (session, request) -> result of its one execution.
     results: BTreeMap<(u64, u64), Result<Vec<u8>, Refusal>>,
@@ -305,7 +305,7 @@ pub struct Simulation {
     clients: Vec<Client>,
     models: BTreeMap<u64, GroupModel>,
     /// (group, view, op) -> the checksum of the first prepare any replica held for it.
-    prepared: BTreeMap<(u64, u64, u64), u64>,
+    prepared: BTreeMap<(u64, u64, u64), braid_vsr::Checksum>,
     faults_on: bool,
     trace: bool,
     outcome: Outcome,
@@ -890,7 +890,7 @@ fn brief(message: &Message) -> String {
         Message::RequestPrepare { op, .. } => format!("RequestPrepare(op{op})"),
         Message::RequestStartView { view, .. } => format!("RequestStartView(v{view})"),
         Message::RequestSnapshot { .. } => "RequestSnapshot".into(),
-        Message::Snapshot { header, .. } => format!("Snapshot(op{})", header.op),
+        Message::Snapshot { checkpoint, .. } => format!("Snapshot(op{})", checkpoint.header.op),
     }
 }
 

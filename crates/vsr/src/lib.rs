@@ -13,14 +13,17 @@
 //! checksum, state transfer for a replica behind every journal, and a client table in
 //! the replicated state so a retried request is answered, never applied twice.
 
+mod durable;
 mod message;
 mod node;
 mod replica;
 mod state;
 
+pub use durable::{Checkpoint, DecodeError, DurableState};
 pub use message::{
-    checksum, Header, Message, Operation, Prepare, Refusal, ReplicaId, Reply, Request, SuffixEntry,
+    checksum, Checksum, Header, Message, Operation, Prepare, Refusal, ReplicaId, Reply, Request,
+    SuffixEntry,
 };
 pub use node::{Node, UnknownGroup};
-pub use replica::{Checkpoint, Config, DurableState, Input, JournalSlot, Output, Replica, Status};
+pub use replica::{Config, Input, JournalSlot, Output, Replica, Status};
 pub use state::{Applied, CounterMachine, ReplicatedState, StateMachine};

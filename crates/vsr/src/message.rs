@@ -1,13 +1,17 @@
 //! Prepares, their checksums, and the messages replicas and clients exchange.
 
+use crate::durable::Checkpoint;
+
 /// A replica's index in its group, `0..replica_count`.
 pub type ReplicaId = u8;
 
-/// A 64-bit checksum: two CRC32C lanes with different seeds.
-pub fn checksum(bytes: &[u8]) -> u64 {
-    let low = crc32c::crc32c(bytes);
-    let high = crc32c::crc32c_append(0x9e37_79b9, bytes);
-    (u64::from(high) << 32) | u64::from(low)
+/// A 128-bit checksum: the chain of parent checksums pins a whole log, so it must not
+/// collide by accident. Not a MAC: peers are authenticated by the bus.
+pub type Checksum = u128;
+
+/// The checksum of `bytes` (XXH3-128).
+pub fn checksum(bytes: &[u8]) -> Checksum {
+    xxhash_rust::xxh3::xxh3_128(bytes)
 }
 
 /// What an op does.
@@ -34,9 +38,9 @@ pub struct Header {
     /// The primary's commit number when it prepared the op.
     pub commit: u64,
     /// Checksum of op - 1's header.
-    pub parent: u64,
+    pub parent: Checksum,
     /// Checksum of the body.
-    pub body_checksum: u64,
+    pub body_checksum: Checksum,
     /// The client session (0 for a register).
     pub session: u64,
     /// The client's request number.
@@ -44,26 +48,29 @@ pub struct Header {
     /// What the op does.
     pub operation: Operation,
     /// Checksum of all of the above.
-    pub checksum: u64,
+    pub checksum: Checksum,
 }
 
 impl Header {
-    fn fields(&self) -> [u8; 73] {
-        let mut out = [0u8; 73];
+    /// The bytes the checksum covers: every field but `checksum`, fixed-width, big-endian.
+    const FIELDS_BYTES: usize = 6 * 8 + 2 * 16 + 1;
+
+    fn fields(&self) -> [u8; Self::FIELDS_BYTES] {
+        let mut out = [0u8; Self::FIELDS_BYTES];
         let words = [
             self.group,
             self.view,
             self.op,
             self.commit,
-            self.parent,
-            self.body_checksum,
             self.session,
             self.request,
         ];
         for (i, word) in words.iter().enumerate() {
             out[i * 8..i * 8 + 8].copy_from_slice(&word.to_be_bytes());
         }
-        out[64] = match self.operation {
+        out[48..64].copy_from_slice(&self.parent.to_be_bytes());
+        out[64..80].copy_from_slice(&self.body_checksum.to_be_bytes());
+        out[80] = match self.operation {
             Operation::Root => 0,
             Operation::Register => 1,
             Operation::Request => 2,
@@ -72,7 +79,7 @@ impl Header {
     }
 
     /// The checksum the header should carry.
-    pub fn compute_checksum(&self) -> u64 {
+    pub fn compute_checksum(&self) -> Checksum {
         checksum(&self.fields())
     }
 
@@ -184,7 +191,7 @@ pub enum Message {
         /// The op.
         op: u64,
         /// Its checksum.
-        checksum: u64,
+        checksum: Checksum,
         /// The sender.
         from: ReplicaId,
     },
@@ -195,7 +202,7 @@ pub enum Message {
         /// The commit number.
         commit: u64,
         /// The checksum of the op at `commit`, anchoring the chain below it.
-        checksum: u64,
+        checksum: Checksum,
         /// The sender.
         from: ReplicaId,
     },
@@ -239,7 +246,7 @@ pub enum Message {
         /// The op.
         op: u64,
         /// Its expected checksum.
-        checksum: u64,
+        checksum: Checksum,
         /// The sender.
         from: ReplicaId,
     },
@@ -255,12 +262,10 @@ pub enum Message {
         /// The sender.
         from: ReplicaId,
     },
-    /// The applied state at `header.op`.
+    /// The applied state at `checkpoint.header.op` (state transfer).
     Snapshot {
-        /// The header of the last op the state includes.
-        header: Header,
-        /// The state machine's and client table's state.
-        state: Vec<u8>,
+        /// The state, checksummed.
+        checkpoint: Checkpoint,
         /// The sender.
         from: ReplicaId,
     },

@@ -20,8 +20,9 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use crate::durable::{Checkpoint, DurableState};
 use crate::message::{
-    Header, Message, Operation, Prepare, Refusal, ReplicaId, Reply, Request, SuffixEntry,
+    Checksum, Header, Message, Operation, Prepare, Refusal, ReplicaId, Reply, Request, SuffixEntry,
 };
 use crate::state::{ReplicatedState, StateMachine};
 
@@ -94,26 +95,6 @@ pub enum Status {
     Recovering,
 }
 
-/// What a replica must keep across crashes besides its journal.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct DurableState {
-    /// The highest view it took part in.
-    pub view: u64,
-    /// The last view in which it was normal (its journal is that view's log).
-    pub log_view: u64,
-    /// The highest op it knows is committed.
-    pub commit: u64,
-}
-
-/// A snapshot of the applied state at `header.op`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Checkpoint {
-    /// Header of the last op applied into `state`.
-    pub header: Header,
-    /// The replicated state.
-    pub state: Vec<u8>,
-}
-
 /// A journal slot as read back from disk after a restart.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum JournalSlot {
@@ -137,7 +118,7 @@ pub enum Input {
         /// The op.
         op: u64,
         /// Its checksum.
-        checksum: u64,
+        checksum: Checksum,
     },
     /// A durable-state write asked for finished.
     StateWritten(DurableState),
@@ -170,7 +151,7 @@ pub enum Output {
         /// The op.
         op: u64,
         /// The checksum asked for.
-        checksum: u64,
+        checksum: Checksum,
     },
     /// Remove journal entries above `op`. Takes effect before later writes.
     TruncateJournal {
@@ -191,7 +172,7 @@ pub enum Output {
         /// The op.
         op: u64,
         /// Its checksum.
-        checksum: u64,
+        checksum: Checksum,
         /// Its session (the new session for a register).
         session: u64,
         /// Its request number.
@@ -271,7 +252,7 @@ pub struct Replica<S> {
     /// Ops whose journal slot is damaged and whose header is unknown.
     faulty: BTreeSet<u64>,
     /// Expected checksums of ops not yet in the journal (commit anchors, parents).
-    wanted: BTreeMap<u64, u64>,
+    wanted: BTreeMap<u64, Checksum>,
     checkpoint: Header,
     state: ReplicatedState<S>,
     prepare_oks: BTreeMap<u64, BTreeSet<ReplicaId>>,
@@ -380,6 +361,14 @@ impl<S: StateMachine> Replica<S> {
         journal: Vec<(u64, JournalSlot)>,
     ) -> Result<Self, String> {
         let root = Header::root(config.group);
+        if let Some(checkpoint) = &checkpoint {
+            if !checkpoint.valid() || checkpoint.header.group != config.group {
+                return Err(format!(
+                    "group {}: the checkpoint at op {} is damaged",
+                    config.group, checkpoint.header.op
+                ));
+            }
+        }
         let checkpoint_header = checkpoint.as_ref().map_or(root, |c| c.header);
         let mut replica = Self::blank(config, machine, checkpoint_header);
         if let Some(checkpoint) = &checkpoint {
@@ -499,7 +488,7 @@ impl<S: StateMachine> Replica<S> {
     }
 
     /// What the journal holds at `op`: (checksum, body present, canonical).
-    pub fn entry_state(&self, op: u64) -> Option<(u64, bool, bool)> {
+    pub fn entry_state(&self, op: u64) -> Option<(Checksum, bool, bool)> {
         self.journal
             .get(&op)
             .map(|e| (e.header.checksum, e.body.is_some(), e.canonical))
@@ -668,11 +657,7 @@ impl<S: StateMachine> Replica<S> {
             }
             Message::RequestStartView { view, from } => self.on_request_start_view(view, from, out),
             Message::RequestSnapshot { from } => self.on_request_snapshot(from, out),
-            Message::Snapshot {
-                header,
-                state,
-                from,
-            } => self.on_snapshot(header, state, from, out),
+            Message::Snapshot { checkpoint, from } => self.on_snapshot(checkpoint, from, out),
         }
     }
 
@@ -795,7 +780,7 @@ impl<S: StateMachine> Replica<S> {
     }
 
     /// Asks every peer for the prepare at `op` with `checksum`.
-    fn request_prepare(&self, op: u64, checksum: u64, out: &mut Vec<Output>) {
+    fn request_prepare(&self, op: u64, checksum: Checksum, out: &mut Vec<Output>) {
         let message = Message::RequestPrepare {
             op,
             checksum,
@@ -887,7 +872,7 @@ impl<S: StateMachine> Replica<S> {
         }
     }
 
-    fn record_anchor(&mut self, op: u64, checksum: u64) {
+    fn record_anchor(&mut self, op: u64, checksum: Checksum) {
         let floor = self.floor();
         match self.journal.get_mut(&op) {
             Some(entry) if entry.header.checksum == checksum => entry.canonical = true,
@@ -908,7 +893,7 @@ impl<S: StateMachine> Replica<S> {
     fn repair(&mut self, out: &mut Vec<Output>) {
         self.propagate_canonical();
         let mut asked = 0;
-        let wanted: Vec<(u64, u64)> = self.wanted.iter().map(|(o, c)| (*o, *c)).collect();
+        let wanted: Vec<(u64, Checksum)> = self.wanted.iter().map(|(o, c)| (*o, *c)).collect();
         for (op, checksum) in wanted {
             if op <= self.commit_min || asked >= 8 {
                 continue;
@@ -917,7 +902,7 @@ impl<S: StateMachine> Replica<S> {
             self.request_prepare(op, checksum, out);
         }
         // Canonical entries whose bodies are missing.
-        let missing: Vec<(u64, u64)> = self
+        let missing: Vec<(u64, Checksum)> = self
             .journal
             .iter()
             .filter(|(op, e)| e.canonical && e.body.is_none() && **op > self.commit_min)
@@ -1143,7 +1128,7 @@ impl<S: StateMachine> Replica<S> {
         self.apply_committed(out);
     }
 
-    fn send_prepare_ok(&self, op: u64, checksum: u64, out: &mut Vec<Output>) {
+    fn send_prepare_ok(&self, op: u64, checksum: Checksum, out: &mut Vec<Output>) {
         if self.status != Status::Normal || !self.view_durable() {
             return;
         }
@@ -1158,7 +1143,7 @@ impl<S: StateMachine> Replica<S> {
         });
     }
 
-    fn on_journal_written(&mut self, op: u64, checksum: u64, out: &mut Vec<Output>) {
+    fn on_journal_written(&mut self, op: u64, checksum: Checksum, out: &mut Vec<Output>) {
         let Some(entry) = self.journal.get_mut(&op) else {
             return;
         };
@@ -1185,7 +1170,7 @@ impl<S: StateMachine> Replica<S> {
         &mut self,
         view: u64,
         op: u64,
-        checksum: u64,
+        checksum: Checksum,
         from: ReplicaId,
         out: &mut Vec<Output>,
     ) {
@@ -1255,7 +1240,7 @@ impl<S: StateMachine> Replica<S> {
         &mut self,
         view: u64,
         commit: u64,
-        checksum: u64,
+        checksum: Checksum,
         from: ReplicaId,
         out: &mut Vec<Output>,
     ) {
@@ -1360,10 +1345,10 @@ impl<S: StateMachine> Replica<S> {
         let Some(header) = self.journal.get(&self.commit_min).map(|e| e.header) else {
             return;
         };
-        out.push(Output::WriteCheckpoint(Checkpoint {
+        out.push(Output::WriteCheckpoint(Checkpoint::new(
             header,
-            state: self.state.snapshot(),
-        }));
+            self.state.snapshot(),
+        )));
         self.checkpoint = header;
         let prune = header.op.saturating_sub(self.config.journal_keep);
         if prune > 0 {

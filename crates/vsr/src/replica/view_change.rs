@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use super::{
     Checkpoint, DurableState, Entry, Output, Replica, Status, Timer, ViewChangeVote, TIMERS,
 };
-use crate::message::{Header, Message, ReplicaId, SuffixEntry};
+use crate::message::{Checksum, Header, Message, ReplicaId, SuffixEntry};
 use crate::state::StateMachine;
 
 impl<S: StateMachine> Replica<S> {
@@ -204,7 +204,7 @@ impl<S: StateMachine> Replica<S> {
             .unwrap_or(0)
             .max(self.commit_max);
         // Every header any vote (or this journal) offers, by checksum, with a body if any.
-        let mut pool: BTreeMap<u64, (Header, Option<Vec<u8>>)> = BTreeMap::new();
+        let mut pool: BTreeMap<Checksum, (Header, Option<Vec<u8>>)> = BTreeMap::new();
         let offered = self
             .dvc_votes
             .values()
@@ -352,7 +352,7 @@ impl<S: StateMachine> Replica<S> {
     }
 
     pub(super) fn repair_view_change(&mut self, out: &mut Vec<Output>) {
-        let missing: Vec<(u64, u64)> = ((self.commit_max + 1)..=self.op)
+        let missing: Vec<(u64, Checksum)> = ((self.commit_max + 1)..=self.op)
             .filter_map(|op| {
                 let e = self.journal.get(&op)?;
                 e.body.is_none().then_some((op, e.header.checksum))
@@ -470,7 +470,7 @@ impl<S: StateMachine> Replica<S> {
             return;
         }
         self.acks_owed = false;
-        let owed: Vec<(u64, u64)> = self
+        let owed: Vec<(u64, Checksum)> = self
             .journal
             .range((self.commit_max + 1)..)
             .filter(|(_, e)| e.durable && e.canonical && e.body.is_some())
@@ -522,7 +522,7 @@ impl<S: StateMachine> Replica<S> {
     pub(super) fn on_request_prepare(
         &mut self,
         op: u64,
-        checksum: u64,
+        checksum: Checksum,
         from: ReplicaId,
         out: &mut Vec<Output>,
     ) {
@@ -561,8 +561,7 @@ impl<S: StateMachine> Replica<S> {
         out.push(Output::Send {
             to: from,
             message: Message::Snapshot {
-                header,
-                state: self.state.snapshot(),
+                checkpoint: Checkpoint::new(header, self.state.snapshot()),
                 from: self.config.replica,
             },
         });
@@ -570,12 +569,13 @@ impl<S: StateMachine> Replica<S> {
 
     pub(super) fn on_snapshot(
         &mut self,
-        header: Header,
-        state: Vec<u8>,
+        checkpoint: Checkpoint,
         _from: ReplicaId,
         out: &mut Vec<Output>,
     ) {
-        if header.group != self.config.group || !header.valid() || header.op <= self.commit_min {
+        let header = checkpoint.header;
+        if header.group != self.config.group || !checkpoint.valid() || header.op <= self.commit_min
+        {
             return;
         }
         // Only for a replica that cannot apply its next op (missing, or not verifiable
@@ -587,7 +587,7 @@ impl<S: StateMachine> Replica<S> {
         if next_applicable {
             return;
         }
-        if self.state.restore(&state).is_err() {
+        if self.state.restore(&checkpoint.state).is_err() {
             return;
         }
         self.commit_min = header.op;
@@ -598,7 +598,7 @@ impl<S: StateMachine> Replica<S> {
         self.journal.insert(header.op, Entry::anchor(header));
         self.wanted = self.wanted.split_off(&(header.op + 1));
         self.faulty = self.faulty.split_off(&(header.op + 1));
-        out.push(Output::WriteCheckpoint(Checkpoint { header, state }));
+        out.push(Output::WriteCheckpoint(checkpoint));
         out.push(Output::PruneJournal { op: header.op });
         self.write_state(out);
         self.apply_committed(out);
