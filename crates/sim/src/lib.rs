@@ -316,6 +316,7 @@ impl Simulation {
     /// Builds the cluster of `config`.
     pub fn new(config: SimConfig) -> Self {
         let mut nodes = BTreeMap::new();
+        let mut failure = None;
         for group in 0..config.groups {
             for replica in 0..config.replica_count {
                 let mut vsr = Config::new(group, replica, config.replica_count, config.seed);
@@ -323,10 +324,21 @@ impl Simulation {
                 vsr.checkpoint_interval = config.checkpoint_interval;
                 vsr.journal_keep = config.checkpoint_interval;
                 vsr.quiesce = config.quiesce;
+                let started = Replica::new(vsr, CounterMachine::default())
+                    .map_err(|err| {
+                        failure
+                            .get_or_insert(Failure {
+                                seed: config.seed,
+                                tick: 0,
+                                what: err.to_string(),
+                            })
+                            .clone()
+                    })
+                    .ok();
                 nodes.insert(
                     (group, replica),
                     Node {
-                        replica: Some(Replica::new(vsr, CounterMachine::default())),
+                        replica: started,
                         disk: Disk::default(),
                         pending: VecDeque::new(),
                         restart_at: None,
@@ -369,7 +381,7 @@ impl Simulation {
             faults_on: true,
             trace: false,
             outcome: Outcome::default(),
-            failure: None,
+            failure,
         }
     }
 
@@ -901,5 +913,19 @@ fn brief(message: &Message) -> String {
 pub fn run_seed(seed: u64, trace: bool) -> Result<Outcome, Failure> {
     let mut sim = Simulation::new(SimConfig::from_seed(seed));
     sim.set_trace(trace);
-    sim.run()
+    // A broken invariant panics inside the replica: report it with its seed.
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || sim.run())).unwrap_or_else(
+        |panic| {
+            let what = panic
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+                .unwrap_or_else(|| "a panic".to_owned());
+            Err(Failure {
+                seed,
+                tick: 0,
+                what: format!("invariant broken: {what}"),
+            })
+        },
+    )
 }

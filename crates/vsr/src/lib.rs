@@ -13,6 +13,17 @@
 //! checksum, state transfer for a replica behind every journal, and a client table in
 //! the replicated state so a retried request is answered, never applied twice.
 
+/// An invariant of the protocol: checked in debug builds and, with the `invariants`
+/// feature (the simulator turns it on), in release builds too. A failure is a bug in
+/// this crate, never a reaction to input, so it panics.
+macro_rules! invariant {
+    ($cond:expr, $($msg:tt)+) => {
+        if cfg!(any(debug_assertions, feature = "invariants")) {
+            assert!($cond, $($msg)+);
+        }
+    };
+}
+
 mod durable;
 mod message;
 mod node;
@@ -25,5 +36,8 @@ pub use message::{
     SuffixEntry,
 };
 pub use node::{Node, UnknownGroup};
-pub use replica::{Config, Input, JournalSlot, Output, Replica, Status};
+pub use replica::{
+    Config, ConfigError, IgnoredCounts, Input, JournalSlot, Output, Replica, StartError, Status,
+    REPLICAS_MAX,
+};
 pub use state::{Applied, CounterMachine, ReplicatedState, StateMachine};

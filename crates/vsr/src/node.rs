@@ -1,9 +1,10 @@
 //! Many groups on one node: inputs routed by group id, and a timer index so a tick
 //! touches only the groups whose deadline has come. With `Config::quiesce`, an idle
 //! group has no deadline at all (it is not in the index) and keeps only its commit
-//! anchor in memory; a message wakes it.
+//! anchor in memory; a message wakes it. Groups are kept in `BTreeMap`s, so every walk
+//! over them (ticks, heartbeats) runs in group order: a seed replays the same run.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 
 use crate::message::Message;
 use crate::replica::{Input, Output, Replica};
@@ -12,18 +13,18 @@ use crate::state::StateMachine;
 /// The replicas one node holds, one per group.
 #[derive(Debug)]
 pub struct Node<S> {
-    replicas: HashMap<u64, Replica<S>>,
+    replicas: BTreeMap<u64, Replica<S>>,
     /// (deadline, group) of every group with a timer armed.
     timers: BTreeSet<(u64, u64)>,
-    armed: HashMap<u64, u64>,
+    armed: BTreeMap<u64, u64>,
 }
 
 impl<S> Default for Node<S> {
     fn default() -> Self {
         Self {
-            replicas: HashMap::new(),
+            replicas: BTreeMap::new(),
             timers: BTreeSet::new(),
-            armed: HashMap::new(),
+            armed: BTreeMap::new(),
         }
     }
 }
@@ -145,7 +146,7 @@ mod tests {
                 for group in 0..groups {
                     let mut config = Config::new(group, replica, 3, 7);
                     config.quiesce = true;
-                    node.insert(Replica::new(config, CounterMachine::default()));
+                    node.insert(Replica::new(config, CounterMachine::default()).unwrap());
                 }
                 node
             })

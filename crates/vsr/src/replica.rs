@@ -82,6 +82,101 @@ impl Config {
     pub fn quorum(&self) -> usize {
         usize::from(self.replica_count) / 2 + 1
     }
+
+    /// Checks that the settings can run.
+    ///
+    /// # Errors
+    /// The first setting out of its range.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let fail = |setting: &'static str, rule: &'static str| {
+            Err(ConfigError {
+                setting,
+                rule,
+                group: self.group,
+            })
+        };
+        if self.replica_count == 0 || self.replica_count > REPLICAS_MAX {
+            return fail("replica_count", "1 to 16 replicas");
+        }
+        if self.replica >= self.replica_count {
+            return fail("replica", "below replica_count");
+        }
+        if self.pipeline_max == 0 {
+            return fail("pipeline_max", "at least 1");
+        }
+        if self.checkpoint_interval == 0 {
+            return fail("checkpoint_interval", "at least 1");
+        }
+        if self.journal_keep < self.checkpoint_interval {
+            // A damaged newest checkpoint falls back to the one before it, whose ops
+            // above it the journal must still hold.
+            return fail("journal_keep", "at least checkpoint_interval");
+        }
+        if self.sessions_max == 0 {
+            return fail("sessions_max", "at least 1");
+        }
+        if self.heartbeat_ticks == 0 || self.retry_ticks == 0 {
+            return fail("heartbeat_ticks, retry_ticks", "at least 1 tick");
+        }
+        if self.view_change_ticks <= self.heartbeat_ticks {
+            // A backup must hear several heartbeats before it gives up on the primary.
+            return fail("view_change_ticks", "above heartbeat_ticks");
+        }
+        Ok(())
+    }
+}
+
+/// Most replicas in one group: a quorum of more is never worth its latency.
+pub const REPLICAS_MAX: u8 = 16;
+
+/// A [`Config`] setting out of its range.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("group {group}: {setting} must be {rule}")]
+pub struct ConfigError {
+    /// The setting.
+    pub setting: &'static str,
+    /// What it must be.
+    pub rule: &'static str,
+    /// The group.
+    pub group: u64,
+}
+
+/// Why a replica could not start from what it persisted.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum StartError {
+    /// The settings cannot run.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// The checkpoint is damaged or belongs to another group.
+    #[error("group {group}: the checkpoint at op {op} is damaged")]
+    CheckpointDamaged {
+        /// The group.
+        group: u64,
+        /// The checkpoint's op.
+        op: u64,
+    },
+    /// The checkpoint is intact but its state does not decode.
+    #[error("group {group}: the checkpoint's state does not decode: {reason}")]
+    CheckpointState {
+        /// The group.
+        group: u64,
+        /// The state machine's reason.
+        reason: String,
+    },
+}
+
+/// Messages a replica ignored, by reason: a shell exports them as metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct IgnoredCounts {
+    /// From a replica id outside the group, or claiming to be this replica.
+    pub foreign_sender: u64,
+    /// For another group.
+    pub wrong_group: u64,
+    /// A checksum did not hold (a damaged message).
+    pub damaged: u64,
+    /// From a replica that is not the primary of the view it speaks for.
+    pub not_from_primary: u64,
 }
 
 /// The replica's status.
@@ -280,6 +375,7 @@ pub struct Replica<S> {
     /// had not synced, so it must never lead that view again. Its first step moves the
     /// group to the next view (as TigerBeetle's replica does on open).
     leave_log_view: bool,
+    ignored: IgnoredCounts,
     deadlines: [Option<u64>; TIMERS],
     now: u64,
     prng: u64,
@@ -296,7 +392,11 @@ fn splitmix(state: &mut u64) -> u64 {
 
 impl<S: StateMachine> Replica<S> {
     /// A replica of a new group: an empty log at the root op, view 0.
-    pub fn new(config: Config, machine: S) -> Self {
+    ///
+    /// # Errors
+    /// The config cannot run.
+    pub fn new(config: Config, machine: S) -> Result<Self, ConfigError> {
+        config.validate()?;
         let root = Header::root(config.group);
         let mut replica = Self::blank(config, machine, root);
         replica.journal.insert(
@@ -310,7 +410,7 @@ impl<S: StateMachine> Replica<S> {
         );
         replica.status = Status::Normal;
         replica.arm_status_timers();
-        replica
+        Ok(replica)
     }
 
     fn blank(config: Config, machine: S, checkpoint: Header) -> Self {
@@ -341,6 +441,7 @@ impl<S: StateMachine> Replica<S> {
             heard_commit: 0,
             idle_heartbeats: 0,
             leave_log_view: false,
+            ignored: IgnoredCounts::default(),
             deadlines: [None; TIMERS],
             now: 0,
             prng: config.seed ^ (u64::from(config.replica) << 56) ^ config.group,
@@ -352,27 +453,33 @@ impl<S: StateMachine> Replica<S> {
     /// It starts `Recovering` and rejoins once it learns the current view.
     ///
     /// # Errors
-    /// The checkpoint's state does not decode.
+    /// The config cannot run, or the checkpoint is damaged or does not decode.
     pub fn restart(
         config: Config,
         machine: S,
         durable: DurableState,
         checkpoint: Option<Checkpoint>,
         journal: Vec<(u64, JournalSlot)>,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, StartError> {
+        config.validate()?;
         let root = Header::root(config.group);
         if let Some(checkpoint) = &checkpoint {
             if !checkpoint.valid() || checkpoint.header.group != config.group {
-                return Err(format!(
-                    "group {}: the checkpoint at op {} is damaged",
-                    config.group, checkpoint.header.op
-                ));
+                return Err(StartError::CheckpointDamaged {
+                    group: config.group,
+                    op: checkpoint.header.op,
+                });
             }
         }
         let checkpoint_header = checkpoint.as_ref().map_or(root, |c| c.header);
         let mut replica = Self::blank(config, machine, checkpoint_header);
         if let Some(checkpoint) = &checkpoint {
-            replica.state.restore(&checkpoint.state)?;
+            replica.state.restore(&checkpoint.state).map_err(|reason| {
+                StartError::CheckpointState {
+                    group: config.group,
+                    reason,
+                }
+            })?;
         }
         replica.view = durable.view;
         replica.log_view = durable.log_view;
@@ -465,6 +572,11 @@ impl<S: StateMachine> Replica<S> {
     /// The highest op known committed.
     pub fn commit_max(&self) -> u64 {
         self.commit_max
+    }
+
+    /// Messages ignored so far, by reason.
+    pub fn ignored(&self) -> IgnoredCounts {
+        self.ignored
     }
 
     /// The replicated state.
@@ -612,7 +724,58 @@ impl<S: StateMachine> Replica<S> {
         self.checkpoint.op.max(self.compacted_through)
     }
 
+    /// Whether a message must be dropped before any handler sees it: a sender outside
+    /// the group (or posing as this replica), another group's prepare or snapshot, a
+    /// damaged one, or a view-scoped message from a replica that does not lead that view.
+    /// Every drop is counted. Without this a stray id would count toward a quorum.
+    fn ignore_message(&mut self, message: &Message) -> bool {
+        if let Some(from) = message.from() {
+            if from >= self.config.replica_count || from == self.config.replica {
+                self.ignored.foreign_sender += 1;
+                return true;
+            }
+        }
+        let (group, intact) = match message {
+            Message::Prepare(prepare) => (prepare.header.group, prepare.valid()),
+            Message::Snapshot { checkpoint, .. } => (checkpoint.header.group, checkpoint.valid()),
+            Message::DoViewChange { suffix, .. } | Message::StartView { suffix, .. } => (
+                suffix.first().map_or(self.config.group, |e| e.header.group),
+                suffix.iter().all(|e| {
+                    e.header.valid()
+                        && e.header.group == self.config.group
+                        && e.body
+                            .as_ref()
+                            .is_none_or(|b| crate::message::checksum(b) == e.header.body_checksum)
+                }),
+            ),
+            _ => (self.config.group, true),
+        };
+        if group != self.config.group {
+            self.ignored.wrong_group += 1;
+            return true;
+        }
+        if !intact {
+            self.ignored.damaged += 1;
+            return true;
+        }
+        let leads = |view: u64, from: ReplicaId| self.primary_of(view) == from;
+        let from_primary = match message {
+            Message::Commit { view, from, .. } | Message::StartView { view, from, .. } => {
+                leads(*view, *from)
+            }
+            _ => true,
+        };
+        if !from_primary {
+            self.ignored.not_from_primary += 1;
+            return true;
+        }
+        false
+    }
+
     fn on_message(&mut self, message: Message, out: &mut Vec<Output>) {
+        if self.ignore_message(&message) {
+            return;
+        }
         match message {
             Message::Request(request) => self.on_request(request, out),
             Message::Prepare(prepare) => self.on_prepare(prepare, out),
@@ -1364,4 +1527,5 @@ impl<S: StateMachine> Replica<S> {
     }
 }
 
+mod invariants;
 mod view_change;

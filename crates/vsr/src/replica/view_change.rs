@@ -593,27 +593,42 @@ impl<S: StateMachine> Replica<S> {
         self.commit_min = header.op;
         self.commit_max = self.commit_max.max(header.op);
         self.op = self.op.max(header.op);
+        let commit = self.commit_max;
+        self.prepare_oks.retain(|op, _| *op > commit);
         self.checkpoint = header;
         self.journal = self.journal.split_off(&(header.op + 1));
         self.journal.insert(header.op, Entry::anchor(header));
         self.wanted = self.wanted.split_off(&(header.op + 1));
         self.faulty = self.faulty.split_off(&(header.op + 1));
+        // An entry right above the snapshot that does not chain to it can never commit
+        // (the committed op above must name the snapshot's op as parent), nor can any
+        // entry chained on it: cut them. Entries above a gap stay unproven.
+        let mut top = header.op;
+        let mut parent = header.checksum;
+        let mut truncated = false;
+        while let Some(above) = self.journal.get(&(top + 1)) {
+            if above.header.parent != parent {
+                truncated = true;
+                out.push(Output::TruncateJournal { op: top });
+                self.journal.retain(|o, _| *o <= top);
+                self.wanted.retain(|o, _| *o <= top);
+                self.faulty.retain(|o| *o <= top);
+                self.prepare_oks.retain(|o, _| *o <= top);
+                self.op = top;
+                break;
+            }
+            parent = above.header.checksum;
+            top += 1;
+        }
         out.push(Output::WriteCheckpoint(checkpoint));
         out.push(Output::PruneJournal { op: header.op });
+        if truncated && self.is_primary() {
+            // This primary's own uncommitted ops were not the committed history: it must
+            // never prepare at those numbers again in this view.
+            self.start_view_change(self.view + 1, out);
+            return;
+        }
         self.write_state(out);
         self.apply_committed(out);
-    }
-
-    pub(super) fn check_invariants(&self) {
-        debug_assert!(self.commit_min <= self.commit_max, "applied beyond commit");
-        debug_assert!(self.durable.view <= self.view, "durable view ahead of view");
-        debug_assert!(
-            self.durable.log_view <= self.durable.view,
-            "log view ahead of view"
-        );
-        debug_assert!(
-            self.checkpoint.op <= self.commit_min,
-            "checkpoint beyond applied"
-        );
     }
 }
