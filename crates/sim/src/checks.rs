@@ -133,16 +133,17 @@ impl Simulation {
     pub(crate) fn check(&mut self) {
         let mut failures = Vec::new();
         for ((group, replica), node) in self.nodes.iter_mut() {
-            if node.disk.state.view < node.max_view.min(node.disk.state.view) {
+            let durable = node.disk.durable_state();
+            if durable.view < node.max_view.min(durable.view) {
                 failures.push(format!("g{group}r{replica}: durable view went backwards"));
             }
-            if node.disk.state.commit < node.max_durable_commit {
+            if durable.commit < node.max_durable_commit {
                 failures.push(format!(
                     "g{group}r{replica}: durable commit went backwards ({} < {})",
-                    node.disk.state.commit, node.max_durable_commit
+                    durable.commit, node.max_durable_commit
                 ));
             }
-            node.max_durable_commit = node.disk.state.commit;
+            node.max_durable_commit = durable.commit;
             if let Some(r) = &node.replica {
                 if r.view() < node.max_view {
                     failures.push(format!(
@@ -152,7 +153,7 @@ impl Simulation {
                     ));
                 }
                 node.max_view = node.max_view.max(r.view());
-                if r.view() < node.disk.state.view {
+                if r.view() < durable.view {
                     failures.push(format!(
                         "g{group}r{replica}: running below its durable view"
                     ));

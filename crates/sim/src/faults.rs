@@ -1,6 +1,6 @@
 //! Injected faults: partitions, crashes with cut write queues, restarts, corruption.
 
-use braid_vsr::{Config, CounterMachine, JournalSlot, Replica, ReplicaId};
+use braid_vsr::{Config, CounterMachine, Replica, ReplicaId};
 
 use super::*;
 
@@ -67,6 +67,20 @@ impl Simulation {
         if self.prng.below(10_000) < faults.corrupt_per_10k {
             self.corrupt_random_entry();
         }
+        if self.prng.below(10_000) < faults.latent_per_10k {
+            self.latent_random_entry();
+        }
+        if self.prng.below(10_000) < faults.misdirect_per_10k {
+            self.misdirect_random_write();
+        }
+        if n > 1 && self.prng.below(10_000) < faults.node_crash_per_10k {
+            let victim = self.prng.below(u64::from(n)) as ReplicaId;
+            let downtime = 20 + self.prng.below(300);
+            self.crash_node(victim, downtime);
+            if self.trace {
+                eprintln!("t{} crash node {victim}", self.tick);
+            }
+        }
         if !self.history.is_empty() && self.prng.below(10_000) < faults.replay_per_10k {
             let old = self.history[self.prng.below(self.history.len() as u64) as usize].clone();
             self.network.push(Packet {
@@ -76,22 +90,11 @@ impl Simulation {
         }
     }
 
-    /// Crashes a replica: memory is gone; queued writes keep a prefix (the first one
-    /// lost may be torn).
+    /// Crashes a replica: memory is gone; of the writes in flight a random subset
+    /// within the disk's barriers lands, some may be torn; unsynced page-cache writes
+    /// may be lost; now and then a durable-state or checkpoint slot is damaged.
     pub fn crash(&mut self, key: (u64, ReplicaId)) {
-        let keep = match self.nodes.get(&key) {
-            Some(node) if node.replica.is_some() => {
-                self.prng.below(node.pending.len() as u64 + 1) as usize
-            }
-            _ => return,
-        };
-        let torn = self.prng.chance(self.config.faults.torn_percent);
-        self.crash_keeping(key, keep, torn);
-    }
-
-    /// Crashes a replica keeping the first `keep` queued writes; with `torn`, the next
-    /// one is written damaged.
-    pub(crate) fn crash_keeping(&mut self, key: (u64, ReplicaId), keep: usize, torn: bool) {
+        let faults = self.config.faults;
         let Some(node) = self.nodes.get_mut(&key) else {
             return;
         };
@@ -99,31 +102,59 @@ impl Simulation {
             return;
         }
         node.replica = None;
-        let writes: Vec<PendingWrite> = node.pending.drain(..).collect();
-        for (i, write) in writes.into_iter().enumerate() {
-            if i < keep {
-                let _ = Self::perform(&mut node.disk, write);
-            } else if i == keep && torn {
-                if let PendingWrite::Journal(prepare) = write {
-                    node.disk.journal.insert(
-                        prepare.header.op,
-                        Slot {
-                            prepare,
-                            intact: false,
-                            header_only: false,
-                        },
-                    );
-                    self.outcome.torn_writes += 1;
-                }
-                break;
-            } else {
-                break;
-            }
+        let report = node.disk.crash(&mut self.prng, faults.torn_percent);
+        self.outcome.torn_writes += report.torn;
+        if !node.disk.journal_fsync() {
+            self.outcome.unsynced_writes_lost += report.lost;
+        }
+        if self.faults_on
+            && self.prng.chance(faults.state_damage_percent)
+            && node.disk.damage_state_slot(&mut self.prng)
+        {
+            self.outcome.state_slots_damaged += 1;
+        }
+        if self.faults_on
+            && self.prng.chance(faults.checkpoint_damage_percent)
+            && node.disk.damage_checkpoint_slot(&mut self.prng)
+        {
+            self.outcome.checkpoint_slots_damaged += 1;
         }
         self.outcome.crashes += 1;
         if self.trace {
             eprintln!("t{} crash g{}r{}", self.tick, key.0, key.1);
         }
+    }
+
+    /// Crashes replica `replica` of every group at once: one node of the cluster.
+    pub fn crash_node(&mut self, replica: ReplicaId, downtime: u64) {
+        let keys: Vec<(u64, ReplicaId)> = self
+            .nodes
+            .keys()
+            .filter(|(_, r)| *r == replica)
+            .copied()
+            .collect();
+        for key in keys {
+            self.crash(key);
+            if let Some(node) = self.nodes.get_mut(&key) {
+                node.restart_at = Some(self.tick + downtime);
+            }
+        }
+        self.outcome.node_crashes += 1;
+    }
+
+    /// Replicas that make a quorum.
+    pub(crate) fn quorum(&self) -> usize {
+        usize::from(self.config.replica_count) / 2 + 1
+    }
+
+    /// Whether `replica` may hold a fault at `op`: for each op, at most
+    /// `replica_count - quorum` replicas may (TigerBeetle's fault atlas), so a quorum
+    /// always keeps an intact copy of what it acknowledged. A lone replica has no peer to
+    /// repair from and gets no faults at rest.
+    pub(crate) fn faultable(&self, replica: ReplicaId, op: u64) -> bool {
+        let n = u64::from(self.config.replica_count);
+        let spare = n - (n / 2 + 1);
+        spare > 0 && (op + u64::from(replica)) % n < spare
     }
 
     /// Restarts a crashed replica from its disk.
@@ -146,30 +177,29 @@ impl Simulation {
         config.checkpoint_interval = self.config.checkpoint_interval;
         config.journal_keep = self.config.checkpoint_interval;
         config.quiesce = self.config.quiesce;
-        let journal: Vec<(u64, JournalSlot)> = node
-            .disk
-            .journal
-            .iter()
-            .map(|(op, slot)| {
-                let read = match (slot.intact, slot.header_only) {
-                    (false, _) => JournalSlot::Damaged,
-                    (true, true) => JournalSlot::Header(slot.prepare.header),
-                    (true, false) => JournalSlot::Prepare(slot.prepare.clone()),
-                };
-                (*op, read)
-            })
-            .collect();
+        let read = node.disk.read_back();
+        let state = match read.state {
+            Ok(state) => state,
+            Err(err) => {
+                // Never injected beyond one slot: a replica with no intact state must
+                // refuse to start, and here that would be a bug in the disk model.
+                let what = format!("g{group}r{replica} refused to start: {err}");
+                self.fail(what);
+                return;
+            }
+        };
+        node.disk.rewrite_state(state);
         match Replica::restart(
             config,
             CounterMachine::default(),
-            node.disk.state,
-            node.disk.checkpoint.clone(),
-            journal,
+            state,
+            read.checkpoint,
+            read.journal,
         ) {
             Ok(restarted) => {
                 // A restart may forget a view it never made durable; it never goes
                 // below the durable one (checked every step).
-                node.max_view = node.disk.state.view;
+                node.max_view = state.view;
                 node.replica = Some(restarted);
                 node.restart_at = None;
             }
@@ -183,46 +213,95 @@ impl Simulation {
         }
     }
 
-    /// Damages one journal entry on one replica, but only where a quorum of the other
-    /// replicas still holds an intact copy of it (faults stay recoverable).
-    pub(crate) fn corrupt_random_entry(&mut self) {
+    /// A random (group, replica) and one of its intact journal ops that the fault
+    /// atlas lets it lose, where a quorum of the others holds an intact copy.
+    fn fault_target(&mut self) -> Option<((u64, ReplicaId), u64)> {
         let keys: Vec<(u64, ReplicaId)> = self.nodes.keys().copied().collect();
         let key = keys[self.prng.below(keys.len() as u64) as usize];
         let ops: Vec<u64> = self.nodes[&key]
             .disk
-            .journal
-            .iter()
-            .filter(|(_, s)| s.intact && !s.header_only)
-            .map(|(o, _)| *o)
+            .intact_ops()
+            .into_iter()
+            .filter(|op| self.faultable(key.1, *op))
             .collect();
         if ops.is_empty() {
-            return;
+            return None;
         }
         let op = ops[self.prng.below(ops.len() as u64) as usize];
-        let checksum = self.nodes[&key].disk.journal[&op].prepare.header.checksum;
+        let checksum = self.nodes[&key].disk.intact_checksum(op)?;
+        let intact_elsewhere = self
+            .nodes
+            .iter()
+            .filter(|((g, r), n)| {
+                *g == key.0 && *r != key.1 && n.disk.intact_checksum(op) == Some(checksum)
+            })
+            .count();
+        (intact_elsewhere >= self.quorum()).then_some((key, op))
+    }
+
+    /// Damages one journal entry (found at the replica's next restart).
+    pub(crate) fn corrupt_random_entry(&mut self) {
+        let Some((key, op)) = self.fault_target() else {
+            return;
+        };
+        if self.nodes.get_mut(&key).is_some_and(|n| n.disk.corrupt(op)) {
+            self.outcome.corruptions += 1;
+            if self.trace {
+                eprintln!("t{} corrupt g{}r{} op {op}", self.tick, key.0, key.1);
+            }
+        }
+    }
+
+    /// A latent read error on one slot: reads fail from now on.
+    pub(crate) fn latent_random_entry(&mut self) {
+        let Some((key, op)) = self.fault_target() else {
+            return;
+        };
+        if self
+            .nodes
+            .get_mut(&key)
+            .is_some_and(|n| n.disk.make_latent(op))
+        {
+            self.outcome.latent_errors += 1;
+            if self.trace {
+                eprintln!("t{} latent g{}r{} op {op}", self.tick, key.0, key.1);
+            }
+        }
+    }
+
+    /// A write that landed on a neighbouring slot: both slots read back damaged.
+    pub(crate) fn misdirect_random_write(&mut self) {
+        let Some((key, op)) = self.fault_target() else {
+            return;
+        };
+        let other = op + 1 + self.prng.below(3);
+        if !self.faultable(key.1, other) {
+            return;
+        }
         let intact_elsewhere = self
             .nodes
             .iter()
             .filter(|((g, r), n)| {
                 *g == key.0
                     && *r != key.1
-                    && n.disk.journal.get(&op).is_some_and(|s| {
-                        s.intact && !s.header_only && s.prepare.header.checksum == checksum
-                    })
+                    && n.disk.intact_checksum(other).is_some()
+                    && n.disk.intact_checksum(other) == self.nodes[&key].disk.intact_checksum(other)
             })
             .count();
         if intact_elsewhere < self.config.replica_count as usize / 2 + 1 {
             return;
         }
-        if let Some(slot) = self
+        if self
             .nodes
             .get_mut(&key)
-            .and_then(|n| n.disk.journal.get_mut(&op))
+            .is_some_and(|n| n.disk.misdirect(op, other))
         {
-            slot.intact = false;
-            self.outcome.corruptions += 1;
+            self.outcome.misdirected_writes += 1;
             if self.trace {
-                eprintln!("t{} corrupt g{}r{} op {op}", self.tick, key.0, key.1);
+                eprintln!(
+                    "t{} misdirect g{}r{} op {op} onto {other}",
+                    self.tick, key.0, key.1
+                );
             }
         }
     }

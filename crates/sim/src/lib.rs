@@ -12,12 +12,14 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 mod checks;
 mod clients;
+mod disk;
 mod faults;
 mod network;
 
+use disk::{Disk, PendingWrite};
+
 use braid_vsr::{
-    Checkpoint, Config, CounterMachine, DurableState, Input, Message, Output, Prepare, Refusal,
-    Replica, ReplicaId, Reply,
+    Config, CounterMachine, Input, Message, Output, Refusal, Replica, ReplicaId, Reply,
 };
 
 /// The simulator's PRNG (SplitMix64): fixed, so a seed replays on every build.
@@ -77,6 +79,24 @@ pub struct Faults {
     /// Chance per write (per 10,000) that the disk refuses it (EIO): the replica stops
     /// (fail-stop), as a node does after a failed fsync, and restarts later.
     pub write_fail_per_10k: u64,
+    /// Most ticks a disk write stays pending (writes complete out of order).
+    pub write_latency_ticks_max: u64,
+    /// Chance per tick (per 10,000) that a journal write reported done landed on another
+    /// slot (both read back damaged).
+    pub misdirect_per_10k: u64,
+    /// Chance per tick (per 10,000) of a latent read error on one journal slot.
+    pub latent_per_10k: u64,
+    /// Percent of crashes that also damage one durable-state slot (the other survives).
+    pub state_damage_percent: u64,
+    /// Percent of crashes that also damage one checkpoint slot (the other survives).
+    pub checkpoint_damage_percent: u64,
+    /// Percent of messages damaged in flight (checksummed content altered; others are
+    /// dropped, as the bus's frame CRC would).
+    pub damage_percent: u64,
+    /// Chance per tick (per 10,000) that a whole node (replica r of every group) crashes.
+    pub node_crash_per_10k: u64,
+    /// Each node's clock runs at a rate drawn between (100 - skew)% and (100 + skew)%.
+    pub clock_skew_percent: u64,
 }
 
 impl Faults {
@@ -92,6 +112,14 @@ impl Faults {
             torn_percent: 0,
             replay_per_10k: 0,
             write_fail_per_10k: 0,
+            write_latency_ticks_max: 1,
+            misdirect_per_10k: 0,
+            latent_per_10k: 0,
+            state_damage_percent: 0,
+            checkpoint_damage_percent: 0,
+            damage_percent: 0,
+            node_crash_per_10k: 0,
+            clock_skew_percent: 0,
         }
     }
 
@@ -107,6 +135,14 @@ impl Faults {
             torn_percent: prng.below(60),
             replay_per_10k: prng.below(200),
             write_fail_per_10k: prng.below(20),
+            write_latency_ticks_max: 1 + prng.below(30),
+            misdirect_per_10k: prng.below(10),
+            latent_per_10k: prng.below(10),
+            state_damage_percent: prng.below(30),
+            checkpoint_damage_percent: prng.below(30),
+            damage_percent: prng.below(5),
+            node_crash_per_10k: prng.below(5),
+            clock_skew_percent: prng.below(30),
         }
     }
 }
@@ -143,15 +179,23 @@ impl SimConfig {
     pub fn from_seed(seed: u64) -> Self {
         let mut prng = Prng::new(seed ^ 0x5eed);
         let replica_count = [1, 3, 3, 3, 5][prng.below(5) as usize];
-        let clients_per_group = 1 + prng.below(4);
+        // One seed in twenty is a big workload: thousands of ops in one group, many
+        // checkpoints, a long safety phase.
+        let big = prng.chance(5);
+        let clients_per_group = if big { 4 + prng.below(5) } else { 1 + prng.below(4) };
+        let (groups, requests_per_client, safety_ticks) = if big {
+            (1, 200 + prng.below(400), 4_000 + prng.below(4_000))
+        } else {
+            (1 + prng.below(3), 5 + prng.below(20), 500 + prng.below(1500))
+        };
         Self {
             seed,
             replica_count,
-            groups: 1 + prng.below(3),
+            groups,
             clients_per_group,
-            requests_per_client: 5 + prng.below(20),
-            safety_ticks: 500 + prng.below(1500),
-            liveness_ticks_max: 20_000,
+            requests_per_client,
+            safety_ticks,
+            liveness_ticks_max: if big { 200_000 } else { 20_000 },
             faults: Faults::random(&mut prng),
             // One spare: a duplicate register evicts someone, but clients never thrash.
             sessions_max: clients_per_group as usize + 1,
@@ -199,45 +243,74 @@ pub struct Outcome {
     pub failed_writes: u64,
     /// Replayed old registers the cluster refused.
     pub stale_registers_refused: u64,
+    /// Whole-node crashes (replica r of every group at once).
+    pub node_crashes: u64,
+    /// Journal writes that landed on another slot.
+    pub misdirected_writes: u64,
+    /// Latent read errors injected.
+    pub latent_errors: u64,
+    /// Reads (repair answers) that failed on a damaged or latent slot.
+    pub read_errors_found: u64,
+    /// Durable-state slots damaged.
+    pub state_slots_damaged: u64,
+    /// Checkpoint slots damaged.
+    pub checkpoint_slots_damaged: u64,
+    /// Messages damaged in flight and delivered (the receiver must refuse them).
+    pub damaged_messages: u64,
+    /// Unsynced page-cache writes a power loss took.
+    pub unsynced_writes_lost: u64,
     /// The highest view reached.
     pub views: u64,
 }
 
-#[derive(Debug, Clone)]
-struct Slot {
-    prepare: Prepare,
-    intact: bool,
-    /// Only the header was written: the body is known to be missing.
-    header_only: bool,
-}
+impl Outcome {
+    /// Adds another run's counts (for a summary over many seeds).
+    pub fn add(&mut self, other: &Self) {
+        self.ops_committed += other.ops_committed;
+        self.crashes += other.crashes;
+        self.corruptions += other.corruptions;
+        self.torn_writes += other.torn_writes;
+        self.failed_writes += other.failed_writes;
+        self.stale_registers_refused += other.stale_registers_refused;
+        self.node_crashes += other.node_crashes;
+        self.misdirected_writes += other.misdirected_writes;
+        self.latent_errors += other.latent_errors;
+        self.read_errors_found += other.read_errors_found;
+        self.state_slots_damaged += other.state_slots_damaged;
+        self.checkpoint_slots_damaged += other.checkpoint_slots_damaged;
+        self.damaged_messages += other.damaged_messages;
+        self.unsynced_writes_lost += other.unsynced_writes_lost;
+        self.views = self.views.max(other.views);
+    }
 
-/// What a replica's disk holds.
-#[derive(Debug, Clone, Default)]
-struct Disk {
-    state: DurableState,
-    checkpoint: Option<Checkpoint>,
-    journal: BTreeMap<u64, Slot>,
-}
-
-/// A write the replica asked for. The disk performs them in order; a crash keeps a
-/// prefix of the queue (the first write lost may be torn instead).
-#[derive(Debug, Clone)]
-enum PendingWrite {
-    Journal(Prepare),
-    Header(braid_vsr::Header),
-    State(DurableState),
-    Truncate(u64),
-    Prune(u64),
-    Checkpoint(Checkpoint),
+    /// The fault counts, one line.
+    pub fn fault_summary(&self) -> String {
+        format!(
+            "{} replica crashes, {} node crashes, {} torn writes, {} failed writes, {} corrupted entries, {} misdirected writes, {} latent read errors ({} found on read), {} durable-state slots damaged, {} checkpoint slots damaged, {} damaged messages, {} unsynced writes lost, {} stale registers refused",
+            self.crashes,
+            self.node_crashes,
+            self.torn_writes,
+            self.failed_writes,
+            self.corruptions,
+            self.misdirected_writes,
+            self.latent_errors,
+            self.read_errors_found,
+            self.state_slots_damaged,
+            self.checkpoint_slots_damaged,
+            self.damaged_messages,
+            self.unsynced_writes_lost,
+            self.stale_registers_refused,
+        )
+    }
 }
 
 #[derive(Debug)]
 struct Node {
     replica: Option<Replica<CounterMachine>>,
     disk: Disk,
-    /// Writes issued and not yet completed, in order.
-    pending: VecDeque<PendingWrite>,
     restart_at: Option<u64>,
+    /// This node's clock rate in percent of the simulation's (clock skew).
+    clock_percent: u64,
     max_view: u64,
     max_durable_commit: u64,
 }
@@ -335,12 +408,16 @@ impl Simulation {
                             .clone()
                     })
                     .ok();
+                // Replica r of every group lives on node r: one clock per node.
+                let skew = config.faults.clock_skew_percent;
+                let mut clock = Prng::new(config.seed ^ (u64::from(replica) << 40));
+                let clock_percent = 100 - skew + clock.below(2 * skew + 1);
                 nodes.insert(
                     (group, replica),
                     Node {
+                        clock_percent,
                         replica: started,
-                        disk: Disk::default(),
-                        pending: VecDeque::new(),
+                        disk: Disk::new(true),
                         restart_at: None,
                         max_view: 0,
                         max_durable_commit: 0,
@@ -553,7 +630,7 @@ impl Simulation {
     pub fn has_pending_writes(&self, group: u64, replica: ReplicaId) -> bool {
         self.nodes
             .get(&(group, replica))
-            .is_some_and(|n| !n.pending.is_empty())
+            .is_some_and(|n| n.disk.has_pending())
     }
 
     /// Ops committed in a group (by the first replica to apply each).
@@ -565,12 +642,11 @@ impl Simulation {
 
     /// Damages the journal entry at `op` on a replica's disk (found at its next restart).
     pub fn corrupt(&mut self, group: u64, replica: ReplicaId, op: u64) {
-        if let Some(slot) = self
+        if self
             .nodes
             .get_mut(&(group, replica))
-            .and_then(|n| n.disk.journal.get_mut(&op))
+            .is_some_and(|n| n.disk.corrupt(op))
         {
-            slot.intact = false;
             self.outcome.corruptions += 1;
         }
     }
@@ -617,12 +693,13 @@ impl Simulation {
         self.deliver();
         let keys: Vec<(u64, ReplicaId)> = self.nodes.keys().copied().collect();
         for key in keys {
+            let local = self.local_now(key);
             let due = self
                 .nodes
                 .get(&key)
                 .and_then(|n| n.replica.as_ref())
                 .and_then(Replica::next_deadline)
-                .is_some_and(|d| d <= self.tick);
+                .is_some_and(|d| d <= local);
             if due {
                 self.input(key, Input::Tick);
             }
@@ -671,8 +748,15 @@ impl Simulation {
         }
     }
 
+    /// A node's own clock: the simulation's ticks at its rate.
+    fn local_now(&self, key: (u64, ReplicaId)) -> u64 {
+        self.nodes
+            .get(&key)
+            .map_or(self.tick, |n| self.tick * n.clock_percent / 100)
+    }
+
     fn input(&mut self, key: (u64, ReplicaId), input: Input) {
-        let tick = self.tick;
+        let tick = self.local_now(key);
         let mut out = Vec::new();
         {
             let Some(node) = self.nodes.get_mut(&key) else {
@@ -703,7 +787,10 @@ impl Simulation {
                 if let Message::Prepare(prepare) = &message {
                     self.check_prepared(key, &prepare.header);
                 }
-                let durable = self.nodes.get(&key).map_or(0, |n| n.disk.state.view);
+                let durable = self
+                    .nodes
+                    .get(&key)
+                    .map_or(0, |n| n.disk.durable_state().view);
                 if let Some(view) = view.filter(|v| *v > durable) {
                     self.fail(format!("g{group}r{replica} sent a message of view {view} with view {durable} on disk"));
                 }
@@ -726,16 +813,17 @@ impl Simulation {
                 self.queue(key, PendingWrite::Header(header))
             }
             Output::SendFromJournal { to, op, checksum } => {
-                let slot = self.nodes.get(&key).and_then(|n| n.disk.journal.get(&op));
-                let prepare = slot
-                    .filter(|s| s.intact && !s.header_only && s.prepare.header.checksum == checksum)
-                    .map(|s| s.prepare.clone());
-                if let Some(prepare) = prepare {
-                    self.send(
+                let read = self.nodes.get(&key).map(|n| n.disk.read_prepare(op));
+                match read.flatten() {
+                    Some(prepare) if prepare.header.checksum == checksum => self.send(
                         Address::Replica(group, replica),
                         Address::Replica(group, to),
                         Payload::Replica(Message::Prepare(prepare)),
-                    );
+                    ),
+                    Some(_) => {}
+                    // The read failed: a latent error found on read (the asker repairs
+                    // from another peer; this replica finds the slot damaged at restart).
+                    None => self.outcome.read_errors_found += 1,
                 }
             }
             Output::WriteState(state) => self.queue(key, PendingWrite::State(state)),
@@ -764,106 +852,54 @@ impl Simulation {
     }
 
     fn queue(&mut self, key: (u64, ReplicaId), write: PendingWrite) {
+        let latency = 1 + self
+            .prng
+            .below(self.config.faults.write_latency_ticks_max.max(1));
+        let ready_at = self.tick + latency;
         if let Some(node) = self.nodes.get_mut(&key) {
-            node.pending.push_back(write);
-        }
-    }
-
-    /// Performs one write on a disk; returns the completion the replica awaits.
-    fn perform(disk: &mut Disk, write: PendingWrite) -> Option<Input> {
-        match write {
-            PendingWrite::Journal(prepare) => {
-                let (op, checksum) = (prepare.header.op, prepare.header.checksum);
-                disk.journal.insert(
-                    op,
-                    Slot {
-                        prepare,
-                        intact: true,
-                        header_only: false,
-                    },
-                );
-                Some(Input::JournalWritten { op, checksum })
-            }
-            PendingWrite::State(state) => {
-                disk.state = state;
-                Some(Input::StateWritten(state))
-            }
-            PendingWrite::Header(header) => {
-                let prepare = Prepare {
-                    header,
-                    body: Vec::new(),
-                };
-                disk.journal.insert(
-                    header.op,
-                    Slot {
-                        prepare,
-                        intact: true,
-                        header_only: true,
-                    },
-                );
-                None
-            }
-            PendingWrite::Truncate(op) => {
-                disk.journal.retain(|o, _| *o <= op);
-                None
-            }
-            PendingWrite::Prune(op) => {
-                disk.journal.retain(|o, _| *o > op);
-                None
-            }
-            PendingWrite::Checkpoint(checkpoint) => {
-                if disk
-                    .checkpoint
-                    .as_ref()
-                    .is_none_or(|c| c.header.op < checkpoint.header.op)
-                {
-                    disk.checkpoint = Some(checkpoint);
-                }
-                None
-            }
+            node.disk.issue(write, ready_at);
         }
     }
 
     fn complete_writes(&mut self) {
         let keys: Vec<(u64, ReplicaId)> = self.nodes.keys().copied().collect();
+        let fail_per_10k = if self.faults_on {
+            self.config.faults.write_fail_per_10k
+        } else {
+            0
+        };
         for key in keys {
-            let writes: Vec<PendingWrite> = match self.nodes.get_mut(&key) {
-                Some(node) if node.replica.is_some() => node.pending.drain(..).collect(),
+            let tick = self.tick;
+            let completed = match self.nodes.get_mut(&key) {
+                Some(node) if node.replica.is_some() => {
+                    if !node.disk.journal_fsync() && self.prng.chance(5) {
+                        node.disk.writeback();
+                    }
+                    node.disk.complete_due(tick, &mut self.prng, fail_per_10k)
+                }
                 _ => continue,
             };
-            let fail_chance = if self.faults_on {
-                self.config.faults.write_fail_per_10k
-            } else {
-                0
+            let (inputs, failed) = match completed {
+                Ok(inputs) => (inputs, false),
+                Err(inputs) => (inputs, true),
             };
-            for (index, write) in writes.iter().enumerate() {
-                if self.prng.below(10_000) < fail_chance {
-                    // The disk refused this write: it and every later one are lost, and
-                    // the replica stops.
-                    if let Some(node) = self.nodes.get_mut(&key) {
-                        node.pending = writes[index..].iter().cloned().collect();
-                    }
-                    self.outcome.failed_writes += 1;
-                    self.crash_keeping(key, 0, false);
-                    let downtime = 20 + self.prng.below(200);
-                    if let Some(node) = self.nodes.get_mut(&key) {
-                        node.restart_at = Some(self.tick + downtime);
-                    }
-                    break;
-                }
-                let write = write.clone();
+            for input in inputs {
                 if self.trace {
-                    if let PendingWrite::State(state) = &write {
+                    if let Input::StateWritten(state) = &input {
                         eprintln!("t{} g{}r{} durable {:?}", self.tick, key.0, key.1, state);
                     }
                 }
-                let Some(node) = self.nodes.get_mut(&key) else {
-                    break;
-                };
-                let Some(input) = Self::perform(&mut node.disk, write) else {
-                    continue;
-                };
                 self.input(key, input);
+            }
+            if failed {
+                // The disk refused a write: the replica stops (fail-stop, as a node does
+                // after a failed fsync) and restarts later.
+                self.outcome.failed_writes += 1;
+                self.crash(key);
+                let downtime = 20 + self.prng.below(200);
+                if let Some(node) = self.nodes.get_mut(&key) {
+                    node.restart_at = Some(self.tick + downtime);
+                }
             }
         }
     }

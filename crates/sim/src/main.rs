@@ -1,7 +1,7 @@
 //! `cargo run -p braid-sim -- --seeds 1000` runs many seeds and prints a summary;
 //! `--seed S [--trace]` replays one run exactly.
 
-use braid_sim::run_seed;
+use braid_sim::{run_seed, Outcome};
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
@@ -26,16 +26,12 @@ fn main() {
     let first = value("--from").unwrap_or(1);
     let mut ticks = Vec::new();
     let mut failures = Vec::new();
-    let (mut crashes, mut corruptions, mut torn, mut ops, mut failed) = (0, 0, 0, 0, 0);
+    let mut total = Outcome::default();
     for seed in first..first + seeds {
         match run_seed(seed, false) {
             Ok(outcome) => {
                 ticks.push(outcome.ticks_to_converge);
-                crashes += outcome.crashes;
-                corruptions += outcome.corruptions;
-                torn += outcome.torn_writes;
-                failed += outcome.failed_writes;
-                ops += outcome.ops_committed;
+                total.add(&outcome);
             }
             Err(failure) => {
                 eprintln!("{failure}");
@@ -47,11 +43,13 @@ fn main() {
     let median = ticks.get(ticks.len() / 2).copied().unwrap_or(0);
     let max = ticks.last().copied().unwrap_or(0);
     println!(
-        "{} seeds from {first}: {} passed, {} failed; {ops} ops committed; faults: {crashes} crashes, {torn} torn writes, {failed} failed writes, {corruptions} corrupted entries; ticks to converge: median {median}, max {max}",
+        "{} seeds from {first}: {} passed, {} failed; {} ops committed; ticks to converge: median {median}, max {max}",
         seeds,
         ticks.len(),
-        failures.len()
+        failures.len(),
+        total.ops_committed,
     );
+    println!("faults: {}", total.fault_summary());
     if !failures.is_empty() {
         eprintln!("failed seeds: {failures:?}");
         std::process::exit(1);

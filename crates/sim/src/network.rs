@@ -1,6 +1,6 @@
 //! The simulated network: sending with loss, duplication and delay; delivery.
 
-use braid_vsr::Input;
+use braid_vsr::{Input, Message};
 
 use super::*;
 
@@ -13,6 +13,17 @@ impl Simulation {
         };
         if self.prng.chance(faults.loss_percent) {
             return;
+        }
+        let mut message = message;
+        if self.prng.chance(faults.damage_percent) {
+            let damaged = match &mut message {
+                Payload::Replica(m) => damage(m, &mut self.prng),
+                Payload::Reply(_) => false,
+            };
+            if !damaged {
+                return; // no checksum of its own: the transport's frame CRC drops it
+            }
+            self.outcome.damaged_messages += 1;
         }
         let copies = if self.prng.chance(faults.duplicate_percent) {
             2
@@ -67,5 +78,43 @@ impl Simulation {
                 _ => {}
             }
         }
+    }
+}
+
+/// Alters checksummed content of a message in flight (a bit the frame CRC missed);
+/// returns false for a message with no checksum of its own.
+fn damage(message: &mut Message, prng: &mut Prng) -> bool {
+    fn flip(bytes: &mut [u8], prng: &mut Prng) -> bool {
+        if bytes.is_empty() {
+            return false;
+        }
+        let at = prng.below(bytes.len() as u64) as usize;
+        bytes[at] ^= 1 << prng.below(8);
+        true
+    }
+    match message {
+        Message::Prepare(prepare) => {
+            if !flip(&mut prepare.body, prng) {
+                prepare.header.commit ^= 1;
+            }
+            true
+        }
+        Message::DoViewChange { suffix, .. } | Message::StartView { suffix, .. } => {
+            let Some(entry) = suffix.last_mut() else {
+                return false;
+            };
+            let flipped = entry.body.as_mut().is_some_and(|body| flip(body, prng));
+            if !flipped {
+                entry.header.request ^= 1;
+            }
+            true
+        }
+        Message::Snapshot { checkpoint, .. } => {
+            if !flip(&mut checkpoint.state, prng) {
+                checkpoint.header.view ^= 1;
+            }
+            true
+        }
+        _ => false,
     }
 }

@@ -225,6 +225,9 @@ pub enum Message {
         commit: u64,
         /// Entries from the sender's commit (its anchor) to its op.
         suffix: Vec<SuffixEntry>,
+        /// Ops in the suffix's range whose slots the sender knows it wrote but cannot
+        /// read: never counted as "never had" (the other absent ops are).
+        faulty: Vec<u64>,
         /// The sender.
         from: ReplicaId,
     },

@@ -314,6 +314,7 @@ struct ViewChangeVote {
     op: u64,
     commit: u64,
     suffix: Vec<SuffixEntry>,
+    faulty: Vec<u64>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -375,6 +376,8 @@ pub struct Replica<S> {
     /// had not synced, so it must never lead that view again. Its first step moves the
     /// group to the next view (as TigerBeetle's replica does on open).
     leave_log_view: bool,
+    /// Outputs a restart owes, given at the first step.
+    startup: Vec<Output>,
     ignored: IgnoredCounts,
     deadlines: [Option<u64>; TIMERS],
     now: u64,
@@ -441,6 +444,7 @@ impl<S: StateMachine> Replica<S> {
             heard_commit: 0,
             idle_heartbeats: 0,
             leave_log_view: false,
+            startup: Vec::new(),
             ignored: IgnoredCounts::default(),
             deadlines: [None; TIMERS],
             now: 0,
@@ -521,13 +525,29 @@ impl<S: StateMachine> Replica<S> {
                 }
             }
         }
-        // With no peers, a damaged head can only be a write torn by the crash (nothing
-        // after it was written, so it was never acknowledged): cut it, as a log does.
         // A lone replica cannot survive damage to entries it acknowledged: there is no
         // other copy.
         if config.replica_count == 1 {
-            let intact_top = replica.journal.keys().next_back().copied().unwrap_or(0);
-            replica.faulty.retain(|op| *op < intact_top);
+            // A lone replica commits an op only once it and every op below it are
+            // durable, and replies only then: everything above the first hole, damaged
+            // slot or broken link of the chain from its checkpoint was never
+            // acknowledged (writes complete out of order), so it is cut.
+            let mut top = checkpoint_header.op;
+            let mut parent = checkpoint_header.checksum;
+            while let Some(above) = replica.journal.get(&(top + 1)) {
+                if above.header.parent != parent || above.body.is_none() {
+                    break;
+                }
+                parent = above.header.checksum;
+                top += 1;
+            }
+            if replica.journal.keys().next_back().is_some_and(|o| *o > top)
+                || replica.faulty.iter().next_back().is_some_and(|o| *o > top)
+            {
+                replica.startup.push(Output::TruncateJournal { op: top });
+            }
+            replica.journal.retain(|o, _| *o <= top);
+            replica.faulty.clear();
         }
         let highest = replica.journal.keys().next_back().copied().unwrap_or(0);
         replica.op = highest.max(replica.faulty.iter().next_back().copied().unwrap_or(0));
@@ -632,6 +652,7 @@ impl<S: StateMachine> Replica<S> {
     pub fn step(&mut self, now: u64, input: Input, out: &mut Vec<Output>) {
         debug_assert!(now >= self.now, "time went backwards");
         self.now = now.max(self.now);
+        out.append(&mut self.startup);
         if self.leave_log_view {
             self.leave_log_view = false;
             self.start_view_change(self.view + 1, out);
@@ -798,6 +819,7 @@ impl<S: StateMachine> Replica<S> {
                 op,
                 commit,
                 suffix,
+                faulty,
                 from,
             } => {
                 let vote = ViewChangeVote {
@@ -805,6 +827,7 @@ impl<S: StateMachine> Replica<S> {
                     op,
                     commit,
                     suffix,
+                    faulty,
                 };
                 self.on_do_view_change(view, from, vote, out);
             }

@@ -75,7 +75,12 @@ impl<S: StateMachine> Replica<S> {
                     self.journal
                         .get(&op)
                         .is_some_and(|e| e.body.is_some() && e.canonical),
-                    "primary lacks its own uncommitted op {op}"
+                    "g{}r{} v{}: primary lacks its own uncommitted op {op} (commit {}, op {})",
+                    self.config.group,
+                    self.config.replica,
+                    self.view,
+                    self.commit_max,
+                    self.op
                 );
             }
         }

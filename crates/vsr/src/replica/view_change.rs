@@ -117,6 +117,7 @@ impl<S: StateMachine> Replica<S> {
             op: self.op,
             commit: self.commit_max,
             suffix: self.suffix_from(anchor, anchor, false),
+            faulty: self.faulty.range((anchor + 1)..).copied().collect(),
         };
         let primary = self.primary_of(self.view);
         if primary == self.config.replica {
@@ -130,6 +131,7 @@ impl<S: StateMachine> Replica<S> {
                     op: vote.op,
                     commit: vote.commit,
                     suffix: vote.suffix,
+                    faulty: vote.faulty,
                     from: self.config.replica,
                 },
             });
@@ -170,23 +172,35 @@ impl<S: StateMachine> Replica<S> {
             self.try_start_view(out);
         }
     }
-    /// Whether `vote` says it never had `header` at its op (a damaged entry never
-    /// counts: it is simply absent from the suffix, and the op is at or below `vote.op`).
-    pub(super) fn nacks(vote: &ViewChangeVote, header: &Header) -> bool {
-        if vote.op < header.op {
+    /// Whether `vote` says it never had `op` (with `checksum`, if one is named): the op
+    /// is above its log, or inside its suffix range with another checksum, or absent
+    /// there and not one of its damaged slots. A damaged entry is never a nack: the
+    /// sender may have acknowledged it before the damage.
+    pub(super) fn nacks_op(vote: &ViewChangeVote, op: u64, checksum: Option<Checksum>) -> bool {
+        if vote.op < op {
             return true;
         }
-        vote.suffix
-            .iter()
-            .find(|e| e.header.op == header.op)
-            .is_some_and(|e| e.header.checksum != header.checksum)
+        let anchor = vote.suffix.first().map_or(vote.commit, |e| e.header.op);
+        match vote.suffix.iter().find(|e| e.header.op == op) {
+            Some(e) => checksum.is_some_and(|c| c != e.header.checksum),
+            None => op > anchor && !vote.faulty.contains(&op),
+        }
+    }
+
+    /// Votes that say they never had `op` (with `checksum`, if named).
+    fn nack_count(&self, op: u64, checksum: Option<Checksum>) -> usize {
+        self.dvc_votes
+            .values()
+            .filter(|v| Self::nacks_op(v, op, checksum))
+            .count()
     }
 
     /// The new primary builds its log from the DoViewChanges: the top is the highest op
     /// of the best (log view, op) vote, and every op below is the header whose checksum
     /// the op above names as parent. Stale entries in any vote simply do not match the
-    /// chain. Ops at the top that no vote can supply are dropped only on a quorum of
-    /// nacks (a damaged entry is never a nack); otherwise this view cannot start.
+    /// chain. An uncommitted op that no vote can supply is dropped, with everything
+    /// above it, only on a quorum of nacks (a damaged entry is never a nack); otherwise
+    /// this view cannot start until a vote or a repair supplies it.
     pub(super) fn adopt_canonical_log(&mut self, out: &mut Vec<Output>) {
         let Some(best) = self
             .dvc_votes
@@ -222,68 +236,81 @@ impl<S: StateMachine> Replica<S> {
             .values()
             .filter(|v| v.log_view == best.log_view)
             .collect();
-        let mut top = None;
-        let mut op = best.op;
-        while op > self.floor() {
-            let header = same_view.iter().find_map(|v| {
-                v.suffix
-                    .iter()
-                    .find(|e| e.header.op == op)
-                    .map(|e| e.header)
-            });
-            if let Some(header) = header {
-                top = Some(header);
-                break;
+        let mut limit = best.op;
+        let (top, mut canonical) = loop {
+            let mut top = None;
+            let mut op = limit;
+            while op > self.floor() {
+                let header = same_view.iter().find_map(|v| {
+                    v.suffix
+                        .iter()
+                        .find(|e| e.header.op == op)
+                        .map(|e| e.header)
+                });
+                if let Some(header) = header {
+                    top = Some(header);
+                    break;
+                }
+                if op <= commit || self.nack_count(op, None) < self.config.quorum() {
+                    // Unknown, and perhaps committed: this view cannot start.
+                    self.start_view_pending = false;
+                    return;
+                }
+                op -= 1;
             }
-            let nacks = self.dvc_votes.values().filter(|v| v.op < op).count();
-            if op <= commit || nacks < self.config.quorum() {
-                // Unknown, and perhaps committed: this view cannot start.
+            // Nothing above the checkpoint anywhere: the log is the checkpoint.
+            let top = top.or_else(|| self.journal.get(&self.floor()).map(|e| e.header));
+            let Some(top) = top else {
                 self.start_view_pending = false;
                 return;
-            }
-            op -= 1;
-        }
-        // Nothing above the checkpoint anywhere: the log is the checkpoint.
-        let top = top.or_else(|| self.journal.get(&self.floor()).map(|e| e.header));
-        let Some(top) = top else {
-            self.start_view_pending = false;
-            return;
-        };
-        // Walk the chain down.
-        let mut canonical: BTreeMap<u64, (Header, Option<Vec<u8>>)> = BTreeMap::new();
-        let mut expected = top.checksum;
-        let mut op = top.op;
-        while op > self.floor() {
-            let Some((header, body)) = pool.get(&expected).cloned() else {
-                self.wanted.insert(op, expected);
-                break;
             };
-            if header.op != op {
-                break;
+            // Walk the chain down.
+            let mut canonical: BTreeMap<u64, (Header, Option<Vec<u8>>)> = BTreeMap::new();
+            let mut expected = top.checksum;
+            let mut op = top.op;
+            let mut hole = None;
+            while op > self.floor() {
+                let Some((header, body)) = pool.get(&expected).cloned() else {
+                    hole = Some((op, expected));
+                    break;
+                };
+                if header.op != op {
+                    break;
+                }
+                expected = header.parent;
+                canonical.insert(op, (header, body));
+                op -= 1;
+                // Below the commit, this journal's own verified chain takes over.
+                if op <= commit
+                    && self
+                        .journal
+                        .get(&op)
+                        .is_some_and(|e| e.header.checksum == expected && e.canonical)
+                {
+                    break;
+                }
             }
-            expected = header.parent;
-            canonical.insert(op, (header, body));
-            op -= 1;
-            // Below the commit, this journal's own verified chain takes over.
-            if op <= commit
-                && self
-                    .journal
-                    .get(&op)
-                    .is_some_and(|e| e.header.checksum == expected && e.canonical)
-            {
-                break;
+            match hole {
+                // An uncommitted op nobody offers, which a quorum never had: it never
+                // committed, so neither did anything above it. Look below it.
+                Some((op, checksum))
+                    if op > commit
+                        && self.nack_count(op, Some(checksum)) >= self.config.quorum() =>
+                {
+                    limit = op - 1;
+                }
+                Some((op, checksum)) => {
+                    self.wanted.insert(op, checksum);
+                    break (top, canonical);
+                }
+                None => break (top, canonical),
             }
-        }
+        };
         // Uncommitted ops nobody can supply and a quorum never had: drop them and all above.
         let droppable = canonical.iter().find(|(op, (header, body))| {
             **op > commit
                 && body.is_none()
-                && self
-                    .dvc_votes
-                    .values()
-                    .filter(|v| Self::nacks(v, header))
-                    .count()
-                    >= self.config.quorum()
+                && self.nack_count(header.op, Some(header.checksum)) >= self.config.quorum()
         });
         if let Some((&first, _)) = droppable {
             canonical.retain(|o, _| *o < first);
@@ -327,10 +354,12 @@ impl<S: StateMachine> Replica<S> {
         if !self.start_view_pending || self.status != Status::ViewChange {
             return;
         }
+        // Every uncommitted op of the adopted log: present, proven by the chain, whole
+        // and durable here. A slot still holding another view's entry is not it.
         let incomplete = ((self.commit_max + 1)..=self.op).any(|op| {
             self.journal
                 .get(&op)
-                .is_none_or(|e| e.body.is_none() || !e.durable)
+                .is_none_or(|e| e.body.is_none() || !e.durable || !e.canonical)
         });
         if incomplete {
             self.repair_view_change(out);
@@ -354,8 +383,11 @@ impl<S: StateMachine> Replica<S> {
     pub(super) fn repair_view_change(&mut self, out: &mut Vec<Output>) {
         let missing: Vec<(u64, Checksum)> = ((self.commit_max + 1)..=self.op)
             .filter_map(|op| {
+                if let Some(checksum) = self.wanted.get(&op) {
+                    return Some((op, *checksum));
+                }
                 let e = self.journal.get(&op)?;
-                e.body.is_none().then_some((op, e.header.checksum))
+                (e.body.is_none() && e.canonical).then_some((op, e.header.checksum))
             })
             .collect();
         for (op, checksum) in missing {
