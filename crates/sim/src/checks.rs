@@ -91,6 +91,16 @@ impl Simulation {
             self.fail(what);
             return;
         }
+        if let Some(operation) = model.operations.get(&(session, request)).copied() {
+            if let Some(first) = model.executed.insert(operation, (session, request)) {
+                let what = format!(
+                    "g{group}: operation {} of client {} ran twice, as request {} of session {} and as request {request} of session {session} (op {op})",
+                    operation.1, operation.0, first.1, first.0
+                );
+                self.fail(what);
+                return;
+            }
+        }
         let Some(body) = model.bodies.get(&(session, request)).cloned() else {
             let what =
                 format!("g{group}: op {op} applied a request nobody sent ({session}, {request})");

@@ -31,14 +31,17 @@ impl Simulation {
                         (c.registrations, Vec::new())
                     } else {
                         c.next_request += 1;
+                        c.operation += 1;
                         // Few keys, so results depend on the order of all clients' ops.
-                        let body = format!("k{}={}", c.next_request % 3, c.id % 7 + 1).into_bytes();
+                        let body = format!("k{}={}", c.operation % 3, c.id % 7 + 1).into_bytes();
                         (c.next_request, body)
                     };
                     c.pending = Some((request, body.clone(), 0));
+                    let operation = (c.id, c.operation);
                     if session != 0 {
                         if let Some(model) = self.models.get_mut(&group) {
                             model.bodies.insert((session, request), body.clone());
+                            model.operations.insert((session, request), operation);
                         }
                     }
                     (request, body, 0)
@@ -119,11 +122,22 @@ impl Simulation {
             }
             Ok(_) => {}
             Err(Refusal::SessionUnknown) => {
-                // Evicted for capacity: register again and carry on.
+                // Evicted for capacity. The rule: an earlier attempt of this request may
+                // have run before the eviction (its reply lost), so its outcome is
+                // unknown; the client registers again and does not resend it as new.
+                let resend = self.config.resend_after_eviction;
                 let c = &mut self.clients[index];
                 c.session = 0;
                 c.pending = None;
-                c.next_request = c.next_request.saturating_sub(1);
+                c.next_request = 0;
+                if resend {
+                    c.operation = c.operation.saturating_sub(1);
+                } else {
+                    self.outcome.outcomes_unknown += 1;
+                    if c.operation >= c.requests_total {
+                        c.done = true;
+                    }
+                }
                 return;
             }
             Err(Refusal::RequestTooOld) => {
@@ -141,7 +155,7 @@ impl Simulation {
             c.session = reply.session;
             // A stale register reply after eviction would name an evicted session; the
             // cluster refuses its requests, which sends the client back to register.
-        } else if c.next_request >= c.requests_total {
+        } else if c.operation >= c.requests_total {
             c.done = true;
         }
     }

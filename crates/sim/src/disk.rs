@@ -102,6 +102,7 @@ pub(crate) struct CrashReport {
     pub(crate) torn: u64,
     pub(crate) kept: u64,
     pub(crate) lost: u64,
+    pub(crate) unsynced_lost: u64,
 }
 
 /// What a restart reads back.
@@ -304,16 +305,39 @@ impl Disk {
 
     /// A crash (or power loss): writes in flight are kept, torn or lost at random,
     /// within the barriers; unsynced page-cache writes are kept or lost at random.
-    pub(crate) fn crash(&mut self, prng: &mut Prng, torn_percent: u64) -> CrashReport {
+    /// With `power_loss` `None` (a process crash) the page cache survives and reaches
+    /// the medium; with `Some(p)`, each unsynced write survives with chance p%.
+    /// A journal write in flight may be torn only where `may_tear(op)` allows (the
+    /// simulation's fault atlas); elsewhere it is kept or lost whole.
+    pub(crate) fn crash(
+        &mut self,
+        prng: &mut Prng,
+        torn_percent: u64,
+        power_loss: Option<u64>,
+        may_tear: &dyn Fn(u64) -> bool,
+    ) -> CrashReport {
         let mut report = CrashReport::default();
+        let Some(keep_percent) = power_loss else {
+            self.writeback();
+            return self.crash_in_flight(prng, torn_percent, may_tear, report);
+        };
         for write in std::mem::take(&mut self.unsynced) {
-            if prng.chance(50) {
+            if prng.chance(keep_percent) {
                 let _ = self.apply(write);
-                report.kept += 1;
             } else {
-                report.lost += 1;
+                report.unsynced_lost += 1;
             }
         }
+        self.crash_in_flight(prng, torn_percent, may_tear, report)
+    }
+
+    fn crash_in_flight(
+        &mut self,
+        prng: &mut Prng,
+        torn_percent: u64,
+        may_tear: &dyn Fn(u64) -> bool,
+        mut report: CrashReport,
+    ) -> CrashReport {
         let mut earlier_lost = false;
         let mut blocked = false;
         for queued in std::mem::take(&mut self.queue) {
@@ -324,7 +348,12 @@ impl Disk {
                 report.kept += 1;
                 continue;
             }
-            if may_land && prng.chance(torn_percent) {
+            let tearable = match &queued.write {
+                PendingWrite::Journal(p) => may_tear(p.header.op),
+                PendingWrite::Header(h) => may_tear(h.op),
+                _ => true,
+            };
+            if may_land && tearable && prng.chance(torn_percent) {
                 self.tear(queued.write, prng);
                 report.torn += 1;
             } else {
@@ -432,6 +461,13 @@ impl Disk {
         }
         let slot = self.journal.get(&op)?;
         (slot.readable() && slot.prepare.header.op == op).then(|| slot.prepare.clone())
+    }
+
+    /// Whether any journal slot on the medium is damaged or unreadable.
+    pub(crate) fn has_damage(&self) -> bool {
+        self.journal
+            .iter()
+            .any(|(op, s)| s.damaged || s.latent || s.prepare.header.op != *op)
     }
 
     /// Ops of intact, readable journal slots on the medium.

@@ -1,6 +1,6 @@
 //! Injected faults: partitions, crashes with cut write queues, restarts, corruption.
 
-use braid_vsr::{Config, CounterMachine, Replica, ReplicaId};
+use braid_vsr::{Config, CounterMachine, Persisted, Replica, ReplicaId};
 
 use super::*;
 
@@ -94,18 +94,78 @@ impl Simulation {
     /// within the disk's barriers lands, some may be torn; unsynced page-cache writes
     /// may be lost; now and then a durable-state or checkpoint slot is damaged.
     pub fn crash(&mut self, key: (u64, ReplicaId)) {
+        self.crash_as(key, None);
+    }
+
+    /// Makes the OS write the page cache back on every replica now and then (on by
+    /// default); off, unsynced writes stay unsynced until a crash decides their fate.
+    pub fn set_writeback(&mut self, on: bool) {
+        self.writeback = on;
+    }
+
+    /// Cuts a replica's power: like [`Simulation::crash`], and every unsynced page-cache
+    /// write is lost (with `journal_fsync` off).
+    pub fn power_off(&mut self, key: (u64, ReplicaId)) {
+        self.crash_as(key, Some(true));
+    }
+
+    /// A crash that is a power loss (`Some(true)`), a process crash (`Some(false)`), or
+    /// either at random within the faults' limits (`None`).
+    fn crash_as(&mut self, key: (u64, ReplicaId), forced_power_loss: Option<bool>) {
         let faults = self.config.faults;
+        match self.nodes.get(&key) {
+            Some(node) if node.replica.is_some() => {}
+            _ => return,
+        }
+        // A power loss takes unsynced journal writes; at most `replica_count - quorum`
+        // replicas of a group may be untrusted at once (a majority losing power at once
+        // with `fsync = never` may lose acknowledged records: documented, not tested).
+        let untrusted = self.untrusted_in_group(key.0, Some(key.1));
+        // Damage at rest elsewhere in the group would be a second fault at some op.
+        let damaged = self
+            .nodes
+            .iter()
+            .any(|((g, r), n)| *g == key.0 && *r != key.1 && n.disk.has_damage());
+        let spare = usize::from(self.config.replica_count) - self.quorum();
+        let power_loss_allowed = self.faults_on && untrusted < spare && !damaged;
+        let power_loss = forced_power_loss
+            .unwrap_or_else(|| power_loss_allowed && self.prng.chance(faults.power_loss_percent));
+        // Torn journal writes stay within the fault atlas, and none while a replica of
+        // the group may have lost acknowledged writes: a torn slot is a damaged one (it
+        // may have been acknowledged, for all the replica knows), so together they would
+        // be two faults at one op. A lone replica cuts a torn head at restart.
+        let n = u64::from(self.config.replica_count);
+        let spare = n - (n / 2 + 1);
+        let replica = key.1;
+        let quiet_group = untrusted == 0 && !power_loss;
+        let may_tear =
+            move |op: u64| n == 1 || (quiet_group && (op + u64::from(replica)) % n < spare);
         let Some(node) = self.nodes.get_mut(&key) else {
             return;
         };
-        if node.replica.is_none() {
-            return;
-        }
         node.replica = None;
-        let report = node.disk.crash(&mut self.prng, faults.torn_percent);
+        let keep_percent = if forced_power_loss == Some(true) {
+            0
+        } else {
+            50
+        };
+        let report = node.disk.crash(
+            &mut self.prng,
+            faults.torn_percent,
+            power_loss.then_some(keep_percent),
+            &may_tear,
+        );
         self.outcome.torn_writes += report.torn;
-        if !node.disk.journal_fsync() {
-            self.outcome.unsynced_writes_lost += report.lost;
+        self.outcome.unsynced_writes_lost += report.unsynced_lost;
+        // The shell knows a power loss happened since the durable state was last written
+        // (it keeps the boot id with it) and restarts the replica with an untrusted
+        // journal; after a process crash the page cache held. The durable state carries
+        // an untrusted journal across later process crashes.
+        if power_loss && !node.disk.journal_fsync() {
+            node.journal_trusted = false;
+        }
+        if power_loss {
+            self.outcome.power_losses += 1;
         }
         if self.faults_on
             && self.prng.chance(faults.state_damage_percent)
@@ -140,6 +200,25 @@ impl Simulation {
             }
         }
         self.outcome.node_crashes += 1;
+    }
+
+    /// Replicas of `group` (but `except`) whose journal may have lost acknowledged
+    /// writes: up and untrusted, or down after a power loss or with an untrusted state.
+    fn untrusted_in_group(&self, group: u64, except: Option<ReplicaId>) -> usize {
+        self.nodes
+            .iter()
+            .filter(|((g, r), n)| {
+                *g == group
+                    && Some(*r) != except
+                    && match &n.replica {
+                        Some(replica) => !replica.journal_trusted(),
+                        None => {
+                            !n.journal_trusted
+                                || n.disk.durable_state().journal_trusted_through != u64::MAX
+                        }
+                    }
+            })
+            .count()
     }
 
     /// Replicas that make a quorum.
@@ -188,14 +267,32 @@ impl Simulation {
                 return;
             }
         };
+        if self.trace {
+            let slots: Vec<String> = read
+                .journal
+                .iter()
+                .map(|(op, slot)| match slot {
+                    braid_vsr::JournalSlot::Prepare(_) => format!("{op}"),
+                    braid_vsr::JournalSlot::Header(_) => format!("{op}h"),
+                    braid_vsr::JournalSlot::Damaged => format!("{op}x"),
+                })
+                .collect();
+            eprintln!(
+                "t{} g{group}r{replica} reads {:?}, checkpoint {:?}, journal [{}]",
+                self.tick,
+                state,
+                read.checkpoint.as_ref().map(|c| c.header.op),
+                slots.join(" ")
+            );
+        }
         node.disk.rewrite_state(state);
-        match Replica::restart(
-            config,
-            CounterMachine::default(),
-            state,
-            read.checkpoint,
-            read.journal,
-        ) {
+        let persisted = Persisted {
+            durable: state,
+            checkpoint: read.checkpoint,
+            journal: read.journal,
+            journal_trusted: node.journal_trusted,
+        };
+        match Replica::restart(config, CounterMachine::default(), persisted) {
             Ok(restarted) => {
                 // A restart may forget a view it never made durable; it never goes
                 // below the durable one (checked every step).
@@ -218,6 +315,11 @@ impl Simulation {
     fn fault_target(&mut self) -> Option<((u64, ReplicaId), u64)> {
         let keys: Vec<(u64, ReplicaId)> = self.nodes.keys().copied().collect();
         let key = keys[self.prng.below(keys.len() as u64) as usize];
+        if self.untrusted_in_group(key.0, None) > 0 {
+            // A journal that may have lost acknowledged writes is a fault at every op
+            // above what it knows committed: no second fault in that group meanwhile.
+            return None;
+        }
         let ops: Vec<u64> = self.nodes[&key]
             .disk
             .intact_ops()

@@ -97,6 +97,8 @@ pub struct Faults {
     pub node_crash_per_10k: u64,
     /// Each node's clock runs at a rate drawn between (100 - skew)% and (100 + skew)%.
     pub clock_skew_percent: u64,
+    /// Percent of crashes that are power losses (unsynced page-cache writes lost).
+    pub power_loss_percent: u64,
 }
 
 impl Faults {
@@ -120,6 +122,7 @@ impl Faults {
             damage_percent: 0,
             node_crash_per_10k: 0,
             clock_skew_percent: 0,
+            power_loss_percent: 0,
         }
     }
 
@@ -143,6 +146,7 @@ impl Faults {
             damage_percent: prng.below(5),
             node_crash_per_10k: prng.below(5),
             clock_skew_percent: prng.below(30),
+            power_loss_percent: prng.below(60),
         }
     }
 }
@@ -172,6 +176,13 @@ pub struct SimConfig {
     pub checkpoint_interval: u64,
     /// Replicas drop timers and compact their journals while idle.
     pub quiesce: bool,
+    /// Clients resend an operation whose outcome is unknown under a new session after
+    /// theirs was evicted (breaking the client-table rule; the model must catch the
+    /// double execution this allows).
+    pub resend_after_eviction: bool,
+    /// Journal writes complete only once synced (`fsync = always`); off, they complete
+    /// in the page cache and a power loss may take them (`fsync = never`).
+    pub journal_fsync: bool,
 }
 
 impl SimConfig {
@@ -182,11 +193,19 @@ impl SimConfig {
         // One seed in twenty is a big workload: thousands of ops in one group, many
         // checkpoints, a long safety phase.
         let big = prng.chance(5);
-        let clients_per_group = if big { 4 + prng.below(5) } else { 1 + prng.below(4) };
+        let clients_per_group = if big {
+            4 + prng.below(5)
+        } else {
+            1 + prng.below(4)
+        };
         let (groups, requests_per_client, safety_ticks) = if big {
             (1, 200 + prng.below(400), 4_000 + prng.below(4_000))
         } else {
-            (1 + prng.below(3), 5 + prng.below(20), 500 + prng.below(1500))
+            (
+                1 + prng.below(3),
+                5 + prng.below(20),
+                500 + prng.below(1500),
+            )
         };
         Self {
             seed,
@@ -201,6 +220,8 @@ impl SimConfig {
             sessions_max: clients_per_group as usize + 1,
             checkpoint_interval: 64,
             quiesce: prng.chance(50),
+            journal_fsync: prng.chance(50),
+            resend_after_eviction: false,
         }
     }
 }
@@ -243,6 +264,9 @@ pub struct Outcome {
     pub failed_writes: u64,
     /// Replayed old registers the cluster refused.
     pub stale_registers_refused: u64,
+    /// Requests whose session was evicted before their reply came: their outcome is
+    /// unknown and the client does not resend them (the client-table rule).
+    pub outcomes_unknown: u64,
     /// Whole-node crashes (replica r of every group at once).
     pub node_crashes: u64,
     /// Journal writes that landed on another slot.
@@ -259,6 +283,8 @@ pub struct Outcome {
     pub damaged_messages: u64,
     /// Unsynced page-cache writes a power loss took.
     pub unsynced_writes_lost: u64,
+    /// Crashes that were power losses.
+    pub power_losses: u64,
     /// The highest view reached.
     pub views: u64,
 }
@@ -272,6 +298,7 @@ impl Outcome {
         self.torn_writes += other.torn_writes;
         self.failed_writes += other.failed_writes;
         self.stale_registers_refused += other.stale_registers_refused;
+        self.outcomes_unknown += other.outcomes_unknown;
         self.node_crashes += other.node_crashes;
         self.misdirected_writes += other.misdirected_writes;
         self.latent_errors += other.latent_errors;
@@ -280,13 +307,14 @@ impl Outcome {
         self.checkpoint_slots_damaged += other.checkpoint_slots_damaged;
         self.damaged_messages += other.damaged_messages;
         self.unsynced_writes_lost += other.unsynced_writes_lost;
+        self.power_losses += other.power_losses;
         self.views = self.views.max(other.views);
     }
 
     /// The fault counts, one line.
     pub fn fault_summary(&self) -> String {
         format!(
-            "{} replica crashes, {} node crashes, {} torn writes, {} failed writes, {} corrupted entries, {} misdirected writes, {} latent read errors ({} found on read), {} durable-state slots damaged, {} checkpoint slots damaged, {} damaged messages, {} unsynced writes lost, {} stale registers refused",
+            "{} replica crashes, {} node crashes, {} torn writes, {} failed writes, {} corrupted entries, {} misdirected writes, {} latent read errors ({} found on read), {} durable-state slots damaged, {} checkpoint slots damaged, {} damaged messages, {} power losses ({} unsynced writes lost), {} stale registers refused",
             self.crashes,
             self.node_crashes,
             self.torn_writes,
@@ -298,6 +326,7 @@ impl Outcome {
             self.state_slots_damaged,
             self.checkpoint_slots_damaged,
             self.damaged_messages,
+            self.power_losses,
             self.unsynced_writes_lost,
             self.stale_registers_refused,
         )
@@ -309,6 +338,10 @@ struct Node {
     replica: Option<Replica<CounterMachine>>,
     disk: Disk,
     restart_at: Option<u64>,
+    /// No power loss since the durable state was last written (the shell keeps the
+    /// boot id with it): the next restart may trust its journal, unless the durable
+    /// state says otherwise.
+    journal_trusted: bool,
     /// This node's clock rate in percent of the simulation's (clock skew).
     clock_percent: u64,
     max_view: u64,
@@ -347,6 +380,8 @@ struct Client {
     view_hint: u64,
     /// Registration attempts so far; a register carries its attempt number.
     registrations: u64,
+    /// The client's own operation number (it survives a new session).
+    operation: u64,
     done: bool,
 }
 
@@ -361,6 +396,11 @@ struct GroupModel {
     results: BTreeMap<(u64, u64), Result<Vec<u8>, Refusal>>,
     /// Bodies clients sent, by (session, request).
     bodies: BTreeMap<(u64, u64), Vec<u8>>,
+    /// The client's own operation each (session, request) carries: (client, operation
+    /// number). The same operation sent under two sessions maps twice.
+    operations: BTreeMap<(u64, u64), (u64, u64)>,
+    /// Operations executed, and the (session, request) that executed them.
+    executed: BTreeMap<(u64, u64), (u64, u64)>,
 }
 
 /// A simulated cluster.
@@ -380,6 +420,7 @@ pub struct Simulation {
     /// (group, view, op) -> the checksum of the first prepare any replica held for it.
     prepared: BTreeMap<(u64, u64, u64), braid_vsr::Checksum>,
     faults_on: bool,
+    writeback: bool,
     trace: bool,
     outcome: Outcome,
     failure: Option<Failure>,
@@ -417,7 +458,8 @@ impl Simulation {
                     Node {
                         clock_percent,
                         replica: started,
-                        disk: Disk::new(true),
+                        disk: Disk::new(config.journal_fsync),
+                        journal_trusted: true,
                         restart_at: None,
                         max_view: 0,
                         max_durable_commit: 0,
@@ -437,6 +479,7 @@ impl Simulation {
                     pending: None,
                     view_hint: 0,
                     registrations: 0,
+                    operation: 0,
                     done: false,
                 });
             }
@@ -456,6 +499,7 @@ impl Simulation {
             models,
             prepared: BTreeMap::new(),
             faults_on: true,
+            writeback: true,
             trace: false,
             outcome: Outcome::default(),
             failure,
@@ -827,8 +871,18 @@ impl Simulation {
                 }
             }
             Output::WriteState(state) => self.queue(key, PendingWrite::State(state)),
-            Output::TruncateJournal { op } => self.queue(key, PendingWrite::Truncate(op)),
-            Output::PruneJournal { op } => self.queue(key, PendingWrite::Prune(op)),
+            Output::TruncateJournal { op } => {
+                if self.trace {
+                    eprintln!("t{} g{group}r{replica} truncate above {op}", self.tick);
+                }
+                self.queue(key, PendingWrite::Truncate(op))
+            }
+            Output::PruneJournal { op } => {
+                if self.trace {
+                    eprintln!("t{} g{group}r{replica} prune through {op}", self.tick);
+                }
+                self.queue(key, PendingWrite::Prune(op))
+            }
             Output::WriteCheckpoint(checkpoint) => {
                 self.queue(key, PendingWrite::Checkpoint(checkpoint))
             }
@@ -872,7 +926,7 @@ impl Simulation {
             let tick = self.tick;
             let completed = match self.nodes.get_mut(&key) {
                 Some(node) if node.replica.is_some() => {
-                    if !node.disk.journal_fsync() && self.prng.chance(5) {
+                    if self.writeback && !node.disk.journal_fsync() && self.prng.chance(5) {
                         node.disk.writeback();
                     }
                     node.disk.complete_due(tick, &mut self.prng, fail_per_10k)
@@ -884,9 +938,13 @@ impl Simulation {
                 Err(inputs) => (inputs, true),
             };
             for input in inputs {
-                if self.trace {
-                    if let Input::StateWritten(state) = &input {
+                if let Input::StateWritten(state) = &input {
+                    if self.trace {
                         eprintln!("t{} g{}r{} durable {:?}", self.tick, key.0, key.1, state);
+                    }
+                    // Written with this boot's id: the power loss is recorded in it.
+                    if let Some(node) = self.nodes.get_mut(&key) {
+                        node.journal_trusted = true;
                     }
                 }
                 self.input(key, input);

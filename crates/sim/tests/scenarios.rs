@@ -20,6 +20,8 @@ fn quiet(seed: u64, replica_count: u8, groups: u64) -> SimConfig {
         sessions_max: 3,
         checkpoint_interval: 64,
         quiesce: false,
+        journal_fsync: true,
+        resend_after_eviction: false,
     }
 }
 
@@ -222,4 +224,87 @@ fn a_cut_off_primary_installs_a_snapshot_of_a_newer_view() {
     // and can never commit: it cuts them and leaves view 2 instead of preparing other
     // ops at the same numbers (caught by the invariants and the log-level check).
     ok(run_seed(13928, false));
+}
+
+/// With `fsync = never`, a backup acknowledges writes still in its page cache. One that
+/// loses power loses them; after its restart it must not count as never having them,
+/// or a view change with the replica that never got them would drop committed ops.
+#[test]
+fn a_backup_that_lost_unsynced_acknowledged_writes_does_not_nack_them() {
+    let mut config = quiet(18, 3, 1);
+    config.journal_fsync = false;
+    let mut sim = Simulation::new(config);
+    sim.set_random_faults(false);
+    sim.set_writeback(false);
+    ok(sim.run_until(2_000, |s| s.committed(0) >= 5));
+    // Replica 2 falls behind; 0 (primary) and 1 commit more.
+    sim.isolate(2);
+    let before = sim.committed(0);
+    ok(sim.run_until(2_000, |s| s.committed(0) >= before + 10));
+    let committed = sim.committed(0);
+    // Replica 1 loses power (its acknowledged, unsynced writes may be gone) and the
+    // primary crashes: only 1 and 2 are up, and 2 never had the newest ops.
+    sim.power_off((0, 1));
+    sim.crash((0, 0));
+    sim.heal_network();
+    sim.restart((0, 1));
+    assert!(
+        !sim.replica(0, 1).unwrap().journal_trusted(),
+        "a power loss leaves the journal untrusted"
+    );
+    // 1 and 2 alone must not start a view without the ops 0 holds.
+    ok(sim.run_ticks(1_500));
+    for r in 1..3 {
+        let replica = sim.replica(0, r).unwrap();
+        assert!(
+            replica.status() != Status::Normal || replica.commit_max() >= committed,
+            "replica {r} is normal in view {} below the committed op {committed}",
+            replica.view()
+        );
+    }
+    // With the primary back, the view starts and nothing committed is lost.
+    sim.restart((0, 0));
+    let outcome = ok(sim.finish());
+    assert!(outcome.ops_committed >= committed);
+}
+
+/// The client-table rule: after its session is evicted, a client must not resend an
+/// operation whose reply it never got under a new session, since the first attempt may
+/// have run. A client that does is caught by the model (keyed by the client's own
+/// operation, not by session and request) running one operation twice.
+#[test]
+fn an_operation_resent_under_a_new_session_after_eviction_is_caught() {
+    let mut caught = 0;
+    let mut unknown = 0;
+    for seed in 0..40 {
+        let mut config = quiet(300 + seed, 3, 1);
+        config.clients_per_group = 4;
+        config.sessions_max = 2; // registers evict the others' sessions all the time
+        config.requests_per_client = 6;
+        config.safety_ticks = 3_000;
+        config.faults = Faults {
+            loss_percent: 30,
+            delay_ticks_max: 20,
+            ..Faults::none()
+        };
+        // The rule kept: never twice, and the unknown outcomes are counted.
+        let mut sim = Simulation::new(config);
+        ok(sim.run_ticks(3_000));
+        unknown += sim.outcome().outcomes_unknown;
+        // The rule broken: some run executes an operation twice.
+        config.resend_after_eviction = true;
+        if let Err(failure) = Simulation::new(config).run_ticks(3_000) {
+            assert!(failure.what.contains("ran twice"), "{failure}");
+            if caught == 0 {
+                eprintln!("{failure}");
+            }
+            caught += 1;
+        }
+    }
+    assert!(unknown > 0, "evictions left outcomes unknown");
+    eprintln!("{caught} of 40 runs that resent after an eviction ran an operation twice");
+    assert!(
+        caught > 0,
+        "resending after an eviction ran an operation twice"
+    );
 }

@@ -63,7 +63,7 @@ pub enum DecodeError {
 }
 
 /// What a replica must keep across crashes besides its journal.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DurableState {
     /// The highest view it took part in.
     pub view: u64,
@@ -71,27 +71,48 @@ pub struct DurableState {
     pub log_view: u64,
     /// The highest op it knows is committed.
     pub commit: u64,
+    /// Journal entries above this op may be acknowledged writes lost to a power loss
+    /// (`u64::MAX`: none). Kept here so that a process crash after a power loss does
+    /// not make an untrusted journal look trusted again.
+    pub journal_trusted_through: u64,
+}
+
+impl Default for DurableState {
+    fn default() -> Self {
+        Self {
+            view: 0,
+            log_view: 0,
+            commit: 0,
+            journal_trusted_through: u64::MAX,
+        }
+    }
 }
 
 const STATE_MAGIC: u32 = 0x4252_5653; // "BRVS"
 const CHECKPOINT_MAGIC: u32 = 0x4252_4350; // "BRCP"
 
 impl DurableState {
-    /// Bytes of one encoded slot: magic, sequence, view, log view, commit, checksum.
-    pub const ENCODED_BYTES: usize = 4 + 4 * 8 + 16;
+    /// Bytes of one encoded slot: magic, sequence, view, log view, commit, journal
+    /// trusted through, checksum.
+    pub const ENCODED_BYTES: usize = 4 + 5 * 8 + 16;
+    const SUMMED_BYTES: usize = Self::ENCODED_BYTES - 16;
 
     /// The slot bytes for this state, with the write's sequence number (higher is newer).
     pub fn encode(&self, sequence: u64) -> [u8; Self::ENCODED_BYTES] {
         let mut out = [0u8; Self::ENCODED_BYTES];
         out[0..4].copy_from_slice(&STATE_MAGIC.to_be_bytes());
-        for (i, word) in [sequence, self.view, self.log_view, self.commit]
-            .iter()
-            .enumerate()
-        {
+        let words = [
+            sequence,
+            self.view,
+            self.log_view,
+            self.commit,
+            self.journal_trusted_through,
+        ];
+        for (i, word) in words.iter().enumerate() {
             out[4 + i * 8..12 + i * 8].copy_from_slice(&word.to_be_bytes());
         }
-        let sum = checksum(&out[..36]);
-        out[36..].copy_from_slice(&sum.to_be_bytes());
+        let sum = checksum(&out[..Self::SUMMED_BYTES]);
+        out[Self::SUMMED_BYTES..].copy_from_slice(&sum.to_be_bytes());
         out
     }
 
@@ -115,8 +136,9 @@ impl DurableState {
             view: reader.u64()?,
             log_view: reader.u64()?,
             commit: reader.u64()?,
+            journal_trusted_through: reader.u64()?,
         };
-        if reader.u128()? != checksum(&bytes[..36]) {
+        if reader.u128()? != checksum(&bytes[..Self::SUMMED_BYTES]) {
             return Err(DecodeError::Checksum { what: WHAT });
         }
         if state.log_view > state.view {
@@ -393,6 +415,7 @@ mod tests {
             view: 7,
             log_view: 5,
             commit: 40,
+            journal_trusted_through: 38,
         };
         let slot = state.encode(12);
         assert_eq!(DurableState::decode(&slot), Ok((12, state)));
@@ -426,12 +449,9 @@ mod tests {
             view: 1,
             log_view: 1,
             commit: 3,
+            ..DurableState::default()
         };
-        let new = DurableState {
-            view: 2,
-            log_view: 1,
-            commit: 3,
-        };
+        let new = DurableState { view: 2, ..old };
         let a = old.encode(1);
         let mut b = new.encode(2);
         assert_eq!(DurableState::newest(&[&a, &b]), Ok((2, new)));

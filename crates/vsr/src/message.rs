@@ -223,11 +223,18 @@ pub enum Message {
         op: u64,
         /// The sender's commit number.
         commit: u64,
+        /// The checksum of the op at `commit`, if the sender's journal holds it as
+        /// committed (proven by the chain): a top for a log whose best vote is shorter.
+        commit_checksum: Option<Checksum>,
         /// Entries from the sender's commit (its anchor) to its op.
         suffix: Vec<SuffixEntry>,
         /// Ops in the suffix's range whose slots the sender knows it wrote but cannot
         /// read: never counted as "never had" (the other absent ops are).
         faulty: Vec<u64>,
+        /// Ops above this may be ones the sender acknowledged and lost (its journal was
+        /// not synced before a restart): never counted as "never had". `u64::MAX` when
+        /// its journal is trusted.
+        trusted_through: u64,
         /// The sender.
         from: ReplicaId,
     },

@@ -190,6 +190,24 @@ pub enum Status {
     Recovering,
 }
 
+/// What a restarting replica reads back from its disk.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Persisted {
+    /// The durable state (the newest intact copy).
+    pub durable: DurableState,
+    /// The newest intact checkpoint, if any was written.
+    pub checkpoint: Option<Checkpoint>,
+    /// The journal slots above the checkpoint, by op. A slot whose write was reported
+    /// complete must read back as its prepare, its header, or [`JournalSlot::Damaged`],
+    /// never be absent; [`Persisted::journal_trusted`] says when that cannot be promised.
+    pub journal: Vec<(u64, JournalSlot)>,
+    /// False when journal writes were reported complete before they were synced
+    /// (`fsync = never` or `interval`) and the page cache may have been lost since (the
+    /// machine rebooted or lost power). The replica then never counts as "never had" an
+    /// op above what it knows committed, until it is normal in a newer view.
+    pub journal_trusted: bool,
+}
+
 /// A journal slot as read back from disk after a restart.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum JournalSlot {
@@ -297,13 +315,13 @@ struct Entry {
 impl Entry {
     /// A committed op kept only as the chain's anchor: its body is on disk or covered
     /// by a checkpoint.
-    fn anchor(header: Header) -> Self {
-        Self {
+    fn anchor(header: Header) -> Box<Self> {
+        Box::new(Self {
             header,
             body: None,
             durable: true,
             canonical: true,
-        }
+        })
     }
 }
 
@@ -313,8 +331,10 @@ struct ViewChangeVote {
     log_view: u64,
     op: u64,
     commit: u64,
+    commit_checksum: Option<Checksum>,
     suffix: Vec<SuffixEntry>,
     faulty: Vec<u64>,
+    trusted_through: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -344,7 +364,8 @@ pub struct Replica<S> {
     commit_min: u64,
     commit_max: u64,
     durable: DurableState,
-    journal: BTreeMap<u64, Entry>,
+    /// Entries are boxed: an idle group keeps one, and a map's node has room for eleven.
+    journal: BTreeMap<u64, Box<Entry>>,
     /// Ops whose journal slot is damaged and whose header is unknown.
     faulty: BTreeSet<u64>,
     /// Expected checksums of ops not yet in the journal (commit anchors, parents).
@@ -378,6 +399,11 @@ pub struct Replica<S> {
     leave_log_view: bool,
     /// Outputs a restart owes, given at the first step.
     startup: Vec<Output>,
+    /// Ops above this may have been acknowledged and lost (an untrusted journal after a
+    /// restart): this replica's votes never nack them. `u64::MAX` when trusted.
+    trusted_through: u64,
+    /// The first step writes the durable state (a lowered `trusted_through`).
+    persist_trust: bool,
     ignored: IgnoredCounts,
     deadlines: [Option<u64>; TIMERS],
     now: u64,
@@ -404,12 +430,12 @@ impl<S: StateMachine> Replica<S> {
         let mut replica = Self::blank(config, machine, root);
         replica.journal.insert(
             0,
-            Entry {
+            Box::new(Entry {
                 header: root,
                 body: Some(Vec::new()),
                 durable: true,
                 canonical: true,
-            },
+            }),
         );
         replica.status = Status::Normal;
         replica.arm_status_timers();
@@ -445,6 +471,8 @@ impl<S: StateMachine> Replica<S> {
             idle_heartbeats: 0,
             leave_log_view: false,
             startup: Vec::new(),
+            trusted_through: u64::MAX,
+            persist_trust: false,
             ignored: IgnoredCounts::default(),
             deadlines: [None; TIMERS],
             now: 0,
@@ -458,13 +486,13 @@ impl<S: StateMachine> Replica<S> {
     ///
     /// # Errors
     /// The config cannot run, or the checkpoint is damaged or does not decode.
-    pub fn restart(
-        config: Config,
-        machine: S,
-        durable: DurableState,
-        checkpoint: Option<Checkpoint>,
-        journal: Vec<(u64, JournalSlot)>,
-    ) -> Result<Self, StartError> {
+    pub fn restart(config: Config, machine: S, persisted: Persisted) -> Result<Self, StartError> {
+        let Persisted {
+            durable,
+            checkpoint,
+            journal,
+            journal_trusted,
+        } = persisted;
         config.validate()?;
         let root = Header::root(config.group);
         if let Some(checkpoint) = &checkpoint {
@@ -488,6 +516,16 @@ impl<S: StateMachine> Replica<S> {
         replica.view = durable.view;
         replica.log_view = durable.log_view;
         replica.durable = durable;
+        replica.trusted_through = durable.journal_trusted_through;
+        if !journal_trusted {
+            // Writes acknowledged before they were synced may be gone: only what is known
+            // committed is certain (and even that may need repair). Votes say so until
+            // this replica is normal in a view newer than this log view; the first step
+            // persists it, so a later process crash keeps it.
+            let known = durable.commit.max(checkpoint_header.op);
+            replica.trusted_through = replica.trusted_through.min(known);
+            replica.persist_trust = replica.trusted_through != durable.journal_trusted_through;
+        }
         replica.commit_min = checkpoint_header.op;
         replica.commit_max = durable.commit.max(checkpoint_header.op);
         replica
@@ -501,23 +539,23 @@ impl<S: StateMachine> Replica<S> {
                 JournalSlot::Prepare(prepare) if prepare.valid() && prepare.header.op == op => {
                     replica.journal.insert(
                         op,
-                        Entry {
+                        Box::new(Entry {
                             header: prepare.header,
                             body: Some(prepare.body),
                             durable: true,
                             canonical: false,
-                        },
+                        }),
                     );
                 }
                 JournalSlot::Header(header) if header.valid() && header.op == op => {
                     replica.journal.insert(
                         op,
-                        Entry {
+                        Box::new(Entry {
                             header,
                             body: None,
                             durable: true,
                             canonical: false,
-                        },
+                        }),
                     );
                 }
                 _ => {
@@ -594,6 +632,12 @@ impl<S: StateMachine> Replica<S> {
         self.commit_max
     }
 
+    /// Whether this replica's journal is trusted: false after a restart that may have
+    /// lost acknowledged writes, until it is normal in a newer view.
+    pub fn journal_trusted(&self) -> bool {
+        self.trusted_through == u64::MAX
+    }
+
     /// Messages ignored so far, by reason.
     pub fn ignored(&self) -> IgnoredCounts {
         self.ignored
@@ -631,16 +675,6 @@ impl<S: StateMachine> Replica<S> {
         self.journal.len()
     }
 
-    /// Approximate heap bytes held (journal, indexes, client table excluded).
-    pub fn heap_bytes(&self) -> usize {
-        // A BTreeMap node per entry is about the entry plus a pointer or two.
-        self.journal
-            .values()
-            .map(|e| std::mem::size_of::<Entry>() + 16 + e.body.as_ref().map_or(0, Vec::capacity))
-            .sum::<usize>()
-            + (self.wanted.len() + self.faulty.len()) * 24
-    }
-
     /// The header of `op` in the journal, if present.
     pub fn header(&self, op: u64) -> Option<&Header> {
         self.journal.get(&op).map(|e| &e.header)
@@ -653,6 +687,9 @@ impl<S: StateMachine> Replica<S> {
         debug_assert!(now >= self.now, "time went backwards");
         self.now = now.max(self.now);
         out.append(&mut self.startup);
+        if std::mem::take(&mut self.persist_trust) {
+            self.write_state(out);
+        }
         if self.leave_log_view {
             self.leave_log_view = false;
             self.start_view_change(self.view + 1, out);
@@ -818,16 +855,20 @@ impl<S: StateMachine> Replica<S> {
                 log_view,
                 op,
                 commit,
+                commit_checksum,
                 suffix,
                 faulty,
+                trusted_through,
                 from,
             } => {
                 let vote = ViewChangeVote {
                     log_view,
                     op,
                     commit,
+                    commit_checksum,
                     suffix,
                     faulty,
+                    trusted_through,
                 };
                 self.on_do_view_change(view, from, vote, out);
             }
@@ -988,6 +1029,7 @@ impl<S: StateMachine> Replica<S> {
             view: self.view,
             log_view: self.log_view,
             commit: self.commit_max,
+            journal_trusted_through: self.trusted_through,
         };
         if state != self.durable {
             out.push(Output::WriteState(state));
@@ -1024,12 +1066,12 @@ impl<S: StateMachine> Replica<S> {
         self.wanted.remove(&header.op);
         self.journal.insert(
             header.op,
-            Entry {
+            Box::new(Entry {
                 header,
                 body,
                 durable,
                 canonical,
-            },
+            }),
         );
         self.op = self.op.max(header.op);
     }

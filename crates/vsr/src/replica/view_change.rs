@@ -116,8 +116,14 @@ impl<S: StateMachine> Replica<S> {
             log_view: self.durable.log_view,
             op: self.op,
             commit: self.commit_max,
+            commit_checksum: self
+                .journal
+                .get(&self.commit_max)
+                .filter(|e| e.canonical)
+                .map(|e| e.header.checksum),
             suffix: self.suffix_from(anchor, anchor, false),
             faulty: self.faulty.range((anchor + 1)..).copied().collect(),
+            trusted_through: self.trusted_through,
         };
         let primary = self.primary_of(self.view);
         if primary == self.config.replica {
@@ -130,8 +136,10 @@ impl<S: StateMachine> Replica<S> {
                     log_view: vote.log_view,
                     op: vote.op,
                     commit: vote.commit,
+                    commit_checksum: vote.commit_checksum,
                     suffix: vote.suffix,
                     faulty: vote.faulty,
+                    trusted_through: vote.trusted_through,
                     from: self.config.replica,
                 },
             });
@@ -177,6 +185,9 @@ impl<S: StateMachine> Replica<S> {
     /// there and not one of its damaged slots. A damaged entry is never a nack: the
     /// sender may have acknowledged it before the damage.
     pub(super) fn nacks_op(vote: &ViewChangeVote, op: u64, checksum: Option<Checksum>) -> bool {
+        if op > vote.trusted_through {
+            return false; // it may have had it and lost it
+        }
         if vote.op < op {
             return true;
         }
@@ -202,14 +213,30 @@ impl<S: StateMachine> Replica<S> {
     /// above it, only on a quorum of nacks (a damaged entry is never a nack); otherwise
     /// this view cannot start until a vote or a repair supplies it.
     pub(super) fn adopt_canonical_log(&mut self, out: &mut Vec<Output>) {
+        // The log comes from votes whose journals are trusted through their top. An
+        // untrusted journal may have lost entries or reverted replacements of its log
+        // view, so it never names the top. A quorum of trusted votes is a view-change
+        // quorum on its own: its best log holds every committed op. Short of that, if
+        // only untrusted votes reach the highest log view, what that view committed may
+        // be only there: wait for more votes.
+        let trusted = |v: &&ViewChangeVote| v.trusted_through >= v.op;
+        let trusted_quorum =
+            self.dvc_votes.values().filter(trusted).count() >= self.config.quorum();
+        let log_view_max = self.dvc_votes.values().map(|v| v.log_view).max();
         let Some(best) = self
             .dvc_votes
             .values()
+            .filter(trusted)
             .max_by_key(|v| (v.log_view, v.op))
             .cloned()
         else {
+            self.start_view_pending = false;
             return;
         };
+        if !trusted_quorum && log_view_max != Some(best.log_view) {
+            self.start_view_pending = false;
+            return;
+        }
         let commit = self
             .dvc_votes
             .values()
@@ -231,23 +258,44 @@ impl<S: StateMachine> Replica<S> {
             }
         }
         // The top: the highest op of the best log a same-view vote can name.
-        let same_view: Vec<&ViewChangeVote> = self
+        // Entries that speak for the log of `best.log_view`: any entry of a trusted vote
+        // of that log view, and of an untrusted one only entries prepared in that very
+        // view (an op number is prepared once per view, and a vote still in that log
+        // view never had it replaced; an older entry there may be a lost replacement).
+        let log_view = best.log_view;
+        let speaks = |v: &ViewChangeVote, e: &SuffixEntry| {
+            v.log_view == log_view && (trusted(&v) || e.header.view == log_view)
+        };
+        let top_offered = self
             .dvc_votes
             .values()
-            .filter(|v| v.log_view == best.log_view)
-            .collect();
-        let mut limit = best.op;
+            .flat_map(|v| v.suffix.iter().filter(move |e| speaks(v, e)))
+            .map(|e| e.header.op)
+            .max();
+        // The committed op at `commit`, if a vote knows it: every log has it, so it can
+        // be the top when the best log view's votes are shorter.
+        let committed_top = self
+            .dvc_votes
+            .values()
+            .filter(|v| v.commit == commit)
+            .filter_map(|v| v.commit_checksum)
+            .find_map(|checksum| pool.get(&checksum).map(|(header, _)| *header))
+            .filter(|header| header.op == commit);
+        let mut limit = best
+            .op
+            .max(top_offered.unwrap_or(0))
+            .max(committed_top.map_or(0, |h| h.op));
         let (top, mut canonical) = loop {
             let mut top = None;
             let mut op = limit;
             while op > self.floor() {
-                let header = same_view.iter().find_map(|v| {
+                let header = self.dvc_votes.values().find_map(|v| {
                     v.suffix
                         .iter()
-                        .find(|e| e.header.op == op)
+                        .find(|e| e.header.op == op && speaks(v, e))
                         .map(|e| e.header)
                 });
-                if let Some(header) = header {
+                if let Some(header) = header.or(committed_top.filter(|h| h.op == op)) {
                     top = Some(header);
                     break;
                 }
@@ -326,6 +374,21 @@ impl<S: StateMachine> Replica<S> {
             self.start_view_pending = false;
             return;
         }
+        // The op above the new log must be one a quorum never acknowledged, or it may
+        // have committed. Everything committed before view `best.log_view` started is in
+        // that view's log, below `op`; so an op above could only have committed in that
+        // view, acknowledged by replicas normal in it. A vote of an older log view never
+        // was (its log view is durable even when its journal is not); a vote of that log
+        // view says so only if its journal is trusted that high.
+        let never_acked = self
+            .dvc_votes
+            .values()
+            .filter(|v| v.log_view < best.log_view || Self::nacks_op(v, op + 1, None))
+            .count();
+        if never_acked < self.config.quorum() {
+            self.start_view_pending = false;
+            return;
+        }
         if self.op > op || self.faulty.iter().any(|f| *f > op) {
             out.push(Output::TruncateJournal { op });
         }
@@ -334,6 +397,10 @@ impl<S: StateMachine> Replica<S> {
         self.wanted.retain(|o, _| *o <= op);
         self.op = op;
         for (o, (header, body)) in canonical {
+            if o <= self.commit_min {
+                self.check_applied(&header);
+                continue;
+            }
             let same = self.journal.get(&o).is_some_and(|e| {
                 e.header.checksum == header.checksum && (e.body.is_some() || body.is_none())
             });
@@ -368,6 +435,8 @@ impl<S: StateMachine> Replica<S> {
         self.start_view_pending = false;
         self.status = Status::Normal;
         self.log_view = self.view;
+        // Its journal is now this view's log, built from trusted votes.
+        self.trusted_through = u64::MAX;
         self.start_view_sent = false;
         self.prepare_oks = ((self.commit_max + 1)..=self.op)
             .map(|op| (op, BTreeSet::new()))
@@ -441,6 +510,10 @@ impl<S: StateMachine> Replica<S> {
         }
         self.view = view;
         self.status = Status::Normal;
+        if view > self.log_view {
+            // A newer view's log replaces whatever an untrusted journal lost.
+            self.trusted_through = u64::MAX;
+        }
         self.log_view = view;
         self.svc_votes.clear();
         self.dvc_votes.clear();
@@ -461,7 +534,10 @@ impl<S: StateMachine> Replica<S> {
         let commit_before = self.commit_max;
         self.wanted.retain(|o, _| *o <= commit_before);
         for entry in suffix {
-            if entry.header.op <= self.checkpoint.op {
+            if entry.header.op <= self.commit_min {
+                // Applied here already: on disk (or in a checkpoint), maybe compacted out
+                // of memory. Rewriting it as a header would destroy a committed body.
+                self.check_applied(&entry.header);
                 continue;
             }
             let same = self
@@ -632,26 +708,56 @@ impl<S: StateMachine> Replica<S> {
         self.journal.insert(header.op, Entry::anchor(header));
         self.wanted = self.wanted.split_off(&(header.op + 1));
         self.faulty = self.faulty.split_off(&(header.op + 1));
-        // An entry right above the snapshot that does not chain to it can never commit
-        // (the committed op above must name the snapshot's op as parent), nor can any
-        // entry chained on it: cut them. Entries above a gap stay unproven.
-        let mut top = header.op;
+        // Above the snapshot, an entry that does not chain on the entry below it (the
+        // snapshot's op, or one that chains on it) can never commit: the committed op
+        // above names the snapshot's as parent. A stale one (not vouched for by this
+        // view) is dropped from memory; its slot is rewritten when repaired and proves
+        // nothing if read back. One this view vouched for can conflict only if the
+        // snapshot comes from a newer view, which then committed another history: that
+        // suffix is cut, and a primary so cut leaves its view.
+        let mut chained = header.op;
         let mut parent = header.checksum;
-        let mut truncated = false;
-        while let Some(above) = self.journal.get(&(top + 1)) {
-            if above.header.parent != parent {
-                truncated = true;
-                out.push(Output::TruncateJournal { op: top });
-                self.journal.retain(|o, _| *o <= top);
-                self.wanted.retain(|o, _| *o <= top);
-                self.faulty.retain(|o| *o <= top);
-                self.prepare_oks.retain(|o, _| *o <= top);
-                self.op = top;
+        let mut stale = Vec::new();
+        let mut cut_above = None;
+        for (op, entry) in self.journal.range((header.op + 1)..) {
+            if *op == chained + 1 && entry.header.parent == parent {
+                chained = *op;
+                parent = entry.header.checksum;
+            } else if entry.canonical && *op == chained + 1 {
+                invariant!(
+                    header.view > self.view,
+                    "group {} replica {}: snapshot at op {} (view {}) contradicts canonical op {op} of view {}",
+                    self.config.group,
+                    self.config.replica,
+                    header.op,
+                    header.view,
+                    self.view
+                );
+                cut_above = Some(chained);
                 break;
+            } else if !entry.canonical {
+                stale.push(*op);
             }
-            parent = above.header.checksum;
-            top += 1;
         }
+        for op in stale {
+            self.journal.remove(&op);
+        }
+        let truncated = cut_above.is_some();
+        if let Some(top) = cut_above {
+            out.push(Output::TruncateJournal { op: top });
+            self.journal.retain(|o, _| *o <= top);
+            self.wanted.retain(|o, _| *o <= top);
+            self.faulty.retain(|o| *o <= top);
+            self.prepare_oks.retain(|o, _| *o <= top);
+        }
+        self.op = self
+            .journal
+            .keys()
+            .next_back()
+            .copied()
+            .unwrap_or(header.op)
+            .max(self.faulty.iter().next_back().copied().unwrap_or(0))
+            .max(header.op);
         out.push(Output::WriteCheckpoint(checkpoint));
         out.push(Output::PruneJournal { op: header.op });
         if truncated && self.is_primary() {
@@ -662,5 +768,19 @@ impl<S: StateMachine> Replica<S> {
         }
         self.write_state(out);
         self.apply_committed(out);
+    }
+
+    /// A view's entry at an op this replica applied must be the one it applied.
+    fn check_applied(&mut self, header: &Header) {
+        if let Some(entry) = self.journal.get_mut(&header.op) {
+            invariant!(
+                entry.header.checksum == header.checksum,
+                "group {} replica {}: the view's op {} is not the one applied here",
+                self.config.group,
+                self.config.replica,
+                header.op
+            );
+            entry.canonical = true;
+        }
     }
 }
