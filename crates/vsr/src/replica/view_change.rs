@@ -2,15 +2,11 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::{
-    Checkpoint, DurableState, Entry, Output, Replica, Status, Timer, ViewChangeVote, TIMERS,
-};
+use super::{DurableState, Output, Replica, Status, Timer, ViewChangeVote, TIMERS};
 use crate::message::{Checksum, Header, Message, ReplicaId, SuffixEntry};
 use crate::state::StateMachine;
 
 impl<S: StateMachine> Replica<S> {
-    // ---- view change --------------------------------------------------------------
-
     pub(super) fn start_view_change(&mut self, view: u64, out: &mut Vec<Output>) {
         if view <= self.view && self.status == Status::ViewChange {
             return;
@@ -625,149 +621,6 @@ impl<S: StateMachine> Replica<S> {
             let message = self.start_view_message();
             out.push(Output::Send { to: from, message });
         }
-    }
-
-    pub(super) fn on_request_prepare(
-        &mut self,
-        op: u64,
-        checksum: Checksum,
-        from: ReplicaId,
-        out: &mut Vec<Output>,
-    ) {
-        if from == self.config.replica {
-            return;
-        }
-        match self.prepare_at(op) {
-            Some(prepare) if prepare.header.checksum == checksum => out.push(Output::Send {
-                to: from,
-                message: Message::Prepare(prepare),
-            }),
-            // Compacted to disk (or only the header is in memory): the shell reads it.
-            _ if op <= self.compacted_through
-                || self
-                    .journal
-                    .get(&op)
-                    .is_some_and(|e| e.header.checksum == checksum && e.durable) =>
-            {
-                out.push(Output::SendFromJournal {
-                    to: from,
-                    op,
-                    checksum,
-                });
-            }
-            _ => {}
-        }
-    }
-
-    pub(super) fn on_request_snapshot(&mut self, from: ReplicaId, out: &mut Vec<Output>) {
-        if from == self.config.replica || self.commit_min == 0 {
-            return;
-        }
-        let Some(header) = self.journal.get(&self.commit_min).map(|e| e.header) else {
-            return;
-        };
-        out.push(Output::Send {
-            to: from,
-            message: Message::Snapshot {
-                checkpoint: Checkpoint::new(header, self.state.snapshot()),
-                from: self.config.replica,
-            },
-        });
-    }
-
-    pub(super) fn on_snapshot(
-        &mut self,
-        checkpoint: Checkpoint,
-        _from: ReplicaId,
-        out: &mut Vec<Output>,
-    ) {
-        let header = checkpoint.header;
-        if header.group != self.config.group || !checkpoint.valid() || header.op <= self.commit_min
-        {
-            return;
-        }
-        // Only for a replica that cannot apply its next op (missing, or not verifiable
-        // because the chain above it has a hole nobody can fill).
-        let next_applicable = self
-            .journal
-            .get(&(self.commit_min + 1))
-            .is_some_and(|e| e.body.is_some() && e.canonical);
-        if next_applicable {
-            return;
-        }
-        if self.state.restore(&checkpoint.state).is_err() {
-            return;
-        }
-        self.commit_min = header.op;
-        self.commit_max = self.commit_max.max(header.op);
-        self.op = self.op.max(header.op);
-        let commit = self.commit_max;
-        self.prepare_oks.retain(|op, _| *op > commit);
-        self.checkpoint = header;
-        self.journal = self.journal.split_off(&(header.op + 1));
-        self.journal.insert(header.op, Entry::anchor(header));
-        self.wanted = self.wanted.split_off(&(header.op + 1));
-        self.faulty = self.faulty.split_off(&(header.op + 1));
-        // Above the snapshot, an entry that does not chain on the entry below it (the
-        // snapshot's op, or one that chains on it) can never commit: the committed op
-        // above names the snapshot's as parent. A stale one (not vouched for by this
-        // view) is dropped from memory; its slot is rewritten when repaired and proves
-        // nothing if read back. One this view vouched for can conflict only if the
-        // snapshot comes from a newer view, which then committed another history: that
-        // suffix is cut, and a primary so cut leaves its view.
-        let mut chained = header.op;
-        let mut parent = header.checksum;
-        let mut stale = Vec::new();
-        let mut cut_above = None;
-        for (op, entry) in self.journal.range((header.op + 1)..) {
-            if *op == chained + 1 && entry.header.parent == parent {
-                chained = *op;
-                parent = entry.header.checksum;
-            } else if entry.canonical && *op == chained + 1 {
-                invariant!(
-                    header.view > self.view,
-                    "group {} replica {}: snapshot at op {} (view {}) contradicts canonical op {op} of view {}",
-                    self.config.group,
-                    self.config.replica,
-                    header.op,
-                    header.view,
-                    self.view
-                );
-                cut_above = Some(chained);
-                break;
-            } else if !entry.canonical {
-                stale.push(*op);
-            }
-        }
-        for op in stale {
-            self.journal.remove(&op);
-        }
-        let truncated = cut_above.is_some();
-        if let Some(top) = cut_above {
-            out.push(Output::TruncateJournal { op: top });
-            self.journal.retain(|o, _| *o <= top);
-            self.wanted.retain(|o, _| *o <= top);
-            self.faulty.retain(|o| *o <= top);
-            self.prepare_oks.retain(|o, _| *o <= top);
-        }
-        self.op = self
-            .journal
-            .keys()
-            .next_back()
-            .copied()
-            .unwrap_or(header.op)
-            .max(self.faulty.iter().next_back().copied().unwrap_or(0))
-            .max(header.op);
-        out.push(Output::WriteCheckpoint(checkpoint));
-        out.push(Output::PruneJournal { op: header.op });
-        if truncated && self.is_primary() {
-            // This primary's own uncommitted ops were not the committed history: it must
-            // never prepare at those numbers again in this view.
-            self.start_view_change(self.view + 1, out);
-            return;
-        }
-        self.write_state(out);
-        self.apply_committed(out);
     }
 
     /// A view's entry at an op this replica applied must be the one it applied.

@@ -1,0 +1,242 @@
+//! Repair: finding what the chain says is missing, asking peers for it by checksum,
+//! serving repairs and snapshots, and installing a snapshot.
+
+use super::*;
+
+impl<S: StateMachine> Replica<S> {
+    /// Asks every peer for the prepare at `op` with `checksum`.
+    pub(super) fn request_prepare(&self, op: u64, checksum: Checksum, out: &mut Vec<Output>) {
+        let message = Message::RequestPrepare {
+            op,
+            checksum,
+            from: self.config.replica,
+        };
+        self.send_to_others(message, out);
+    }
+
+    /// Marks entries below a canonical one canonical while the parent chain holds, and
+    /// records what is missing.
+    pub(super) fn propagate_canonical(&mut self) {
+        let Some((&top, _)) = self.journal.iter().rev().find(|(_, e)| e.canonical) else {
+            return;
+        };
+        let mut op = top;
+        while op > self.floor() {
+            let Some(parent) = self.journal.get(&op).map(|e| e.header.parent) else {
+                break;
+            };
+            match self.journal.get_mut(&(op - 1)) {
+                Some(below) if below.header.checksum == parent => {
+                    below.canonical = true;
+                }
+                _ => {
+                    self.wanted.insert(op - 1, parent);
+                    break;
+                }
+            }
+            op -= 1;
+        }
+    }
+
+    pub(super) fn record_anchor(&mut self, op: u64, checksum: Checksum) {
+        let floor = self.floor();
+        match self.journal.get_mut(&op) {
+            Some(entry) if entry.header.checksum == checksum => entry.canonical = true,
+            // The primary of this view says op is committed with another checksum than
+            // the one this view already pinned here: two histories, an agreement bug.
+            Some(entry) if entry.canonical => panic!(
+                "group {} replica {}: commit anchor {checksum:x} at op {op} contradicts canonical entry {:x} (view {})",
+                self.config.group, self.config.replica, entry.header.checksum, self.view
+            ),
+            _ if op > floor => {
+                self.wanted.insert(op, checksum);
+            }
+            _ => {}
+        }
+    }
+
+    /// Asks every other replica for the canonical entries this replica lacks.
+    pub(super) fn repair(&mut self, out: &mut Vec<Output>) {
+        self.propagate_canonical();
+        let mut asked = 0;
+        let wanted: Vec<(u64, Checksum)> = self.wanted.iter().map(|(o, c)| (*o, *c)).collect();
+        for (op, checksum) in wanted {
+            if op <= self.commit_min || asked >= 8 {
+                continue;
+            }
+            asked += 1;
+            self.request_prepare(op, checksum, out);
+        }
+        // Canonical entries whose bodies are missing.
+        let missing: Vec<(u64, Checksum)> = self
+            .journal
+            .iter()
+            .filter(|(op, e)| e.canonical && e.body.is_none() && **op > self.commit_min)
+            .map(|(op, e)| (*op, e.header.checksum))
+            .take(8)
+            .collect();
+        for (op, checksum) in missing {
+            self.request_prepare(op, checksum, out);
+        }
+        // Repairs that make no progress: peers may have pruned what is missing (they
+        // moved on to a checkpoint). Ask for their state instead.
+        if self.commit_min < self.commit_max && self.commit_min == self.commit_min_at_retry {
+            self.stalled_retries += 1;
+        } else {
+            self.stalled_retries = 0;
+        }
+        self.commit_min_at_retry = self.commit_min;
+        if self.stalled_retries >= STALLED_RETRIES_FOR_SNAPSHOT {
+            self.stalled_retries = 0;
+            self.send_to_others(
+                Message::RequestSnapshot {
+                    from: self.config.replica,
+                },
+                out,
+            );
+        }
+    }
+
+    pub(super) fn on_request_prepare(
+        &mut self,
+        op: u64,
+        checksum: Checksum,
+        from: ReplicaId,
+        out: &mut Vec<Output>,
+    ) {
+        if from == self.config.replica {
+            return;
+        }
+        match self.prepare_at(op) {
+            Some(prepare) if prepare.header.checksum == checksum => out.push(Output::Send {
+                to: from,
+                message: Message::Prepare(prepare),
+            }),
+            // Compacted to disk (or only the header is in memory): the shell reads it.
+            _ if op <= self.compacted_through
+                || self
+                    .journal
+                    .get(&op)
+                    .is_some_and(|e| e.header.checksum == checksum && e.durable) =>
+            {
+                out.push(Output::SendFromJournal {
+                    to: from,
+                    op,
+                    checksum,
+                });
+            }
+            _ => {}
+        }
+    }
+
+    pub(super) fn on_request_snapshot(&mut self, from: ReplicaId, out: &mut Vec<Output>) {
+        if from == self.config.replica || self.commit_min == 0 {
+            return;
+        }
+        let Some(header) = self.journal.get(&self.commit_min).map(|e| e.header) else {
+            return;
+        };
+        out.push(Output::Send {
+            to: from,
+            message: Message::Snapshot {
+                checkpoint: Checkpoint::new(header, self.state.snapshot()),
+                from: self.config.replica,
+            },
+        });
+    }
+
+    pub(super) fn on_snapshot(
+        &mut self,
+        checkpoint: Checkpoint,
+        _from: ReplicaId,
+        out: &mut Vec<Output>,
+    ) {
+        let header = checkpoint.header;
+        if header.group != self.config.group || !checkpoint.valid() || header.op <= self.commit_min
+        {
+            return;
+        }
+        // Only for a replica that cannot apply its next op (missing, or not verifiable
+        // because the chain above it has a hole nobody can fill).
+        let next_applicable = self
+            .journal
+            .get(&(self.commit_min + 1))
+            .is_some_and(|e| e.body.is_some() && e.canonical);
+        if next_applicable {
+            return;
+        }
+        if self.state.restore(&checkpoint.state).is_err() {
+            return;
+        }
+        self.commit_min = header.op;
+        self.commit_max = self.commit_max.max(header.op);
+        self.op = self.op.max(header.op);
+        let commit = self.commit_max;
+        self.prepare_oks.retain(|op, _| *op > commit);
+        self.checkpoint = header;
+        self.journal = self.journal.split_off(&(header.op + 1));
+        self.journal.insert(header.op, Entry::anchor(header));
+        self.wanted = self.wanted.split_off(&(header.op + 1));
+        self.faulty = self.faulty.split_off(&(header.op + 1));
+        // Above the snapshot, an entry that does not chain on the entry below it (the
+        // snapshot's op, or one that chains on it) can never commit: the committed op
+        // above names the snapshot's as parent. A stale one (not vouched for by this
+        // view) is dropped from memory; its slot is rewritten when repaired and proves
+        // nothing if read back. One this view vouched for can conflict only if the
+        // snapshot comes from a newer view, which then committed another history: that
+        // suffix is cut, and a primary so cut leaves its view.
+        let mut chained = header.op;
+        let mut parent = header.checksum;
+        let mut stale = Vec::new();
+        let mut cut_above = None;
+        for (op, entry) in self.journal.range((header.op + 1)..) {
+            if *op == chained + 1 && entry.header.parent == parent {
+                chained = *op;
+                parent = entry.header.checksum;
+            } else if entry.canonical && *op == chained + 1 {
+                invariant!(
+                    header.view > self.view,
+                    "group {} replica {}: snapshot at op {} (view {}) contradicts canonical op {op} of view {}",
+                    self.config.group,
+                    self.config.replica,
+                    header.op,
+                    header.view,
+                    self.view
+                );
+                cut_above = Some(chained);
+                break;
+            } else if !entry.canonical {
+                stale.push(*op);
+            }
+        }
+        for op in stale {
+            self.journal.remove(&op);
+        }
+        let truncated = cut_above.is_some();
+        if let Some(top) = cut_above {
+            out.push(Output::TruncateJournal { op: top });
+            self.journal.retain(|o, _| *o <= top);
+            self.wanted.retain(|o, _| *o <= top);
+            self.faulty.retain(|o| *o <= top);
+            self.prepare_oks.retain(|o, _| *o <= top);
+        }
+        self.op = self
+            .journal
+            .keys()
+            .next_back()
+            .copied()
+            .unwrap_or(header.op)
+            .max(self.faulty.iter().next_back().copied().unwrap_or(0))
+            .max(header.op);
+        out.push(Output::WriteCheckpoint(checkpoint));
+        out.push(Output::PruneJournal { op: header.op });
+        if truncated && self.is_primary() {
+            // This primary's own uncommitted ops were not the committed history: it must
+            // never prepare at those numbers again in this view.
+            self.start_view_change(self.view + 1, out);
+            return;
+        }
+        self.write_state(out);
+        self.apply_committed(out);
+    }
+}

@@ -1,0 +1,161 @@
+//! Timers and quiescence: the deadline table, what fires on a tick, what is resent,
+//! and when an idle group drops its timers.
+
+use super::*;
+
+impl<S: StateMachine> Replica<S> {
+    /// Whether nothing is in flight: everything prepared is committed and applied,
+    /// nothing is missing, and the view is durable.
+    pub fn is_idle(&self) -> bool {
+        self.status == Status::Normal
+            && self.op == self.commit_max
+            && self.commit_min == self.commit_max
+            && self.wanted.is_empty()
+            && self.faulty.is_empty()
+            && self.view_durable()
+            && !self.acks_owed
+            && self.prepare_oks.is_empty()
+            && (!self.is_primary() || self.start_view_sent || self.view == 0)
+            && self.journal.values().all(|e| e.durable && e.canonical)
+    }
+
+    /// Idle, and sure its peers know it: a primary has sent its final commit a few
+    /// times; a backup has heard that commit reach its op.
+    pub(super) fn may_quiesce(&self) -> bool {
+        self.config.quiesce
+            && self.is_idle()
+            && if self.is_primary() {
+                self.idle_heartbeats >= QUIET_AFTER_HEARTBEATS
+            } else {
+                self.heard_commit >= self.op
+            }
+    }
+
+    /// After each input: a quiescing idle replica drops its timers and compacts its
+    /// journal to the commit anchor; a busy one has the timers its status needs.
+    pub(super) fn settle_timers(&mut self) {
+        if self.may_quiesce() {
+            self.deadlines = [None; TIMERS];
+            if self.journal.len() > 1 {
+                let anchor = self.journal.get(&self.commit_min).map(|e| e.header);
+                if let Some(header) = anchor {
+                    self.journal.clear();
+                    self.journal.insert(header.op, Entry::anchor(header));
+                    self.compacted_through = header.op;
+                }
+            }
+            return;
+        }
+        let needs = |timer: Timer, replica: &Self| replica.deadlines[timer as usize].is_none();
+        if needs(Timer::Retry, self) {
+            self.arm(Timer::Retry, self.config.retry_ticks);
+        }
+        if self.is_primary() {
+            if needs(Timer::Heartbeat, self) {
+                self.arm(Timer::Heartbeat, self.config.heartbeat_ticks);
+            }
+        } else if needs(Timer::ViewChange, self) {
+            let timeout = self.view_change_timeout();
+            self.arm(Timer::ViewChange, timeout);
+        }
+    }
+
+    pub(super) fn arm(&mut self, timer: Timer, ticks: u64) {
+        self.deadlines[timer as usize] = Some(self.now + ticks.max(1));
+    }
+
+    pub(super) fn view_change_timeout(&mut self) -> u64 {
+        let base = self.config.view_change_ticks;
+        base + splitmix(&mut self.prng) % base.max(1)
+    }
+
+    pub(super) fn arm_status_timers(&mut self) {
+        self.deadlines = [None; TIMERS];
+        if self.is_primary() {
+            self.arm(Timer::Heartbeat, self.config.heartbeat_ticks);
+        }
+        let timeout = self.view_change_timeout();
+        if !self.is_primary() {
+            self.arm(Timer::ViewChange, timeout);
+        }
+        self.arm(Timer::Retry, self.config.retry_ticks);
+    }
+
+    pub(super) fn on_tick(&mut self, out: &mut Vec<Output>) {
+        let now = self.now;
+        let due = |d: Option<u64>| d.is_some_and(|d| d <= now);
+        if due(self.deadlines[Timer::Heartbeat as usize]) {
+            self.arm(Timer::Heartbeat, self.config.heartbeat_ticks);
+            if self.is_primary() {
+                self.send_commit(out);
+                if self.is_idle() {
+                    self.idle_heartbeats = self.idle_heartbeats.saturating_add(1);
+                } else {
+                    self.idle_heartbeats = 0;
+                }
+            }
+        }
+        if due(self.deadlines[Timer::ViewChange as usize]) {
+            let timeout = self.view_change_timeout();
+            self.arm(Timer::ViewChange, timeout);
+            match self.status {
+                Status::Normal if !self.is_primary() => self.start_view_change(self.view + 1, out),
+                Status::ViewChange => self.start_view_change(self.view + 1, out),
+                // Nobody answered with a StartView of our view (its primary may be us,
+                // or that view never started): move the group to a newer one.
+                Status::Recovering => self.start_view_change(self.view + 1, out),
+                _ => {}
+            }
+        }
+        if due(self.deadlines[Timer::Retry as usize]) {
+            self.arm(Timer::Retry, self.config.retry_ticks);
+            self.retry(out);
+        }
+    }
+
+    /// Resends whatever waits for an answer.
+    pub(super) fn retry(&mut self, out: &mut Vec<Output>) {
+        match self.status {
+            Status::Normal if self.is_primary() => {
+                // Prepares not yet acknowledged by a quorum.
+                let waiting: Vec<u64> = ((self.commit_max + 1)..=self.op).collect();
+                for op in waiting {
+                    if let Some(prepare) = self.prepare_at(op) {
+                        let acked = self.prepare_oks.get(&op).cloned().unwrap_or_default();
+                        for to in self.others() {
+                            if !acked.contains(&to) {
+                                out.push(Output::Send {
+                                    to,
+                                    message: Message::Prepare(prepare.clone()),
+                                });
+                            }
+                        }
+                    }
+                }
+                self.repair(out);
+            }
+            Status::Normal => self.repair(out),
+            Status::ViewChange => {
+                self.send_start_view_change(out);
+                if self.dvc_sent {
+                    self.send_do_view_change(out);
+                }
+                if self.start_view_pending {
+                    self.repair_view_change(out);
+                }
+            }
+            Status::Recovering => {
+                let to = self.primary_of(self.view);
+                let message = Message::RequestStartView {
+                    view: self.view,
+                    from: self.config.replica,
+                };
+                if to == self.config.replica {
+                    self.send_to_others(message, out);
+                } else {
+                    out.push(Output::Send { to, message });
+                }
+            }
+        }
+    }
+}
