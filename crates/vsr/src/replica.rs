@@ -325,6 +325,29 @@ impl Entry {
     }
 }
 
+/// The status with the state that belongs to it: a view change's votes exist only
+/// while it runs.
+#[derive(Debug)]
+enum Phase {
+    Normal,
+    /// Boxed: idle groups are normal, and the votes would cost each of them.
+    ViewChange(Box<ViewChangeState>),
+    Recovering,
+}
+
+/// What a view change collects.
+#[derive(Debug, Default)]
+struct ViewChangeState {
+    /// Replicas that voted StartViewChange for this view (this one included).
+    start_view_change_from: BTreeSet<ReplicaId>,
+    /// The DoViewChange votes, at the new primary.
+    do_view_change_from: BTreeMap<ReplicaId, ViewChangeVote>,
+    /// This replica sent its DoViewChange.
+    do_view_change_sent: bool,
+    /// The new primary adopted the canonical log and waits for missing bodies.
+    start_view_pending: bool,
+}
+
 /// A DoViewChange as the new primary keeps it.
 #[derive(Debug, Clone)]
 struct ViewChangeVote {
@@ -357,7 +380,8 @@ const STALLED_RETRIES_FOR_SNAPSHOT: u32 = 4;
 #[derive(Debug)]
 pub struct Replica<S> {
     config: Config,
-    status: Status,
+    /// The status, holding what belongs to it (a view change's votes).
+    phase: Phase,
     view: u64,
     log_view: u64,
     op: u64,
@@ -373,13 +397,11 @@ pub struct Replica<S> {
     checkpoint: Header,
     state: ReplicatedState<S>,
     prepare_oks: BTreeMap<u64, BTreeSet<ReplicaId>>,
-    svc_votes: BTreeSet<ReplicaId>,
-    dvc_votes: BTreeMap<ReplicaId, ViewChangeVote>,
-    dvc_sent: bool,
-    /// The new primary adopted the canonical log and waits for missing bodies.
-    start_view_pending: bool,
     /// The new primary sent its StartView.
     start_view_sent: bool,
+    /// A primary's StartView carries headers from this op up: the lowest anchor of the
+    /// votes that elected it, so every voter can link the new log to its own.
+    start_view_anchor: u64,
     /// A backup that installed a StartView owes PrepareOks once its log view is durable.
     acks_owed: bool,
     /// Retries in a row during which nothing could be applied although ops are committed.
@@ -437,7 +459,7 @@ impl<S: StateMachine> Replica<S> {
                 canonical: true,
             }),
         );
-        replica.status = Status::Normal;
+        replica.phase = Phase::Normal;
         replica.arm_status_timers();
         Ok(replica)
     }
@@ -445,7 +467,7 @@ impl<S: StateMachine> Replica<S> {
     fn blank(config: Config, machine: S, checkpoint: Header) -> Self {
         Self {
             config,
-            status: Status::Recovering,
+            phase: Phase::Recovering,
             view: 0,
             log_view: 0,
             op: 0,
@@ -458,11 +480,8 @@ impl<S: StateMachine> Replica<S> {
             checkpoint,
             state: ReplicatedState::new(machine, config.sessions_max),
             prepare_oks: BTreeMap::new(),
-            svc_votes: BTreeSet::new(),
-            dvc_votes: BTreeMap::new(),
-            dvc_sent: false,
-            start_view_pending: false,
             start_view_sent: false,
+            start_view_anchor: 0,
             acks_owed: false,
             stalled_retries: 0,
             commit_min_at_retry: 0,
@@ -590,7 +609,7 @@ impl<S: StateMachine> Replica<S> {
         let highest = replica.journal.keys().next_back().copied().unwrap_or(0);
         replica.op = highest.max(replica.faulty.iter().next_back().copied().unwrap_or(0));
         // Entries up to the durable commit are committed; mark what the chain proves.
-        replica.status = Status::Recovering;
+        replica.phase = Phase::Recovering;
         replica.leave_log_view = config.replica_count > 1
             && durable.view == durable.log_view
             && replica.primary_of(durable.log_view) == config.replica;
@@ -609,7 +628,11 @@ impl<S: StateMachine> Replica<S> {
 
     /// The status.
     pub fn status(&self) -> Status {
-        self.status
+        match self.phase {
+            Phase::Normal => Status::Normal,
+            Phase::ViewChange(_) => Status::ViewChange,
+            Phase::Recovering => Status::Recovering,
+        }
     }
 
     /// The current view.
@@ -655,7 +678,7 @@ impl<S: StateMachine> Replica<S> {
 
     /// Whether this replica is the primary of its view in normal status.
     pub fn is_primary(&self) -> bool {
-        self.status == Status::Normal && self.primary_of(self.view) == self.config.replica
+        self.status() == Status::Normal && self.primary_of(self.view) == self.config.replica
     }
 
     /// The earliest tick at which a timer fires.
@@ -872,7 +895,7 @@ impl<S: StateMachine> Replica<S> {
     /// Whether messages of the current view may go out: its view and log view are on disk.
     fn view_durable(&self) -> bool {
         self.durable.view == self.view
-            && (self.status != Status::Normal || self.durable.log_view == self.log_view)
+            && (self.status() != Status::Normal || self.durable.log_view == self.log_view)
     }
 
     fn insert_entry(

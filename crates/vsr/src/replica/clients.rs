@@ -8,7 +8,8 @@ impl<S: StateMachine> Replica<S> {
         if !self.is_primary() || !self.view_durable() {
             // A client that came to a backup could not reach the primary: if this
             // replica was quiescent, it starts watching the primary again.
-            if self.status == Status::Normal && self.deadlines[Timer::ViewChange as usize].is_none()
+            if self.status() == Status::Normal
+                && self.deadlines[Timer::ViewChange as usize].is_none()
             {
                 let timeout = self.view_change_timeout();
                 self.arm(Timer::ViewChange, timeout);

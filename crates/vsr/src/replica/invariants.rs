@@ -18,7 +18,7 @@ impl<S: StateMachine> Replica<S> {
             "checkpoint beyond applied"
         );
         invariant!(
-            self.status != Status::Normal || self.log_view == self.view,
+            self.status() != Status::Normal || self.log_view == self.view,
             "normal in view {} with log view {}",
             self.view,
             self.log_view
@@ -48,7 +48,7 @@ impl<S: StateMachine> Replica<S> {
                     self.config.group,
                     self.config.replica,
                     self.view,
-                    self.status,
+                    self.status(),
                     above.header.checksum >> 112,
                     above.header.view,
                     below.header.checksum >> 112,

@@ -26,14 +26,14 @@ impl<S: StateMachine> Replica<S> {
             self.insert_entry(header, Some(prepare.body), canonical, out);
             self.propagate_canonical();
             self.apply_committed(out);
-            if self.start_view_pending {
+            if self.view_change().is_some_and(|v| v.start_view_pending) {
                 self.try_start_view(out);
             }
             return;
         }
         // A re-sent prepare of an earlier view (the new primary re-proposes its log):
         // acknowledge it if this view's log already holds exactly it.
-        if self.status == Status::Normal && header.view < self.view && !self.is_primary() {
+        if self.status() == Status::Normal && header.view < self.view && !self.is_primary() {
             let holds = self.journal.get(&header.op).is_some_and(|e| {
                 e.header.checksum == header.checksum && e.canonical && e.durable && e.body.is_some()
             });
@@ -44,7 +44,7 @@ impl<S: StateMachine> Replica<S> {
             }
             return;
         }
-        if self.status != Status::Normal || header.view != self.view {
+        if self.status() != Status::Normal || header.view != self.view {
             if header.view > self.view {
                 // A newer view exists: learn it from its primary.
                 let to = self.primary_of(header.view);
@@ -103,7 +103,7 @@ impl<S: StateMachine> Replica<S> {
     }
 
     pub(super) fn send_prepare_ok(&self, op: u64, checksum: Checksum, out: &mut Vec<Output>) {
-        if self.status != Status::Normal || !self.view_durable() {
+        if self.status() != Status::Normal || !self.view_durable() {
             return;
         }
         out.push(Output::Send {
@@ -131,8 +131,8 @@ impl<S: StateMachine> Replica<S> {
         }
         entry.durable = true;
         let canonical = entry.canonical;
-        if self.status != Status::Normal {
-            if self.start_view_pending {
+        if self.status() != Status::Normal {
+            if self.view_change().is_some_and(|v| v.start_view_pending) {
                 self.try_start_view(out);
             }
             return;
@@ -233,7 +233,7 @@ impl<S: StateMachine> Replica<S> {
             });
             return;
         }
-        if view < self.view || self.status != Status::Normal || self.is_primary() {
+        if view < self.view || self.status() != Status::Normal || self.is_primary() {
             return;
         }
         self.arm(Timer::ViewChange, self.config.view_change_ticks * 2);

@@ -1,6 +1,8 @@
 //! Repair: finding what the chain says is missing, asking peers for it by checksum,
 //! serving repairs and snapshots, and installing a snapshot.
 
+use std::collections::BTreeSet;
+
 use super::*;
 
 impl<S: StateMachine> Replica<S> {
@@ -178,35 +180,54 @@ impl<S: StateMachine> Replica<S> {
         self.journal.insert(header.op, Entry::anchor(header));
         self.wanted = self.wanted.split_off(&(header.op + 1));
         self.faulty = self.faulty.split_off(&(header.op + 1));
-        // Above the snapshot, an entry that does not chain on the entry below it (the
-        // snapshot's op, or one that chains on it) can never commit: the committed op
-        // above names the snapshot's as parent. A stale one (not vouched for by this
-        // view) is dropped from memory; its slot is rewritten when repaired and proves
-        // nothing if read back. One this view vouched for can conflict only if the
-        // snapshot comes from a newer view, which then committed another history: that
-        // suffix is cut, and a primary so cut leaves its view.
-        let mut chained = header.op;
-        let mut parent = header.checksum;
-        let mut stale = Vec::new();
+        // Above the snapshot only two things are proven: the snapshot's op is committed,
+        // and canonical entries are this view's log. An entry right above the snapshot
+        // that does not name it as parent can never commit, nor can entries chained on
+        // it; an entry below a canonical one that is not its parent is not this view's.
+        // Those stale entries are dropped from memory (a slot is rewritten when
+        // repaired, and proves nothing if read back). Nothing else is dropped: an entry
+        // this replica acknowledged must never look absent in its vote. A canonical
+        // entry above that contradicts the snapshot can only be of an older view than
+        // the snapshot's: that suffix is cut, and a primary so cut leaves its view.
+        let mut stale = BTreeSet::new();
         let mut cut_above = None;
-        for (op, entry) in self.journal.range((header.op + 1)..) {
-            if *op == chained + 1 && entry.header.parent == parent {
-                chained = *op;
-                parent = entry.header.checksum;
-            } else if entry.canonical && *op == chained + 1 {
-                invariant!(
-                    header.view > self.view,
-                    "group {} replica {}: snapshot at op {} (view {}) contradicts canonical op {op} of view {}",
-                    self.config.group,
-                    self.config.replica,
-                    header.op,
-                    header.view,
-                    self.view
-                );
-                cut_above = Some(chained);
-                break;
-            } else if !entry.canonical {
-                stale.push(*op);
+        let first = header.op + 1;
+        if let Some(above) = self.journal.get(&first) {
+            if above.header.parent != header.checksum {
+                if above.canonical {
+                    invariant!(
+                        header.view > self.view,
+                        "group {} replica {}: snapshot at op {} (view {}) contradicts canonical op {first} of view {}",
+                        self.config.group,
+                        self.config.replica,
+                        header.op,
+                        header.view,
+                        self.view
+                    );
+                    cut_above = Some(header.op);
+                } else {
+                    stale.insert(first);
+                    let mut parent = above.header.checksum;
+                    let mut op = first + 1;
+                    while let Some(entry) = self.journal.get(&op) {
+                        if entry.canonical || entry.header.parent != parent {
+                            break;
+                        }
+                        stale.insert(op);
+                        parent = entry.header.checksum;
+                        op += 1;
+                    }
+                }
+            }
+        }
+        for (op, entry) in self.journal.range((header.op + 2)..) {
+            if !entry.canonical {
+                continue;
+            }
+            if let Some(below) = self.journal.get(&(op - 1)) {
+                if !below.canonical && below.header.checksum != entry.header.parent {
+                    stale.insert(op - 1);
+                }
             }
         }
         for op in stale {

@@ -7,7 +7,7 @@ impl<S: StateMachine> Replica<S> {
     /// Whether nothing is in flight: everything prepared is committed and applied,
     /// nothing is missing, and the view is durable.
     pub fn is_idle(&self) -> bool {
-        self.status == Status::Normal
+        self.status() == Status::Normal
             && self.op == self.commit_max
             && self.commit_min == self.commit_max
             && self.wanted.is_empty()
@@ -98,7 +98,7 @@ impl<S: StateMachine> Replica<S> {
         if due(self.deadlines[Timer::ViewChange as usize]) {
             let timeout = self.view_change_timeout();
             self.arm(Timer::ViewChange, timeout);
-            match self.status {
+            match self.status() {
                 Status::Normal if !self.is_primary() => self.start_view_change(self.view + 1, out),
                 Status::ViewChange => self.start_view_change(self.view + 1, out),
                 // Nobody answered with a StartView of our view (its primary may be us,
@@ -115,7 +115,7 @@ impl<S: StateMachine> Replica<S> {
 
     /// Resends whatever waits for an answer.
     pub(super) fn retry(&mut self, out: &mut Vec<Output>) {
-        match self.status {
+        match self.status() {
             Status::Normal if self.is_primary() => {
                 // Prepares not yet acknowledged by a quorum.
                 let waiting: Vec<u64> = ((self.commit_max + 1)..=self.op).collect();
@@ -137,10 +137,10 @@ impl<S: StateMachine> Replica<S> {
             Status::Normal => self.repair(out),
             Status::ViewChange => {
                 self.send_start_view_change(out);
-                if self.dvc_sent {
+                if self.view_change().is_some_and(|v| v.do_view_change_sent) {
                     self.send_do_view_change(out);
                 }
-                if self.start_view_pending {
+                if self.view_change().is_some_and(|v| v.start_view_pending) {
                     self.repair_view_change(out);
                 }
             }

@@ -2,24 +2,25 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::{DurableState, Output, Replica, Status, Timer, ViewChangeVote, TIMERS};
+type Votes = BTreeMap<ReplicaId, ViewChangeVote>;
+
+use super::{
+    DurableState, Output, Phase, Replica, Status, Timer, ViewChangeState, ViewChangeVote, TIMERS,
+};
 use crate::message::{Checksum, Header, Message, ReplicaId, SuffixEntry};
 use crate::state::StateMachine;
 
 impl<S: StateMachine> Replica<S> {
     pub(super) fn start_view_change(&mut self, view: u64, out: &mut Vec<Output>) {
-        if view <= self.view && self.status == Status::ViewChange {
+        if view <= self.view && self.status() == Status::ViewChange {
             return;
         }
         self.view = self.view.max(view);
-        self.status = Status::ViewChange;
+        let mut votes = ViewChangeState::default();
+        votes.start_view_change_from.insert(self.config.replica);
+        self.phase = Phase::ViewChange(Box::new(votes));
         self.heard_commit = 0;
         self.idle_heartbeats = 0;
-        self.svc_votes.clear();
-        self.svc_votes.insert(self.config.replica);
-        self.dvc_votes.clear();
-        self.dvc_sent = false;
-        self.start_view_pending = false;
         self.prepare_oks.clear();
         // Uncommitted entries may be replaced by the new view's log.
         for (op, entry) in self.journal.iter_mut() {
@@ -42,7 +43,7 @@ impl<S: StateMachine> Replica<S> {
 
     /// Votes for the current view change, once the view is durable.
     pub(super) fn send_start_view_change(&self, out: &mut Vec<Output>) {
-        if self.status == Status::ViewChange && self.durable.view == self.view {
+        if self.status() == Status::ViewChange && self.durable.view == self.view {
             let message = Message::StartViewChange {
                 view: self.view,
                 from: self.config.replica,
@@ -57,23 +58,42 @@ impl<S: StateMachine> Replica<S> {
         from: ReplicaId,
         out: &mut Vec<Output>,
     ) {
-        if view < self.view || (view == self.view && self.status == Status::Normal) {
+        if view < self.view || (view == self.view && self.status() == Status::Normal) {
             return;
         }
         if view > self.view {
             self.start_view_change(view, out);
         }
-        self.svc_votes.insert(from);
+        if let Some(votes) = self.view_change_mut() {
+            votes.start_view_change_from.insert(from);
+        }
         self.maybe_send_do_view_change(out);
     }
 
+    /// The view change's votes, while one runs.
+    pub(super) fn view_change_mut(&mut self) -> Option<&mut ViewChangeState> {
+        match &mut self.phase {
+            Phase::ViewChange(votes) => Some(votes),
+            _ => None,
+        }
+    }
+
+    /// The view change's votes, while one runs.
+    pub(super) fn view_change(&self) -> Option<&ViewChangeState> {
+        match &self.phase {
+            Phase::ViewChange(votes) => Some(votes),
+            _ => None,
+        }
+    }
+
     pub(super) fn maybe_send_do_view_change(&mut self, out: &mut Vec<Output>) {
-        if self.status == Status::ViewChange
-            && !self.dvc_sent
-            && self.svc_votes.len() >= self.config.quorum()
-            && self.durable.view == self.view
-        {
-            self.dvc_sent = true;
+        let quorum = self.config.quorum();
+        let durable = self.durable.view == self.view;
+        let Some(votes) = self.view_change_mut() else {
+            return;
+        };
+        if !votes.do_view_change_sent && votes.start_view_change_from.len() >= quorum && durable {
+            votes.do_view_change_sent = true;
             self.send_do_view_change(out);
         }
     }
@@ -155,24 +175,38 @@ impl<S: StateMachine> Replica<S> {
         // A restarted replica may take part in the change to the view it was moving to
         // (it never led it: its log view is older), never re-run the change of a view
         // it led: it left that view on restart.
-        if view > self.view || (self.status == Status::Recovering && self.log_view < view) {
+        if view > self.view || (self.status() == Status::Recovering && self.log_view < view) {
             self.start_view_change(view, out);
         }
-        if self.status != Status::ViewChange || view != self.view {
+        if self.status() != Status::ViewChange || view != self.view {
             return;
         }
-        self.dvc_votes.insert(from, vote);
-        if !self.dvc_sent {
+        let quorum = self.config.quorum();
+        let me = self.config.replica;
+        let Some(votes) = self.view_change_mut() else {
+            return;
+        };
+        votes.do_view_change_from.insert(from, vote);
+        if !votes.do_view_change_sent {
             // A DoViewChange is as good as a StartViewChange for counting.
-            self.svc_votes.insert(from);
+            votes.start_view_change_from.insert(from);
             self.maybe_send_do_view_change(out);
         }
-        if self.dvc_votes.len() >= self.config.quorum()
-            && self.dvc_votes.contains_key(&self.config.replica)
-            && !self.start_view_pending
+        let Some(votes) = self.view_change_mut() else {
+            return;
+        };
+        if votes.do_view_change_from.len() >= quorum
+            && votes.do_view_change_from.contains_key(&me)
+            && !votes.start_view_pending
         {
-            self.start_view_pending = true;
-            self.adopt_canonical_log(out);
+            votes.start_view_pending = true;
+            // The votes are read while the journal changes: take them out meanwhile.
+            let collected = std::mem::take(&mut votes.do_view_change_from);
+            let adopted = self.adopt_canonical_log(&collected, out);
+            if let Some(votes) = self.view_change_mut() {
+                votes.do_view_change_from = collected;
+                votes.start_view_pending = adopted;
+            }
             self.try_start_view(out);
         }
     }
@@ -195,8 +229,8 @@ impl<S: StateMachine> Replica<S> {
     }
 
     /// Votes that say they never had `op` (with `checksum`, if named).
-    fn nack_count(&self, op: u64, checksum: Option<Checksum>) -> usize {
-        self.dvc_votes
+    fn nack_count(votes: &Votes, op: u64, checksum: Option<Checksum>) -> usize {
+        votes
             .values()
             .filter(|v| Self::nacks_op(v, op, checksum))
             .count()
@@ -208,7 +242,8 @@ impl<S: StateMachine> Replica<S> {
     /// chain. An uncommitted op that no vote can supply is dropped, with everything
     /// above it, only on a quorum of nacks (a damaged entry is never a nack); otherwise
     /// this view cannot start until a vote or a repair supplies it.
-    pub(super) fn adopt_canonical_log(&mut self, out: &mut Vec<Output>) {
+    /// Returns whether a log was adopted (else this view waits for more votes).
+    pub(super) fn adopt_canonical_log(&mut self, votes: &Votes, out: &mut Vec<Output>) -> bool {
         // The log comes from votes whose journals are trusted through their top. An
         // untrusted journal may have lost entries or reverted replacements of its log
         // view, so it never names the top. A quorum of trusted votes is a view-change
@@ -216,25 +251,20 @@ impl<S: StateMachine> Replica<S> {
         // only untrusted votes reach the highest log view, what that view committed may
         // be only there: wait for more votes.
         let trusted = |v: &&ViewChangeVote| v.trusted_through >= v.op;
-        let trusted_quorum =
-            self.dvc_votes.values().filter(trusted).count() >= self.config.quorum();
-        let log_view_max = self.dvc_votes.values().map(|v| v.log_view).max();
-        let Some(best) = self
-            .dvc_votes
+        let trusted_quorum = votes.values().filter(trusted).count() >= self.config.quorum();
+        let log_view_max = votes.values().map(|v| v.log_view).max();
+        let Some(best) = votes
             .values()
             .filter(trusted)
             .max_by_key(|v| (v.log_view, v.op))
             .cloned()
         else {
-            self.start_view_pending = false;
-            return;
+            return false;
         };
         if !trusted_quorum && log_view_max != Some(best.log_view) {
-            self.start_view_pending = false;
-            return;
+            return false;
         }
-        let commit = self
-            .dvc_votes
+        let commit = votes
             .values()
             .map(|v| v.commit)
             .max()
@@ -242,8 +272,7 @@ impl<S: StateMachine> Replica<S> {
             .max(self.commit_max);
         // Every header any vote (or this journal) offers, by checksum, with a body if any.
         let mut pool: BTreeMap<Checksum, (Header, Option<Vec<u8>>)> = BTreeMap::new();
-        let offered = self
-            .dvc_votes
+        let offered = votes
             .values()
             .flat_map(|v| v.suffix.iter().map(|e| (e.header, e.body.clone())))
             .chain(self.journal.values().map(|e| (e.header, e.body.clone())));
@@ -262,16 +291,14 @@ impl<S: StateMachine> Replica<S> {
         let speaks = |v: &ViewChangeVote, e: &SuffixEntry| {
             v.log_view == log_view && (trusted(&v) || e.header.view == log_view)
         };
-        let top_offered = self
-            .dvc_votes
+        let top_offered = votes
             .values()
             .flat_map(|v| v.suffix.iter().filter(move |e| speaks(v, e)))
             .map(|e| e.header.op)
             .max();
         // The committed op at `commit`, if a vote knows it: every log has it, so it can
         // be the top when the best log view's votes are shorter.
-        let committed_top = self
-            .dvc_votes
+        let committed_top = votes
             .values()
             .filter(|v| v.commit == commit)
             .filter_map(|v| v.commit_checksum)
@@ -285,7 +312,7 @@ impl<S: StateMachine> Replica<S> {
             let mut top = None;
             let mut op = limit;
             while op > self.floor() {
-                let header = self.dvc_votes.values().find_map(|v| {
+                let header = votes.values().find_map(|v| {
                     v.suffix
                         .iter()
                         .find(|e| e.header.op == op && speaks(v, e))
@@ -295,18 +322,16 @@ impl<S: StateMachine> Replica<S> {
                     top = Some(header);
                     break;
                 }
-                if op <= commit || self.nack_count(op, None) < self.config.quorum() {
+                if op <= commit || Self::nack_count(votes, op, None) < self.config.quorum() {
                     // Unknown, and perhaps committed: this view cannot start.
-                    self.start_view_pending = false;
-                    return;
+                    return false;
                 }
                 op -= 1;
             }
             // Nothing above the checkpoint anywhere: the log is the checkpoint.
             let top = top.or_else(|| self.journal.get(&self.floor()).map(|e| e.header));
             let Some(top) = top else {
-                self.start_view_pending = false;
-                return;
+                return false;
             };
             // Walk the chain down.
             let mut canonical: BTreeMap<u64, (Header, Option<Vec<u8>>)> = BTreeMap::new();
@@ -339,7 +364,7 @@ impl<S: StateMachine> Replica<S> {
                 // committed, so neither did anything above it. Look below it.
                 Some((op, checksum))
                     if op > commit
-                        && self.nack_count(op, Some(checksum)) >= self.config.quorum() =>
+                        && Self::nack_count(votes, op, Some(checksum)) >= self.config.quorum() =>
                 {
                     limit = op - 1;
                 }
@@ -354,7 +379,7 @@ impl<S: StateMachine> Replica<S> {
         let droppable = canonical.iter().find(|(op, (header, body))| {
             **op > commit
                 && body.is_none()
-                && self.nack_count(header.op, Some(header.checksum)) >= self.config.quorum()
+                && Self::nack_count(votes, header.op, Some(header.checksum)) >= self.config.quorum()
         });
         if let Some((&first, _)) = droppable {
             canonical.retain(|o, _| *o < first);
@@ -367,8 +392,7 @@ impl<S: StateMachine> Replica<S> {
         if op < commit {
             // The log found does not reach what is known committed: this view cannot
             // start from these votes.
-            self.start_view_pending = false;
-            return;
+            return false;
         }
         // The op above the new log must be one a quorum never acknowledged, or it may
         // have committed. Everything committed before view `best.log_view` started is in
@@ -376,14 +400,12 @@ impl<S: StateMachine> Replica<S> {
         // view, acknowledged by replicas normal in it. A vote of an older log view never
         // was (its log view is durable even when its journal is not); a vote of that log
         // view says so only if its journal is trusted that high.
-        let never_acked = self
-            .dvc_votes
+        let never_acked = votes
             .values()
             .filter(|v| v.log_view < best.log_view || Self::nacks_op(v, op + 1, None))
             .count();
         if never_acked < self.config.quorum() {
-            self.start_view_pending = false;
-            return;
+            return false;
         }
         if self.op > op || self.faulty.iter().any(|f| *f > op) {
             out.push(Output::TruncateJournal { op });
@@ -410,11 +432,20 @@ impl<S: StateMachine> Replica<S> {
         }
         self.commit_max = commit;
         self.propagate_canonical();
+        // The StartView carries headers from the lowest anchor among the votes, so every
+        // voter can link the new log to its own.
+        self.start_view_anchor = votes
+            .values()
+            .map(|v| v.suffix.first().map_or(v.commit, |e| e.header.op))
+            .min()
+            .unwrap_or(self.commit_max)
+            .min(self.commit_max);
+        true
     }
 
     /// Starts the view once every uncommitted op of the adopted log is durable here.
     pub(super) fn try_start_view(&mut self, out: &mut Vec<Output>) {
-        if !self.start_view_pending || self.status != Status::ViewChange {
+        if !self.view_change().is_some_and(|v| v.start_view_pending) {
             return;
         }
         // Every uncommitted op of the adopted log: present, proven by the chain, whole
@@ -428,8 +459,7 @@ impl<S: StateMachine> Replica<S> {
             self.repair_view_change(out);
             return;
         }
-        self.start_view_pending = false;
-        self.status = Status::Normal;
+        self.phase = Phase::Normal;
         self.log_view = self.view;
         // Its journal is now this view's log, built from trusted votes.
         self.trusted_through = u64::MAX;
@@ -461,13 +491,7 @@ impl<S: StateMachine> Replica<S> {
     }
 
     pub(super) fn start_view_message(&self) -> Message {
-        let anchor = self
-            .dvc_votes
-            .values()
-            .map(|v| v.suffix.first().map_or(v.commit, |e| e.header.op))
-            .min()
-            .unwrap_or(self.commit_max)
-            .min(self.commit_max);
+        let anchor = self.start_view_anchor.min(self.commit_max);
         let from = self
             .journal
             .range(..=anchor)
@@ -501,20 +525,16 @@ impl<S: StateMachine> Replica<S> {
         if view < self.view || from != self.primary_of(view) || from == self.config.replica {
             return;
         }
-        if view == self.view && self.status == Status::Normal {
+        if view == self.view && self.status() == Status::Normal {
             return;
         }
         self.view = view;
-        self.status = Status::Normal;
+        self.phase = Phase::Normal;
         if view > self.log_view {
             // A newer view's log replaces whatever an untrusted journal lost.
             self.trusted_through = u64::MAX;
         }
         self.log_view = view;
-        self.svc_votes.clear();
-        self.dvc_votes.clear();
-        self.dvc_sent = false;
-        self.start_view_pending = false;
         self.prepare_oks.clear();
         if self.op > op || self.faulty.iter().any(|f| *f > op) {
             out.push(Output::TruncateJournal { op });
@@ -567,7 +587,7 @@ impl<S: StateMachine> Replica<S> {
 
     pub(super) fn send_owed_acks(&mut self, out: &mut Vec<Output>) {
         if !self.acks_owed
-            || self.status != Status::Normal
+            || self.status() != Status::Normal
             || !self.view_durable()
             || self.is_primary()
         {
@@ -587,7 +607,7 @@ impl<S: StateMachine> Replica<S> {
 
     pub(super) fn on_state_written(&mut self, state: DurableState, out: &mut Vec<Output>) {
         self.durable = state;
-        match self.status {
+        match self.status() {
             Status::ViewChange => {
                 self.send_start_view_change(out);
                 self.maybe_send_do_view_change(out);
