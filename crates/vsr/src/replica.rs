@@ -939,3 +939,6 @@ mod normal;
 mod repair;
 mod timers;
 mod view_change;
+
+#[cfg(test)]
+mod tests;

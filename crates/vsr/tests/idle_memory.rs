@@ -109,5 +109,5 @@ fn an_idle_group_costs_little_heap() {
         "idle group: {per_group} bytes of heap per group per node ({held} bytes for {GROUPS} groups on {NODES} nodes; the Replica struct alone is {} bytes)",
         std::mem::size_of::<Replica<CounterMachine>>()
     );
-    assert!(per_group <= 1_700, "an idle group holds {per_group} bytes");
+    assert!(per_group <= 1_600, "an idle group holds {per_group} bytes");
 }

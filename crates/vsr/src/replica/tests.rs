@@ -1,0 +1,433 @@
+//! Single handlers, driven directly: a pure harness of a few replicas on a virtual
+//! clock whose message queue a test can drop, hold or alter (the shape of
+//! `quinn-proto`'s `Pair`). Whole runs with faults are the simulator's job.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use super::*;
+use crate::state::CounterMachine;
+
+/// Replicas of group 0, their pending messages and write completions.
+struct Harness {
+    replicas: Vec<Replica<CounterMachine>>,
+    now: u64,
+    /// (from, to, message) not yet delivered.
+    messages: Vec<(ReplicaId, ReplicaId, Message)>,
+    /// (replica, completion) of writes not yet done.
+    writes: Vec<(ReplicaId, Input)>,
+    replies: Vec<Reply>,
+}
+
+impl Harness {
+    fn new(replica_count: u8) -> Self {
+        let replicas = (0..replica_count)
+            .map(|r| {
+                Replica::new(
+                    Config::new(0, r, replica_count, 9),
+                    CounterMachine::default(),
+                )
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .unwrap();
+        Self {
+            replicas,
+            now: 1,
+            messages: Vec::new(),
+            writes: Vec::new(),
+            replies: Vec::new(),
+        }
+    }
+
+    /// Feeds one input to one replica and files its outputs.
+    fn input(&mut self, replica: ReplicaId, input: Input) {
+        let mut out = Vec::new();
+        self.replicas[usize::from(replica)].step(self.now, input, &mut out);
+        for output in out {
+            match output {
+                Output::Send { to, message } => self.messages.push((replica, to, message)),
+                Output::WriteJournal(p) => self.writes.push((
+                    replica,
+                    Input::JournalWritten {
+                        op: p.header.op,
+                        checksum: p.header.checksum,
+                    },
+                )),
+                Output::WriteState(state) => {
+                    self.writes.push((replica, Input::StateWritten(state)))
+                }
+                Output::Reply(reply) => self.replies.push(reply),
+                _ => {}
+            }
+        }
+    }
+
+    fn request(&mut self, to: ReplicaId, session: u64, request: u64, body: &[u8]) {
+        let message = Message::Request(Request {
+            client: 1,
+            session,
+            request,
+            body: body.to_vec(),
+        });
+        self.input(to, Input::Message(message));
+    }
+
+    /// Completes every pending write.
+    fn complete_writes(&mut self) {
+        for (replica, input) in std::mem::take(&mut self.writes) {
+            self.input(replica, input);
+        }
+    }
+
+    /// Delivers pending messages that `keep(from, to, message)` accepts (the others
+    /// are dropped).
+    fn deliver(&mut self, mut keep: impl FnMut(ReplicaId, ReplicaId, &Message) -> bool) {
+        for (from, to, message) in std::mem::take(&mut self.messages) {
+            if keep(from, to, &message) {
+                self.input(to, Input::Message(message));
+            }
+        }
+    }
+
+    /// Writes and messages until nothing is pending, at most `rounds` rounds.
+    fn settle(&mut self, rounds: usize) {
+        for _ in 0..rounds {
+            if self.messages.is_empty() && self.writes.is_empty() {
+                return;
+            }
+            self.complete_writes();
+            self.deliver(|_, _, _| true);
+        }
+    }
+
+    /// Moves the clock tick by tick, at most `ticks`, until `done`: replicas whose
+    /// deadline came are ticked, writes complete, and messages `keep` accepts arrive.
+    fn run_until(
+        &mut self,
+        ticks: u64,
+        mut keep: impl FnMut(ReplicaId, ReplicaId, &Message) -> bool,
+        done: impl Fn(&Self) -> bool,
+    ) -> bool {
+        for _ in 0..ticks {
+            if done(self) {
+                return true;
+            }
+            self.now += 1;
+            for r in 0..self.replicas.len() {
+                if self.replicas[r]
+                    .next_deadline()
+                    .is_some_and(|d| d <= self.now)
+                {
+                    self.input(r as ReplicaId, Input::Tick);
+                }
+            }
+            self.complete_writes();
+            self.deliver(&mut keep);
+        }
+        done(self)
+    }
+
+    fn replica(&self, replica: ReplicaId) -> &Replica<CounterMachine> {
+        &self.replicas[usize::from(replica)]
+    }
+}
+
+/// A registered session on a settled group: returns the harness and the session id.
+fn registered(replica_count: u8) -> (Harness, u64) {
+    let mut h = Harness::new(replica_count);
+    h.request(0, 0, 1, b"");
+    h.settle(50);
+    let reply = h.replies.pop().unwrap();
+    let session = u64::from_be_bytes(reply.result.unwrap().try_into().unwrap());
+    (h, session)
+}
+
+#[test]
+fn config_validation_refuses_what_cannot_run() {
+    let ok = Config::new(0, 0, 3, 1);
+    assert_eq!(ok.validate(), Ok(()));
+    let refused = [
+        Config {
+            replica_count: 0,
+            ..ok
+        },
+        Config { replica: 3, ..ok },
+        Config {
+            pipeline_max: 0,
+            ..ok
+        },
+        Config {
+            checkpoint_interval: 0,
+            ..ok
+        },
+        Config {
+            journal_keep: 10,
+            ..ok
+        },
+        Config {
+            sessions_max: 0,
+            ..ok
+        },
+        Config {
+            heartbeat_ticks: 0,
+            ..ok
+        },
+        Config {
+            view_change_ticks: 10,
+            ..ok
+        },
+        Config {
+            replica_count: REPLICAS_MAX + 1,
+            ..ok
+        },
+    ];
+    for config in refused {
+        let err = config.validate().unwrap_err();
+        assert!(!err.to_string().is_empty());
+        assert!(
+            Replica::new(config, CounterMachine::default()).is_err(),
+            "{err}"
+        );
+    }
+}
+
+#[test]
+fn a_prepare_ok_from_outside_the_group_is_ignored_and_counted() {
+    let (mut h, session) = registered(3);
+    h.request(0, session, 1, b"k=1");
+    h.complete_writes();
+    let prepared = h.replica(0).op();
+    let checksum = h.replica(0).header(prepared).unwrap().checksum;
+    h.messages.clear(); // the backups never hear of it
+    for from in [7, 0] {
+        // A stray id, and one posing as the primary itself.
+        let forged = Message::PrepareOk {
+            view: 0,
+            op: prepared,
+            checksum,
+            from,
+        };
+        h.input(0, Input::Message(forged));
+    }
+    assert_eq!(h.replica(0).ignored().foreign_sender, 2);
+    assert!(
+        h.replica(0).commit_max() < prepared,
+        "no quorum was counted"
+    );
+    let real = Message::PrepareOk {
+        view: 0,
+        op: prepared,
+        checksum,
+        from: 1,
+    };
+    h.input(0, Input::Message(real));
+    assert_eq!(h.replica(0).commit_max(), prepared);
+}
+
+#[test]
+fn a_start_view_change_from_outside_the_group_never_makes_a_quorum() {
+    let mut h = Harness::new(3);
+    h.settle(10);
+    h.input(
+        1,
+        Input::Message(Message::StartViewChange { view: 1, from: 9 }),
+    );
+    h.complete_writes();
+    assert_eq!(h.replica(1).ignored().foreign_sender, 1);
+    assert_eq!(
+        h.replica(1).status(),
+        Status::Normal,
+        "a stray vote starts nothing"
+    );
+    h.input(
+        1,
+        Input::Message(Message::StartViewChange { view: 1, from: 2 }),
+    );
+    h.complete_writes();
+    assert_eq!(h.replica(1).status(), Status::ViewChange);
+    assert_eq!(h.replica(1).view(), 1);
+    // Its own vote and 2's make a quorum: the DoViewChange goes to 1 (primary of view 1).
+    h.messages
+        .retain(|(_, _, m)| matches!(m, Message::DoViewChange { .. }));
+    assert!(
+        h.messages.is_empty(),
+        "replica 1 is the new primary: its vote stays local"
+    );
+}
+
+#[test]
+fn a_commit_from_a_replica_that_does_not_lead_the_view_is_ignored() {
+    let (mut h, session) = registered(3);
+    h.request(0, session, 1, b"k=1");
+    h.complete_writes();
+    h.deliver(|_, to, _| to == 1); // replica 1 has the prepare, not the commit
+    let op = h.replica(1).op();
+    let checksum = h.replica(1).header(op).unwrap().checksum;
+    let before = h.replica(1).commit_max();
+    let forged = Message::Commit {
+        view: 0,
+        commit: op,
+        checksum,
+        from: 2,
+    };
+    h.input(1, Input::Message(forged));
+    assert_eq!(h.replica(1).ignored().not_from_primary, 1);
+    assert_eq!(h.replica(1).commit_max(), before);
+}
+
+#[test]
+fn a_damaged_prepare_is_refused_and_counted() {
+    let (mut h, session) = registered(3);
+    h.request(0, session, 1, b"k=1");
+    let mut damaged = 0;
+    for (_, _, message) in &mut h.messages {
+        if let Message::Prepare(prepare) = message {
+            prepare.body[0] ^= 1;
+            damaged += 1;
+        }
+    }
+    assert_eq!(damaged, 2);
+    let op_before = h.replica(1).op();
+    h.deliver(|_, _, _| true);
+    assert_eq!(
+        h.replica(1).op(),
+        op_before,
+        "nothing damaged reached the journal"
+    );
+    assert_eq!(h.replica(1).ignored().damaged, 1);
+}
+
+#[test]
+fn prepare_ok_waits_for_the_journal_write() {
+    let (mut h, session) = registered(3);
+    h.request(0, session, 1, b"k=1");
+    h.complete_writes();
+    h.deliver(|_, to, _| to == 1);
+    assert!(
+        !h.messages
+            .iter()
+            .any(|(_, _, m)| matches!(m, Message::PrepareOk { .. })),
+        "no acknowledgement before the write completes"
+    );
+    h.complete_writes();
+    assert!(h
+        .messages
+        .iter()
+        .any(|(_, to, m)| *to == 0 && matches!(m, Message::PrepareOk { from: 1, .. })));
+}
+
+#[test]
+fn a_request_runs_once_and_its_retry_gets_the_same_reply() {
+    let (mut h, session) = registered(3);
+    h.request(0, session, 1, b"k=5");
+    h.settle(50);
+    h.request(0, session, 1, b"k=5");
+    h.settle(50);
+    let answers: Vec<_> = h.replies.iter().filter(|r| r.request == 1).collect();
+    assert_eq!(answers.len(), 2);
+    assert_eq!(answers[0].result, Ok(b"5".to_vec()));
+    assert_eq!(answers[1].result, Ok(b"5".to_vec()));
+    for r in 0..3 {
+        assert_eq!(
+            h.replica(r).state().machine().get("k"),
+            5,
+            "replica {r} ran it once"
+        );
+    }
+}
+
+#[test]
+fn a_silent_primary_is_replaced_and_its_view_moves_on() {
+    let (mut h, session) = registered(3);
+    h.request(0, session, 1, b"k=1");
+    h.settle(50);
+    // Replica 0 is cut off: every message from or to it is dropped.
+    h.messages.clear();
+    let elected = h.run_until(
+        2_000,
+        |from, to, _| from != 0 && to != 0,
+        |h| h.replica(1).is_primary() && h.replica(1).commit_min() >= 2,
+    );
+    assert!(elected);
+    assert!(h.replica(1).is_primary(), "replica 1 leads view 1");
+    assert_eq!(h.replica(1).view(), 1);
+    assert_eq!(
+        h.replica(1).state().machine().get("k"),
+        1,
+        "the committed op survived"
+    );
+}
+
+#[test]
+#[should_panic(expected = "contradicts canonical entry")]
+fn a_commit_anchor_contradicting_a_canonical_entry_is_an_assertion() {
+    let (mut h, session) = registered(3);
+    h.request(0, session, 1, b"k=1");
+    h.complete_writes();
+    h.deliver(|_, to, _| to == 1);
+    let op = h.replica(1).op();
+    // The primary of view 0 claims another checksum for an op its prepare pinned.
+    let forged = Message::Commit {
+        view: 0,
+        commit: op,
+        checksum: 42,
+        from: 0,
+    };
+    h.input(1, Input::Message(forged));
+}
+
+#[test]
+fn a_replica_restarted_as_primary_of_its_log_view_leaves_it() {
+    let (mut h, session) = registered(3);
+    h.request(0, session, 1, b"k=1");
+    h.settle(50);
+    let state = DurableState::default();
+    let persisted = Persisted {
+        durable: state,
+        checkpoint: None,
+        journal: Vec::new(),
+        journal_trusted: true,
+    };
+    let mut restarted = Replica::restart(
+        Config::new(0, 0, 3, 9),
+        CounterMachine::default(),
+        persisted,
+    )
+    .unwrap();
+    assert_eq!(restarted.status(), Status::Recovering);
+    let mut out = Vec::new();
+    restarted.step(h.now, Input::Tick, &mut out);
+    assert_eq!(restarted.status(), Status::ViewChange);
+    assert_eq!(restarted.view(), 1, "it never leads view 0 again");
+    assert!(out
+        .iter()
+        .any(|o| matches!(o, Output::WriteState(s) if s.view == 1)));
+}
+
+#[test]
+fn an_untrusted_journal_persists_its_distrust_before_anything_else() {
+    let state = DurableState {
+        view: 2,
+        log_view: 2,
+        commit: 5,
+        ..DurableState::default()
+    };
+    let persisted = Persisted {
+        durable: state,
+        checkpoint: None,
+        journal: Vec::new(),
+        journal_trusted: false,
+    };
+    let mut restarted = Replica::restart(
+        Config::new(0, 1, 3, 9),
+        CounterMachine::default(),
+        persisted,
+    )
+    .unwrap();
+    assert!(!restarted.journal_trusted());
+    let mut out = Vec::new();
+    restarted.step(1, Input::Tick, &mut out);
+    let Some(Output::WriteState(written)) = out.first() else {
+        panic!("the first output persists the state: {out:?}");
+    };
+    assert_eq!(written.journal_trusted_through, 5);
+}
