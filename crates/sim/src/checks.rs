@@ -28,11 +28,11 @@ impl Simulation {
         };
         match model.committed.get(&op) {
             Some(existing) if *existing != checksum => {
+                let existing = *existing;
                 let chain: Vec<String> = self
-                    .nodes
+                    .servers
                     .iter()
-                    .filter(|((g, _), _)| *g == group)
-                    .filter_map(|((_, r), n)| n.replica.as_ref().map(|x| (r, x)))
+                    .filter_map(|(r, server)| server.replica(group).map(|x| (r, x)))
                     .map(|(r, x)| {
                         let ops: Vec<String> = (op.saturating_sub(1)..=op + 3)
                             .map(|o| match x.header(o) {
@@ -142,6 +142,11 @@ impl Simulation {
 
     pub(crate) fn check(&mut self) {
         let mut failures = Vec::new();
+        let views: BTreeMap<(u64, ReplicaId), u64> = self
+            .nodes
+            .keys()
+            .filter_map(|key| self.replica_at(*key).map(|r| (*key, r.view())))
+            .collect();
         for ((group, replica), node) in self.nodes.iter_mut() {
             let durable = node.disk.durable_state();
             if durable.view < node.max_view.min(durable.view) {
@@ -154,16 +159,15 @@ impl Simulation {
                 ));
             }
             node.max_durable_commit = durable.commit;
-            if let Some(r) = &node.replica {
-                if r.view() < node.max_view {
+            if let Some(view) = views.get(&(*group, *replica)).copied() {
+                if view < node.max_view {
                     failures.push(format!(
-                        "g{group}r{replica}: view went backwards ({} < {})",
-                        r.view(),
+                        "g{group}r{replica}: view went backwards ({view} < {})",
                         node.max_view
                     ));
                 }
-                node.max_view = node.max_view.max(r.view());
-                if r.view() < durable.view {
+                node.max_view = node.max_view.max(view);
+                if view < durable.view {
                     failures.push(format!(
                         "g{group}r{replica}: running below its durable view"
                     ));

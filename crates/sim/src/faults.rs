@@ -51,9 +51,9 @@ impl Simulation {
         if self.prng.below(10_000) < faults.crash_per_10k {
             let keys: Vec<(u64, ReplicaId)> = self
                 .nodes
-                .iter()
-                .filter(|(_, n)| n.replica.is_some())
-                .map(|(k, _)| *k)
+                .keys()
+                .filter(|k| self.replica_at(**k).is_some())
+                .copied()
                 .collect();
             if !keys.is_empty() {
                 let key = keys[self.prng.below(keys.len() as u64) as usize];
@@ -113,9 +113,8 @@ impl Simulation {
     /// either at random within the faults' limits (`None`).
     fn crash_as(&mut self, key: (u64, ReplicaId), forced_power_loss: Option<bool>) {
         let faults = self.config.faults;
-        match self.nodes.get(&key) {
-            Some(node) if node.replica.is_some() => {}
-            _ => return,
+        if self.replica_at(key).is_none() {
+            return;
         }
         // A power loss takes unsynced journal writes; at most `replica_count - quorum`
         // replicas of a group may be untrusted at once (a majority losing power at once
@@ -143,7 +142,9 @@ impl Simulation {
         let Some(node) = self.nodes.get_mut(&key) else {
             return;
         };
-        node.replica = None;
+        if let Some(server) = self.servers.get_mut(&key.1) {
+            server.remove(key.0);
+        }
         let keep_percent = if forced_power_loss == Some(true) {
             0
         } else {
@@ -199,6 +200,12 @@ impl Simulation {
                 node.restart_at = Some(self.tick + downtime);
             }
         }
+        // The whole process is gone: a new `braid_vsr::Node` takes the groups back as
+        // they restart.
+        if let Some(server) = self.servers.get_mut(&replica) {
+            invariant_empty(server);
+            *server = braid_vsr::Node::new();
+        }
         self.outcome.node_crashes += 1;
     }
 
@@ -210,7 +217,7 @@ impl Simulation {
             .filter(|((g, r), n)| {
                 *g == group
                     && Some(*r) != except
-                    && match &n.replica {
+                    && match self.replica_at((*g, *r)) {
                         Some(replica) => !replica.journal_trusted(),
                         None => {
                             !n.journal_trusted
@@ -239,13 +246,15 @@ impl Simulation {
     /// Restarts a crashed replica from its disk.
     pub fn restart(&mut self, key: (u64, ReplicaId)) {
         let (group, replica) = key;
+        if self.replica_at(key).is_some() {
+            if let Some(node) = self.nodes.get_mut(&key) {
+                node.restart_at = None;
+            }
+            return;
+        }
         let Some(node) = self.nodes.get_mut(&key) else {
             return;
         };
-        if node.replica.is_some() {
-            node.restart_at = None;
-            return;
-        }
         let mut config = Config::new(
             group,
             replica,
@@ -297,8 +306,10 @@ impl Simulation {
                 // A restart may forget a view it never made durable; it never goes
                 // below the durable one (checked every step).
                 node.max_view = state.view;
-                node.replica = Some(restarted);
                 node.restart_at = None;
+                if let Some(server) = self.servers.get_mut(&replica) {
+                    server.insert(restarted);
+                }
             }
             Err(err) => {
                 let what = format!("g{group}r{replica} failed to restart: {err}");
@@ -407,4 +418,9 @@ impl Simulation {
             }
         }
     }
+}
+
+/// After a node crash every group of the server is down.
+fn invariant_empty(server: &braid_vsr::Node<CounterMachine>) {
+    debug_assert!(server.is_empty(), "a crashed node still holds groups");
 }

@@ -333,17 +333,16 @@ impl Outcome {
     }
 }
 
+/// One replica's place in the cluster: its disk and what the simulation tracks about
+/// it. The replica itself lives in its server's `braid_vsr::Node`.
 #[derive(Debug)]
 struct Node {
-    replica: Option<Replica<CounterMachine>>,
     disk: Disk,
     restart_at: Option<u64>,
     /// No power loss since the durable state was last written (the shell keeps the
     /// boot id with it): the next restart may trust its journal, unless the durable
     /// state says otherwise.
     journal_trusted: bool,
-    /// This node's clock rate in percent of the simulation's (clock skew).
-    clock_percent: u64,
     max_view: u64,
     max_durable_commit: u64,
 }
@@ -410,6 +409,11 @@ pub struct Simulation {
     prng: Prng,
     tick: u64,
     nodes: BTreeMap<(u64, ReplicaId), Node>,
+    /// Server r holds replica r of every group, as a node of the cluster does: one
+    /// `braid_vsr::Node`, one clock, crashed and restarted as a whole by node crashes.
+    servers: BTreeMap<ReplicaId, braid_vsr::Node<CounterMachine>>,
+    /// Each server's clock rate in percent of the simulation's (clock skew).
+    clock_percent: BTreeMap<ReplicaId, u64>,
     network: Vec<Packet>,
     /// Pairs (from, to) of replicas that cannot reach each other (one-way).
     cut: BTreeSet<(ReplicaId, ReplicaId)>,
@@ -430,7 +434,15 @@ impl Simulation {
     /// Builds the cluster of `config`.
     pub fn new(config: SimConfig) -> Self {
         let mut nodes = BTreeMap::new();
+        let mut servers: BTreeMap<ReplicaId, braid_vsr::Node<CounterMachine>> = BTreeMap::new();
+        let mut clock_percent = BTreeMap::new();
         let mut failure = None;
+        for replica in 0..config.replica_count {
+            let skew = config.faults.clock_skew_percent;
+            let mut clock = Prng::new(config.seed ^ (u64::from(replica) << 40));
+            clock_percent.insert(replica, 100 - skew + clock.below(2 * skew + 1));
+            servers.insert(replica, braid_vsr::Node::new());
+        }
         for group in 0..config.groups {
             for replica in 0..config.replica_count {
                 let mut vsr = Config::new(group, replica, config.replica_count, config.seed);
@@ -438,26 +450,23 @@ impl Simulation {
                 vsr.checkpoint_interval = config.checkpoint_interval;
                 vsr.journal_keep = config.checkpoint_interval;
                 vsr.quiesce = config.quiesce;
-                let started = Replica::new(vsr, CounterMachine::default())
-                    .map_err(|err| {
-                        failure
-                            .get_or_insert(Failure {
-                                seed: config.seed,
-                                tick: 0,
-                                what: err.to_string(),
-                            })
-                            .clone()
-                    })
-                    .ok();
-                // Replica r of every group lives on node r: one clock per node.
-                let skew = config.faults.clock_skew_percent;
-                let mut clock = Prng::new(config.seed ^ (u64::from(replica) << 40));
-                let clock_percent = 100 - skew + clock.below(2 * skew + 1);
+                match Replica::new(vsr, CounterMachine::default()) {
+                    Ok(started) => {
+                        if let Some(server) = servers.get_mut(&replica) {
+                            server.insert(started);
+                        }
+                    }
+                    Err(err) => {
+                        failure.get_or_insert(Failure {
+                            seed: config.seed,
+                            tick: 0,
+                            what: err.to_string(),
+                        });
+                    }
+                }
                 nodes.insert(
                     (group, replica),
                     Node {
-                        clock_percent,
-                        replica: started,
                         disk: Disk::new(config.journal_fsync),
                         journal_trusted: true,
                         restart_at: None,
@@ -492,6 +501,8 @@ impl Simulation {
             prng: Prng::new(config.seed),
             tick: 0,
             nodes,
+            servers,
+            clock_percent,
             network: Vec::new(),
             cut: BTreeSet::new(),
             history: VecDeque::new(),
@@ -545,8 +556,8 @@ impl Simulation {
                     self.models.values().map(|m| m.committed.len() as u64).sum();
                 self.outcome.views = self
                     .nodes
-                    .values()
-                    .filter_map(|n| n.replica.as_ref().map(Replica::view))
+                    .keys()
+                    .filter_map(|key| self.replica_at(*key).map(Replica::view))
                     .max()
                     .unwrap_or(0);
                 return Ok(self.outcome);
@@ -567,7 +578,7 @@ impl Simulation {
         let replicas: Vec<String> = self
             .nodes
             .iter()
-            .map(|((g, r), n)| match &n.replica {
+            .map(|((g, r), _)| match self.replica_at((*g, *r)) {
                 Some(x) => format!(
                     "g{g}r{r}:{:?} v{} op{} c{}/{} next{:?}",
                     x.status(),
@@ -665,9 +676,11 @@ impl Simulation {
 
     /// A replica, if it is up.
     pub fn replica(&self, group: u64, replica: ReplicaId) -> Option<&Replica<CounterMachine>> {
-        self.nodes
-            .get(&(group, replica))
-            .and_then(|n| n.replica.as_ref())
+        self.replica_at((group, replica))
+    }
+
+    pub(crate) fn replica_at(&self, key: (u64, ReplicaId)) -> Option<&Replica<CounterMachine>> {
+        self.servers.get(&key.1)?.replica(key.0)
     }
 
     /// Whether a replica has disk writes it asked for that have not completed.
@@ -702,7 +715,7 @@ impl Simulation {
         let down: Vec<(u64, ReplicaId)> = self
             .nodes
             .iter()
-            .filter(|(_, n)| n.replica.is_none())
+            .filter(|(k, _)| self.replica_at(**k).is_none())
             .map(|(k, _)| *k)
             .collect();
         for key in down {
@@ -719,8 +732,8 @@ impl Simulation {
             self.nodes
                 .iter()
                 .filter(|((g, _), _)| g == group)
-                .all(|(_, n)| {
-                    n.replica.as_ref().is_some_and(|r| {
+                .all(|(key, _)| {
+                    self.replica_at(*key).is_some_and(|r| {
                         r.commit_min() >= top && r.status() == braid_vsr::Status::Normal
                     })
                 })
@@ -735,18 +748,22 @@ impl Simulation {
         }
         self.complete_writes();
         self.deliver();
+        // Each server ticks the groups whose deadline came on its own clock.
+        let servers: Vec<ReplicaId> = self.servers.keys().copied().collect();
+        for r in servers {
+            let local = self.local_now((0, r));
+            let mut out = Vec::new();
+            if let Some(server) = self.servers.get_mut(&r) {
+                if server.next_deadline().is_some_and(|d| d <= local) {
+                    server.tick(local, &mut out);
+                }
+            }
+            for (group, output) in out {
+                self.output((group, r), output);
+            }
+        }
         let keys: Vec<(u64, ReplicaId)> = self.nodes.keys().copied().collect();
         for key in keys {
-            let local = self.local_now(key);
-            let due = self
-                .nodes
-                .get(&key)
-                .and_then(|n| n.replica.as_ref())
-                .and_then(Replica::next_deadline)
-                .is_some_and(|d| d <= local);
-            if due {
-                self.input(key, Input::Tick);
-            }
             let restart = self
                 .nodes
                 .get(&key)
@@ -769,14 +786,13 @@ impl Simulation {
             return;
         }
         let beats: Vec<((u64, ReplicaId), Message)> = self
-            .nodes
+            .servers
             .iter()
-            .filter_map(|(key, n)| {
-                let replica = n.replica.as_ref()?;
-                if replica.next_deadline().is_some() {
-                    return None; // awake: its own heartbeats run
-                }
-                Some((*key, replica.commit_heartbeat()?))
+            .flat_map(|(r, server)| {
+                server
+                    .quiet_heartbeats()
+                    .into_iter()
+                    .map(move |(group, message)| ((group, *r), message))
             })
             .collect();
         for ((group, replica), message) in beats {
@@ -794,24 +810,21 @@ impl Simulation {
 
     /// A node's own clock: the simulation's ticks at its rate.
     fn local_now(&self, key: (u64, ReplicaId)) -> u64 {
-        self.nodes
-            .get(&key)
-            .map_or(self.tick, |n| self.tick * n.clock_percent / 100)
+        self.clock_percent
+            .get(&key.1)
+            .map_or(self.tick, |percent| self.tick * percent / 100)
     }
 
     fn input(&mut self, key: (u64, ReplicaId), input: Input) {
         let tick = self.local_now(key);
         let mut out = Vec::new();
-        {
-            let Some(node) = self.nodes.get_mut(&key) else {
-                return;
-            };
-            let Some(replica) = node.replica.as_mut() else {
-                return;
-            };
-            replica.step(tick, input, &mut out);
+        let Some(server) = self.servers.get_mut(&key.1) else {
+            return;
+        };
+        if server.step(tick, key.0, input, &mut out).is_err() {
+            return; // that group's replica is down on this server
         }
-        for output in out {
+        for (_, output) in out {
             self.output(key, output);
         }
     }
@@ -925,7 +938,12 @@ impl Simulation {
         for key in keys {
             let tick = self.tick;
             let completed = match self.nodes.get_mut(&key) {
-                Some(node) if node.replica.is_some() => {
+                Some(node)
+                    if self
+                        .servers
+                        .get(&key.1)
+                        .is_some_and(|s| s.replica(key.0).is_some()) =>
+                {
                     if self.writeback && !node.disk.journal_fsync() && self.prng.chance(5) {
                         node.disk.writeback();
                     }
