@@ -1013,6 +1013,7 @@ fn brief(message: &Message) -> String {
         } => format!("StartView(v{view} op{op} c{commit} n{})", suffix.len()),
         Message::RequestPrepare { op, .. } => format!("RequestPrepare(op{op})"),
         Message::RequestStartView { view, .. } => format!("RequestStartView(v{view})"),
+        Message::Committed { commit, .. } => format!("Committed(c{commit})"),
         Message::RequestSnapshot { .. } => "RequestSnapshot".into(),
         Message::Snapshot { checkpoint, .. } => format!("Snapshot(op{})", checkpoint.header.op),
     }

@@ -267,6 +267,19 @@ pub enum Message {
         /// The sender.
         from: ReplicaId,
     },
+    /// Backup to primary: ops through `commit` are committed (it knows it, from an
+    /// earlier view), so a primary whose commit lags need not wait for acknowledgements
+    /// of ops the backup may no longer hold in memory.
+    Committed {
+        /// The view.
+        view: u64,
+        /// The backup's commit number.
+        commit: u64,
+        /// The checksum of the op at `commit`.
+        checksum: Checksum,
+        /// The sender.
+        from: ReplicaId,
+    },
     /// Asks for the applied state (the sender is behind every journal).
     RequestSnapshot {
         /// The sender.
@@ -293,6 +306,7 @@ impl Message {
             | Self::StartView { from, .. }
             | Self::RequestPrepare { from, .. }
             | Self::RequestStartView { from, .. }
+            | Self::Committed { from, .. }
             | Self::RequestSnapshot { from }
             | Self::Snapshot { from, .. } => Some(*from),
         }

@@ -850,6 +850,12 @@ impl<S: StateMachine> Replica<S> {
                 self.on_request_prepare(op, checksum, from, out)
             }
             Message::RequestStartView { view, from } => self.on_request_start_view(view, from, out),
+            Message::Committed {
+                view,
+                commit,
+                checksum,
+                ..
+            } => self.on_committed(view, commit, checksum, out),
             Message::RequestSnapshot { from } => self.on_request_snapshot(from, out),
             Message::Snapshot { checkpoint, from } => self.on_snapshot(checkpoint, from, out),
         }

@@ -242,7 +242,49 @@ impl<S: StateMachine> Replica<S> {
             self.commit_max = commit;
             self.record_anchor(commit, checksum);
         }
+        if commit < self.commit_max {
+            // A new primary that learned less than this backup knows: tell it, or it
+            // waits for acknowledgements of ops this backup may have compacted away.
+            if let Some(known) = self.journal.get(&self.commit_max).filter(|e| e.canonical) {
+                out.push(Output::Send {
+                    to: from,
+                    message: Message::Committed {
+                        view: self.view,
+                        commit: self.commit_max,
+                        checksum: known.header.checksum,
+                        from: self.config.replica,
+                    },
+                });
+            }
+        }
         self.apply_committed(out);
+    }
+
+    /// A backup knows more is committed: a primary takes it where its own log holds
+    /// that op with that checksum in this view's chain (every view's log holds every
+    /// committed op, so this is the same op and all below it are committed too).
+    pub(super) fn on_committed(
+        &mut self,
+        view: u64,
+        commit: u64,
+        checksum: Checksum,
+        out: &mut Vec<Output>,
+    ) {
+        if !self.is_primary() || view != self.view || commit <= self.commit_max || commit > self.op
+        {
+            return;
+        }
+        let pinned = self
+            .journal
+            .get(&commit)
+            .is_some_and(|e| e.canonical && e.header.checksum == checksum);
+        if !pinned {
+            return;
+        }
+        self.commit_max = commit;
+        self.prepare_oks.retain(|op, _| *op > commit);
+        self.apply_committed(out);
+        self.send_commit(out);
     }
 
     /// Applies committed canonical ops in order; stops at the first one missing.
