@@ -528,43 +528,37 @@ impl Disk {
         true
     }
 
-    /// Damages one durable-state slot, keeping the other: returns whether it did.
+    /// Damages one durable-state copy while the other is intact: returns whether it did.
     pub(crate) fn damage_state_slot(&mut self, prng: &mut Prng) -> bool {
-        let intact: Vec<usize> = (0..2)
-            .filter(|i| {
-                self.state_slots[*i]
-                    .as_deref()
-                    .is_some_and(|b| DurableState::decode(b).is_ok())
-            })
-            .collect();
-        if intact.len() < 2 {
-            return false;
-        }
-        let victim = intact[prng.below(2) as usize];
-        if let Some(bytes) = self.state_slots[victim].as_mut() {
-            let at = prng.below(bytes.len() as u64) as usize;
-            bytes[at] ^= 1 << prng.below(8);
-        }
-        true
+        damage_one_of(&mut self.state_slots, prng, |b| {
+            DurableState::decode(b).is_ok()
+        })
     }
 
     /// Damages one checkpoint slot while the other holds an intact checkpoint.
     pub(crate) fn damage_checkpoint_slot(&mut self, prng: &mut Prng) -> bool {
-        let intact: Vec<usize> = (0..2)
-            .filter(|i| {
-                self.checkpoint_slots[*i]
-                    .as_deref()
-                    .is_some_and(|b| Checkpoint::decode(b).is_ok())
-            })
-            .collect();
-        if intact.len() < 2 {
-            return false;
-        }
-        let victim = intact[prng.below(2) as usize];
-        if let Some(bytes) = self.checkpoint_slots[victim].as_mut() {
-            let at = prng.below(bytes.len() as u64) as usize;
-            bytes[at] ^= 1 << prng.below(8);
-        }
-        true
+        damage_one_of(&mut self.checkpoint_slots, prng, |b| {
+            Checkpoint::decode(b).is_ok()
+        })
     }
+}
+
+/// Flips one bit in one of two slots, only when both are intact (so one survives).
+fn damage_one_of(
+    slots: &mut [Option<Vec<u8>>; 2],
+    prng: &mut Prng,
+    intact: impl Fn(&[u8]) -> bool,
+) -> bool {
+    if !slots
+        .iter()
+        .all(|slot| slot.as_deref().is_some_and(&intact))
+    {
+        return false;
+    }
+    let victim = prng.below(2) as usize;
+    if let Some(bytes) = slots[victim].as_mut() {
+        let at = prng.below(bytes.len() as u64) as usize;
+        bytes[at] ^= 1 << prng.below(8);
+    }
+    true
 }

@@ -354,10 +354,7 @@ impl Simulation {
 
     /// Damages one journal entry (found at the replica's next restart).
     pub(crate) fn corrupt_random_entry(&mut self) {
-        let Some((key, op)) = self.fault_target() else {
-            return;
-        };
-        if self.nodes.get_mut(&key).is_some_and(|n| n.disk.corrupt(op)) {
+        if let Some((key, op)) = self.fault_at_rest(Disk::corrupt) {
             self.outcome.corruptions += 1;
             if self.trace {
                 eprintln!("t{} corrupt g{}r{} op {op}", self.tick, key.0, key.1);
@@ -367,19 +364,23 @@ impl Simulation {
 
     /// A latent read error on one slot: reads fail from now on.
     pub(crate) fn latent_random_entry(&mut self) {
-        let Some((key, op)) = self.fault_target() else {
-            return;
-        };
-        if self
-            .nodes
-            .get_mut(&key)
-            .is_some_and(|n| n.disk.make_latent(op))
-        {
+        if let Some((key, op)) = self.fault_at_rest(Disk::make_latent) {
             self.outcome.latent_errors += 1;
             if self.trace {
                 eprintln!("t{} latent g{}r{} op {op}", self.tick, key.0, key.1);
             }
         }
+    }
+
+    /// Applies `fault` to the disk slot [`Simulation::fault_target`] picks; returns
+    /// where, if it took.
+    fn fault_at_rest(
+        &mut self,
+        fault: fn(&mut Disk, u64) -> bool,
+    ) -> Option<((u64, ReplicaId), u64)> {
+        let (key, op) = self.fault_target()?;
+        let node = self.nodes.get_mut(&key)?;
+        fault(&mut node.disk, op).then_some((key, op))
     }
 
     /// A write that landed on a neighbouring slot: both slots read back damaged.

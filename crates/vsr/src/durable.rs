@@ -244,31 +244,14 @@ impl Checkpoint {
 }
 
 impl Header {
-    /// Bytes of an encoded header: its fields and its checksum.
-    pub const ENCODED_BYTES: usize = 6 * 8 + 3 * 16 + 1;
+    /// Bytes of an encoded header: the fields its checksum covers, then the checksum.
+    pub const ENCODED_BYTES: usize = Self::FIELDS_BYTES + 16;
 
     /// The header as stored in a journal or checkpoint.
     pub fn encode(&self) -> [u8; Self::ENCODED_BYTES] {
         let mut out = [0u8; Self::ENCODED_BYTES];
-        let words = [
-            self.group,
-            self.view,
-            self.op,
-            self.commit,
-            self.session,
-            self.request,
-        ];
-        for (i, word) in words.iter().enumerate() {
-            out[i * 8..i * 8 + 8].copy_from_slice(&word.to_be_bytes());
-        }
-        out[48..64].copy_from_slice(&self.parent.to_be_bytes());
-        out[64..80].copy_from_slice(&self.body_checksum.to_be_bytes());
-        out[80..96].copy_from_slice(&self.checksum.to_be_bytes());
-        out[96] = match self.operation {
-            Operation::Root => 0,
-            Operation::Register => 1,
-            Operation::Request => 2,
-        };
+        out[..Self::FIELDS_BYTES].copy_from_slice(&self.fields());
+        out[Self::FIELDS_BYTES..].copy_from_slice(&self.checksum.to_be_bytes());
         out
     }
 
@@ -288,7 +271,6 @@ impl Header {
         let request = reader.u64()?;
         let parent = reader.u128()?;
         let body_checksum = reader.u128()?;
-        let sum = reader.u128()?;
         let operation = match reader.take(1)?[0] {
             0 => Operation::Root,
             1 => Operation::Register,
@@ -300,6 +282,7 @@ impl Header {
                 })
             }
         };
+        let sum = reader.u128()?;
         let header = Self {
             group,
             view,

@@ -53,9 +53,9 @@ pub struct Header {
 
 impl Header {
     /// The bytes the checksum covers: every field but `checksum`, fixed-width, big-endian.
-    const FIELDS_BYTES: usize = 6 * 8 + 2 * 16 + 1;
+    pub(crate) const FIELDS_BYTES: usize = 6 * 8 + 2 * 16 + 1;
 
-    fn fields(&self) -> [u8; Self::FIELDS_BYTES] {
+    pub(crate) fn fields(&self) -> [u8; Self::FIELDS_BYTES] {
         let mut out = [0u8; Self::FIELDS_BYTES];
         let words = [
             self.group,

@@ -1,7 +1,8 @@
 //! Many groups on one node: inputs routed by group id, and a timer index so a tick
 //! touches only the groups whose deadline has come. With `Config::quiesce`, an idle
 //! group has no deadline at all (it is not in the index) and keeps only its commit
-//! anchor in memory; a message wakes it. Groups are kept in `BTreeMap`s, so every walk
+//! anchor in memory; a message wakes it (`tests/idle_memory.rs` runs 2,000 groups per
+//! node to quiescence, measures their heap and wakes one). Groups are kept in `BTreeMap`s, so every walk
 //! over them (ticks, heartbeats) runs in group order: a seed replays the same run.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -129,123 +130,5 @@ impl<S: StateMachine> Node<S> {
             .filter(|(group, _)| !self.armed.contains_key(group))
             .filter_map(|(group, r)| Some((*group, r.commit_heartbeat()?)))
             .collect()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::message::{Message, Request};
-    use crate::replica::{Config, Output};
-    use crate::state::CounterMachine;
-
-    /// Three nodes with `groups` groups each, driven by a loss-free message loop.
-    fn cluster(groups: u64) -> Vec<Node<CounterMachine>> {
-        (0..3u8)
-            .map(|replica| {
-                let mut node = Node::new();
-                for group in 0..groups {
-                    let mut config = Config::new(group, replica, 3, 7);
-                    config.quiesce = true;
-                    node.insert(Replica::new(config, CounterMachine::default()).unwrap());
-                }
-                node
-            })
-            .collect()
-    }
-
-    fn run(
-        nodes: &mut [Node<CounterMachine>],
-        from_tick: u64,
-        ticks: u64,
-        mut inbox: Vec<(u8, u64, Input)>,
-    ) -> u64 {
-        let mut replies = 0;
-        for now in from_tick..from_tick + ticks {
-            let mut next = Vec::new();
-            for (node, group, input) in inbox.drain(..) {
-                let mut out = Vec::new();
-                nodes[node as usize]
-                    .step(now, group, input, &mut out)
-                    .unwrap();
-                next.extend(out.into_iter().map(|o| (node, o)));
-            }
-            for (index, node) in nodes.iter_mut().enumerate() {
-                let mut out = Vec::new();
-                node.tick(now, &mut out);
-                next.extend(out.into_iter().map(|o| (index as u8, o)));
-            }
-            for (node, (group, output)) in next {
-                match output {
-                    Output::Send { to, message } => {
-                        inbox.push((to, group, Input::Message(message)))
-                    }
-                    Output::WriteJournal(p) => inbox.push((
-                        node,
-                        group,
-                        Input::JournalWritten {
-                            op: p.header.op,
-                            checksum: p.header.checksum,
-                        },
-                    )),
-                    Output::WriteState(s) => inbox.push((node, group, Input::StateWritten(s))),
-                    Output::Reply(_) => replies += 1,
-                    _ => {}
-                }
-            }
-        }
-        replies
-    }
-
-    #[test]
-    fn thousands_of_groups_tick_cheaply_and_idle_groups_go_quiet() {
-        const GROUPS: u64 = 2_000;
-        let mut nodes = cluster(GROUPS);
-        // One register per group, sent to each group's primary of view 0.
-        let requests: Vec<(u8, u64, Input)> = (0..GROUPS)
-            .map(|group| {
-                let primary = (group % 3) as u8;
-                let request = Request {
-                    client: 1,
-                    session: 0,
-                    request: 1,
-                    body: Vec::new(),
-                };
-                (primary, group, Input::Message(Message::Request(request)))
-            })
-            .collect();
-        let replies = run(&mut nodes, 1, 200, requests);
-        assert_eq!(replies, GROUPS, "every group committed its register");
-        for node in &nodes {
-            assert_eq!(node.len() as u64, GROUPS);
-            assert_eq!(node.armed_groups(), 0, "idle groups keep no timer");
-            assert_eq!(node.next_deadline(), None);
-            for group in 0..GROUPS {
-                let replica = node.replica(group).unwrap();
-                assert_eq!(replica.commit_min(), 1);
-                assert!(
-                    replica.journal_len() <= 1,
-                    "only the commit anchor stays in memory"
-                );
-            }
-        }
-        // What an idle group costs is measured with a counting allocator in
-        // tests/idle_memory.rs.
-        // A message wakes one group; the others stay quiet.
-        let request = Request {
-            client: 1,
-            session: 1,
-            request: 1,
-            body: b"k=1".to_vec(),
-        };
-        let woken = run(
-            &mut nodes,
-            200,
-            100,
-            vec![(0, 0, Input::Message(Message::Request(request)))],
-        );
-        assert_eq!(woken, 1);
-        assert_eq!(nodes[0].replica(0).unwrap().commit_min(), 2);
-        assert_eq!(nodes.iter().map(Node::armed_groups).sum::<usize>(), 0);
     }
 }

@@ -71,36 +71,18 @@ fn an_idle_group_costs_little_heap() {
         })
         .collect();
     // One session and one request per group, then silence.
-    let requests: Vec<(u8, u64, Input)> = (0..GROUPS)
-        .map(|group| {
-            let primary = (group % u64::from(NODES)) as u8;
-            let register = Request {
-                client: 1,
-                session: 0,
-                request: 1,
-                body: Vec::new(),
-            };
-            (primary, group, Input::Message(Message::Request(register)))
-        })
-        .collect();
-    run(&mut nodes, 1, 200, requests);
-    let writes: Vec<(u8, u64, Input)> = (0..GROUPS)
-        .map(|group| {
-            let primary = (group % u64::from(NODES)) as u8;
-            let request = Request {
-                client: 1,
-                session: 1,
-                request: 1,
-                body: b"k=1".to_vec(),
-            };
-            (primary, group, Input::Message(Message::Request(request)))
-        })
-        .collect();
-    run(&mut nodes, 200, 300, writes);
+    run(&mut nodes, 1, 200, one_request_per_group(0, 1, b""));
+    run(&mut nodes, 200, 300, one_request_per_group(1, 1, b"k=1"));
     for node in &nodes {
         assert_eq!(node.armed_groups(), 0, "every group went quiet");
+        assert_eq!(node.next_deadline(), None, "idle groups keep no timer");
         for group in 0..GROUPS {
-            assert_eq!(node.replica(group).unwrap().commit_min(), 2);
+            let replica = node.replica(group).unwrap();
+            assert_eq!(replica.commit_min(), 2);
+            assert!(
+                replica.journal_len() <= 1,
+                "only the commit anchor stays in memory"
+            );
         }
     }
     let held = ALLOCATOR.allocated() - before;
@@ -110,4 +92,25 @@ fn an_idle_group_costs_little_heap() {
         std::mem::size_of::<Replica<CounterMachine>>()
     );
     assert!(per_group <= 1_600, "an idle group holds {per_group} bytes");
+    // A message wakes one group; the others stay quiet.
+    let wake = vec![one_request_per_group(1, 2, b"k=2").remove(0)];
+    run(&mut nodes, 500, 100, wake);
+    assert_eq!(nodes[0].replica(0).unwrap().commit_min(), 3);
+    assert_eq!(nodes.iter().map(Node::armed_groups).sum::<usize>(), 0);
+}
+
+/// A request of `session` for every group, sent to the group's primary of view 0.
+fn one_request_per_group(session: u64, request: u64, body: &[u8]) -> Vec<(u8, u64, Input)> {
+    (0..GROUPS)
+        .map(|group| {
+            let primary = (group % u64::from(NODES)) as u8;
+            let request = Request {
+                client: 1,
+                session,
+                request,
+                body: body.to_vec(),
+            };
+            (primary, group, Input::Message(Message::Request(request)))
+        })
+        .collect()
 }
