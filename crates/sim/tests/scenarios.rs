@@ -308,3 +308,31 @@ fn an_operation_resent_under_a_new_session_after_eviction_is_caught() {
         "resending after an eviction ran an operation twice"
     );
 }
+
+/// Damage beyond what a quorum can repair: every copy of a committed op is damaged.
+/// Nothing may apply past it (no replica guesses, none applies another op there), and
+/// the group stops short of it instead of diverging.
+#[test]
+fn damage_to_every_copy_of_a_committed_op_is_refused_never_applied() {
+    let mut sim = Simulation::new(quiet(19, 3, 1));
+    sim.set_random_faults(false);
+    ok(sim.run_until(5_000, |s| s.committed(0) >= 20));
+    for replica in 0..3 {
+        sim.crash((0, replica));
+    }
+    for replica in 0..3 {
+        sim.corrupt(0, replica, 10);
+    }
+    for replica in 0..3 {
+        sim.restart((0, replica));
+    }
+    ok(sim.run_ticks(3_000));
+    for replica in 0..3 {
+        let r = sim.replica(0, replica).unwrap();
+        assert!(
+            r.commit_min() < 10,
+            "replica {replica} applied op {} past the op no copy of survived",
+            r.commit_min()
+        );
+    }
+}
