@@ -153,18 +153,27 @@ impl<S: StateMachine> Replica<S> {
         from: ReplicaId,
         out: &mut Vec<Output>,
     ) {
-        if !self.is_primary() || view != self.view || op <= self.commit_max {
+        if self.ignore_prepare_ok(view, op, checksum) {
             return;
         }
-        if self
-            .journal
-            .get(&op)
-            .is_none_or(|e| e.header.checksum != checksum)
-        {
-            return;
-        }
+        invariant!(
+            from != self.config.replica && from < self.config.replica_count,
+            "an acknowledgement from outside the group reached the handler"
+        );
         self.prepare_oks.entry(op).or_default().insert(from);
         self.try_commit(out);
+    }
+
+    /// A PrepareOk counts only at the primary of its view, for an uncommitted op this
+    /// primary holds with that checksum.
+    fn ignore_prepare_ok(&self, view: u64, op: u64, checksum: Checksum) -> bool {
+        !self.is_primary()
+            || view != self.view
+            || op <= self.commit_max
+            || self
+                .journal
+                .get(&op)
+                .is_none_or(|e| e.header.checksum != checksum)
     }
 
     /// Commits, in order, every op a quorum (the primary's own durable copy included)
@@ -233,7 +242,7 @@ impl<S: StateMachine> Replica<S> {
             });
             return;
         }
-        if view < self.view || self.status() != Status::Normal || self.is_primary() {
+        if self.ignore_commit(view) {
             return;
         }
         self.arm(Timer::ViewChange, self.config.view_change_ticks * 2);
@@ -258,6 +267,12 @@ impl<S: StateMachine> Replica<S> {
             }
         }
         self.apply_committed(out);
+    }
+
+    /// A Commit counts only at a normal backup of its view (a newer view was handled
+    /// before: the backup asks for its StartView).
+    fn ignore_commit(&self, view: u64) -> bool {
+        view < self.view || self.status() != Status::Normal || self.is_primary()
     }
 
     /// A backup knows more is committed: a primary takes it where its own log holds

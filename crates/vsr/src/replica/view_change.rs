@@ -58,7 +58,7 @@ impl<S: StateMachine> Replica<S> {
         from: ReplicaId,
         out: &mut Vec<Output>,
     ) {
-        if view < self.view || (view == self.view && self.status() == Status::Normal) {
+        if self.ignore_start_view_change(view) {
             return;
         }
         if view > self.view {
@@ -68,6 +68,27 @@ impl<S: StateMachine> Replica<S> {
             votes.start_view_change_from.insert(from);
         }
         self.maybe_send_do_view_change(out);
+    }
+
+    /// A StartViewChange for an older view, or for the view this replica is normal in,
+    /// changes nothing.
+    fn ignore_start_view_change(&self, view: u64) -> bool {
+        view < self.view || (view == self.view && self.status() == Status::Normal)
+    }
+
+    /// A StartView counts only from the primary of its view, for a view newer than this
+    /// replica's or the one it is still changing to.
+    fn ignore_start_view(&self, view: u64, from: ReplicaId) -> bool {
+        view < self.view
+            || from != self.primary_of(view)
+            || from == self.config.replica
+            || (view == self.view && self.status() == Status::Normal)
+    }
+
+    /// A DoViewChange counts only at the primary of its view, for a view not older
+    /// than this replica's.
+    fn ignore_do_view_change(&self, view: u64) -> bool {
+        view < self.view || self.primary_of(view) != self.config.replica
     }
 
     /// The view change's votes, while one runs.
@@ -169,7 +190,7 @@ impl<S: StateMachine> Replica<S> {
         vote: ViewChangeVote,
         out: &mut Vec<Output>,
     ) {
-        if view < self.view || self.primary_of(view) != self.config.replica {
+        if self.ignore_do_view_change(view) {
             return;
         }
         // A restarted replica may take part in the change to the view it was moving to
@@ -522,10 +543,7 @@ impl<S: StateMachine> Replica<S> {
         from: ReplicaId,
         out: &mut Vec<Output>,
     ) {
-        if view < self.view || from != self.primary_of(view) || from == self.config.replica {
-            return;
-        }
-        if view == self.view && self.status() == Status::Normal {
+        if self.ignore_start_view(view, from) {
             return;
         }
         self.view = view;
