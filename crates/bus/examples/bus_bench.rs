@@ -48,6 +48,7 @@ fn config(replica: u8, addresses: &[std::net::SocketAddr], links: u16) -> BusCon
         heartbeat_timeout: Duration::from_secs(5),
         queue_frames_max: 256,
         frame_bytes_max: 1 << 20,
+        delivery_bytes_max: 64 << 20,
         backoff: Duration::from_millis(20),
         tls: None,
     }

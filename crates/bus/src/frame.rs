@@ -51,9 +51,16 @@ pub enum FrameError {
 }
 
 impl Frame {
-    /// Appends the frame's wire form.
+    /// The frame's length field: bytes after it. A `u64`, so it never wraps.
+    pub fn length_field(&self) -> u64 {
+        (FRAME_HEADER_BYTES - 4) as u64 + self.payload.len() as u64
+    }
+
+    /// Appends the frame's wire form. The bus refuses a frame above its limit at
+    /// `send`, so the length always fits; a length that would not is written as
+    /// `u32::MAX`, which every receiver refuses, never as a wrapped small number.
     pub fn encode(&self, out: &mut Vec<u8>) {
-        let length = (FRAME_HEADER_BYTES - 4 + self.payload.len()) as u32;
+        let length = u32::try_from(self.length_field()).unwrap_or(u32::MAX);
         out.extend_from_slice(&length.to_be_bytes());
         let start = out.len();
         out.extend_from_slice(&self.group.to_be_bytes());

@@ -24,6 +24,10 @@ use crate::handshake::{
 };
 use crate::placement::{LayoutError, LinkLayout, INBOUND_HANDSHAKES_MAX, METADATA_LINK};
 
+/// Bytes each delivery is charged beyond its frame, for the memory a queued delivery
+/// holds besides its payload.
+pub const DELIVERY_OVERHEAD_BYTES: usize = 128;
+
 /// Most bytes a link's writer gathers into one write.
 const WRITE_BATCH_BYTES_MAX: usize = 1 << 20;
 
@@ -52,8 +56,12 @@ pub struct BusConfig {
     pub heartbeat_timeout: Duration,
     /// Frames each link queues before new ones are dropped (and counted).
     pub queue_frames_max: usize,
-    /// Largest frame accepted.
+    /// Largest frame accepted, on receipt and at `send`.
     pub frame_bytes_max: u32,
+    /// Bytes of received frames the node may hold undelivered or unprocessed (each frame
+    /// counted with `DELIVERY_OVERHEAD_BYTES` more). When the consumer does not drain
+    /// deliveries, links stop reading their sockets and TCP pushes back on the peers.
+    pub delivery_bytes_max: usize,
     /// Redial backoff.
     pub backoff: Duration,
     /// Mutual TLS on replica links (after the preamble, before the hello); `None`
@@ -199,6 +207,13 @@ pub struct BusMetrics {
     pub handshake_failures: Mutex<BTreeMap<String, u64>>,
     /// Frames dropped because a link queue was full.
     pub frames_dropped: AtomicU64,
+    /// Frames `send` accepted that a teardown then lost (queued, or written by a link
+    /// that closed before they were flushed). Consensus retransmits them.
+    pub frames_lost_at_teardown: AtomicU64,
+    /// Frames refused at `send` for exceeding `frame_bytes_max`.
+    pub frames_refused_too_large: AtomicU64,
+    /// Times a link stopped reading because the delivery budget was spent.
+    pub delivery_waits: AtomicU64,
     /// Frames not sent because the bundle was not complete.
     pub frames_refused_bundle_down: AtomicU64,
     /// Frames sent.
@@ -223,6 +238,9 @@ impl BusMetrics {
             preamble_refusals: zero(),
             handshake_failures: Mutex::new(BTreeMap::new()),
             frames_dropped: zero(),
+            frames_lost_at_teardown: zero(),
+            frames_refused_too_large: zero(),
+            delivery_waits: zero(),
             frames_refused_bundle_down: zero(),
             frames_sent: zero(),
             bytes_sent: zero(),
@@ -277,7 +295,7 @@ fn reason(refusal: &Refusal) -> &'static str {
 }
 
 /// A frame that arrived, with where it came from.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug)]
 pub struct Delivery {
     /// The sending replica.
     pub peer: u8,
@@ -288,6 +306,9 @@ pub struct Delivery {
     /// The name of the thread that read it (the link owner shard's, when the bus runs
     /// on shards).
     pub read_on: Option<Arc<str>>,
+    /// The frame's share of `delivery_bytes_max`, returned when the delivery is dropped:
+    /// a consumer that keeps deliveries keeps links from reading.
+    _budget: OwnedSemaphorePermit,
 }
 
 /// Why a frame was not queued.
@@ -299,6 +320,19 @@ pub enum SendError {
     /// The link's queue is full: the frame was dropped (consensus retransmits).
     #[error("queue full: frame dropped")]
     QueueFull,
+    /// The link to that peer closed while the frame was being queued (a teardown): it
+    /// was dropped and counted in `frames_lost_at_teardown`.
+    #[error("link to replica {0} closed: frame dropped")]
+    LinkClosed(u8),
+    /// The frame is larger than `frame_bytes_max`: the peer would refuse it and close
+    /// the link, so it is refused here.
+    #[error("frame of {bytes} bytes exceeds the limit of {max}")]
+    FrameTooLarge {
+        /// The frame's length field (bytes after the length).
+        bytes: u64,
+        /// The limit.
+        max: u32,
+    },
     /// No such peer.
     #[error("no peer {0}")]
     NoPeer(u8),
@@ -328,6 +362,7 @@ struct Peer {
 pub struct Bus {
     layout: LinkLayout,
     replica: u8,
+    frame_bytes_max: u32,
     peers: Vec<Option<Arc<PeerHandle>>>,
     metrics: Arc<BusMetrics>,
     tasks: Vec<JoinHandle<()>>,
@@ -429,6 +464,14 @@ impl Bus {
             shards,
         });
         let (deliver, deliveries) = mpsc::unbounded_channel();
+        // The channel is unbounded in count but not in bytes: every delivery holds its
+        // share of this budget until the consumer drops it.
+        let budget_permits = config.delivery_bytes_max.clamp(1, Semaphore::MAX_PERMITS);
+        let deliver = Deliver {
+            channel: deliver,
+            budget: Arc::new(Semaphore::new(budget_permits)),
+            budget_permits,
+        };
         let config = Arc::new(config);
         let local = listener
             .local_addr()
@@ -480,6 +523,7 @@ impl Bus {
         let bus = Self {
             layout,
             replica: config.replica,
+            frame_bytes_max: config.frame_bytes_max,
             peers,
             metrics,
             tasks,
@@ -524,9 +568,17 @@ impl Bus {
     /// [`SendError`].
     pub fn send(&self, shard: u16, peer: u8, frame: Frame) -> Result<(), SendError> {
         let queue = self.queue(shard, peer, &frame)?;
-        queue.try_send(frame).map_err(|_| {
-            self.metrics.frames_dropped.fetch_add(1, Ordering::Relaxed);
-            SendError::QueueFull
+        queue.try_send(frame).map_err(|err| match err {
+            mpsc::error::TrySendError::Full(_) => {
+                self.metrics.frames_dropped.fetch_add(1, Ordering::Relaxed);
+                SendError::QueueFull
+            }
+            mpsc::error::TrySendError::Closed(_) => {
+                self.metrics
+                    .frames_lost_at_teardown
+                    .fetch_add(1, Ordering::Relaxed);
+                SendError::LinkClosed(peer)
+            }
         })
     }
 
@@ -538,15 +590,27 @@ impl Bus {
     /// [`SendError::BundleDown`] or [`SendError::NoPeer`].
     pub async fn send_waiting(&self, shard: u16, peer: u8, frame: Frame) -> Result<(), SendError> {
         let queue = self.queue(shard, peer, &frame)?;
-        queue
-            .send(frame)
-            .await
-            .map_err(|_| SendError::BundleDown(peer))
+        queue.send(frame).await.map_err(|_| {
+            self.metrics
+                .frames_lost_at_teardown
+                .fetch_add(1, Ordering::Relaxed);
+            SendError::LinkClosed(peer)
+        })
     }
 
     /// The queue of the link `frame` from `shard` takes to `peer`: link 0 for metadata,
     /// else the shard range's link; refused (and counted) while the bundle is down.
     fn queue(&self, shard: u16, peer: u8, frame: &Frame) -> Result<mpsc::Sender<Frame>, SendError> {
+        let bytes = frame.length_field();
+        if bytes > u64::from(self.frame_bytes_max) {
+            self.metrics
+                .frames_refused_too_large
+                .fetch_add(1, Ordering::Relaxed);
+            return Err(SendError::FrameTooLarge {
+                bytes,
+                max: self.frame_bytes_max,
+            });
+        }
         let link = if frame.group == 0 {
             METADATA_LINK
         } else {
@@ -620,7 +684,7 @@ async fn manage_peer(
     handle: Arc<PeerHandle>,
     mut events: mpsc::UnboundedReceiver<PeerEvent>,
     metrics: Arc<BusMetrics>,
-    deliver: mpsc::UnboundedSender<Delivery>,
+    deliver: Deliver,
 ) {
     let start = Instant::now();
     let now = || start.elapsed().as_millis() as u64;
@@ -745,7 +809,7 @@ fn spawn_link(
     mut frames: mpsc::Receiver<Frame>,
     events: mpsc::UnboundedSender<PeerEvent>,
     metrics: Arc<BusMetrics>,
-    deliver: mpsc::UnboundedSender<Delivery>,
+    deliver: Deliver,
 ) -> LinkTasks {
     let (mut reader, mut writer) = tokio::io::split(stream);
     let max = config.frame_bytes_max;
@@ -777,11 +841,17 @@ fn spawn_link(
                             c[2].fetch_add(1, Ordering::Relaxed);
                             c[3].fetch_add(used as u64, Ordering::Relaxed);
                         }
-                        let _ = deliver.send(Delivery {
+                        // Wait for budget: while the consumer holds too much, this link
+                        // stops reading and TCP pushes back on the peer.
+                        let Some(budget) = deliver.budget_for(used, &read_metrics).await else {
+                            return;
+                        };
+                        let _ = deliver.channel.send(Delivery {
                             peer,
                             link,
                             frame,
                             read_on: read_on.clone(),
+                            _budget: budget,
                         });
                     }
                     Ok(None) => {
@@ -818,7 +888,12 @@ fn spawn_link(
                 more.encode(&mut bytes);
                 count += 1;
             }
-            if writer.write_all(&bytes).await.is_err() {
+            // Flush every batch: a TLS writer buffers ciphertext until flushed, and a
+            // batch left there would wait for the next send.
+            if writer.write_all(&bytes).await.is_err() || writer.flush().await.is_err() {
+                metrics
+                    .frames_lost_at_teardown
+                    .fetch_add(count + frames.len() as u64, Ordering::Relaxed);
                 let _ = events.send(PeerEvent::LinkClosed { link, generation });
                 return;
             }
@@ -1049,5 +1124,30 @@ async fn finish_admission(
         }
         Ok(Err(why)) => admission.metrics.failed(why),
         Err(_) => admission.metrics.failed("timeout"),
+    }
+}
+
+/// Where links deliver frames: the consumer's channel and the byte budget it shares.
+#[derive(Debug, Clone)]
+struct Deliver {
+    channel: mpsc::UnboundedSender<Delivery>,
+    budget: Arc<Semaphore>,
+    budget_permits: usize,
+}
+
+impl Deliver {
+    /// The budget for a frame of `bytes`, waiting while the consumer holds the rest;
+    /// `None` once the bus is gone.
+    async fn budget_for(&self, bytes: usize, metrics: &BusMetrics) -> Option<OwnedSemaphorePermit> {
+        let wanted = (bytes + DELIVERY_OVERHEAD_BYTES).min(self.budget_permits);
+        let wanted = u32::try_from(wanted).unwrap_or(u32::MAX);
+        if let Ok(permit) = Arc::clone(&self.budget).try_acquire_many_owned(wanted) {
+            return Some(permit);
+        }
+        metrics.delivery_waits.fetch_add(1, Ordering::Relaxed);
+        Arc::clone(&self.budget)
+            .acquire_many_owned(wanted)
+            .await
+            .ok()
     }
 }

@@ -31,6 +31,7 @@ fn config(replica: u8, addresses: &[std::net::SocketAddr], shards: u16, links: u
         heartbeat_timeout: Duration::from_secs(2),
         queue_frames_max: 4096,
         frame_bytes_max: 1 << 20,
+        delivery_bytes_max: 64 << 20,
         backoff: Duration::from_millis(20),
         tls: None,
     }
@@ -597,4 +598,142 @@ async fn each_link_is_read_on_its_owner_shard() {
     }
     drop(nodes);
     drop(threads);
+}
+
+/// TLS buffers ciphertext until flushed: every write batch must be flushed, or the tail
+/// of a burst waits for the next send (246 sent, 244 received before the fix).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_over_tls_arrives_whole_without_a_later_send() {
+    let tls = certificates();
+    let (ls, addresses) = listeners(2).await;
+    let mut nodes: Vec<_> = ls
+        .into_iter()
+        .enumerate()
+        .map(|(i, l)| {
+            let mut c = config(i as u8, &addresses, 4, 1);
+            c.tls = Some(tls.clone());
+            Bus::start(c, l).unwrap()
+        })
+        .collect();
+    all_up(&nodes).await;
+    const FRAMES: u32 = 246;
+    for seq in 0..FRAMES {
+        let frame = Frame {
+            group: 5,
+            kind: 1,
+            payload: [seq.to_be_bytes().to_vec(), vec![7u8; 60_000]].concat(),
+        };
+        nodes[0].0.send(1, 1, frame).unwrap();
+    }
+    for seq in 0..FRAMES {
+        let delivery = tokio::time::timeout(Duration::from_secs(3), nodes[1].1.recv())
+            .await
+            .unwrap_or_else(|_| panic!("frame {seq} of {FRAMES} stranded"))
+            .unwrap();
+        assert_eq!(delivery.frame.payload[..4], seq.to_be_bytes());
+    }
+}
+
+/// A frame above `frame_bytes_max` is refused at `send` with a typed error; the peer
+/// never sees it, so the bundle stays up (before, each one tore down both sides).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_oversized_frame_is_refused_at_send_and_the_bundle_stays_up() {
+    let mut nodes = cluster(&[4, 4], 2).await;
+    all_up(&nodes).await;
+    let teardowns = nodes[0].0.metrics().teardowns.load(Ordering::Relaxed);
+    let big = Frame {
+        group: 3,
+        kind: 1,
+        payload: vec![0u8; 1 << 20],
+    };
+    let refused = nodes[0].0.send(1, 1, big).unwrap_err();
+    assert_eq!(
+        refused,
+        braid_bus::SendError::FrameTooLarge {
+            bytes: (1 << 20) + 13,
+            max: 1 << 20
+        }
+    );
+    let fits = Frame {
+        group: 3,
+        kind: 1,
+        payload: vec![1u8; (1 << 20) - 13],
+    };
+    nodes[0].0.send(1, 1, fits).unwrap();
+    let delivery = tokio::time::timeout(Duration::from_secs(5), nodes[1].1.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(delivery.frame.payload.len(), (1 << 20) - 13);
+    let metrics = nodes[0].0.metrics();
+    assert_eq!(metrics.frames_refused_too_large.load(Ordering::Relaxed), 1);
+    assert_eq!(metrics.teardowns.load(Ordering::Relaxed), teardowns);
+    assert!(nodes[0].0.bundle_up(1) && nodes[1].0.bundle_up(0));
+}
+
+/// A node that does not drain its deliveries holds at most `delivery_bytes_max` of
+/// them: its links stop reading and TCP pushes back on the sender, which waits; nothing
+/// is dropped, and everything arrives once the consumer drains.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn undrained_deliveries_push_back_instead_of_growing() {
+    const BUDGET: usize = 4 << 20;
+    const FRAME: usize = 64 << 10;
+    const FRAMES: usize = 1024; // 64 MiB: far more than the budget, queues and sockets hold
+    let (ls, addresses) = listeners(2).await;
+    let mut nodes: Vec<_> = ls
+        .into_iter()
+        .enumerate()
+        .map(|(i, l)| {
+            let mut c = config(i as u8, &addresses, 4, 1);
+            c.delivery_bytes_max = BUDGET;
+            c.queue_frames_max = 16;
+            Bus::start(c, l).unwrap()
+        })
+        .collect();
+    all_up(&nodes).await;
+    let (receiver_bus, mut deliveries) = nodes.pop().unwrap();
+    let (sender_bus, _) = nodes.pop().unwrap();
+    let sender_bus = std::sync::Arc::new(sender_bus);
+    let sending = {
+        let bus = std::sync::Arc::clone(&sender_bus);
+        tokio::spawn(async move {
+            for seq in 0..FRAMES as u32 {
+                let frame = Frame {
+                    group: 9,
+                    kind: 1,
+                    payload: [seq.to_be_bytes().to_vec(), vec![3u8; FRAME - 4]].concat(),
+                };
+                bus.send_waiting(1, 1, frame).await.unwrap();
+            }
+        })
+    };
+    // Nobody drains: the held deliveries stay within the budget and links wait.
+    wait_until("a link waiting for delivery budget", || {
+        receiver_bus
+            .metrics()
+            .delivery_waits
+            .load(Ordering::Relaxed)
+            > 0
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let held = deliveries.len();
+    assert!(
+        held * (FRAME + 17) <= BUDGET,
+        "{held} deliveries of {FRAME} bytes held against a budget of {BUDGET}"
+    );
+    assert!(!sending.is_finished(), "the sender was pushed back");
+    // Draining lets everything through, in order, none dropped.
+    for seq in 0..FRAMES as u32 {
+        let delivery = tokio::time::timeout(Duration::from_secs(10), deliveries.recv())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(delivery.frame.payload[..4], seq.to_be_bytes());
+    }
+    sending.await.unwrap();
+    assert_eq!(
+        sender_bus.metrics().frames_dropped.load(Ordering::Relaxed),
+        0
+    );
 }

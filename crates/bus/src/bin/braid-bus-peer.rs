@@ -39,6 +39,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         heartbeat_timeout: Duration::from_millis(heartbeat_ms),
         queue_frames_max: 1024,
         frame_bytes_max: 1 << 20,
+        delivery_bytes_max: 64 << 20,
         backoff: Duration::from_millis(20),
         tls: None,
     };
