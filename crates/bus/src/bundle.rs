@@ -61,8 +61,13 @@ pub struct Bundle {
     generation: u32,
     up: Vec<bool>,
     complete: bool,
-    /// When the current generation started (for the grace).
-    started: u64,
+    /// When the first link of the current generation came up: the grace for the rest
+    /// runs from here, not from the last teardown (an acceptor idle for longer than a
+    /// grace would otherwise close a lone new link at once).
+    first_up: Option<u64>,
+    /// When the bundle last came up: a teardown after it stayed up for a grace resets
+    /// the backoff; an earlier one (a peer that refuses, a flapping link) does not.
+    up_since: Option<u64>,
     /// When the dialer dials next.
     next_dial: Option<u64>,
     failures: u32,
@@ -80,7 +85,8 @@ impl Bundle {
             generation: 1,
             up: vec![false; usize::from(links)],
             complete: false,
-            started: now,
+            first_up: None,
+            up_since: None,
             next_dial: we_dial.then_some(now),
             failures: 0,
             teardowns: 0,
@@ -124,13 +130,16 @@ impl Bundle {
         }
         if generation > self.generation {
             // The dialer started a newer bundle: everything of ours is stale.
-            self.teardown(now, out);
+            self.teardown(out);
             self.generation = generation;
+        }
+        if self.first_up.is_none() {
+            self.first_up = Some(now);
         }
         self.up[usize::from(link)] = true;
         if !self.complete && self.up.iter().all(|u| *u) {
             self.complete = true;
-            self.failures = 0;
+            self.up_since = Some(now);
             out.push(BundleAction::Up);
         }
         Ok(())
@@ -147,8 +156,8 @@ impl Bundle {
         if generation != self.generation || link >= self.links {
             return; // an older bundle's link: already torn down
         }
-        self.failures = self.failures.saturating_add(1);
-        self.teardown(now, out);
+        self.count_failure(now);
+        self.teardown(out);
         self.generation += 1;
         self.schedule_dial(now);
     }
@@ -156,17 +165,17 @@ impl Bundle {
     /// Time passed: tear down a bundle incomplete for longer than the grace; dial.
     pub fn on_tick(&mut self, now: u64, out: &mut Vec<BundleAction>) {
         if !self.complete
-            && now.saturating_sub(self.started) > self.grace
-            && self.up.iter().any(|u| *u)
+            && self
+                .first_up
+                .is_some_and(|first| now.saturating_sub(first) > self.grace)
         {
-            self.failures = self.failures.saturating_add(1);
-            self.teardown(now, out);
+            self.count_failure(now);
+            self.teardown(out);
             self.generation += 1;
             self.schedule_dial(now);
         }
         if self.next_dial.is_some_and(|t| t <= now) {
             self.next_dial = None;
-            self.started = now;
             for link in 0..self.links {
                 out.push(BundleAction::Dial {
                     link,
@@ -178,15 +187,17 @@ impl Bundle {
 
     /// The next tick at which [`Bundle::on_tick`] has something to do.
     pub fn next_deadline(&self) -> Option<u64> {
-        let grace =
-            (!self.complete && self.up.iter().any(|u| *u)).then_some(self.started + self.grace + 1);
+        let grace = self
+            .first_up
+            .filter(|_| !self.complete)
+            .map(|first| first + self.grace + 1);
         match (grace, self.next_dial) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         }
     }
 
-    fn teardown(&mut self, now: u64, out: &mut Vec<BundleAction>) {
+    fn teardown(&mut self, out: &mut Vec<BundleAction>) {
         if self.complete {
             out.push(BundleAction::Down);
         }
@@ -195,8 +206,21 @@ impl Bundle {
         }
         self.complete = false;
         self.up.iter_mut().for_each(|u| *u = false);
-        self.started = now;
+        self.first_up = None;
+        self.up_since = None;
         out.push(BundleAction::CloseAll);
+    }
+
+    /// A teardown is a failure for the backoff, unless the bundle had stayed up for a
+    /// grace: only then does the backoff start over.
+    fn count_failure(&mut self, now: u64) {
+        if self
+            .up_since
+            .is_some_and(|since| now.saturating_sub(since) >= self.grace)
+        {
+            self.failures = 0;
+        }
+        self.failures = self.failures.saturating_add(1);
     }
 
     fn schedule_dial(&mut self, now: u64) {
@@ -269,23 +293,70 @@ mod tests {
     }
 
     #[test]
-    fn an_incomplete_bundle_is_torn_down_after_the_grace_and_backoff_grows() {
+    fn an_incomplete_bundle_is_torn_down_a_grace_after_its_first_link_and_backoff_grows() {
         let mut bundle = Bundle::new(2, true, 50, BACKOFF, 0);
         let mut out = Vec::new();
         bundle.on_tick(0, &mut out);
         bundle.on_link_up(1, 0, 1, &mut out).unwrap();
         out.clear();
-        bundle.on_tick(50, &mut out);
-        assert!(out.is_empty(), "still within the grace");
         bundle.on_tick(51, &mut out);
+        assert!(out.is_empty(), "still within the grace of the first link");
+        bundle.on_tick(52, &mut out);
         assert_eq!(out, [BundleAction::CloseAll]);
-        assert_eq!(bundle.next_deadline(), Some(61));
+        assert_eq!(bundle.next_deadline(), Some(62));
         // Again: the wait doubles.
         out.clear();
-        bundle.on_tick(61, &mut out);
-        bundle.on_link_up(62, 1, 2, &mut out).unwrap();
-        bundle.on_tick(112, &mut out);
-        assert_eq!(bundle.next_deadline(), Some(132));
+        bundle.on_tick(62, &mut out);
+        bundle.on_link_up(63, 1, 2, &mut out).unwrap();
+        bundle.on_tick(114, &mut out);
+        assert_eq!(bundle.next_deadline(), Some(134));
+    }
+
+    #[test]
+    fn an_acceptor_idle_for_long_takes_links_that_arrive_apart() {
+        // Before: the grace ran from the last teardown, so after a long idle a lone link
+        // was closed at once and two links 20 apart never formed a bundle.
+        let mut bundle = Bundle::new(2, false, 100, BACKOFF, 0);
+        let mut out = Vec::new();
+        bundle.on_tick(10_000, &mut out);
+        bundle.on_link_up(10_000, 0, 1, &mut out).unwrap();
+        bundle.on_tick(10_001, &mut out);
+        bundle.on_tick(10_019, &mut out);
+        assert!(
+            !out.contains(&BundleAction::CloseAll),
+            "the lone link waits a grace"
+        );
+        bundle.on_link_up(10_020, 1, 1, &mut out).unwrap();
+        assert!(bundle.is_complete());
+    }
+
+    #[test]
+    fn backoff_starts_over_only_after_the_bundle_stayed_up_for_a_grace() {
+        let mut bundle = Bundle::new(1, true, 100, BACKOFF, 0);
+        let mut out = Vec::new();
+        let mut now = 0;
+        let mut waits = Vec::new();
+        // A peer that completes the bundle and then drops it at once (a refusal after
+        // the handshake): the backoff keeps growing instead of flapping at the base.
+        for _ in 0..4 {
+            bundle.on_tick(now, &mut out);
+            let (_, generation) = dials(&out)[0];
+            out.clear();
+            bundle.on_link_up(now + 1, 0, generation, &mut out).unwrap();
+            bundle.on_link_closed(now + 2, 0, generation, &mut out);
+            out.clear();
+            let next = bundle.next_deadline().unwrap();
+            waits.push(next - (now + 2));
+            now = next;
+        }
+        assert_eq!(waits, [10, 20, 40, 80]);
+        // A bundle that stayed up for a grace starts the backoff over.
+        bundle.on_tick(now, &mut out);
+        let (_, generation) = dials(&out)[0];
+        out.clear();
+        bundle.on_link_up(now + 1, 0, generation, &mut out).unwrap();
+        bundle.on_link_closed(now + 1 + 100, 0, generation, &mut out);
+        assert_eq!(bundle.next_deadline(), Some(now + 101 + 10));
     }
 
     #[test]

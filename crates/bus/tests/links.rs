@@ -737,3 +737,56 @@ async fn undrained_deliveries_push_back_instead_of_growing() {
         0
     );
 }
+
+/// Against a peer that refuses it (another cluster secret), the dialer backs off
+/// exponentially instead of flapping at the base interval (before: 30 ups and 30
+/// teardowns in 3 s with a 20 ms base).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dialer_backs_off_from_a_peer_that_refuses_it() {
+    let (ls, addresses) = listeners(2).await;
+    let mut ls = ls.into_iter();
+    let dialer = config(0, &addresses, 4, 1);
+    let mut refuser = config(1, &addresses, 4, 1);
+    refuser.secret = Some(b"another cluster's secret".to_vec());
+    let (a, _ra) = Bus::start(dialer, ls.next().unwrap()).unwrap();
+    let (b, _rb) = Bus::start(refuser, ls.next().unwrap()).unwrap();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let failures = |bus: &Bus| {
+        bus.metrics()
+            .handshake_failures
+            .lock()
+            .unwrap()
+            .values()
+            .sum::<u64>()
+    };
+    let attempts = failures(&a).max(failures(&b));
+    let ups = a.metrics().bundles_up.load(Ordering::Relaxed);
+    // 20 ms doubling to 640 ms: about 8 attempts in 3 s.
+    assert!(attempts >= 2, "it kept trying ({attempts})");
+    assert!(
+        attempts <= 12,
+        "{attempts} attempts in 3 s: the backoff did not grow"
+    );
+    assert!(ups <= 12, "{ups} false ups in 3 s");
+    assert!(!a.bundle_up(1) && !b.bundle_up(0));
+}
+
+/// An acceptor idle for longer than a grace still takes a new bundle whose links
+/// arrive apart (before: the grace ran from its last teardown, so a lone link was
+/// closed after 1 ms).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bundle_forms_on_an_acceptor_idle_for_longer_than_a_grace() {
+    let (ls, addresses) = listeners(2).await;
+    let mut ls = ls.into_iter();
+    let mut dialer_config = config(0, &addresses, 4, 2);
+    dialer_config.handshake_grace = Duration::from_millis(300);
+    let mut acceptor_config = config(1, &addresses, 4, 2);
+    acceptor_config.handshake_grace = Duration::from_millis(300);
+    let dialer_listener = ls.next().unwrap();
+    let (b, _rb) = Bus::start(acceptor_config, ls.next().unwrap()).unwrap();
+    // The acceptor sits idle for three graces before the dialer exists.
+    tokio::time::sleep(Duration::from_millis(900)).await;
+    let (a, _ra) = Bus::start(dialer_config, dialer_listener).unwrap();
+    wait_until("the bundle", || a.bundle_up(1) && b.bundle_up(0)).await;
+    assert_eq!(b.metrics().teardowns.load(Ordering::Relaxed), 0);
+}
