@@ -197,10 +197,20 @@ fn build_tls(config: &TlsConfig) -> Result<Tls, StartError> {
 /// Counters of a node's bus.
 #[derive(Debug)]
 pub struct BusMetrics {
-    /// Bundles that came up.
+    /// Bundles that came up (a counter).
     pub bundles_up: AtomicU64,
-    /// Bundles torn down.
+    /// Bundles complete now (a gauge).
+    pub bundles_complete: AtomicU64,
+    /// Complete bundles torn down.
     pub teardowns: AtomicU64,
+    /// Incomplete bundles torn down (a link closed, or the grace ran out, before all k
+    /// were up).
+    pub incomplete_teardowns: AtomicU64,
+    /// Links closed for a frame that failed its checksum.
+    pub frame_checksum_errors: AtomicU64,
+    /// Links closed for a frame whose length was above `frame_bytes_max` or below its
+    /// header.
+    pub frame_length_errors: AtomicU64,
     /// Inbound sockets refused at the preamble.
     pub preamble_refusals: AtomicU64,
     /// Handshakes that failed, by reason.
@@ -234,7 +244,11 @@ impl BusMetrics {
         let zero = || AtomicU64::new(0);
         Self {
             bundles_up: zero(),
+            bundles_complete: zero(),
             teardowns: zero(),
+            incomplete_teardowns: zero(),
+            frame_checksum_errors: zero(),
+            frame_length_errors: zero(),
             preamble_refusals: zero(),
             handshake_failures: Mutex::new(BTreeMap::new()),
             frames_dropped: zero(),
@@ -311,6 +325,22 @@ pub struct Delivery {
     _budget: OwnedSemaphorePermit,
 }
 
+/// A bundle to a peer came up or went down. Consensus retransmits at once on `up`
+/// instead of waiting for a timeout: frames queued to the old generation may be lost.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BundleEvent {
+    /// The peer.
+    pub peer: u8,
+    /// The bundle's generation.
+    pub generation: u32,
+    /// Whether it came up (else it went down).
+    pub up: bool,
+}
+
+/// Bundle events buffered per subscriber; a slower one misses the oldest (it can still
+/// read `Bus::bundle_up`).
+const BUNDLE_EVENTS_BUFFERED: usize = 256;
+
 /// Why a frame was not queued.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum SendError {
@@ -353,6 +383,7 @@ enum PeerEvent {
 
 struct Peer {
     complete: AtomicBool,
+    bundle_events: tokio::sync::broadcast::Sender<BundleEvent>,
     queues: Mutex<Vec<Option<mpsc::Sender<Frame>>>>,
     events: mpsc::UnboundedSender<PeerEvent>,
 }
@@ -360,6 +391,7 @@ struct Peer {
 /// A node's replica bus.
 #[derive(Debug)]
 pub struct Bus {
+    bundle_events: tokio::sync::broadcast::Sender<BundleEvent>,
     layout: LinkLayout,
     replica: u8,
     frame_bytes_max: u32,
@@ -479,6 +511,7 @@ impl Bus {
         let mut peers = Vec::new();
         let mut tasks = Vec::new();
         let mut receivers = Vec::new();
+        let (bundle_events, _) = tokio::sync::broadcast::channel(BUNDLE_EVENTS_BUFFERED);
         for id in 0..config.addresses.len() as u8 {
             if id == config.replica {
                 peers.push(None);
@@ -489,6 +522,7 @@ impl Bus {
             let handle = Arc::new(PeerHandle {
                 inner: Peer {
                     complete: AtomicBool::new(false),
+                    bundle_events: bundle_events.clone(),
                     queues: Mutex::new(vec![None; usize::from(config.links)]),
                     events,
                 },
@@ -521,6 +555,7 @@ impl Bus {
             Arc::clone(&metrics),
         )));
         let bus = Self {
+            bundle_events,
             layout,
             replica: config.replica,
             frame_bytes_max: config.frame_bytes_max,
@@ -553,6 +588,11 @@ impl Bus {
             .and_then(|p| p.as_ref())
             .map(|p| &p.inner)
             .ok_or(SendError::NoPeer(peer))
+    }
+
+    /// Bundle up and down events from now on, for every peer.
+    pub fn subscribe(&self) -> tokio::sync::broadcast::Receiver<BundleEvent> {
+        self.bundle_events.subscribe()
     }
 
     /// Whether the bundle to `peer` is complete.
@@ -702,6 +742,9 @@ async fn manage_peer(
     let mut links: Vec<Option<LinkTasks>> = (0..config.links).map(|_| None).collect();
     let peer_state = &handle.inner;
     let mut actions = Vec::new();
+    let mut teardowns_seen = 0;
+    // The generation that last came up, named in its down event.
+    let mut up_generation = 0;
     loop {
         let wait = bundle
             .next_deadline()
@@ -732,6 +775,15 @@ async fn manage_peer(
         // Teardowns first, then the new link, then "up": a frame queued as soon as the
         // bundle is up finds every link's queue in place.
         let up = actions.contains(&BundleAction::Up);
+        let down = actions.contains(&BundleAction::Down);
+        let teardowns = bundle.teardowns();
+        if teardowns > teardowns_seen {
+            let incomplete = teardowns - teardowns_seen - u64::from(down);
+            metrics
+                .incomplete_teardowns
+                .fetch_add(incomplete, Ordering::Relaxed);
+            teardowns_seen = teardowns;
+        }
         for action in actions.drain(..) {
             match action {
                 BundleAction::CloseAll => {
@@ -746,6 +798,12 @@ async fn manage_peer(
                 BundleAction::Down => {
                     peer_state.complete.store(false, Ordering::Release);
                     metrics.teardowns.fetch_add(1, Ordering::Relaxed);
+                    metrics.bundles_complete.fetch_sub(1, Ordering::Relaxed);
+                    let _ = peer_state.bundle_events.send(BundleEvent {
+                        peer,
+                        generation: up_generation,
+                        up: false,
+                    });
                 }
                 BundleAction::Dial { link, generation } => {
                     placement.spawn(
@@ -794,6 +852,13 @@ async fn manage_peer(
         if up {
             peer_state.complete.store(true, Ordering::Release);
             metrics.bundles_up.fetch_add(1, Ordering::Relaxed);
+            metrics.bundles_complete.fetch_add(1, Ordering::Relaxed);
+            up_generation = bundle.generation();
+            let _ = peer_state.bundle_events.send(BundleEvent {
+                peer,
+                generation: up_generation,
+                up: true,
+            });
         }
     }
 }
@@ -806,7 +871,7 @@ fn spawn_link(
     link: u16,
     generation: u32,
     stream: BoxStream,
-    mut frames: mpsc::Receiver<Frame>,
+    frames: mpsc::Receiver<Frame>,
     events: mpsc::UnboundedSender<PeerEvent>,
     metrics: Arc<BusMetrics>,
     deliver: Deliver,
@@ -860,6 +925,11 @@ fn spawn_link(
                     }
                     Err(err) => {
                         let err: FrameError = err;
+                        let counter = match err {
+                            FrameError::Checksum { .. } => &read_metrics.frame_checksum_errors,
+                            _ => &read_metrics.frame_length_errors,
+                        };
+                        counter.fetch_add(1, Ordering::Relaxed);
                         tracing::warn!(peer, link, %err, "closing a replica link");
                         let _ = read_events.send(PeerEvent::LinkClosed { link, generation });
                         return;
@@ -876,6 +946,12 @@ fn spawn_link(
         }
     });
     let writer = placement.spawn(link, peer, async move {
+        // Whatever is still queued when this task ends (a teardown aborts it) is lost.
+        let mut frames = CountedQueue {
+            frames,
+            metrics: Arc::clone(&metrics),
+        };
+        let frames = &mut frames.frames;
         let mut bytes = Vec::new();
         while let Some(frame) = frames.recv().await {
             bytes.clear();
@@ -891,9 +967,11 @@ fn spawn_link(
             // Flush every batch: a TLS writer buffers ciphertext until flushed, and a
             // batch left there would wait for the next send.
             if writer.write_all(&bytes).await.is_err() || writer.flush().await.is_err() {
+                // The batch never made it whole; what is still queued is counted when
+                // the queue is dropped.
                 metrics
                     .frames_lost_at_teardown
-                    .fetch_add(count + frames.len() as u64, Ordering::Relaxed);
+                    .fetch_add(count, Ordering::Relaxed);
                 let _ = events.send(PeerEvent::LinkClosed { link, generation });
                 return;
             }
@@ -1149,5 +1227,25 @@ impl Deliver {
             .acquire_many_owned(wanted)
             .await
             .ok()
+    }
+}
+
+/// A link's queue that counts the frames still in it when it is dropped: frames `send`
+/// accepted that a teardown loses.
+struct CountedQueue {
+    frames: mpsc::Receiver<Frame>,
+    metrics: Arc<BusMetrics>,
+}
+
+impl Drop for CountedQueue {
+    fn drop(&mut self) {
+        self.frames.close();
+        let mut lost = 0u64;
+        while self.frames.try_recv().is_ok() {
+            lost += 1;
+        }
+        self.metrics
+            .frames_lost_at_teardown
+            .fetch_add(lost, Ordering::Relaxed);
     }
 }

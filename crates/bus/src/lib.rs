@@ -26,5 +26,8 @@ pub use frame::{Frame, FrameError, FRAME_HEADER_BYTES};
 pub use handshake::{
     accept_preamble, DialerAwaitReply, Established, HandshakeConfig, Preamble, Refusal,
 };
-pub use io::{Bus, BusConfig, BusMetrics, Delivery, SendError, StartError, TlsConfig};
+pub use io::{
+    BundleEvent, Bus, BusConfig, BusMetrics, Delivery, SendError, StartError, TlsConfig,
+    DELIVERY_OVERHEAD_BYTES,
+};
 pub use placement::{LayoutError, LinkLayout, INBOUND_HANDSHAKES_MAX, METADATA_LINK};
