@@ -95,7 +95,19 @@ pub enum Refusal {
     /// The admission deadline passed.
     #[error("handshake not finished within the admission deadline")]
     Timeout,
+    /// A replica with a higher id dialed: the lower id of a pair dials, so accepting
+    /// would let either side take over the other's bundle.
+    #[error("replica {dialer} dialed replica {acceptor}: the lower id dials")]
+    WrongDialer {
+        /// The dialer's id.
+        dialer: u8,
+        /// Ours.
+        acceptor: u8,
+    },
 }
+
+/// The generation bits the preamble carries; the hello carries all 32 under the MAC.
+pub const PREAMBLE_GENERATION_MASK: u32 = 0x00FF_FFFF;
 
 /// The 8 bytes a dialer sends first: magic, version, its replica id, the link index and
 /// the bundle generation (24 bits).
@@ -379,6 +391,12 @@ pub fn accept_preamble(
     if preamble.replica >= config.replica_count || preamble.replica == config.replica {
         return Err(Refusal::UnknownReplica(preamble.replica));
     }
+    if preamble.replica > config.replica {
+        return Err(Refusal::WrongDialer {
+            dialer: preamble.replica,
+            acceptor: config.replica,
+        });
+    }
     if u16::from(preamble.link) >= config.links {
         return Err(Refusal::NoSuchLink {
             link: preamble.link.into(),
@@ -422,9 +440,17 @@ impl AcceptorAwaitHello {
             });
         }
         let p = self.preamble;
-        if hello.replica != p.replica || hello.link != p.link || hello.generation != p.generation {
+        // The preamble has the low 24 bits of the generation; the hello has all 32.
+        if hello.replica != p.replica
+            || hello.link != p.link
+            || hello.generation & PREAMBLE_GENERATION_MASK != p.generation
+        {
             return Err(Refusal::PreambleMismatch);
         }
+        let p = Preamble {
+            generation: hello.generation,
+            ..p
+        };
         if u16::from(hello.links) != self.config.links {
             return Err(Refusal::LinkCount {
                 ours: self.config.links,
@@ -515,7 +541,17 @@ mod tests {
         acceptor: HandshakeConfig,
         tamper: impl Fn(&mut Vec<u8>),
     ) -> Result<(Established, Established), Refusal> {
-        let (dial, mut bytes) = DialerAwaitReply::start(dialer, acceptor.replica, 1, 7, [1; 16]);
+        run_generation(dialer, acceptor, 7, tamper)
+    }
+
+    fn run_generation(
+        dialer: HandshakeConfig,
+        acceptor: HandshakeConfig,
+        generation: u32,
+        tamper: impl Fn(&mut Vec<u8>),
+    ) -> Result<(Established, Established), Refusal> {
+        let (dial, mut bytes) =
+            DialerAwaitReply::start(dialer, acceptor.replica, 1, generation, [1; 16]);
         tamper(&mut bytes);
         let mut preamble = [0u8; PREAMBLE_BYTES];
         preamble.copy_from_slice(&bytes[..PREAMBLE_BYTES]);
@@ -580,6 +616,35 @@ mod tests {
             run(config(0, 2, None), other, |_| {}),
             Err(Refusal::Cluster { .. })
         ));
+    }
+
+    #[test]
+    fn a_higher_id_may_not_dial_a_lower_one() {
+        // Before: replica 2 could dial replica 1 and take over its bundle.
+        assert_eq!(
+            run(config(2, 2, None), config(1, 2, None), |_| {}),
+            Err(Refusal::WrongDialer {
+                dialer: 2,
+                acceptor: 1
+            })
+        );
+    }
+
+    #[test]
+    fn generations_past_24_bits_still_link_with_all_32_bits() {
+        // Before: the preamble's 24 bits and the hello's 32 disagreed past 2^24, and
+        // every link was refused.
+        for generation in [(1 << 24) - 1, 1 << 24, (1 << 24) + 5, u32::MAX] {
+            let (dialed, accepted) = run_generation(
+                config(0, 2, Some(b"k")),
+                config(1, 2, Some(b"k")),
+                generation,
+                |_| {},
+            )
+            .unwrap();
+            assert_eq!(dialed.generation, generation);
+            assert_eq!(accepted.generation, generation);
+        }
     }
 
     #[test]

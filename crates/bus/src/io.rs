@@ -305,6 +305,7 @@ fn reason(refusal: &Refusal) -> &'static str {
         Refusal::BadMac => "bad_mac",
         Refusal::StaleGeneration { .. } => "stale_generation",
         Refusal::Timeout => "timeout",
+        Refusal::WrongDialer { .. } => "wrong_dialer",
     }
 }
 

@@ -860,3 +860,39 @@ async fn a_teardown_is_announced_and_its_lost_frames_are_counted() {
     );
     eprintln!("accepted {accepted}, delivered {delivered}, lost at teardown {lost}, in kernel buffers {unaccounted}");
 }
+
+/// A replica with a higher id that dials a lower one (the lower id dials) is refused at
+/// the preamble and counted, even with the cluster secret; the real bundle stays up
+/// (before: it could take that bundle over).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_higher_id_dialing_a_lower_one_is_refused() {
+    let nodes = cluster(&[4, 4, 4], 1).await;
+    all_up(&nodes).await;
+    let teardowns = nodes[0].0.metrics().teardowns.load(Ordering::Relaxed);
+    let impostor = braid_bus::HandshakeConfig {
+        cluster: 7,
+        replica: 2,
+        replica_count: 3,
+        links: 1,
+        capabilities: 0,
+        secret: Some(b"cluster secret".to_vec()),
+    };
+    let (_, hello) = braid_bus::DialerAwaitReply::start(impostor, 0, 0, 1_000, [9; 16]);
+    let mut socket = TcpStream::connect(nodes[0].0.local_addr()).await.unwrap();
+    socket.write_all(&hello).await.unwrap();
+    let mut reply = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(5), socket.read_to_end(&mut reply)).await;
+    assert!(
+        matches!(read, Ok(Ok(0)) | Ok(Err(_))),
+        "closed without a reply"
+    );
+    wait_until("the refusal counted", || {
+        nodes[0].0.metrics().handshake_failures_for("wrong_dialer") == 1
+    })
+    .await;
+    assert!(nodes[0].0.bundle_up(2) && nodes[2].0.bundle_up(0));
+    assert_eq!(
+        nodes[0].0.metrics().teardowns.load(Ordering::Relaxed),
+        teardowns
+    );
+}
