@@ -49,6 +49,7 @@ fn config(replica: u8, addresses: &[std::net::SocketAddr], links: u16) -> BusCon
         queue_frames_max: 256,
         frame_bytes_max: 1 << 20,
         delivery_bytes_max: 64 << 20,
+        incarnation: 0,
         backoff: Duration::from_millis(20),
         tls: None,
     }

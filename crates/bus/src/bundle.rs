@@ -72,6 +72,8 @@ pub struct Bundle {
     next_dial: Option<u64>,
     failures: u32,
     teardowns: u64,
+    /// The peer process the current links belong to.
+    peer_incarnation: Option<u64>,
 }
 
 impl Bundle {
@@ -90,6 +92,7 @@ impl Bundle {
             next_dial: we_dial.then_some(now),
             failures: 0,
             teardowns: 0,
+            peer_incarnation: None,
         }
     }
 
@@ -117,10 +120,34 @@ impl Bundle {
         now: u64,
         link: u16,
         generation: u32,
+        incarnation: u64,
         out: &mut Vec<BundleAction>,
     ) -> Result<(), LinkRefused> {
         if link >= self.links {
             return Err(LinkRefused::NoSuchLink(link));
+        }
+        if self.peer_incarnation != Some(incarnation) {
+            // The peer restarted (or this is its first link). Its old links are gone:
+            // an acceptor starts a fresh bundle at the dialer's generation, however low
+            // (before: it refused the restarted dialer's generations for as long as it
+            // took them to climb past the old ones); a dialer drops a bundle half made
+            // with the old process and redials.
+            let mixed = self.up.iter().any(|u| *u);
+            self.peer_incarnation = Some(incarnation);
+            if mixed {
+                self.teardown(out);
+                if self.we_dial {
+                    self.generation += 1;
+                    self.schedule_dial(now);
+                    return Err(LinkRefused::StaleGeneration {
+                        theirs: generation,
+                        current: self.generation,
+                    });
+                }
+            }
+            if !self.we_dial {
+                self.generation = generation;
+            }
         }
         if generation < self.generation {
             return Err(LinkRefused::StaleGeneration {
@@ -223,6 +250,17 @@ impl Bundle {
         self.failures = self.failures.saturating_add(1);
     }
 
+    #[cfg(test)]
+    fn on_link_up_test(
+        &mut self,
+        now: u64,
+        link: u16,
+        generation: u32,
+        out: &mut Vec<BundleAction>,
+    ) -> Result<(), LinkRefused> {
+        self.on_link_up(now, link, generation, 1, out)
+    }
+
     fn schedule_dial(&mut self, now: u64) {
         if self.we_dial {
             let exponent = self.failures.saturating_sub(1).min(20);
@@ -255,10 +293,10 @@ mod tests {
         bundle.on_tick(0, &mut out);
         assert_eq!(dials(&out), [(0, 1), (1, 1), (2, 1)]);
         out.clear();
-        bundle.on_link_up(1, 0, 1, &mut out).unwrap();
-        bundle.on_link_up(1, 2, 1, &mut out).unwrap();
+        bundle.on_link_up_test(1, 0, 1, &mut out).unwrap();
+        bundle.on_link_up_test(1, 2, 1, &mut out).unwrap();
         assert!(!bundle.is_complete(), "no sending on a partial bundle");
-        bundle.on_link_up(2, 1, 1, &mut out).unwrap();
+        bundle.on_link_up_test(2, 1, 1, &mut out).unwrap();
         assert!(bundle.is_complete());
         assert_eq!(out, [BundleAction::Up]);
     }
@@ -268,8 +306,8 @@ mod tests {
         let mut bundle = Bundle::new(2, true, 100, BACKOFF, 0);
         let mut out = Vec::new();
         bundle.on_tick(0, &mut out);
-        bundle.on_link_up(1, 0, 1, &mut out).unwrap();
-        bundle.on_link_up(1, 1, 1, &mut out).unwrap();
+        bundle.on_link_up_test(1, 0, 1, &mut out).unwrap();
+        bundle.on_link_up_test(1, 1, 1, &mut out).unwrap();
         out.clear();
         bundle.on_link_closed(5, 1, 1, &mut out);
         assert_eq!(out, [BundleAction::Down, BundleAction::CloseAll]);
@@ -278,7 +316,7 @@ mod tests {
         assert_eq!(bundle.teardowns(), 1);
         // A half-closed link of generation 1 must not join generation 2.
         assert_eq!(
-            bundle.on_link_up(6, 0, 1, &mut out),
+            bundle.on_link_up_test(6, 0, 1, &mut out),
             Err(LinkRefused::StaleGeneration {
                 theirs: 1,
                 current: 2
@@ -297,7 +335,7 @@ mod tests {
         let mut bundle = Bundle::new(2, true, 50, BACKOFF, 0);
         let mut out = Vec::new();
         bundle.on_tick(0, &mut out);
-        bundle.on_link_up(1, 0, 1, &mut out).unwrap();
+        bundle.on_link_up_test(1, 0, 1, &mut out).unwrap();
         out.clear();
         bundle.on_tick(51, &mut out);
         assert!(out.is_empty(), "still within the grace of the first link");
@@ -307,7 +345,7 @@ mod tests {
         // Again: the wait doubles.
         out.clear();
         bundle.on_tick(62, &mut out);
-        bundle.on_link_up(63, 1, 2, &mut out).unwrap();
+        bundle.on_link_up_test(63, 1, 2, &mut out).unwrap();
         bundle.on_tick(114, &mut out);
         assert_eq!(bundle.next_deadline(), Some(134));
     }
@@ -319,14 +357,14 @@ mod tests {
         let mut bundle = Bundle::new(2, false, 100, BACKOFF, 0);
         let mut out = Vec::new();
         bundle.on_tick(10_000, &mut out);
-        bundle.on_link_up(10_000, 0, 1, &mut out).unwrap();
+        bundle.on_link_up_test(10_000, 0, 1, &mut out).unwrap();
         bundle.on_tick(10_001, &mut out);
         bundle.on_tick(10_019, &mut out);
         assert!(
             !out.contains(&BundleAction::CloseAll),
             "the lone link waits a grace"
         );
-        bundle.on_link_up(10_020, 1, 1, &mut out).unwrap();
+        bundle.on_link_up_test(10_020, 1, 1, &mut out).unwrap();
         assert!(bundle.is_complete());
     }
 
@@ -342,7 +380,9 @@ mod tests {
             bundle.on_tick(now, &mut out);
             let (_, generation) = dials(&out)[0];
             out.clear();
-            bundle.on_link_up(now + 1, 0, generation, &mut out).unwrap();
+            bundle
+                .on_link_up_test(now + 1, 0, generation, &mut out)
+                .unwrap();
             bundle.on_link_closed(now + 2, 0, generation, &mut out);
             out.clear();
             let next = bundle.next_deadline().unwrap();
@@ -354,9 +394,30 @@ mod tests {
         bundle.on_tick(now, &mut out);
         let (_, generation) = dials(&out)[0];
         out.clear();
-        bundle.on_link_up(now + 1, 0, generation, &mut out).unwrap();
+        bundle
+            .on_link_up_test(now + 1, 0, generation, &mut out)
+            .unwrap();
         bundle.on_link_closed(now + 1 + 100, 0, generation, &mut out);
         assert_eq!(bundle.next_deadline(), Some(now + 101 + 10));
+    }
+
+    #[test]
+    fn an_acceptor_starts_a_restarted_dialer_afresh_at_its_low_generation() {
+        let mut bundle = Bundle::new(2, false, 100, BACKOFF, 0);
+        let mut out = Vec::new();
+        // Many teardowns of the old process's bundles: generation 41.
+        bundle.on_link_up(1, 0, 41, 7, &mut out).unwrap();
+        bundle.on_link_up(1, 1, 41, 7, &mut out).unwrap();
+        assert!(bundle.is_complete());
+        // A half-closed link of an older generation of that process is still refused.
+        assert!(bundle.on_link_up(2, 0, 40, 7, &mut out).is_err());
+        out.clear();
+        // The dialer restarts (incarnation 8) and dials generation 1: taken at once.
+        bundle.on_link_up(3, 0, 1, 8, &mut out).unwrap();
+        assert_eq!(out, [BundleAction::Down, BundleAction::CloseAll]);
+        bundle.on_link_up(3, 1, 1, 8, &mut out).unwrap();
+        assert!(bundle.is_complete());
+        assert_eq!(bundle.generation(), 1);
     }
 
     #[test]
@@ -365,9 +426,9 @@ mod tests {
         let mut out = Vec::new();
         bundle.on_tick(0, &mut out);
         assert!(out.is_empty());
-        bundle.on_link_up(1, 0, 3, &mut out).unwrap();
+        bundle.on_link_up_test(1, 0, 3, &mut out).unwrap();
         assert_eq!(bundle.generation(), 3);
-        bundle.on_link_up(1, 1, 3, &mut out).unwrap();
+        bundle.on_link_up_test(1, 1, 3, &mut out).unwrap();
         assert!(bundle.is_complete());
         out.clear();
         bundle.on_link_closed(2, 0, 3, &mut out);

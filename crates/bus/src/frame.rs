@@ -14,6 +14,14 @@
 /// Bytes of the frame header, length field included.
 pub const FRAME_HEADER_BYTES: usize = 17;
 
+/// Frame kinds from this one up belong to the bus itself; `send` refuses them.
+pub const KIND_BUS_RESERVED: u8 = 0xF0;
+
+/// Acceptor to dialer, first on every link it took into the bundle: the dialer counts a
+/// link up only on it, so a link the acceptor refuses after the handshake never makes
+/// the dialer believe its bundle is up.
+pub const KIND_LINK_TAKEN: u8 = 0xFE;
+
 /// A frame.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Frame {

@@ -6,7 +6,7 @@
 //! link, which runs the rest (after TLS, when on):
 //!
 //! 1. dialer -> acceptor: `Hello` (cluster, replica, k, link, generation, capabilities,
-//!    dialer nonce);
+//!    dialer nonce, incarnation);
 //! 2. acceptor -> dialer: `HelloReply` (its own fields and nonce, and a MAC over both
 //!    hellos);
 //! 3. dialer -> acceptor: `Confirm` (the dialer's MAC over both hellos).
@@ -22,7 +22,7 @@ use sha2::Sha256;
 /// Bytes of the preamble.
 pub const PREAMBLE_BYTES: usize = 8;
 /// Bytes of a hello.
-pub const HELLO_BYTES: usize = 36;
+pub const HELLO_BYTES: usize = 44;
 /// Bytes of a MAC.
 pub const MAC_BYTES: usize = 32;
 /// Bytes of a hello reply.
@@ -33,7 +33,7 @@ pub const CONFIRM_BYTES: usize = 1 + MAC_BYTES;
 pub const CAPABILITY_LIGHT_FRAMES: u32 = 1;
 
 const MAGIC: [u8; 2] = *b"BR";
-const VERSION: u8 = 1;
+const VERSION: u8 = 2;
 const KIND_HELLO: u8 = 1;
 const KIND_REPLY: u8 = 2;
 const KIND_CONFIRM: u8 = 3;
@@ -173,6 +173,10 @@ pub struct Hello {
     pub capabilities: u32,
     /// A fresh random nonce.
     pub nonce: [u8; 16],
+    /// The sender's incarnation: random per process start, so the acceptor knows a
+    /// restarted dialer and starts it a fresh bundle instead of refusing its low
+    /// generations (covered by the MAC like every field).
+    pub incarnation: u64,
 }
 
 impl Hello {
@@ -186,6 +190,7 @@ impl Hello {
         out[12..16].copy_from_slice(&self.generation.to_be_bytes());
         out[16..20].copy_from_slice(&self.capabilities.to_be_bytes());
         out[20..36].copy_from_slice(&self.nonce);
+        out[36..44].copy_from_slice(&self.incarnation.to_be_bytes());
         out
     }
 
@@ -200,7 +205,10 @@ impl Hello {
         cluster.copy_from_slice(&bytes[1..9]);
         let mut nonce = [0u8; 16];
         nonce.copy_from_slice(&bytes[20..36]);
+        let mut incarnation = [0u8; 8];
+        incarnation.copy_from_slice(&bytes[36..44]);
         Ok(Self {
+            incarnation: u64::from_be_bytes(incarnation),
             cluster: u64::from_be_bytes(cluster),
             replica: bytes[9],
             links: bytes[10],
@@ -227,6 +235,8 @@ pub struct HandshakeConfig {
     pub capabilities: u32,
     /// The cluster secret; `None` turns authentication off.
     pub secret: Option<Vec<u8>>,
+    /// This process's incarnation (random per start).
+    pub incarnation: u64,
 }
 
 /// A link both sides admitted.
@@ -240,6 +250,8 @@ pub struct Established {
     pub generation: u32,
     /// Capabilities both sides offer.
     pub capabilities: u32,
+    /// The peer's incarnation.
+    pub peer_incarnation: u64,
 }
 
 fn mac(secret: &Option<Vec<u8>>, label: &[u8], hello: &[u8], reply: &[u8]) -> [u8; MAC_BYTES] {
@@ -309,6 +321,7 @@ impl DialerAwaitReply {
             generation,
             capabilities: config.capabilities,
             nonce,
+            incarnation: config.incarnation,
         }
         .encode(KIND_HELLO);
         let mut bytes = preamble.encode().to_vec();
@@ -360,6 +373,7 @@ impl DialerAwaitReply {
             link: self.link,
             generation: self.generation,
             capabilities: self.config.capabilities & theirs.capabilities,
+            peer_incarnation: theirs.incarnation,
         };
         Ok((established, confirm))
     }
@@ -465,6 +479,7 @@ impl AcceptorAwaitHello {
             generation: p.generation,
             capabilities: self.config.capabilities,
             nonce,
+            incarnation: self.config.incarnation,
         }
         .encode(KIND_REPLY);
         let mut reply = [0u8; REPLY_BYTES];
@@ -481,6 +496,7 @@ impl AcceptorAwaitHello {
                 link: p.link.into(),
                 generation: p.generation,
                 capabilities: self.config.capabilities & hello.capabilities,
+                peer_incarnation: hello.incarnation,
             },
             deadline: self.deadline,
         };
@@ -533,6 +549,7 @@ mod tests {
             links,
             capabilities: CAPABILITY_LIGHT_FRAMES,
             secret: secret.map(<[u8]>::to_vec),
+            incarnation: 100 + u64::from(replica),
         }
     }
 

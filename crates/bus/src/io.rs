@@ -17,7 +17,7 @@ use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinHandle;
 
 use crate::bundle::{Backoff, Bundle, BundleAction};
-use crate::frame::{Frame, FrameError};
+use crate::frame::{Frame, FrameError, FRAME_HEADER_BYTES, KIND_BUS_RESERVED, KIND_LINK_TAKEN};
 use crate::handshake::{
     accept_preamble, AcceptorAwaitHello, DialerAwaitReply, HandshakeConfig, Refusal, CONFIRM_BYTES,
     HELLO_BYTES, PREAMBLE_BYTES, REPLY_BYTES,
@@ -67,6 +67,10 @@ pub struct BusConfig {
     /// Mutual TLS on replica links (after the preamble, before the hello); `None`
     /// sends the handshake and frames in the clear.
     pub tls: Option<TlsConfig>,
+    /// This process's incarnation, named in every hello so a peer starts a restarted
+    /// node a fresh bundle. `Bus::start` replaces it with a fresh random value when it
+    /// is 0 (the usual case); a test may set it.
+    pub incarnation: u64,
 }
 
 /// Certificates for mutual TLS between nodes. Every node presents a certificate for
@@ -367,12 +371,16 @@ pub enum SendError {
     /// No such peer.
     #[error("no peer {0}")]
     NoPeer(u8),
+    /// Frame kinds from `KIND_BUS_RESERVED` up belong to the bus.
+    #[error("frame kind {0:#x} is reserved for the bus")]
+    ReservedKind(u8),
 }
 
 enum PeerEvent {
     LinkUp {
         link: u16,
         generation: u32,
+        incarnation: u64,
         stream: BoxStream,
     },
     LinkClosed {
@@ -443,6 +451,7 @@ fn handshake_config(config: &BusConfig) -> HandshakeConfig {
         links: config.links,
         capabilities: crate::handshake::CAPABILITY_LIGHT_FRAMES,
         secret: config.secret.clone(),
+        incarnation: config.incarnation,
     }
 }
 
@@ -478,6 +487,13 @@ impl Bus {
                 expected: config.shards,
                 got: shards.len(),
             });
+        }
+        let mut config = config;
+        if config.incarnation == 0 {
+            let nonce = random_nonce();
+            let mut word = [0u8; 8];
+            word.copy_from_slice(&nonce[..8]);
+            config.incarnation = u64::from_be_bytes(word).max(1);
         }
         let tls = Arc::new(match &config.tls {
             Some(settings) => Some(build_tls(settings)?),
@@ -642,6 +658,9 @@ impl Bus {
     /// The queue of the link `frame` from `shard` takes to `peer`: link 0 for metadata,
     /// else the shard range's link; refused (and counted) while the bundle is down.
     fn queue(&self, shard: u16, peer: u8, frame: &Frame) -> Result<mpsc::Sender<Frame>, SendError> {
+        if frame.kind >= KIND_BUS_RESERVED {
+            return Err(SendError::ReservedKind(frame.kind));
+        }
         let bytes = frame.length_field();
         if bytes > u64::from(self.frame_bytes_max) {
             self.metrics
@@ -756,8 +775,8 @@ async fn manage_peer(
         tokio::select! {
             event = events.recv() => match event {
                 None => return,
-                Some(PeerEvent::LinkUp { link, generation, stream }) => {
-                    match bundle.on_link_up(now(), link, generation, &mut actions) {
+                Some(PeerEvent::LinkUp { link, generation, incarnation, stream }) => {
+                    match bundle.on_link_up(now(), link, generation, incarnation, &mut actions) {
                         Ok(()) => install = Some((link, generation, stream)),
                         Err(_) => metrics.failed("stale_generation"),
                     }
@@ -842,6 +861,7 @@ async fn manage_peer(
                 handle.inner.events.clone(),
                 Arc::clone(&metrics),
                 deliver.clone(),
+                config.replica > peer,
             );
             if let Some(old) = links
                 .get_mut(usize::from(link))
@@ -876,6 +896,7 @@ fn spawn_link(
     events: mpsc::UnboundedSender<PeerEvent>,
     metrics: Arc<BusMetrics>,
     deliver: Deliver,
+    announce: bool,
 ) -> LinkTasks {
     let (mut reader, mut writer) = tokio::io::split(stream);
     let max = config.frame_bytes_max;
@@ -897,6 +918,9 @@ fn spawn_link(
             let mut consumed = 0;
             loop {
                 match Frame::decode(&buf[consumed..], max) {
+                    Ok(Some((frame, used))) if frame.kind >= KIND_BUS_RESERVED => {
+                        consumed += used; // the bus's own; nothing to deliver
+                    }
                     Ok(Some((frame, used))) => {
                         consumed += used;
                         read_metrics.frames_received.fetch_add(1, Ordering::Relaxed);
@@ -954,6 +978,19 @@ fn spawn_link(
         };
         let frames = &mut frames.frames;
         let mut bytes = Vec::new();
+        if announce {
+            // The acceptor tells the dialer it took this link into the bundle.
+            let taken = Frame {
+                group: 0,
+                kind: KIND_LINK_TAKEN,
+                payload: Vec::new(),
+            };
+            taken.encode(&mut bytes);
+            if writer.write_all(&bytes).await.is_err() || writer.flush().await.is_err() {
+                let _ = events.send(PeerEvent::LinkClosed { link, generation });
+                return;
+            }
+        }
         while let Some(frame) = frames.recv().await {
             bytes.clear();
             frame.encode(&mut bytes);
@@ -1032,16 +1069,27 @@ async fn dial(
         stream.flush().await.map_err(|_| "io")?;
         let mut reply = [0u8; REPLY_BYTES];
         stream.read_exact(&mut reply).await.map_err(|_| "io")?;
-        let (_, confirm) = state.on_reply(&reply).map_err(|r| reason(&r))?;
+        let (established, confirm) = state.on_reply(&reply).map_err(|r| reason(&r))?;
         stream.write_all(&confirm).await.map_err(|_| "io")?;
         stream.flush().await.map_err(|_| "io")?;
-        Ok::<BoxStream, &'static str>(stream)
+        // The link is up only once the acceptor took it into its bundle.
+        let mut taken = [0u8; FRAME_HEADER_BYTES];
+        stream
+            .read_exact(&mut taken)
+            .await
+            .map_err(|_| "not_taken")?;
+        match Frame::decode(&taken, config.frame_bytes_max) {
+            Ok(Some((frame, _))) if frame.kind == KIND_LINK_TAKEN => {}
+            _ => return Err("not_taken"),
+        }
+        Ok::<(BoxStream, u64), &'static str>((stream, established.peer_incarnation))
     };
     match tokio::time::timeout(config.handshake_grace, attempt).await {
-        Ok(Ok(stream)) => {
+        Ok(Ok((stream, incarnation))) => {
             let _ = events.send(PeerEvent::LinkUp {
                 link,
                 generation,
+                incarnation,
                 stream,
             });
         }
@@ -1165,7 +1213,6 @@ async fn finish_admission(
     let now = || accepted.elapsed().as_millis() as u64;
     let peer = awaiting.preamble().replica;
     let link = u16::from(awaiting.preamble().link);
-    let generation = awaiting.preamble().generation;
     let rest = async {
         let mut stream: BoxStream = match admission.tls.as_ref() {
             Some(tls) => Box::new(tls.acceptor.accept(tcp).await.map_err(|_| "tls")?),
@@ -1186,17 +1233,18 @@ async fn finish_admission(
             .read_exact(&mut confirm)
             .await
             .map_err(|_| "malformed")?;
-        confirming
+        let established = confirming
             .on_confirm(&confirm, now())
             .map_err(|r| reason(&r))?;
-        Ok::<BoxStream, &'static str>(stream)
+        Ok::<_, &'static str>((stream, established))
     };
     match tokio::time::timeout_at(deadline, rest).await {
-        Ok(Ok(stream)) => {
+        Ok(Ok((stream, established))) => {
             if let Some(Some(handle)) = admission.peers.get(usize::from(peer)) {
                 let _ = handle.inner.events.send(PeerEvent::LinkUp {
                     link,
-                    generation,
+                    generation: established.generation,
+                    incarnation: established.peer_incarnation,
                     stream,
                 });
             }

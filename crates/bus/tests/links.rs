@@ -32,6 +32,7 @@ fn config(replica: u8, addresses: &[std::net::SocketAddr], shards: u16, links: u
         queue_frames_max: 4096,
         frame_bytes_max: 1 << 20,
         delivery_bytes_max: 64 << 20,
+        incarnation: 0,
         backoff: Duration::from_millis(20),
         tls: None,
     }
@@ -210,7 +211,7 @@ async fn peers_with_another_k_or_secret_and_unknown_replicas_are_refused_and_cou
 
     // A preamble naming replica 9.
     let mut raw = TcpStream::connect(addresses[0]).await.unwrap();
-    raw.write_all(&[b'B', b'R', 1, 9, 0, 0, 0, 1])
+    raw.write_all(&[b'B', b'R', 2, 9, 0, 0, 0, 1])
         .await
         .unwrap();
     wait_until("an unknown replica refused", || {
@@ -224,12 +225,12 @@ async fn peers_with_another_k_or_secret_and_unknown_replicas_are_refused_and_cou
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_dialer_is_closed_one_grace_after_connect() {
     let (ls, addresses) = listeners(2).await;
-    let (a, _ra) = Bus::start(config(0, &addresses, 4, 1), ls.into_iter().next().unwrap()).unwrap();
+    let (a, _ra) = Bus::start(config(1, &addresses, 4, 1), ls.into_iter().nth(1).unwrap()).unwrap();
     let started = Instant::now();
-    let mut raw = TcpStream::connect(addresses[0]).await.unwrap();
+    let mut raw = TcpStream::connect(addresses[1]).await.unwrap();
     tokio::time::sleep(GRACE.mul_f32(0.8)).await;
-    // A valid preamble from replica 1, then nothing.
-    raw.write_all(&[b'B', b'R', 1, 1, 0, 0, 0, 1])
+    // A valid preamble from replica 0 (the lower id dials), then nothing.
+    raw.write_all(&[b'B', b'R', 2, 0, 0, 0, 0, 1])
         .await
         .unwrap();
     let mut rest = Vec::new();
@@ -876,6 +877,7 @@ async fn a_higher_id_dialing_a_lower_one_is_refused() {
         links: 1,
         capabilities: 0,
         secret: Some(b"cluster secret".to_vec()),
+        incarnation: 77,
     };
     let (_, hello) = braid_bus::DialerAwaitReply::start(impostor, 0, 0, 1_000, [9; 16]);
     let mut socket = TcpStream::connect(nodes[0].0.local_addr()).await.unwrap();
@@ -894,5 +896,55 @@ async fn a_higher_id_dialing_a_lower_one_is_refused() {
     assert_eq!(
         nodes[0].0.metrics().teardowns.load(Ordering::Relaxed),
         teardowns
+    );
+}
+
+/// A restarted lower-id node relinks at once, however many bundles its old process
+/// tore down: its new incarnation gets a fresh bundle at generation 1, and it counts a
+/// link up only once the acceptor took it (before: the acceptor refused generations
+/// below its old one after each full handshake, the dialer climbed one generation per
+/// cycle, and believed its bundle up each time).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_lower_id_node_relinks_at_once() {
+    let (ls, addresses) = listeners(2).await;
+    let mut ls = ls.into_iter();
+    let first = ls.next().unwrap();
+    let quick = |replica| {
+        let mut c = config(replica, &addresses, 4, 2);
+        c.backoff = Duration::from_millis(1); // twenty teardowns in well under a second
+        c
+    };
+    let (b, _rb) = Bus::start(quick(1), ls.next().unwrap()).unwrap();
+    let (a, ra) = Bus::start(quick(0), first).unwrap();
+    wait_until("the first bundle", || a.bundle_up(1) && b.bundle_up(0)).await;
+    // BUS_RELINK_TEARDOWNS=1000 measures the long case (not in CI: about 30 s).
+    let teardowns: u64 = std::env::var("BUS_RELINK_TEARDOWNS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(20);
+    for _ in 0..teardowns {
+        let before = b.metrics().bundles_up.load(Ordering::Relaxed);
+        a.kill_link(1, 1);
+        wait_until("the bundle again", || {
+            b.metrics().bundles_up.load(Ordering::Relaxed) > before && a.bundle_up(1)
+        })
+        .await;
+    }
+    drop((a, ra));
+    wait_until("the acceptor sees the old node gone", || !b.bundle_up(0)).await;
+    let listener = TcpListener::bind(addresses[0]).await.unwrap();
+    let restarted_at = Instant::now();
+    let (a, _ra) = Bus::start(quick(0), listener).unwrap();
+    wait_until("the restarted node's bundle", || {
+        a.bundle_up(1) && b.bundle_up(0)
+    })
+    .await;
+    let relink = restarted_at.elapsed();
+    eprintln!("relinked {relink:?} after {teardowns} teardowns");
+    assert!(relink < Duration::from_secs(1), "relinked after {relink:?}");
+    assert_eq!(
+        a.metrics().bundles_up.load(Ordering::Relaxed),
+        1,
+        "no false ups before the real one"
     );
 }

@@ -40,6 +40,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         queue_frames_max: 1024,
         frame_bytes_max: 1 << 20,
         delivery_bytes_max: 64 << 20,
+        incarnation: 0,
         backoff: Duration::from_millis(20),
         tls: None,
     };
