@@ -439,8 +439,40 @@ fn random_nonce() -> [u8; 16] {
 
 fn tune(stream: &TcpStream, heartbeat_timeout: Duration) {
     let _ = stream.set_nodelay(true);
-    let socket = socket2::SockRef::from(stream);
-    let _ = socket.set_tcp_user_timeout(Some(heartbeat_timeout));
+    // TCP_USER_TIMEOUT exists on Linux, Android and Fuchsia only; elsewhere a dead peer
+    // is found by the heartbeat timeout of consensus.
+    #[cfg(any(target_os = "linux", target_os = "android", target_os = "fuchsia"))]
+    {
+        let socket = socket2::SockRef::from(stream);
+        let _ = socket.set_tcp_user_timeout(Some(heartbeat_timeout));
+    }
+    #[cfg(not(any(target_os = "linux", target_os = "android", target_os = "fuchsia")))]
+    let _ = heartbeat_timeout;
+}
+
+/// Connects to `addr` from this node's own replica address (its IP, any port), so the
+/// acceptor sees the address it knows this node by.
+async fn connect_from(own: Option<SocketAddr>, addr: SocketAddr) -> std::io::Result<TcpStream> {
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    if let Some(own) =
+        own.filter(|own| !own.ip().is_unspecified() && own.is_ipv4() == addr.is_ipv4())
+    {
+        socket.bind(SocketAddr::new(own.ip(), 0))?;
+    }
+    socket.connect(addr).await
+}
+
+/// Whether an inbound socket comes from the IP of a configured peer.
+fn from_a_peer(config: &BusConfig, remote: SocketAddr) -> bool {
+    config
+        .addresses
+        .iter()
+        .enumerate()
+        .any(|(id, addr)| id != usize::from(config.replica) && addr.ip() == remote.ip())
 }
 
 fn handshake_config(config: &BusConfig) -> HandshakeConfig {
@@ -1040,7 +1072,8 @@ async fn dial(
         return;
     };
     let attempt = async {
-        let mut tcp = TcpStream::connect(addr).await.map_err(|_| "connect")?;
+        let own = config.addresses.get(usize::from(config.replica)).copied();
+        let mut tcp = connect_from(own, addr).await.map_err(|_| "connect")?;
         tune(&tcp, config.heartbeat_timeout);
         let (state, hello) = DialerAwaitReply::start(
             handshake_config(&config),
@@ -1113,11 +1146,18 @@ async fn accept_loop(
     metrics: Arc<BusMetrics>,
 ) {
     let slots = Arc::new(Semaphore::new(INBOUND_HANDSHAKES_MAX));
+    let pending = Arc::new(Mutex::new(std::collections::BTreeSet::new()));
     loop {
-        let Ok((stream, _)) = listener.accept().await else {
+        let Ok((stream, remote)) = listener.accept().await else {
             tokio::time::sleep(Duration::from_millis(20)).await;
             continue;
         };
+        // Only configured peers' addresses take an admission slot: a flood from
+        // elsewhere cannot crowd out a real peer.
+        if !from_a_peer(&config, remote) {
+            metrics.failed("unknown_address");
+            continue;
+        }
         let Ok(slot) = Arc::clone(&slots).try_acquire_owned() else {
             metrics.failed("too_many_handshakes");
             continue;
@@ -1134,9 +1174,12 @@ async fn accept_loop(
                 peers,
                 metrics,
                 _slot: slot,
+                pending: Arc::clone(&pending),
+                claim: None,
             },
             placement,
             stream,
+            remote,
         ));
     }
 }
@@ -1149,19 +1192,60 @@ struct Admission {
     peers: Arc<Vec<Option<Arc<PeerHandle>>>>,
     metrics: Arc<BusMetrics>,
     _slot: OwnedSemaphorePermit,
+    /// The (replica, link) admissions in progress: one at a time each.
+    pending: Arc<Mutex<std::collections::BTreeSet<(u8, u16)>>>,
+    /// The (replica, link) this admission holds, released when it ends.
+    claim: Option<(u8, u16)>,
+}
+
+impl Admission {
+    /// Claims `(replica, link)`; false if another admission of it is in progress.
+    fn claim(&mut self, replica: u8, link: u16) -> bool {
+        let Ok(mut pending) = self.pending.lock() else {
+            return false;
+        };
+        if !pending.insert((replica, link)) {
+            return false;
+        }
+        self.claim = Some((replica, link));
+        true
+    }
+}
+
+impl Drop for Admission {
+    fn drop(&mut self) {
+        if let (Some(claim), Ok(mut pending)) = (self.claim, self.pending.lock()) {
+            pending.remove(&claim);
+        }
+    }
+}
+
+/// The preamble's own deadline, inside the admission's: a socket that connects and
+/// sends nothing is closed long before a grace.
+fn preamble_deadline(grace: Duration) -> Duration {
+    (grace / 4)
+        .clamp(Duration::from_millis(50), Duration::from_secs(1))
+        .min(grace)
 }
 
 /// Runs admission for one inbound socket under one deadline: the preamble here (the
 /// accepting shard), the rest on the link's owner shard.
-async fn admit(admission: Admission, placement: Arc<Placement>, mut tcp: TcpStream) {
+async fn admit(
+    mut admission: Admission,
+    placement: Arc<Placement>,
+    mut tcp: TcpStream,
+    remote: SocketAddr,
+) {
     let accepted = Instant::now();
     let deadline = tokio::time::Instant::now() + admission.config.handshake_grace;
-    let config = &admission.config;
-    let metrics = &admission.metrics;
+    let preamble_by =
+        tokio::time::Instant::now() + preamble_deadline(admission.config.handshake_grace);
+    let config = Arc::clone(&admission.config);
+    let metrics = Arc::clone(&admission.metrics);
     let grace_ms = config.handshake_grace.as_millis() as u64;
     tune(&tcp, config.heartbeat_timeout);
     let mut preamble = [0u8; PREAMBLE_BYTES];
-    if tokio::time::timeout_at(deadline, tcp.read_exact(&mut preamble))
+    if tokio::time::timeout_at(preamble_by, tcp.read_exact(&mut preamble))
         .await
         .map_or(true, |r| r.is_err())
     {
@@ -1170,7 +1254,7 @@ async fn admit(admission: Admission, placement: Arc<Placement>, mut tcp: TcpStre
         return;
     }
     let now = accepted.elapsed().as_millis() as u64;
-    let awaiting = match accept_preamble(handshake_config(config), &preamble, now, grace_ms) {
+    let awaiting = match accept_preamble(handshake_config(&config), &preamble, now, grace_ms) {
         Ok(awaiting) => awaiting,
         Err(refusal) => {
             metrics.preamble_refusals.fetch_add(1, Ordering::Relaxed);
@@ -1180,6 +1264,18 @@ async fn admit(admission: Admission, placement: Arc<Placement>, mut tcp: TcpStre
     };
     let peer = awaiting.preamble().replica;
     let link = u16::from(awaiting.preamble().link);
+    // The preamble's replica must be the one at that address.
+    let known = config.addresses.get(usize::from(peer)).map(SocketAddr::ip);
+    if known.is_some_and(|ip| !ip.is_unspecified() && ip != remote.ip()) {
+        metrics.preamble_refusals.fetch_add(1, Ordering::Relaxed);
+        metrics.failed("address_mismatch");
+        return;
+    }
+    if !admission.claim(peer, link) {
+        metrics.preamble_refusals.fetch_add(1, Ordering::Relaxed);
+        metrics.failed("admission_pending");
+        return;
+    }
     let Some(owner) = placement.owner(link, peer) else {
         finish_admission(admission, awaiting, tcp, accepted, deadline).await;
         return;

@@ -223,18 +223,28 @@ async fn peers_with_another_k_or_secret_and_unknown_replicas_are_refused_and_cou
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_slow_dialer_is_closed_one_grace_after_connect() {
+async fn a_silent_socket_is_closed_at_the_preamble_deadline_and_a_stalled_one_at_the_grace() {
     let (ls, addresses) = listeners(2).await;
     let (a, _ra) = Bus::start(config(1, &addresses, 4, 1), ls.into_iter().nth(1).unwrap()).unwrap();
+    // Nothing sent: closed at the preamble's own deadline, a quarter of the grace.
     let started = Instant::now();
-    let mut raw = TcpStream::connect(addresses[1]).await.unwrap();
-    tokio::time::sleep(GRACE.mul_f32(0.8)).await;
-    // A valid preamble from replica 0 (the lower id dials), then nothing.
-    raw.write_all(&[b'B', b'R', 2, 0, 0, 0, 0, 1])
+    let mut silent = TcpStream::connect(addresses[1]).await.unwrap();
+    let mut rest = Vec::new();
+    let _ = tokio::time::timeout(GRACE * 3, silent.read_to_end(&mut rest)).await;
+    let closed_after = started.elapsed();
+    assert!(
+        closed_after < GRACE.mul_f32(0.5),
+        "a silent socket closed after {closed_after:?}"
+    );
+    // A valid preamble from replica 0 (the lower id dials), then nothing: the rest of
+    // the handshake has the grace.
+    let started = Instant::now();
+    let mut stalled = TcpStream::connect(addresses[1]).await.unwrap();
+    stalled
+        .write_all(&[b'B', b'R', 2, 0, 0, 0, 0, 1])
         .await
         .unwrap();
-    let mut rest = Vec::new();
-    let _ = tokio::time::timeout(GRACE * 3, raw.read_to_end(&mut rest)).await;
+    let _ = tokio::time::timeout(GRACE * 3, stalled.read_to_end(&mut rest)).await;
     let closed_after = started.elapsed();
     assert!(
         closed_after < GRACE.mul_f32(1.6),
@@ -242,6 +252,57 @@ async fn a_slow_dialer_is_closed_one_grace_after_connect() {
     );
     assert!(closed_after >= GRACE.mul_f32(0.8));
     drop(a);
+}
+
+/// Sockets from addresses that are not a configured peer's are refused before they
+/// take an admission slot: 64 of them, stalling and reconnecting, do not keep a real
+/// peer's bundle down (before: they held every slot for a grace each).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_from_unknown_addresses_does_not_keep_a_bundle_down() {
+    let nodes = cluster(&[4, 4], 1).await;
+    all_up(&nodes).await;
+    let target = nodes[1].0.local_addr();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut attackers = Vec::new();
+    for _ in 0..64 {
+        let stop = std::sync::Arc::clone(&stop);
+        attackers.push(tokio::spawn(async move {
+            while !stop.load(Ordering::Relaxed) {
+                let socket = tokio::net::TcpSocket::new_v4().unwrap();
+                socket.bind("127.0.0.2:0".parse().unwrap()).unwrap();
+                if let Ok(mut stream) = socket.connect(target).await {
+                    let _ = stream.write_all(&[b'B', b'R', 2, 0, 0, 0, 0, 1]).await;
+                    let mut sink = Vec::new();
+                    let _ =
+                        tokio::time::timeout(Duration::from_secs(2), stream.read_to_end(&mut sink))
+                            .await;
+                }
+            }
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let started = Instant::now();
+    nodes[0].0.kill_link(1, 0);
+    wait_until("the bundle back under the flood", || {
+        nodes[0].0.bundle_up(1) && nodes[1].0.bundle_up(0)
+    })
+    .await;
+    let back_after = started.elapsed();
+    stop.store(true, Ordering::Relaxed);
+    for attacker in attackers {
+        attacker.abort();
+    }
+    assert!(
+        back_after < Duration::from_secs(1),
+        "back after {back_after:?}"
+    );
+    assert!(
+        nodes[1]
+            .0
+            .metrics()
+            .handshake_failures_for("unknown_address")
+            > 0
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -797,7 +858,17 @@ async fn a_bundle_forms_on_an_acceptor_idle_for_longer_than_a_grace() {
 /// counted as lost at the teardown (none vanishes uncounted from the queues).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_teardown_is_announced_and_its_lost_frames_are_counted() {
-    let mut nodes = cluster(&[4, 4], 1).await;
+    let (ls, addresses) = listeners(2).await;
+    // The receiver holds little, so its link stops reading and the sender's queue fills.
+    let mut nodes: Vec<_> = ls
+        .into_iter()
+        .enumerate()
+        .map(|(i, l)| {
+            let mut c = config(i as u8, &addresses, 4, 1);
+            c.delivery_bytes_max = 1 << 20;
+            Bus::start(c, l).unwrap()
+        })
+        .collect();
     all_up(&nodes).await;
     let mut events = nodes[0].0.subscribe();
     assert_eq!(
@@ -932,7 +1003,16 @@ async fn a_restarted_lower_id_node_relinks_at_once() {
     }
     drop((a, ra));
     wait_until("the acceptor sees the old node gone", || !b.bundle_up(0)).await;
-    let listener = TcpListener::bind(addresses[0]).await.unwrap();
+    // The old bus's listener closes as its tasks wind down.
+    let mut listener = None;
+    for _ in 0..100 {
+        if let Ok(bound) = TcpListener::bind(addresses[0]).await {
+            listener = Some(bound);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let listener = listener.unwrap();
     let restarted_at = Instant::now();
     let (a, _ra) = Bus::start(quick(0), listener).unwrap();
     wait_until("the restarted node's bundle", || {
