@@ -22,6 +22,11 @@ pub const KIND_BUS_RESERVED: u8 = 0xF0;
 /// the dialer believe its bundle is up.
 pub const KIND_LINK_TAKEN: u8 = 0xFE;
 
+/// Sent by a link's writer after a third of the heartbeat timeout without a frame; a
+/// reader that hears nothing for a whole heartbeat timeout closes the link (idle
+/// half-open links are found, not kept forever).
+pub const KIND_PING: u8 = 0xFD;
+
 /// A frame.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Frame {

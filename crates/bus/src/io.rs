@@ -17,7 +17,9 @@ use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinHandle;
 
 use crate::bundle::{Backoff, Bundle, BundleAction};
-use crate::frame::{Frame, FrameError, FRAME_HEADER_BYTES, KIND_BUS_RESERVED, KIND_LINK_TAKEN};
+use crate::frame::{
+    Frame, FrameError, FRAME_HEADER_BYTES, KIND_BUS_RESERVED, KIND_LINK_TAKEN, KIND_PING,
+};
 use crate::handshake::{
     accept_preamble, AcceptorAwaitHello, DialerAwaitReply, HandshakeConfig, Refusal, CONFIRM_BYTES,
     HELLO_BYTES, PREAMBLE_BYTES, REPLY_BYTES,
@@ -210,6 +212,9 @@ pub struct BusMetrics {
     /// Incomplete bundles torn down (a link closed, or the grace ran out, before all k
     /// were up).
     pub incomplete_teardowns: AtomicU64,
+    /// Links closed because the peer sent nothing, not even a ping, for a heartbeat
+    /// timeout (a half-open link).
+    pub links_closed_silent: AtomicU64,
     /// Links closed for a frame that failed its checksum.
     pub frame_checksum_errors: AtomicU64,
     /// Links closed for a frame whose length was above `frame_bytes_max` or below its
@@ -251,6 +256,7 @@ impl BusMetrics {
             bundles_complete: zero(),
             teardowns: zero(),
             incomplete_teardowns: zero(),
+            links_closed_silent: zero(),
             frame_checksum_errors: zero(),
             frame_length_errors: zero(),
             preamble_refusals: zero(),
@@ -932,6 +938,8 @@ fn spawn_link(
 ) -> LinkTasks {
     let (mut reader, mut writer) = tokio::io::split(stream);
     let max = config.frame_bytes_max;
+    let silence_max = config.heartbeat_timeout.max(Duration::from_millis(30));
+    let ping_every = silence_max / 3;
     let links = config.links;
     let read_events = events.clone();
     let read_metrics = Arc::clone(&metrics);
@@ -993,12 +1001,23 @@ fn spawn_link(
                     }
                 }
             }
-            match reader.read(&mut chunk).await {
-                Ok(0) | Err(_) => {
+            // A live peer writes at least a ping every third of the heartbeat timeout;
+            // silence for a whole one is a half-open link (a blackholed or stopped
+            // peer that TCP_USER_TIMEOUT cannot see while we send nothing).
+            match tokio::time::timeout(silence_max, reader.read(&mut chunk)).await {
+                Err(_) => {
+                    read_metrics
+                        .links_closed_silent
+                        .fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(peer, link, "closing a silent replica link");
                     let _ = read_events.send(PeerEvent::LinkClosed { link, generation });
                     return;
                 }
-                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                Ok(Ok(0) | Err(_)) => {
+                    let _ = read_events.send(PeerEvent::LinkClosed { link, generation });
+                    return;
+                }
+                Ok(Ok(n)) => buf.extend_from_slice(&chunk[..n]),
             }
         }
     });
@@ -1023,7 +1042,21 @@ fn spawn_link(
                 return;
             }
         }
-        while let Some(frame) = frames.recv().await {
+        loop {
+            let frame = match tokio::time::timeout(ping_every, frames.recv()).await {
+                Ok(Some(frame)) => frame,
+                Ok(None) => break,
+                Err(_) => {
+                    // Idle: a ping tells the peer this side is alive.
+                    bytes.clear();
+                    ping().encode(&mut bytes);
+                    if writer.write_all(&bytes).await.is_err() || writer.flush().await.is_err() {
+                        let _ = events.send(PeerEvent::LinkClosed { link, generation });
+                        return;
+                    }
+                    continue;
+                }
+            };
             bytes.clear();
             frame.encode(&mut bytes);
             let mut count = 1u64;
@@ -1392,5 +1425,14 @@ impl Drop for CountedQueue {
         self.metrics
             .frames_lost_at_teardown
             .fetch_add(lost, Ordering::Relaxed);
+    }
+}
+
+/// The frame an idle link's writer sends every third of the heartbeat timeout.
+fn ping() -> Frame {
+    Frame {
+        group: 0,
+        kind: KIND_PING,
+        payload: Vec::new(),
     }
 }

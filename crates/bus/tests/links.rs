@@ -1028,3 +1028,67 @@ async fn a_restarted_lower_id_node_relinks_at_once() {
         "no false ups before the real one"
     );
 }
+
+/// An idle link to a stopped peer is found by the ping: the peer's kernel still
+/// acknowledges TCP, so nothing else would notice while this side sends nothing (before:
+/// an idle half-open link stayed up for good).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_link_to_a_stopped_peer_is_closed_by_the_missing_pings() {
+    use std::io::BufRead;
+    let heartbeat = Duration::from_millis(600);
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let own = listener.local_addr().unwrap();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_braid-bus-peer"))
+        .args([
+            "--replica",
+            "1",
+            "--links",
+            "2",
+            "--heartbeat-ms",
+            "600",
+            "--peer",
+        ])
+        .arg(own.to_string())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let peer: std::net::SocketAddr = line
+        .trim()
+        .strip_prefix("listening ")
+        .unwrap()
+        .parse()
+        .unwrap();
+    let mut config = config(0, &[own, peer], 4, 2);
+    config.heartbeat_timeout = heartbeat;
+    let (bus, _deliveries) = Bus::start(config, listener).unwrap();
+    wait_until("the bundle to the child", || bus.bundle_up(1)).await;
+    // Idle for several heartbeats: the pings keep it up.
+    tokio::time::sleep(heartbeat * 3).await;
+    assert!(bus.bundle_up(1), "pings keep an idle bundle up");
+    let pid = child.id().to_string();
+    assert!(std::process::Command::new("kill")
+        .args(["-STOP", &pid])
+        .status()
+        .unwrap()
+        .success());
+    let stopped = Instant::now();
+    wait_until("the idle links to the stopped peer to close", || {
+        !bus.bundle_up(1)
+    })
+    .await;
+    let lost_after = stopped.elapsed();
+    let _ = std::process::Command::new("kill")
+        .args(["-CONT", &pid])
+        .status();
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(
+        lost_after < heartbeat * 3,
+        "idle links lost after {lost_after:?}"
+    );
+    assert!(bus.metrics().links_closed_silent.load(Ordering::Relaxed) > 0);
+}
