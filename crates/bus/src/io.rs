@@ -544,6 +544,16 @@ impl Bus {
             config.skip_shard_zero,
             peers_count,
         )?;
+        let undersized = layout.undersized_links(peers_count);
+        if !undersized.is_empty() {
+            tracing::warn!(
+                shards = config.shards,
+                links = config.links,
+                peers = peers_count,
+                ?undersized,
+                "replica links share owner shards: each shard range needs as many usable shards as peers"
+            );
+        }
         let metrics = Arc::new(BusMetrics::new(config.addresses.len(), config.links));
         let placement = Arc::new(Placement {
             layout,

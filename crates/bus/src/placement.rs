@@ -113,6 +113,20 @@ impl LinkLayout {
         self.first_of_range(link)..self.first_of_range(link + 1)
     }
 
+    /// The links whose range has fewer usable shards than `peers`, so that links to
+    /// different peers share an owner shard (the sizing rule is broken there; it still
+    /// works, with less parallelism). Empty when the rule holds.
+    pub fn undersized_links(&self, peers: usize) -> Vec<u16> {
+        (0..self.links)
+            .filter(|link| {
+                let range = self.range_shards(*link);
+                let skipped = range.start == 0 && self.skip_shard_zero && range.end > 1;
+                let usable = usize::from(range.end - range.start) - usize::from(skipped);
+                usable < peers
+            })
+            .collect()
+    }
+
     /// The shard that owns `link` to the peer in `peer_slot` (0-based among peers).
     ///
     /// # Panics
@@ -133,6 +147,19 @@ impl LinkLayout {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_sizing_rule_is_checked() {
+        // 4 shards, k = 2, shard 0 skipped: range 0 has 1 usable shard, range 1 has 2.
+        let layout = LinkLayout::new(4, 2, true, 2).unwrap();
+        assert_eq!(layout.undersized_links(2), vec![0]);
+        assert_eq!(layout.undersized_links(1), Vec::<u16>::new());
+        // 8 shards, k = 2: 3 and 4 usable shards for two peers.
+        assert!(LinkLayout::new(8, 2, true, 2)
+            .unwrap()
+            .undersized_links(2)
+            .is_empty());
+    }
 
     #[test]
     fn refuses_layouts_that_cannot_run() {
