@@ -400,34 +400,10 @@ async fn a_link_kept_full_by_many_shards_still_writes() {
 /// bundle returns after SIGCONT.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stopped_peer_loses_its_links_and_they_return_after_it_resumes() {
-    use std::io::BufRead;
     let heartbeat = Duration::from_millis(1_000);
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let own = listener.local_addr().unwrap();
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_braid-bus-peer"))
-        .args([
-            "--replica",
-            "1",
-            "--links",
-            "2",
-            "--heartbeat-ms",
-            "1000",
-            "--peer",
-        ])
-        .arg(own.to_string())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    std::io::BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let peer: std::net::SocketAddr = line
-        .trim()
-        .strip_prefix("listening ")
-        .unwrap()
-        .parse()
-        .unwrap();
+    let (mut child, peer) = spawn_peer(own, heartbeat);
     let mut config = config(0, &[own, peer], 4, 2);
     config.heartbeat_timeout = heartbeat;
     let (bus, _deliveries) = Bus::start(config, listener).unwrap();
@@ -1034,34 +1010,10 @@ async fn a_restarted_lower_id_node_relinks_at_once() {
 /// an idle half-open link stayed up for good).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_link_to_a_stopped_peer_is_closed_by_the_missing_pings() {
-    use std::io::BufRead;
     let heartbeat = Duration::from_millis(600);
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let own = listener.local_addr().unwrap();
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_braid-bus-peer"))
-        .args([
-            "--replica",
-            "1",
-            "--links",
-            "2",
-            "--heartbeat-ms",
-            "600",
-            "--peer",
-        ])
-        .arg(own.to_string())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    std::io::BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let peer: std::net::SocketAddr = line
-        .trim()
-        .strip_prefix("listening ")
-        .unwrap()
-        .parse()
-        .unwrap();
+    let (mut child, peer) = spawn_peer(own, heartbeat);
     let mut config = config(0, &[own, peer], 4, 2);
     config.heartbeat_timeout = heartbeat;
     let (bus, _deliveries) = Bus::start(config, listener).unwrap();
@@ -1091,4 +1043,32 @@ async fn an_idle_link_to_a_stopped_peer_is_closed_by_the_missing_pings() {
         "idle links lost after {lost_after:?}"
     );
     assert!(bus.metrics().links_closed_silent.load(Ordering::Relaxed) > 0);
+}
+
+/// Starts `braid-bus-peer` as replica 1 (2 links) dialed by `own`; returns the child and
+/// the address it listens on.
+fn spawn_peer(
+    own: std::net::SocketAddr,
+    heartbeat: Duration,
+) -> (std::process::Child, std::net::SocketAddr) {
+    use std::io::BufRead;
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_braid-bus-peer"))
+        .args(["--replica", "1", "--links", "2", "--heartbeat-ms"])
+        .arg(heartbeat.as_millis().to_string())
+        .arg("--peer")
+        .arg(own.to_string())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let peer = line
+        .trim()
+        .strip_prefix("listening ")
+        .unwrap()
+        .parse()
+        .unwrap();
+    (child, peer)
 }
