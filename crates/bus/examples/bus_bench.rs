@@ -1,6 +1,6 @@
 //! Throughput between two nodes over one bundle, k = 1 against k = 4: 4 shards on the
-//! sending node each send 64 KiB frames as fast as the queues take them (waiting for
-//! room, not dropping). Medians of
+//! sending node each send frames of `--frame-bytes` (64 KiB by default) as fast as the
+//! queues take them (waiting for room, not dropping). Medians of
 //! `--runs` runs of `--seconds` each; the ratio k=4 / k=1 is the figure.
 //!
 //! With `--on-shards 1` each node runs one current-thread runtime per shard, on its own
@@ -23,7 +23,6 @@ use shard_threads::ShardThreads;
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
 
-const FRAME_BYTES: usize = 64 * 1024;
 const SHARDS: u16 = 4;
 
 fn arg(name: &str, default: u64) -> u64 {
@@ -56,7 +55,7 @@ fn config(replica: u8, addresses: &[std::net::SocketAddr], links: u16) -> BusCon
 }
 
 /// Frames per second and MB/s delivered over `seconds`.
-async fn run(links: u16, seconds: u64, on_shards: bool) -> Res<(f64, f64)> {
+async fn run(links: u16, seconds: u64, on_shards: bool, frame_bytes: usize) -> Res<(f64, f64)> {
     let a_listener = TcpListener::bind("127.0.0.1:0").await?;
     let b_listener = TcpListener::bind("127.0.0.1:0").await?;
     let addresses = [a_listener.local_addr()?, b_listener.local_addr()?];
@@ -85,7 +84,7 @@ async fn run(links: u16, seconds: u64, on_shards: bool) -> Res<(f64, f64)> {
     for shard in 0..SHARDS {
         let a = std::sync::Arc::clone(&a);
         let sender = async move {
-            let payload = vec![7u8; FRAME_BYTES];
+            let payload = vec![7u8; frame_bytes];
             while Instant::now() < deadline {
                 let frame = Frame {
                     group: 1 + u64::from(shard),
@@ -147,13 +146,14 @@ async fn main() -> Res<()> {
     let seconds = arg("--seconds", 3);
     let runs = arg("--runs", 3) as usize;
     let on_shards = arg("--on-shards", 0) != 0;
+    let frame_bytes = arg("--frame-bytes", 64 * 1024) as usize;
     let mut results: Vec<(u16, Vec<(f64, f64)>)> = vec![(1, Vec::new()), (4, Vec::new())];
     for run_index in 0..runs {
         // Alternate the order so neither k always runs on a warmer machine.
         let order: [usize; 2] = if run_index % 2 == 0 { [0, 1] } else { [1, 0] };
         for i in order {
             let links = results[i].0;
-            let figure = run(links, seconds, on_shards).await?;
+            let figure = run(links, seconds, on_shards, frame_bytes).await?;
             eprintln!(
                 "run {} k = {links}: {:.0} frames/s, {:.0} MB/s",
                 run_index + 1,
@@ -168,7 +168,7 @@ async fn main() -> Res<()> {
         let mut fps: Vec<f64> = figures.iter().map(|f| f.0).collect();
         let mut mbs: Vec<f64> = figures.iter().map(|f| f.1).collect();
         let (fps, mbs) = (median(&mut fps), median(&mut mbs));
-        println!("k = {links}: {fps:.0} frames/s, {mbs:.0} MB/s (64 KiB frames, {SHARDS} sending shards, median of {runs})");
+        println!("k = {links}: {fps:.0} frames/s, {mbs:.0} MB/s ({frame_bytes}-byte frames, {SHARDS} sending shards, median of {runs})");
         medians.push(mbs);
     }
     println!("ratio k=4 / k=1: {:.2}", medians[1] / medians[0]);
