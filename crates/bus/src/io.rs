@@ -7,7 +7,7 @@
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -333,7 +333,7 @@ pub struct Delivery {
     pub read_on: Option<Arc<str>>,
     /// The frame's share of `delivery_bytes_max`, returned when the delivery is dropped:
     /// a consumer that keeps deliveries keeps links from reading.
-    _budget: OwnedSemaphorePermit,
+    _budget: BudgetShare,
 }
 
 /// A bundle to a peer came up or went down. Consensus retransmits at once on `up`
@@ -563,11 +563,14 @@ impl Bus {
         let (deliver, deliveries) = mpsc::unbounded_channel();
         // The channel is unbounded in count but not in bytes: every delivery holds its
         // share of this budget until the consumer drops it.
-        let budget_permits = config.delivery_bytes_max.clamp(1, Semaphore::MAX_PERMITS);
         let deliver = Deliver {
             channel: deliver,
-            budget: Arc::new(Semaphore::new(budget_permits)),
-            budget_permits,
+            budget: Arc::new(DeliveryBudget {
+                held: AtomicUsize::new(0),
+                max: config.delivery_bytes_max.max(1),
+                waiting: AtomicUsize::new(0),
+                freed: tokio::sync::Notify::new(),
+            }),
         };
         let config = Arc::new(config);
         let local = listener
@@ -1397,24 +1400,75 @@ async fn finish_admission(
 #[derive(Debug, Clone)]
 struct Deliver {
     channel: mpsc::UnboundedSender<Delivery>,
-    budget: Arc<Semaphore>,
-    budget_permits: usize,
+    budget: Arc<DeliveryBudget>,
+}
+
+/// Bytes of deliveries held, against `delivery_bytes_max`. One atomic add to take a
+/// share and one to give it back: a semaphore's release takes a lock per frame.
+#[derive(Debug)]
+struct DeliveryBudget {
+    held: AtomicUsize,
+    max: usize,
+    /// Links waiting for room: a release notifies only when there are some.
+    waiting: AtomicUsize,
+    freed: tokio::sync::Notify,
+}
+
+/// A delivery's share of the budget, given back when the delivery is dropped.
+#[derive(Debug)]
+struct BudgetShare {
+    budget: Arc<DeliveryBudget>,
+    bytes: usize,
+}
+
+impl Drop for BudgetShare {
+    fn drop(&mut self) {
+        self.budget.held.fetch_sub(self.bytes, Ordering::SeqCst);
+        if self.budget.waiting.load(Ordering::SeqCst) > 0 {
+            self.budget.freed.notify_waiters();
+        }
+    }
 }
 
 impl Deliver {
-    /// The budget for a frame of `bytes`, waiting while the consumer holds the rest;
-    /// `None` once the bus is gone.
-    async fn budget_for(&self, bytes: usize, metrics: &BusMetrics) -> Option<OwnedSemaphorePermit> {
-        let wanted = (bytes + DELIVERY_OVERHEAD_BYTES).min(self.budget_permits);
-        let wanted = u32::try_from(wanted).unwrap_or(u32::MAX);
-        if let Ok(permit) = Arc::clone(&self.budget).try_acquire_many_owned(wanted) {
-            return Some(permit);
+    /// A share of the budget for a frame of `bytes`, waiting while the consumer holds
+    /// the rest (a lone frame larger than the budget passes when nothing else is held);
+    /// `None` never, kept for the shape of the call.
+    async fn budget_for(&self, bytes: usize, metrics: &BusMetrics) -> Option<BudgetShare> {
+        let wanted = bytes + DELIVERY_OVERHEAD_BYTES;
+        let budget = &self.budget;
+        let mut waited = false;
+        loop {
+            let held = budget.held.load(Ordering::SeqCst);
+            if held == 0 || held + wanted <= budget.max {
+                if budget
+                    .held
+                    .compare_exchange(held, held + wanted, Ordering::SeqCst, Ordering::SeqCst)
+                    .is_ok()
+                {
+                    return Some(BudgetShare {
+                        budget: Arc::clone(budget),
+                        bytes: wanted,
+                    });
+                }
+                continue;
+            }
+            if !waited {
+                metrics.delivery_waits.fetch_add(1, Ordering::Relaxed);
+                waited = true;
+            }
+            // Announce the wait, register for the next release, then look again: a
+            // release that came before the registration is seen by the look.
+            budget.waiting.fetch_add(1, Ordering::SeqCst);
+            let freed = budget.freed.notified();
+            tokio::pin!(freed);
+            freed.as_mut().enable();
+            let held = budget.held.load(Ordering::SeqCst);
+            if held != 0 && held + wanted > budget.max {
+                freed.await;
+            }
+            budget.waiting.fetch_sub(1, Ordering::SeqCst);
         }
-        metrics.delivery_waits.fetch_add(1, Ordering::Relaxed);
-        Arc::clone(&self.budget)
-            .acquire_many_owned(wanted)
-            .await
-            .ok()
     }
 }
 
