@@ -50,11 +50,7 @@ async fn listeners(n: usize) -> (Vec<TcpListener>, Vec<std::net::SocketAddr>) {
 }
 
 async fn cluster(shards: &[u16], links: u16) -> Vec<(Bus, UnboundedReceiver<Delivery>)> {
-    let (ls, addresses) = listeners(shards.len()).await;
-    ls.into_iter()
-        .enumerate()
-        .map(|(i, l)| Bus::start(config(i as u8, &addresses, shards[i], links), l).unwrap())
-        .collect()
+    cluster_with(shards, links, |_| {}).await
 }
 
 async fn wait_until(what: &str, cond: impl Fn() -> bool) {
@@ -479,16 +475,10 @@ fn certificates() -> braid_bus::TlsConfig {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn links_run_over_mutual_tls_and_a_plain_peer_is_refused() {
     let tls = certificates();
-    let (ls, addresses) = listeners(3).await;
-    let mut nodes: Vec<_> = ls
-        .into_iter()
-        .enumerate()
-        .map(|(i, l)| {
-            let mut c = config(i as u8, &addresses, 4, 2);
-            c.tls = Some(tls.clone());
-            Bus::start(c, l).unwrap()
-        })
-        .collect();
+    let mut nodes = cluster_with(&[4; 3], 2, |c| {
+        c.tls = Some(tls.clone());
+    })
+    .await;
     all_up(&nodes).await;
     nodes[0]
         .0
@@ -643,16 +633,10 @@ async fn each_link_is_read_on_its_owner_shard() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_burst_over_tls_arrives_whole_without_a_later_send() {
     let tls = certificates();
-    let (ls, addresses) = listeners(2).await;
-    let mut nodes: Vec<_> = ls
-        .into_iter()
-        .enumerate()
-        .map(|(i, l)| {
-            let mut c = config(i as u8, &addresses, 4, 1);
-            c.tls = Some(tls.clone());
-            Bus::start(c, l).unwrap()
-        })
-        .collect();
+    let mut nodes = cluster_with(&[4; 2], 1, |c| {
+        c.tls = Some(tls.clone());
+    })
+    .await;
     all_up(&nodes).await;
     const FRAMES: u32 = 246;
     for seq in 0..FRAMES {
@@ -717,17 +701,11 @@ async fn undrained_deliveries_push_back_instead_of_growing() {
     const BUDGET: usize = 4 << 20;
     const FRAME: usize = 64 << 10;
     const FRAMES: usize = 1024; // 64 MiB: far more than the budget, queues and sockets hold
-    let (ls, addresses) = listeners(2).await;
-    let mut nodes: Vec<_> = ls
-        .into_iter()
-        .enumerate()
-        .map(|(i, l)| {
-            let mut c = config(i as u8, &addresses, 4, 1);
-            c.delivery_bytes_max = BUDGET;
-            c.queue_frames_max = 16;
-            Bus::start(c, l).unwrap()
-        })
-        .collect();
+    let mut nodes = cluster_with(&[4; 2], 1, |c| {
+        c.delivery_bytes_max = BUDGET;
+        c.queue_frames_max = 16;
+    })
+    .await;
     all_up(&nodes).await;
     let (receiver_bus, mut deliveries) = nodes.pop().unwrap();
     let (sender_bus, _) = nodes.pop().unwrap();
@@ -834,17 +812,11 @@ async fn a_bundle_forms_on_an_acceptor_idle_for_longer_than_a_grace() {
 /// counted as lost at the teardown (none vanishes uncounted from the queues).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_teardown_is_announced_and_its_lost_frames_are_counted() {
-    let (ls, addresses) = listeners(2).await;
     // The receiver holds little, so its link stops reading and the sender's queue fills.
-    let mut nodes: Vec<_> = ls
-        .into_iter()
-        .enumerate()
-        .map(|(i, l)| {
-            let mut c = config(i as u8, &addresses, 4, 1);
-            c.delivery_bytes_max = 1 << 20;
-            Bus::start(c, l).unwrap()
-        })
-        .collect();
+    let mut nodes = cluster_with(&[4; 2], 1, |c| {
+        c.delivery_bytes_max = 1 << 20;
+    })
+    .await;
     all_up(&nodes).await;
     let mut events = nodes[0].0.subscribe();
     assert_eq!(
@@ -1071,4 +1043,21 @@ fn spawn_peer(
         .parse()
         .unwrap();
     (child, peer)
+}
+
+/// A cluster whose nodes' configs `adjust` changes before they start.
+async fn cluster_with(
+    shards: &[u16],
+    links: u16,
+    adjust: impl Fn(&mut BusConfig),
+) -> Vec<(Bus, UnboundedReceiver<Delivery>)> {
+    let (ls, addresses) = listeners(shards.len()).await;
+    ls.into_iter()
+        .enumerate()
+        .map(|(i, l)| {
+            let mut c = config(i as u8, &addresses, shards[i], links);
+            adjust(&mut c);
+            Bus::start(c, l).unwrap()
+        })
+        .collect()
 }
