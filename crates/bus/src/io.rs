@@ -435,7 +435,11 @@ impl Bus {
                 "replica links share owner shards: each shard range needs as many usable shards as peers"
             );
         }
-        let metrics = Arc::new(BusMetrics::new(config.addresses.len(), config.links));
+        let metrics = Arc::new(BusMetrics::new(
+            config.addresses.len(),
+            config.links,
+            config.shards,
+        ));
         let placement = Arc::new(Placement {
             layout,
             replica: config.replica,
@@ -539,6 +543,26 @@ impl Bus {
             .ok_or(SendError::NoPeer(peer))
     }
 
+    /// (frames sent, bytes sent, frames received, bytes received) over the links
+    /// `shard` owns: the per-shard view of the per-link counters.
+    pub fn shard_link_counts(&self, shard: u16) -> (u64, u64, u64, u64) {
+        let links = self.layout.links();
+        let mut total = (0, 0, 0, 0);
+        for (slot, peer) in (0..self.peers.len() as u8)
+            .filter(|p| *p != self.replica)
+            .enumerate()
+        {
+            for link in 0..links {
+                if self.layout.link_owner(link, slot as u8) != shard {
+                    continue;
+                }
+                let (a, b, c, d) = self.metrics.link_counts(peer, link, links);
+                total = (total.0 + a, total.1 + b, total.2 + c, total.3 + d);
+            }
+        }
+        total
+    }
+
     /// Bundle up and down events from now on, for every peer.
     pub fn subscribe(&self) -> tokio::sync::broadcast::Receiver<BundleEvent> {
         self.bundle_events.subscribe()
@@ -560,12 +584,14 @@ impl Bus {
         queue.try_send(frame).map_err(|err| match err {
             mpsc::error::TrySendError::Full(_) => {
                 self.metrics.frames_dropped.fetch_add(1, Ordering::Relaxed);
+                self.metrics.shard_failed(shard, 0);
                 SendError::QueueFull
             }
             mpsc::error::TrySendError::Closed(_) => {
                 self.metrics
                     .frames_lost_at_teardown
                     .fetch_add(1, Ordering::Relaxed);
+                self.metrics.shard_failed(shard, 2);
                 SendError::LinkClosed(peer)
             }
         })
@@ -621,6 +647,7 @@ impl Bus {
             self.metrics
                 .frames_refused_bundle_down
                 .fetch_add(1, Ordering::Relaxed);
+            self.metrics.shard_failed(shard, 1);
             SendError::BundleDown(peer)
         })
     }

@@ -1061,3 +1061,50 @@ async fn cluster_with(
         })
         .collect()
 }
+
+/// Counters per shard as well as per node: the links a shard owns add up to the node's
+/// totals, shard 0 owns none (it hosts the listener), and a refused send is counted on
+/// the shard that tried it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn counters_add_up_per_shard() {
+    let mut nodes = cluster(&[4, 4], 2).await;
+    all_up(&nodes).await;
+    for shard in 0..4u16 {
+        for seq in 0..50u32 {
+            let frame = Frame {
+                group: 1 + u64::from(shard),
+                kind: 1,
+                payload: seq.to_be_bytes().to_vec(),
+            };
+            nodes[0].0.send(shard, 1, frame).unwrap();
+        }
+    }
+    for _ in 0..200 {
+        tokio::time::timeout(Duration::from_secs(5), nodes[1].1.recv())
+            .await
+            .unwrap()
+            .unwrap();
+    }
+    let bus = &nodes[0].0;
+    wait_until("every frame counted as sent", || {
+        bus.metrics().frames_sent.load(Ordering::Relaxed) >= 200
+    })
+    .await;
+    let per_shard: Vec<_> = (0..4).map(|s| bus.shard_link_counts(s)).collect();
+    let sent: u64 = per_shard.iter().map(|c| c.0).sum();
+    assert_eq!(sent, bus.metrics().frames_sent.load(Ordering::Relaxed));
+    assert_eq!(per_shard[0], (0, 0, 0, 0), "shard 0 owns no link");
+    // With the peer gone, a send is refused and counted on its shard.
+    let (gone, _) = nodes.pop().unwrap();
+    drop(gone);
+    let bus = &nodes[0].0;
+    wait_until("the bundle down", || !bus.bundle_up(1)).await;
+    let frame = Frame {
+        group: 3,
+        kind: 1,
+        payload: Vec::new(),
+    };
+    assert!(bus.send(3, 1, frame).is_err());
+    assert_eq!(bus.metrics().shard_send_counts(3).1, 1);
+    assert_eq!(bus.metrics().shard_send_counts(2), (0, 0, 0));
+}

@@ -48,10 +48,13 @@ pub struct BusMetrics {
     /// Per link (index `peer * k + link`): frames sent, bytes sent, frames received,
     /// bytes received.
     pub per_link: Vec<[AtomicU64; 4]>,
+    /// Per sending shard: frames dropped at a full queue, refused while the bundle was
+    /// down, and lost at a teardown when `send` saw the link close.
+    pub per_shard: Vec<[AtomicU64; 3]>,
 }
 
 impl BusMetrics {
-    pub(super) fn new(replicas: usize, links: u16) -> Self {
+    pub(super) fn new(replicas: usize, links: u16, shards: u16) -> Self {
         let zero = || AtomicU64::new(0);
         Self {
             bundles_up: zero(),
@@ -75,6 +78,7 @@ impl BusMetrics {
             per_link: (0..replicas * usize::from(links))
                 .map(|_| [zero(), zero(), zero(), zero()])
                 .collect(),
+            per_shard: (0..shards).map(|_| [zero(), zero(), zero()]).collect(),
         }
     }
 
@@ -89,6 +93,23 @@ impl BusMetrics {
             let get = |i: usize| c[i].load(Ordering::Relaxed);
             (get(0), get(1), get(2), get(3))
         })
+    }
+
+    /// (frames dropped at a full queue, refused while down, lost at a closed link) that
+    /// `shard` tried to send.
+    pub fn shard_send_counts(&self, shard: u16) -> (u64, u64, u64) {
+        self.per_shard
+            .get(usize::from(shard))
+            .map_or((0, 0, 0), |c| {
+                let get = |i: usize| c[i].load(Ordering::Relaxed);
+                (get(0), get(1), get(2))
+            })
+    }
+
+    pub(super) fn shard_failed(&self, shard: u16, which: usize) {
+        if let Some(c) = self.per_shard.get(usize::from(shard)) {
+            c[which].fetch_add(1, Ordering::Relaxed);
+        }
     }
 
     pub(super) fn failed(&self, reason: &str) {
