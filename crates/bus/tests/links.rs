@@ -426,17 +426,10 @@ async fn a_stopped_peer_loses_its_links_and_they_return_after_it_resumes() {
     };
     tokio::time::sleep(Duration::from_millis(200)).await;
     let pid = child.id().to_string();
-    assert!(std::process::Command::new("kill")
-        .args(["-STOP", &pid])
-        .status()
-        .unwrap()
-        .success());
-    let stopped = Instant::now();
-    wait_until("the links to the stopped peer to close", || {
+    let lost_after = stop_and_time_the_loss(&pid, "the links to the stopped peer to close", || {
         !bus.bundle_up(1)
     })
     .await;
-    let lost_after = stopped.elapsed();
     assert!(
         lost_after < heartbeat + Duration::from_secs(4),
         "links lost after {lost_after:?}"
@@ -994,17 +987,11 @@ async fn an_idle_link_to_a_stopped_peer_is_closed_by_the_missing_pings() {
     tokio::time::sleep(heartbeat * 3).await;
     assert!(bus.bundle_up(1), "pings keep an idle bundle up");
     let pid = child.id().to_string();
-    assert!(std::process::Command::new("kill")
-        .args(["-STOP", &pid])
-        .status()
-        .unwrap()
-        .success());
-    let stopped = Instant::now();
-    wait_until("the idle links to the stopped peer to close", || {
-        !bus.bundle_up(1)
-    })
-    .await;
-    let lost_after = stopped.elapsed();
+    let lost_after =
+        stop_and_time_the_loss(&pid, "the idle links to the stopped peer to close", || {
+            !bus.bundle_up(1)
+        })
+        .await;
     let _ = std::process::Command::new("kill")
         .args(["-CONT", &pid])
         .status();
@@ -1107,4 +1094,16 @@ async fn counters_add_up_per_shard() {
     assert!(bus.send(3, 1, frame).is_err());
     assert_eq!(bus.metrics().shard_send_counts(3).1, 1);
     assert_eq!(bus.metrics().shard_send_counts(2), (0, 0, 0));
+}
+
+/// SIGSTOPs the process `pid` and returns how long until `lost` holds.
+async fn stop_and_time_the_loss(pid: &str, what: &str, lost: impl Fn() -> bool) -> Duration {
+    assert!(std::process::Command::new("kill")
+        .args(["-STOP", pid])
+        .status()
+        .unwrap()
+        .success());
+    let stopped = Instant::now();
+    wait_until(what, lost).await;
+    stopped.elapsed()
 }
