@@ -3,6 +3,8 @@
 //! queues take them (waiting for room, not dropping). Medians of
 //! `--runs` runs of `--seconds` each; the ratio k=4 / k=1 is the figure.
 //!
+//! Each sending shard uses its own `ShardSender` and one shared payload buffer; each
+//! receiving shard drains its own deliveries (frames are routed to shards by group).
 //! With `--on-shards 1` each node runs one current-thread runtime per shard, on its own
 //! thread, and every link lives on its owner shard (as in a node); without it both
 //! nodes share one two-worker runtime.
@@ -14,7 +16,10 @@
 
 use std::time::{Duration, Instant};
 
-use braid_bus::{Bus, BusConfig, Frame};
+use std::sync::Arc;
+
+use braid_bus::{Bus, BusConfig, DeliveryRoute, Frame};
+use bytes::Bytes;
 use tokio::net::TcpListener;
 
 #[path = "../tests/support/shard_threads.rs"]
@@ -72,26 +77,39 @@ async fn run(links: u16, seconds: u64, on_shards: bool, frame_bytes: usize) -> R
         Some((a, b)) => (a.handles.clone(), b.handles.clone()),
         None => (Vec::new(), Vec::new()),
     };
-    let (a, _ra) =
-        Bus::start_on_shards(config(0, &addresses, links), a_listener, a_shards.clone())?;
-    let (b, mut rb) = Bus::start_on_shards(config(1, &addresses, links), b_listener, b_shards)?;
+    // Group 1 + s belongs to shard s on both nodes.
+    let route: DeliveryRoute =
+        Arc::new(|group| (group.saturating_sub(1) % u64::from(SHARDS)) as u16);
+    let (a, _ra) = Bus::start_on_shards(
+        config(0, &addresses, links),
+        a_listener,
+        a_shards.clone(),
+        Arc::clone(&route),
+    )?;
+    let (b, rb) = Bus::start_on_shards(
+        config(1, &addresses, links),
+        b_listener,
+        b_shards.clone(),
+        route,
+    )?;
     while !(a.bundle_up(1) && b.bundle_up(0)) {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    let a = std::sync::Arc::new(a);
     let deadline = Instant::now() + Duration::from_secs(seconds);
     let mut senders = Vec::new();
     for shard in 0..SHARDS {
-        let a = std::sync::Arc::clone(&a);
+        let mut sending = a.shard_sender(shard);
         let sender = async move {
-            let payload = vec![7u8; frame_bytes];
+            // One payload buffer, shared by every frame (as one prepare sent to every
+            // peer would be).
+            let payload = Bytes::from(vec![7u8; frame_bytes]);
             while Instant::now() < deadline {
                 let frame = Frame {
                     group: 1 + u64::from(shard),
                     kind: 1,
                     payload: payload.clone(),
                 };
-                if a.send_waiting(shard, 1, frame).await.is_err() {
+                if sending.send_waiting(1, frame).await.is_err() {
                     tokio::time::sleep(Duration::from_millis(1)).await;
                 }
             }
@@ -103,16 +121,41 @@ async fn run(links: u16, seconds: u64, on_shards: bool, frame_bytes: usize) -> R
         });
     }
     let start = Instant::now();
-    let (mut frames, mut bytes) = (0u64, 0u64);
-    while Instant::now() < deadline {
-        match tokio::time::timeout(Duration::from_millis(100), rb.recv()).await {
-            Ok(Some(delivery)) => {
-                frames += 1;
-                bytes += delivery.frame.payload.len() as u64;
+    // Each receiving shard drains its own deliveries, on its own thread when there are
+    // shard runtimes.
+    let mut receivers = Vec::new();
+    for (shard, mut deliveries) in rb.into_iter().enumerate() {
+        let receiver = async move {
+            let (mut frames, mut bytes) = (0u64, 0u64);
+            let mut batch = Vec::with_capacity(256);
+            while Instant::now() < deadline {
+                // Whatever is queued at once, as a shard's event loop would take it.
+                let wait = deliveries.recv_many(&mut batch, 256);
+                match tokio::time::timeout(Duration::from_millis(100), wait).await {
+                    Ok(0) => break,
+                    Ok(_) => {
+                        frames += batch.len() as u64;
+                        bytes += batch
+                            .iter()
+                            .map(|d| d.frame.payload.len() as u64)
+                            .sum::<u64>();
+                        batch.clear();
+                    }
+                    Err(_) => {}
+                }
             }
-            Ok(None) => break,
-            Err(_) => {}
-        }
+            (frames, bytes)
+        };
+        receivers.push(match b_shards.get(shard) {
+            Some(handle) => handle.spawn(receiver),
+            None => tokio::spawn(receiver),
+        });
+    }
+    let (mut frames, mut bytes) = (0u64, 0u64);
+    for receiver in receivers {
+        let (f, b) = receiver.await?;
+        frames += f;
+        bytes += b;
     }
     let elapsed = start.elapsed().as_secs_f64();
     if std::env::var("BUS_BENCH_DEBUG").is_ok() {

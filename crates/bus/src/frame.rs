@@ -11,6 +11,8 @@
 //! A frame that fails its checksum or exceeds the size limit cannot be trusted, and
 //! neither can anything after it on the stream: the link is closed.
 
+use bytes::{Buf, Bytes, BytesMut};
+
 /// Bytes of the frame header, length field included.
 pub const FRAME_HEADER_BYTES: usize = 17;
 
@@ -34,8 +36,9 @@ pub struct Frame {
     pub group: u64,
     /// What the payload is.
     pub kind: u8,
-    /// The payload.
-    pub payload: Vec<u8>,
+    /// The payload. `Bytes`, so one prepare sent to every peer is one buffer shared by
+    /// reference, and a received payload is a slice of the bytes read, not a copy.
+    pub payload: Bytes,
 }
 
 /// Why a stream of frames cannot go on.
@@ -63,32 +66,55 @@ pub enum FrameError {
     },
 }
 
+/// Payloads below this many bytes are copied out of the read buffer on receipt; larger
+/// ones are sliced from it. A small frame kept by the consumer must not pin the whole
+/// read buffer it arrived in (the delivery budget counts the frame, not the buffer).
+pub const ZERO_COPY_PAYLOAD_BYTES_MIN: usize = 8 * 1024;
+
 impl Frame {
+    /// A frame of `payload`, copied into a `Bytes` (the shared form is `Frame { .. }`
+    /// with a `Bytes` the caller already has).
+    pub fn new(group: u64, kind: u8, payload: impl Into<Bytes>) -> Self {
+        Self {
+            group,
+            kind,
+            payload: payload.into(),
+        }
+    }
+
     /// The frame's length field: bytes after it. A `u64`, so it never wraps.
     pub fn length_field(&self) -> u64 {
         (FRAME_HEADER_BYTES - 4) as u64 + self.payload.len() as u64
     }
 
-    /// Appends the frame's wire form. The bus refuses a frame above its limit at
-    /// `send`, so the length always fits; a length that would not is written as
-    /// `u32::MAX`, which every receiver refuses, never as a wrapped small number.
-    pub fn encode(&self, out: &mut Vec<u8>) {
+    /// The frame's header, checksum included: written before the payload, so header
+    /// and payload can go out in one vectored write without copying the payload. The
+    /// bus refuses a frame above its limit at `send`, so the length always fits; a
+    /// length that would not is written as `u32::MAX`, which every receiver refuses,
+    /// never as a wrapped small number.
+    pub fn header(&self) -> [u8; FRAME_HEADER_BYTES] {
         let length = u32::try_from(self.length_field()).unwrap_or(u32::MAX);
-        out.extend_from_slice(&length.to_be_bytes());
-        let start = out.len();
-        out.extend_from_slice(&self.group.to_be_bytes());
-        out.push(self.kind);
-        let checksum = crc32c::crc32c_append(crc32c::crc32c(&out[start..]), &self.payload);
-        out.extend_from_slice(&checksum.to_be_bytes());
+        let mut header = [0u8; FRAME_HEADER_BYTES];
+        header[..4].copy_from_slice(&length.to_be_bytes());
+        header[4..12].copy_from_slice(&self.group.to_be_bytes());
+        header[12] = self.kind;
+        let checksum = crc32c::crc32c_append(crc32c::crc32c(&header[4..13]), &self.payload);
+        header[13..].copy_from_slice(&checksum.to_be_bytes());
+        header
+    }
+
+    /// Appends the frame's wire form.
+    pub fn encode(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.header());
         out.extend_from_slice(&self.payload);
     }
 
-    /// Takes one frame from the start of `buffered`: `Ok(Some((frame, used)))`, or
-    /// `Ok(None)` while more bytes are needed.
+    /// Checks the frame at the start of `buffered`: `Ok(Some(total bytes))` once it is
+    /// whole and intact, `Ok(None)` while more bytes are needed.
     ///
     /// # Errors
     /// [`FrameError`]: the link must be closed.
-    pub fn decode(buffered: &[u8], max: u32) -> Result<Option<(Self, usize)>, FrameError> {
+    pub fn check(buffered: &[u8], max: u32) -> Result<Option<usize>, FrameError> {
         let Some(raw) = buffered.get(..4) else {
             return Ok(None);
         };
@@ -103,21 +129,42 @@ impl Frame {
         let Some(frame) = buffered.get(..total) else {
             return Ok(None);
         };
-        let mut group = [0u8; 8];
-        group.copy_from_slice(&frame[4..12]);
-        let kind = frame[12];
         let stored = u32::from_be_bytes([frame[13], frame[14], frame[15], frame[16]]);
         let payload = &frame[FRAME_HEADER_BYTES..];
         let computed = crc32c::crc32c_append(crc32c::crc32c(&frame[4..13]), payload);
         if stored != computed {
             return Err(FrameError::Checksum { stored, computed });
         }
-        let decoded = Self {
+        Ok(Some(total))
+    }
+
+    /// Takes one frame from the front of `buffered`, or `Ok(None)` (leaving `buffered`
+    /// as it was) while more bytes are needed. A large payload is a slice of the
+    /// buffer's memory (see [`ZERO_COPY_PAYLOAD_BYTES_MIN`]).
+    ///
+    /// # Errors
+    /// [`FrameError`]: the link must be closed.
+    pub fn decode(buffered: &mut BytesMut, max: u32) -> Result<Option<Self>, FrameError> {
+        let Some(total) = Self::check(buffered, max)? else {
+            return Ok(None);
+        };
+        let mut group = [0u8; 8];
+        group.copy_from_slice(&buffered[4..12]);
+        let kind = buffered[12];
+        let payload = if total - FRAME_HEADER_BYTES >= ZERO_COPY_PAYLOAD_BYTES_MIN {
+            let mut frame = buffered.split_to(total);
+            frame.advance(FRAME_HEADER_BYTES);
+            frame.freeze()
+        } else {
+            let payload = Bytes::copy_from_slice(&buffered[FRAME_HEADER_BYTES..total]);
+            buffered.advance(total);
+            payload
+        };
+        Ok(Some(Self {
             group: u64::from_be_bytes(group),
             kind,
-            payload: payload.to_vec(),
-        };
-        Ok(Some((decoded, total)))
+            payload,
+        }))
     }
 }
 
@@ -125,50 +172,85 @@ impl Frame {
 mod tests {
     use super::*;
 
+    fn decode_all(bytes: &[u8], max: u32) -> Result<Vec<Frame>, FrameError> {
+        let mut buffered = BytesMut::from(bytes);
+        let mut frames = Vec::new();
+        while let Some(frame) = Frame::decode(&mut buffered, max)? {
+            frames.push(frame);
+        }
+        Ok(frames)
+    }
+
     #[test]
     fn frames_round_trip_and_damage_closes_the_link() {
-        let frame = Frame {
-            group: 42,
-            kind: 7,
-            payload: b"prepare".to_vec(),
-        };
+        let frame = Frame::new(42, 7, &b"prepare"[..]);
         let mut bytes = Vec::new();
         frame.encode(&mut bytes);
         frame.encode(&mut bytes);
-        let (first, used) = Frame::decode(&bytes, 1 << 20).unwrap().unwrap();
-        assert_eq!(first, frame);
+        let used = bytes.len() / 2;
         assert_eq!(
-            Frame::decode(&bytes[used..], 1 << 20).unwrap().unwrap().0,
-            frame
+            decode_all(&bytes, 1 << 20).unwrap(),
+            vec![frame.clone(), frame.clone()]
         );
         for cut in 0..used {
+            let mut partial = BytesMut::from(&bytes[..cut]);
             assert_eq!(
-                Frame::decode(&bytes[..cut], 1 << 20),
+                Frame::decode(&mut partial, 1 << 20),
                 Ok(None),
                 "cut at {cut}"
             );
+            assert_eq!(partial.len(), cut, "a partial frame stays buffered");
         }
         for at in 4..used {
             let mut damaged = bytes.clone();
             damaged[at] ^= 0x10;
             assert!(
                 matches!(
-                    Frame::decode(&damaged, 1 << 20),
+                    decode_all(&damaged, 1 << 20),
                     Err(FrameError::Checksum { .. })
                 ),
                 "flip at {at}"
             );
         }
         assert_eq!(
-            Frame::decode(&bytes, 10),
+            decode_all(&bytes, 10),
             Err(FrameError::TooLarge {
                 length: used as u32 - 4,
                 max: 10
             })
         );
-        assert_eq!(
-            Frame::decode(&[0, 0, 0, 3], 100),
-            Err(FrameError::TooShort(3))
+        assert_eq!(decode_all(&[0, 0, 0, 3], 100), Err(FrameError::TooShort(3)));
+    }
+
+    #[test]
+    fn large_payloads_are_sliced_from_the_read_buffer_and_small_ones_copied() {
+        let large = Frame::new(1, 1, vec![9u8; ZERO_COPY_PAYLOAD_BYTES_MIN]);
+        let small = Frame::new(1, 1, vec![8u8; ZERO_COPY_PAYLOAD_BYTES_MIN - 1]);
+        let mut bytes = Vec::new();
+        large.encode(&mut bytes);
+        small.encode(&mut bytes);
+        let mut buffered = BytesMut::from(&bytes[..]);
+        let region = buffered.as_ptr() as usize..buffered.as_ptr() as usize + bytes.len();
+        let first = Frame::decode(&mut buffered, 1 << 20).unwrap().unwrap();
+        let second = Frame::decode(&mut buffered, 1 << 20).unwrap().unwrap();
+        assert_eq!((&first, &second), (&large, &small));
+        assert!(
+            region.contains(&(first.payload.as_ptr() as usize)),
+            "sliced, not copied"
         );
+        assert!(
+            !region.contains(&(second.payload.as_ptr() as usize)),
+            "copied out"
+        );
+        assert!(buffered.is_empty());
+    }
+
+    #[test]
+    fn the_header_is_the_encoding_without_its_payload() {
+        let frame = Frame::new(u64::MAX, 3, vec![1, 2, 3]);
+        let mut bytes = Vec::new();
+        frame.encode(&mut bytes);
+        assert_eq!(&bytes[..FRAME_HEADER_BYTES], &frame.header());
+        assert_eq!(&bytes[FRAME_HEADER_BYTES..], &[1, 2, 3]);
     }
 }

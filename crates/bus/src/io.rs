@@ -60,9 +60,10 @@ pub struct BusConfig {
     pub queue_frames_max: usize,
     /// Largest frame accepted, on receipt and at `send`.
     pub frame_bytes_max: u32,
-    /// Bytes of received frames the node may hold undelivered or unprocessed (each frame
-    /// counted with `DELIVERY_OVERHEAD_BYTES` more). When the consumer does not drain
-    /// deliveries, links stop reading their sockets and TCP pushes back on the peers.
+    /// Bytes of received frames each receiving shard may hold undelivered or
+    /// unprocessed (each frame counted with `DELIVERY_OVERHEAD_BYTES` more). When a
+    /// shard does not drain its deliveries, the links reading frames for it stop
+    /// reading their sockets and TCP pushes back on the peers.
     pub delivery_bytes_max: usize,
     /// Redial backoff.
     pub backoff: Duration,
@@ -200,6 +201,10 @@ fn build_tls(config: &TlsConfig) -> Result<Tls, StartError> {
     })
 }
 
+/// The shard a received frame of `group` belongs to: the node's placement rule, the same
+/// on every node. The bus hands each frame to that shard's receiver.
+pub type DeliveryRoute = Arc<dyn Fn(u64) -> u16 + Send + Sync>;
+
 /// A frame that arrived, with where it came from.
 #[derive(Debug)]
 pub struct Delivery {
@@ -277,10 +282,16 @@ enum PeerEvent {
     Kill(u16),
 }
 
+/// The queue of each link to a peer, while the link is up.
+type LinkQueues = Vec<Option<mpsc::Sender<Frame>>>;
+
 struct Peer {
     complete: AtomicBool,
+    /// Moves whenever `queues` changes, so a shard's cached queue handles are reloaded
+    /// only then: the send path takes the lock once per bundle generation, not per frame.
+    epoch: AtomicU64,
     bundle_events: tokio::sync::broadcast::Sender<BundleEvent>,
-    queues: Mutex<Vec<Option<mpsc::Sender<Frame>>>>,
+    queues: Mutex<LinkQueues>,
     events: mpsc::UnboundedSender<PeerEvent>,
 }
 
@@ -385,13 +396,20 @@ impl Bus {
         config: BusConfig,
         listener: TcpListener,
     ) -> Result<(Self, mpsc::UnboundedReceiver<Delivery>), StartError> {
-        Self::start_on_shards(config, listener, Vec::new())
+        let (bus, mut receivers) = Self::start_inner(config, listener, Vec::new(), None)?;
+        let deliveries = receivers.pop().ok_or(StartError::Shards {
+            expected: 1,
+            got: 0,
+        })?;
+        Ok((bus, deliveries))
     }
 
     /// As [`Bus::start`], with one runtime per shard: each link (its dial, its
     /// handshake, its reader and writer) runs on its owner shard's runtime; the runtime
     /// `start_on_shards` is called on (shard 0's) accepts, reads the preamble and hands
-    /// the socket over.
+    /// the socket over. Each shard gets its own receiver: a frame goes to the one
+    /// `route` names for its group, so no shard reads another's frames from a shared
+    /// channel.
     ///
     /// # Errors
     /// As [`Bus::start`], and [`StartError::Shards`] if the runtimes do not match the
@@ -400,7 +418,17 @@ impl Bus {
         config: BusConfig,
         listener: TcpListener,
         shards: Vec<tokio::runtime::Handle>,
-    ) -> Result<(Self, mpsc::UnboundedReceiver<Delivery>), StartError> {
+        route: DeliveryRoute,
+    ) -> Result<(Self, Vec<mpsc::UnboundedReceiver<Delivery>>), StartError> {
+        Self::start_inner(config, listener, shards, Some(route))
+    }
+
+    fn start_inner(
+        config: BusConfig,
+        listener: TcpListener,
+        shards: Vec<tokio::runtime::Handle>,
+        route: Option<DeliveryRoute>,
+    ) -> Result<(Self, Vec<mpsc::UnboundedReceiver<Delivery>>), StartError> {
         if !shards.is_empty() && shards.len() != usize::from(config.shards) {
             return Err(StartError::Shards {
                 expected: config.shards,
@@ -445,17 +473,31 @@ impl Bus {
             replica: config.replica,
             shards,
         });
-        let (deliver, deliveries) = mpsc::unbounded_channel();
-        // The channel is unbounded in count but not in bytes: every delivery holds its
-        // share of this budget until the consumer drops it.
+        // Each channel is unbounded in count but not in bytes: every delivery holds its
+        // share of its shard's budget until the consumer drops it.
+        let receiving_shards = if route.is_some() {
+            usize::from(config.shards.max(1))
+        } else {
+            1
+        };
+        let mut targets = Vec::new();
+        let mut deliveries = Vec::new();
+        for _ in 0..receiving_shards {
+            let (channel, receiver) = mpsc::unbounded_channel();
+            targets.push(DeliveryTarget {
+                channel,
+                budget: Arc::new(DeliveryBudget {
+                    held: AtomicUsize::new(0),
+                    max: config.delivery_bytes_max.max(1),
+                    waiting: AtomicUsize::new(0),
+                    freed: tokio::sync::Notify::new(),
+                }),
+            });
+            deliveries.push(receiver);
+        }
         let deliver = Deliver {
-            channel: deliver,
-            budget: Arc::new(DeliveryBudget {
-                held: AtomicUsize::new(0),
-                max: config.delivery_bytes_max.max(1),
-                waiting: AtomicUsize::new(0),
-                freed: tokio::sync::Notify::new(),
-            }),
+            targets: Arc::new(targets),
+            route,
         };
         let config = Arc::new(config);
         let local = listener
@@ -475,6 +517,7 @@ impl Bus {
             let handle = Arc::new(PeerHandle {
                 inner: Peer {
                     complete: AtomicBool::new(false),
+                    epoch: AtomicU64::new(0),
                     bundle_events: bundle_events.clone(),
                     queues: Mutex::new(vec![None; usize::from(config.links)]),
                     events,
@@ -575,26 +618,14 @@ impl Bus {
     }
 
     /// Queues a frame from `shard` to `peer` on the link of the shard's range; never
-    /// blocks: a full queue drops the frame and counts it.
+    /// blocks: a full queue drops the frame and counts it. This looks the link's queue
+    /// up under the peer's lock; a shard's hot path uses its own [`ShardSender`].
     ///
     /// # Errors
     /// [`SendError`].
     pub fn send(&self, shard: u16, peer: u8, frame: Frame) -> Result<(), SendError> {
         let queue = self.queue(shard, peer, &frame)?;
-        queue.try_send(frame).map_err(|err| match err {
-            mpsc::error::TrySendError::Full(_) => {
-                self.metrics.frames_dropped.fetch_add(1, Ordering::Relaxed);
-                self.metrics.shard_failed(shard, 0);
-                SendError::QueueFull
-            }
-            mpsc::error::TrySendError::Closed(_) => {
-                self.metrics
-                    .frames_lost_at_teardown
-                    .fetch_add(1, Ordering::Relaxed);
-                self.metrics.shard_failed(shard, 2);
-                SendError::LinkClosed(peer)
-            }
-        })
+        self.metrics.try_queue(&queue, shard, peer, frame)
     }
 
     /// As [`Bus::send`], but waits for room in the link's queue instead of dropping:
@@ -605,35 +636,34 @@ impl Bus {
     /// [`SendError::BundleDown`] or [`SendError::NoPeer`].
     pub async fn send_waiting(&self, shard: u16, peer: u8, frame: Frame) -> Result<(), SendError> {
         let queue = self.queue(shard, peer, &frame)?;
-        queue.send(frame).await.map_err(|_| {
-            self.metrics
-                .frames_lost_at_teardown
-                .fetch_add(1, Ordering::Relaxed);
-            SendError::LinkClosed(peer)
-        })
+        self.metrics.queue_waiting(&queue, peer, frame).await
+    }
+
+    /// A handle for `shard`'s own sends: it keeps its links' queues and looks them up
+    /// again only when a bundle's generation changes, so sends from different shards
+    /// share no lock. Cloning a frame shares its payload, so one prepare goes to every
+    /// peer as one buffer.
+    pub fn shard_sender(&self, shard: u16) -> ShardSender {
+        ShardSender {
+            shard,
+            peers: self.peers.clone(),
+            cached: vec![None; self.peers.len()],
+            layout: self.layout,
+            frame_bytes_max: self.frame_bytes_max,
+            metrics: Arc::clone(&self.metrics),
+        }
     }
 
     /// The queue of the link `frame` from `shard` takes to `peer`: link 0 for metadata,
     /// else the shard range's link; refused (and counted) while the bundle is down.
     fn queue(&self, shard: u16, peer: u8, frame: &Frame) -> Result<mpsc::Sender<Frame>, SendError> {
-        if frame.kind >= KIND_BUS_RESERVED {
-            return Err(SendError::ReservedKind(frame.kind));
-        }
-        let bytes = frame.length_field();
-        if bytes > u64::from(self.frame_bytes_max) {
-            self.metrics
-                .frames_refused_too_large
-                .fetch_add(1, Ordering::Relaxed);
-            return Err(SendError::FrameTooLarge {
-                bytes,
-                max: self.frame_bytes_max,
-            });
-        }
-        let link = if frame.group == 0 {
-            METADATA_LINK
-        } else {
-            self.layout.range_of(shard)
-        };
+        let link = admit_frame(
+            &self.layout,
+            self.frame_bytes_max,
+            &self.metrics,
+            shard,
+            frame,
+        )?;
         let p = self.peer(peer)?;
         let queue = if p.complete.load(Ordering::Acquire) {
             p.queues
@@ -643,13 +673,7 @@ impl Bus {
         } else {
             None
         };
-        queue.ok_or_else(|| {
-            self.metrics
-                .frames_refused_bundle_down
-                .fetch_add(1, Ordering::Relaxed);
-            self.metrics.shard_failed(shard, 1);
-            SendError::BundleDown(peer)
-        })
+        queue.ok_or_else(|| self.metrics.bundle_down(shard, peer))
     }
 
     /// Closes one link to `peer` (as a failure would): the whole bundle is torn down on
@@ -663,6 +687,143 @@ impl Bus {
     /// This node's replica id.
     pub fn replica(&self) -> u8 {
         self.replica
+    }
+}
+
+/// The link a frame from `shard` takes (link 0 for the metadata group, else the shard
+/// range's), once it passes the checks every send makes: not a bus kind, not too large.
+fn admit_frame(
+    layout: &LinkLayout,
+    frame_bytes_max: u32,
+    metrics: &BusMetrics,
+    shard: u16,
+    frame: &Frame,
+) -> Result<u16, SendError> {
+    if frame.kind >= KIND_BUS_RESERVED {
+        return Err(SendError::ReservedKind(frame.kind));
+    }
+    let bytes = frame.length_field();
+    if bytes > u64::from(frame_bytes_max) {
+        metrics
+            .frames_refused_too_large
+            .fetch_add(1, Ordering::Relaxed);
+        return Err(SendError::FrameTooLarge {
+            bytes,
+            max: frame_bytes_max,
+        });
+    }
+    Ok(if frame.group == 0 {
+        METADATA_LINK
+    } else {
+        layout.range_of(shard)
+    })
+}
+
+/// One shard's handle for sending (see [`Bus::shard_sender`]). Owned by its shard:
+/// sending takes `&mut self`.
+#[derive(Debug)]
+pub struct ShardSender {
+    shard: u16,
+    peers: Vec<Option<Arc<PeerHandle>>>,
+    /// Per peer: the epoch the queues were loaded at, and the queue of each link.
+    cached: Vec<Option<(u64, LinkQueues)>>,
+    layout: LinkLayout,
+    frame_bytes_max: u32,
+    metrics: Arc<BusMetrics>,
+}
+
+impl ShardSender {
+    /// As [`Bus::send`], from this handle's shard.
+    ///
+    /// # Errors
+    /// [`SendError`].
+    pub fn send(&mut self, peer: u8, frame: Frame) -> Result<(), SendError> {
+        let queue = self.queue(peer, &frame)?;
+        self.metrics.try_queue(&queue, self.shard, peer, frame)
+    }
+
+    /// As [`Bus::send_waiting`], from this handle's shard.
+    ///
+    /// # Errors
+    /// [`SendError::BundleDown`] or [`SendError::NoPeer`].
+    pub async fn send_waiting(&mut self, peer: u8, frame: Frame) -> Result<(), SendError> {
+        let queue = self.queue(peer, &frame)?;
+        self.metrics.queue_waiting(&queue, peer, frame).await
+    }
+
+    fn queue(&mut self, peer: u8, frame: &Frame) -> Result<mpsc::Sender<Frame>, SendError> {
+        let link = admit_frame(
+            &self.layout,
+            self.frame_bytes_max,
+            &self.metrics,
+            self.shard,
+            frame,
+        )?;
+        let index = usize::from(peer);
+        let p = &self
+            .peers
+            .get(index)
+            .and_then(|p| p.as_ref())
+            .ok_or(SendError::NoPeer(peer))?
+            .inner;
+        if !p.complete.load(Ordering::Acquire) {
+            return Err(self.metrics.bundle_down(self.shard, peer));
+        }
+        let epoch = p.epoch.load(Ordering::Acquire);
+        let cached = &mut self.cached[index];
+        if cached.as_ref().is_none_or(|(at, _)| *at != epoch) {
+            let queues = p.queues.lock().map(|q| q.clone()).unwrap_or_default();
+            *cached = Some((epoch, queues));
+        }
+        cached
+            .as_ref()
+            .and_then(|(_, queues)| queues.get(usize::from(link)).cloned().flatten())
+            .ok_or_else(|| self.metrics.bundle_down(self.shard, peer))
+    }
+}
+
+impl BusMetrics {
+    /// Queues without waiting; a full queue drops the frame, a closed one loses it,
+    /// each counted.
+    fn try_queue(
+        &self,
+        queue: &mpsc::Sender<Frame>,
+        shard: u16,
+        peer: u8,
+        frame: Frame,
+    ) -> Result<(), SendError> {
+        queue.try_send(frame).map_err(|err| match err {
+            mpsc::error::TrySendError::Full(_) => {
+                self.frames_dropped.fetch_add(1, Ordering::Relaxed);
+                self.shard_failed(shard, 0);
+                SendError::QueueFull
+            }
+            mpsc::error::TrySendError::Closed(_) => {
+                self.frames_lost_at_teardown.fetch_add(1, Ordering::Relaxed);
+                self.shard_failed(shard, 2);
+                SendError::LinkClosed(peer)
+            }
+        })
+    }
+
+    async fn queue_waiting(
+        &self,
+        queue: &mpsc::Sender<Frame>,
+        peer: u8,
+        frame: Frame,
+    ) -> Result<(), SendError> {
+        queue.send(frame).await.map_err(|_| {
+            self.frames_lost_at_teardown.fetch_add(1, Ordering::Relaxed);
+            SendError::LinkClosed(peer)
+        })
+    }
+
+    /// Counts a send refused while the bundle is down.
+    fn bundle_down(&self, shard: u16, peer: u8) -> SendError {
+        self.frames_refused_bundle_down
+            .fetch_add(1, Ordering::Relaxed);
+        self.shard_failed(shard, 1);
+        SendError::BundleDown(peer)
     }
 }
 
@@ -682,7 +843,7 @@ mod peer;
 
 use admission::accept_loop;
 use dial::dial;
-use link::{spawn_link, BudgetShare, Deliver, DeliveryBudget};
+use link::{spawn_link, BudgetShare, Deliver, DeliveryBudget, DeliveryTarget};
 use metrics::reason;
 pub use metrics::BusMetrics;
 use peer::{manage_peer, LinkTasks};

@@ -22,12 +22,12 @@ pub mod io;
 pub mod placement;
 
 pub use bundle::{Backoff, Bundle, BundleAction, LinkRefused};
-pub use frame::{Frame, FrameError, FRAME_HEADER_BYTES};
+pub use frame::{Frame, FrameError, FRAME_HEADER_BYTES, ZERO_COPY_PAYLOAD_BYTES_MIN};
 pub use handshake::{
     accept_preamble, DialerAwaitReply, Established, HandshakeConfig, Preamble, Refusal,
 };
 pub use io::{
-    BundleEvent, Bus, BusConfig, BusMetrics, Delivery, SendError, StartError, TlsConfig,
-    DELIVERY_OVERHEAD_BYTES,
+    BundleEvent, Bus, BusConfig, BusMetrics, Delivery, DeliveryRoute, SendError, ShardSender,
+    StartError, TlsConfig, DELIVERY_OVERHEAD_BYTES,
 };
 pub use placement::{LayoutError, LinkLayout, INBOUND_HANDSHAKES_MAX, METADATA_LINK};

@@ -64,7 +64,7 @@ async fn wait_until(what: &str, cond: impl Fn() -> bool) {
     }
 }
 
-async fn all_up(nodes: &[(Bus, UnboundedReceiver<Delivery>)]) {
+async fn all_up<R>(nodes: &[(Bus, R)]) {
     wait_until("every bundle up", || {
         nodes.iter().all(|(bus, _)| {
             (0..nodes.len() as u8)
@@ -97,7 +97,7 @@ async fn frames_ride_the_link_of_their_shard_range_in_order() {
                             Frame {
                                 group: 1 + u64::from(shard),
                                 kind: 1,
-                                payload,
+                                payload: payload.into(),
                             },
                         )
                         .unwrap();
@@ -108,7 +108,7 @@ async fn frames_ride_the_link_of_their_shard_range_in_order() {
                         Frame {
                             group: 0,
                             kind: 2,
-                            payload: seq.to_be_bytes().to_vec(),
+                            payload: seq.to_be_bytes().to_vec().into(),
                         },
                     )
                     .unwrap();
@@ -313,7 +313,7 @@ async fn nodes_with_4_and_2_shards_link_at_k_1() {
             Frame {
                 group: 5,
                 kind: 1,
-                payload: b"hi".to_vec(),
+                payload: b"hi".to_vec().into(),
             },
         )
         .unwrap();
@@ -323,7 +323,7 @@ async fn nodes_with_4_and_2_shards_link_at_k_1() {
         .unwrap();
     assert_eq!(
         (delivery.peer, delivery.link, delivery.frame.payload),
-        (0, 0, b"hi".to_vec())
+        (0, 0, bytes::Bytes::from_static(b"hi"))
     );
 }
 
@@ -344,7 +344,7 @@ async fn a_full_queue_drops_and_counts_without_blocking() {
             Frame {
                 group: 1,
                 kind: 1,
-                payload: vec![0; 512 + (i % 3) as usize],
+                payload: vec![0; 512 + (i % 3) as usize].into(),
             },
         )
         .is_err()
@@ -371,7 +371,7 @@ async fn a_link_kept_full_by_many_shards_still_writes() {
                 let frame = Frame {
                     group: 1,
                     kind: 1,
-                    payload: vec![1; 64 * 1024],
+                    payload: vec![1; 64 * 1024].into(),
                 };
                 if sender.send_waiting(shard, 1, frame).await.is_err() {
                     return;
@@ -416,7 +416,7 @@ async fn a_stopped_peer_loses_its_links_and_they_return_after_it_resumes() {
                         Frame {
                             group: 1,
                             kind: 1,
-                            payload: vec![0; 64 * 1024],
+                            payload: vec![0; 64 * 1024].into(),
                         },
                     );
                 }
@@ -481,7 +481,7 @@ async fn links_run_over_mutual_tls_and_a_plain_peer_is_refused() {
             Frame {
                 group: 3,
                 kind: 1,
-                payload: b"over tls".to_vec(),
+                payload: b"over tls".to_vec().into(),
             },
         )
         .unwrap();
@@ -514,6 +514,69 @@ async fn links_run_over_mutual_tls_and_a_plain_peer_is_refused() {
     assert!(!a.bundle_up(1) && !b.bundle_up(0));
 }
 
+/// A TLS writer whose socket is full keeps ciphertext buffered after it took the
+/// plaintext; unless every batch is flushed, the tail of a burst waits for the next
+/// frame (or the next idle ping). The receiver here is slower than the sender (it
+/// sleeps a millisecond per frame and its delivery budget is small), so the sender's
+/// socket is full when its last frames are written; every frame must still arrive with
+/// nothing more sent. Pings are a heartbeat third apart (20 s here), so they cannot
+/// push the tail out in time. Without the flush this fails on about one run in three
+/// (the unit test `a_batch_written_over_tls_into_a_full_socket_leaves_nothing_buffered`,
+/// with small socket buffers, fails on every run).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tls_burst_arrives_whole_without_another_send() {
+    const FRAMES: u32 = 2_000;
+    let tls = certificates();
+    let mut nodes = cluster_with(&[2, 2], 1, |c| {
+        c.tls = Some(tls.clone());
+        c.heartbeat_timeout = Duration::from_secs(60);
+        c.delivery_bytes_max = 256 << 10;
+        c.queue_frames_max = 64;
+    })
+    .await;
+    all_up(&nodes).await;
+    let (b, mut deliveries) = nodes.pop().unwrap();
+    let (a, _) = nodes.pop().unwrap();
+    let mut sender = a.shard_sender(1);
+    // 2,000 frames of 8 KiB: 16 MiB, more than loopback sockets buffer.
+    let sending = tokio::spawn(async move {
+        let filler = vec![5u8; 8 * 1024 - 4];
+        for seq in 0..FRAMES {
+            let body = [&seq.to_be_bytes()[..], &filler].concat();
+            sender
+                .send_waiting(1, Frame::new(2, 1, body))
+                .await
+                .unwrap();
+        }
+    });
+    let mut received = 0;
+    let start = Instant::now();
+    while received < FRAMES {
+        let delivery = tokio::time::timeout(Duration::from_secs(5), deliveries.recv())
+            .await
+            .unwrap_or_else(|_| {
+                panic!(
+                    "{received} of {FRAMES} frames after {:?}: the tail is stranded",
+                    start.elapsed()
+                )
+            })
+            .unwrap();
+        let seq = u32::from_be_bytes(delivery.frame.payload[..4].try_into().unwrap());
+        assert_eq!(seq, received, "in order, none lost or repeated");
+        received += 1;
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    sending.await.unwrap();
+    assert!(
+        b.metrics().delivery_waits.load(Ordering::Relaxed) > 0,
+        "the reader stalled"
+    );
+    assert_eq!(
+        a.metrics().frames_lost_at_teardown.load(Ordering::Relaxed),
+        0
+    );
+}
+
 /// Every frame of a link is read on the thread of that link's owner shard, on the
 /// dialing side and the accepting side, and again after the link is redialed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -524,7 +587,10 @@ async fn each_link_is_read_on_its_owner_shard() {
     let threads: Vec<ShardThreads> = (0..3u8)
         .map(|n| ShardThreads::start(n, SHARDS).unwrap())
         .collect();
-    let mut nodes: Vec<(Bus, UnboundedReceiver<Delivery>)> = ls
+    // Group g belongs to shard (g - 1) % SHARDS; the metadata group to shard 0.
+    let route: braid_bus::DeliveryRoute =
+        std::sync::Arc::new(|group| (group.saturating_sub(1) % u64::from(SHARDS)) as u16);
+    let mut nodes: Vec<(Bus, Vec<UnboundedReceiver<Delivery>>)> = ls
         .into_iter()
         .enumerate()
         .map(|(i, l)| {
@@ -532,10 +598,12 @@ async fn each_link_is_read_on_its_owner_shard() {
                 config(i as u8, &addresses, SHARDS, LINKS),
                 l,
                 threads[i].handles.clone(),
+                route.clone(),
             )
             .unwrap()
         })
         .collect();
+    assert!(nodes.iter().all(|(_, r)| r.len() == usize::from(SHARDS)));
     // A runtime count that does not match the shard count is refused.
     let stray = TcpListener::bind("127.0.0.1:0").await.unwrap();
     assert!(matches!(
@@ -543,60 +611,68 @@ async fn each_link_is_read_on_its_owner_shard() {
             config(0, &addresses, SHARDS, LINKS),
             stray,
             threads[0].handles[..2].to_vec(),
+            route.clone(),
         ),
         Err(braid_bus::StartError::Shards {
             expected: SHARDS,
             got: 2
         })
     ));
-    for round in 0..2 {
+    // Each shard's own sender, kept across the redial: it must find the new links.
+    let mut senders: Vec<Vec<braid_bus::ShardSender>> = nodes
+        .iter()
+        .map(|(bus, _)| (0..SHARDS).map(|s| bus.shard_sender(s)).collect())
+        .collect();
+    for round in 0..2u8 {
         all_up(&nodes).await;
-        for (bus, _) in &nodes {
+        for (n, (bus, _)) in nodes.iter().enumerate() {
             for peer in (0..3u8).filter(|p| *p != bus.replica()) {
                 for shard in 0..SHARDS {
-                    bus.send(
-                        shard,
-                        peer,
-                        Frame {
-                            group: 1 + u64::from(shard),
-                            kind: 1,
-                            payload: vec![round],
-                        },
-                    )
-                    .unwrap();
+                    let frame = Frame::new(1 + u64::from(shard), 1, vec![round]);
+                    senders[n][usize::from(shard)].send(peer, frame).unwrap();
                 }
             }
         }
-        for (bus, deliveries) in &mut nodes {
+        for (bus, receivers) in &mut nodes {
             let layout = *bus.layout();
             let me = bus.replica();
             let mut seen = BTreeMap::new();
-            while seen.values().sum::<u32>() < 2 * u32::from(SHARDS) {
-                let delivery = tokio::time::timeout(Duration::from_secs(10), deliveries.recv())
-                    .await
-                    .unwrap()
-                    .unwrap();
-                if delivery.frame.payload != [round] {
-                    continue; // left over from before the redial
+            for (shard, deliveries) in receivers.iter_mut().enumerate() {
+                // Each shard receives its group's frame from each of the two peers.
+                let mut received = 0;
+                while received < 2 {
+                    let delivery = tokio::time::timeout(Duration::from_secs(10), deliveries.recv())
+                        .await
+                        .unwrap()
+                        .unwrap();
+                    if delivery.frame.payload[..] != [round] {
+                        continue; // left over from before the redial
+                    }
+                    assert_eq!(
+                        delivery.frame.group,
+                        1 + shard as u64,
+                        "delivered to the shard its group belongs to"
+                    );
+                    received += 1;
+                    let slot = if delivery.peer > me {
+                        delivery.peer - 1
+                    } else {
+                        delivery.peer
+                    };
+                    let owner = layout.link_owner(delivery.link, slot);
+                    // With shard 0 skipped, no link whose range has other shards lands there.
+                    if layout.range_shards(delivery.link).len() > 1 {
+                        assert_ne!(owner, 0);
+                    }
+                    assert_eq!(
+                        delivery.read_on.as_deref(),
+                        Some(format!("node{me}-shard{owner}").as_str()),
+                        "round {round}: link {} from {} is read on its owner shard",
+                        delivery.link,
+                        delivery.peer
+                    );
+                    *seen.entry((delivery.peer, delivery.link)).or_insert(0u32) += 1;
                 }
-                let slot = if delivery.peer > me {
-                    delivery.peer - 1
-                } else {
-                    delivery.peer
-                };
-                let owner = layout.link_owner(delivery.link, slot);
-                // With shard 0 skipped, no link whose range has other shards lands there.
-                if layout.range_shards(delivery.link).len() > 1 {
-                    assert_ne!(owner, 0);
-                }
-                assert_eq!(
-                    delivery.read_on.as_deref(),
-                    Some(format!("node{me}-shard{owner}").as_str()),
-                    "round {round}: link {} from {} is read on its owner shard",
-                    delivery.link,
-                    delivery.peer
-                );
-                *seen.entry((delivery.peer, delivery.link)).or_insert(0u32) += 1;
             }
             assert_eq!(
                 seen.len(),
@@ -621,34 +697,6 @@ async fn each_link_is_read_on_its_owner_shard() {
     drop(threads);
 }
 
-/// TLS buffers ciphertext until flushed: every write batch must be flushed, or the tail
-/// of a burst waits for the next send (246 sent, 244 received before the fix).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_burst_over_tls_arrives_whole_without_a_later_send() {
-    let tls = certificates();
-    let mut nodes = cluster_with(&[4; 2], 1, |c| {
-        c.tls = Some(tls.clone());
-    })
-    .await;
-    all_up(&nodes).await;
-    const FRAMES: u32 = 246;
-    for seq in 0..FRAMES {
-        let frame = Frame {
-            group: 5,
-            kind: 1,
-            payload: [seq.to_be_bytes().to_vec(), vec![7u8; 60_000]].concat(),
-        };
-        nodes[0].0.send(1, 1, frame).unwrap();
-    }
-    for seq in 0..FRAMES {
-        let delivery = tokio::time::timeout(Duration::from_secs(3), nodes[1].1.recv())
-            .await
-            .unwrap_or_else(|_| panic!("frame {seq} of {FRAMES} stranded"))
-            .unwrap();
-        assert_eq!(delivery.frame.payload[..4], seq.to_be_bytes());
-    }
-}
-
 /// A frame above `frame_bytes_max` is refused at `send` with a typed error; the peer
 /// never sees it, so the bundle stays up (before, each one tore down both sides).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -659,7 +707,7 @@ async fn an_oversized_frame_is_refused_at_send_and_the_bundle_stays_up() {
     let big = Frame {
         group: 3,
         kind: 1,
-        payload: vec![0u8; 1 << 20],
+        payload: vec![0u8; 1 << 20].into(),
     };
     let refused = nodes[0].0.send(1, 1, big).unwrap_err();
     assert_eq!(
@@ -672,7 +720,7 @@ async fn an_oversized_frame_is_refused_at_send_and_the_bundle_stays_up() {
     let fits = Frame {
         group: 3,
         kind: 1,
-        payload: vec![1u8; (1 << 20) - 13],
+        payload: vec![1u8; (1 << 20) - 13].into(),
     };
     nodes[0].0.send(1, 1, fits).unwrap();
     let delivery = tokio::time::timeout(Duration::from_secs(5), nodes[1].1.recv())
@@ -710,7 +758,9 @@ async fn undrained_deliveries_push_back_instead_of_growing() {
                 let frame = Frame {
                     group: 9,
                     kind: 1,
-                    payload: [seq.to_be_bytes().to_vec(), vec![3u8; FRAME - 4]].concat(),
+                    payload: [seq.to_be_bytes().to_vec(), vec![3u8; FRAME - 4]]
+                        .concat()
+                        .into(),
                 };
                 bus.send_waiting(1, 1, frame).await.unwrap();
             }
@@ -826,7 +876,9 @@ async fn a_teardown_is_announced_and_its_lost_frames_are_counted() {
         let frame = Frame {
             group: 4,
             kind: 1,
-            payload: [seq.to_be_bytes().to_vec(), vec![0u8; 4_000]].concat(),
+            payload: [seq.to_be_bytes().to_vec(), vec![0u8; 4_000]]
+                .concat()
+                .into(),
         };
         if nodes[0].0.send(1, 1, frame).is_ok() {
             accepted += 1;
@@ -1061,7 +1113,7 @@ async fn counters_add_up_per_shard() {
             let frame = Frame {
                 group: 1 + u64::from(shard),
                 kind: 1,
-                payload: seq.to_be_bytes().to_vec(),
+                payload: seq.to_be_bytes().to_vec().into(),
             };
             nodes[0].0.send(shard, 1, frame).unwrap();
         }
@@ -1089,7 +1141,7 @@ async fn counters_add_up_per_shard() {
     let frame = Frame {
         group: 3,
         kind: 1,
-        payload: Vec::new(),
+        payload: Default::default(),
     };
     assert!(bus.send(3, 1, frame).is_err());
     assert_eq!(bus.metrics().shard_send_counts(3).1, 1);

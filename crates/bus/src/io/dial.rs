@@ -55,9 +55,9 @@ pub(super) async fn dial(
             .read_exact(&mut taken)
             .await
             .map_err(|_| "not_taken")?;
-        match Frame::decode(&taken, config.frame_bytes_max) {
-            Ok(Some((frame, _))) if frame.kind == KIND_LINK_TAKEN => {}
-            _ => return Err("not_taken"),
+        let whole = Frame::check(&taken, config.frame_bytes_max);
+        if !(matches!(whole, Ok(Some(_))) && taken[12] == KIND_LINK_TAKEN) {
+            return Err("not_taken");
         }
         Ok::<(BoxStream, u64), &'static str>((stream, established.peer_incarnation))
     };

@@ -98,6 +98,7 @@ pub(super) async fn manage_peer(
                     if let Ok(mut queues) = peer_state.queues.lock() {
                         queues.iter_mut().for_each(|q| *q = None);
                     }
+                    peer_state.epoch.fetch_add(1, Ordering::Release);
                     for tasks in links.iter_mut().filter_map(Option::take) {
                         tasks.abort();
                     }
@@ -137,6 +138,7 @@ pub(super) async fn manage_peer(
                     *slot = Some(queue);
                 }
             }
+            peer_state.epoch.fetch_add(1, Ordering::Release);
             let tasks = spawn_link(
                 &config,
                 &placement,
