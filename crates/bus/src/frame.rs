@@ -67,8 +67,9 @@ pub enum FrameError {
 }
 
 /// Payloads below this many bytes are copied out of the read buffer on receipt; larger
-/// ones are sliced from it. A small frame kept by the consumer must not pin the whole
-/// read buffer it arrived in (the delivery budget counts the frame, not the buffer).
+/// ones are sliced from it when the frame is at least half of the buffer's capacity. A
+/// frame kept by the consumer must not pin a buffer much larger than itself (the
+/// delivery budget counts the frame, not the buffer).
 pub const ZERO_COPY_PAYLOAD_BYTES_MIN: usize = 8 * 1024;
 
 impl Frame {
@@ -139,8 +140,8 @@ impl Frame {
     }
 
     /// Takes one frame from the front of `buffered`, or `Ok(None)` (leaving `buffered`
-    /// as it was) while more bytes are needed. A large payload is a slice of the
-    /// buffer's memory (see [`ZERO_COPY_PAYLOAD_BYTES_MIN`]).
+    /// as it was) while more bytes are needed. A large payload that fills at least half
+    /// the buffer is a slice of its memory (see [`ZERO_COPY_PAYLOAD_BYTES_MIN`]).
     ///
     /// # Errors
     /// [`FrameError`]: the link must be closed.
@@ -151,7 +152,10 @@ impl Frame {
         let mut group = [0u8; 8];
         group.copy_from_slice(&buffered[4..12]);
         let kind = buffered[12];
-        let payload = if total - FRAME_HEADER_BYTES >= ZERO_COPY_PAYLOAD_BYTES_MIN {
+        // Sliced only when the frame is at least half of what the buffer holds, so a
+        // kept payload pins at most about twice its own size.
+        let large = total - FRAME_HEADER_BYTES >= ZERO_COPY_PAYLOAD_BYTES_MIN;
+        let payload = if large && total * 2 >= buffered.capacity() {
             let mut frame = buffered.split_to(total);
             frame.advance(FRAME_HEADER_BYTES);
             frame.freeze()

@@ -399,7 +399,7 @@ async fn a_stopped_peer_loses_its_links_and_they_return_after_it_resumes() {
     let heartbeat = Duration::from_millis(1_000);
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let own = listener.local_addr().unwrap();
-    let (mut child, peer) = spawn_peer(own, heartbeat);
+    let (mut child, peer) = spawn_peer(own, heartbeat, &[]);
     let mut config = config(0, &[own, peer], 4, 2);
     config.heartbeat_timeout = heartbeat;
     let (bus, _deliveries) = Bus::start(config, listener).unwrap();
@@ -797,6 +797,103 @@ async fn undrained_deliveries_push_back_instead_of_growing() {
     );
 }
 
+/// Resident memory of process `pid`, from `/proc`.
+fn resident_bytes(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
+    let kib: u64 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
+    kib * 1024
+}
+
+/// The review's flood: 1 GiB offered to a node (a process of its own) that never drains
+/// its deliveries. Its resident memory must stay near its delivery budget (64 MiB, and
+/// 16 MiB more at most) while the sender is pushed back, none dropped: a large payload
+/// delivered without a copy must pin nothing the budget does not count. Prints the
+/// figure.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_that_never_drains_holds_its_budget_not_the_flood() {
+    const FRAME: usize = 64 << 10;
+    const OFFERED: usize = 1 << 30;
+    let heartbeat = Duration::from_secs(30);
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let own = listener.local_addr().unwrap();
+    let (child, peer) = spawn_peer(own, heartbeat, &["--hold"]);
+    // Killed however the test ends, so a failure never leaves the process behind.
+    struct KillOnDrop(std::process::Child);
+    impl Drop for KillOnDrop {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let child = KillOnDrop(child);
+    let mut config = config(0, &[own, peer], 4, 2);
+    config.heartbeat_timeout = heartbeat;
+    config.queue_frames_max = 16;
+    let (bus, _deliveries) = Bus::start(config, listener).unwrap();
+    wait_until("the bundle to the child", || bus.bundle_up(1)).await;
+    let before = resident_bytes(child.0.id());
+    let payload = bytes::Bytes::from(vec![1u8; FRAME]);
+    let mut senders: Vec<_> = (0..4u16).map(|s| bus.shard_sender(s)).collect();
+    let mut sending = Vec::new();
+    for (shard, mut sender) in senders.drain(..).enumerate() {
+        let payload = payload.clone();
+        sending.push(tokio::spawn(async move {
+            let mut accepted = 0usize;
+            while accepted < OFFERED / 4 {
+                let frame = Frame::new(1 + shard as u64, 1, payload.clone());
+                if let Err(err) = sender.send_waiting(1, frame).await {
+                    panic!("after {accepted} bytes: {err}");
+                }
+                accepted += FRAME;
+            }
+        }));
+    }
+    // Wait until the sender stalls: nothing more written for half a second.
+    let mut last = 0;
+    let mut still = Instant::now();
+    let start = Instant::now();
+    while still.elapsed() < Duration::from_millis(500) {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "the sender never stalled"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let sent = bus.metrics().bytes_sent.load(Ordering::Relaxed);
+        if sent != last {
+            last = sent;
+            still = Instant::now();
+        }
+    }
+    let after = resident_bytes(child.0.id());
+    let written = bus.metrics().bytes_sent.load(Ordering::Relaxed);
+    eprintln!(
+        "offered {} MiB; written to sockets {} MiB; receiver resident {} MiB before, {} MiB after",
+        OFFERED >> 20,
+        written >> 20,
+        before >> 20,
+        after >> 20
+    );
+    assert!(bus.bundle_up(1), "the bundle stayed up");
+    assert!(
+        sending.iter().all(|t| !t.is_finished()),
+        "the senders were pushed back"
+    );
+    assert!(
+        written < (OFFERED as u64) / 4,
+        "far less than the flood got through"
+    );
+    assert!(
+        after.saturating_sub(before) < (64 + 16) << 20,
+        "the receiver grew from {before} to {after} bytes"
+    );
+    assert_eq!(bus.metrics().frames_dropped.load(Ordering::Relaxed), 0);
+    for task in sending {
+        task.abort();
+    }
+    drop(child);
+}
+
 /// Against a peer that refuses it (another cluster secret), the dialer backs off
 /// exponentially instead of flapping at the base interval (before: 30 ups and 30
 /// teardowns in 3 s with a 20 ms base).
@@ -1030,7 +1127,7 @@ async fn an_idle_link_to_a_stopped_peer_is_closed_by_the_missing_pings() {
     let heartbeat = Duration::from_millis(600);
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let own = listener.local_addr().unwrap();
-    let (mut child, peer) = spawn_peer(own, heartbeat);
+    let (mut child, peer) = spawn_peer(own, heartbeat, &[]);
     let mut config = config(0, &[own, peer], 4, 2);
     config.heartbeat_timeout = heartbeat;
     let (bus, _deliveries) = Bus::start(config, listener).unwrap();
@@ -1061,11 +1158,13 @@ async fn an_idle_link_to_a_stopped_peer_is_closed_by_the_missing_pings() {
 fn spawn_peer(
     own: std::net::SocketAddr,
     heartbeat: Duration,
+    extra: &[&str],
 ) -> (std::process::Child, std::net::SocketAddr) {
     use std::io::BufRead;
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_braid-bus-peer"))
         .args(["--replica", "1", "--links", "2", "--heartbeat-ms"])
         .arg(heartbeat.as_millis().to_string())
+        .args(extra)
         .arg("--peer")
         .arg(own.to_string())
         .stdout(std::process::Stdio::piped())

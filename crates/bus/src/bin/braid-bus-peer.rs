@@ -1,6 +1,7 @@
 //! A bus node in a process of its own, for tests that stop and resume a peer:
 //! `braid-bus-peer --replica 1 --peer 127.0.0.1:PORT --links K --heartbeat-ms MS`.
-//! It binds 127.0.0.1:0, prints `listening ADDR`, and discards what arrives.
+//! It binds 127.0.0.1:0, prints `listening ADDR`, and discards what arrives; with
+//! `--hold` it keeps every delivery instead (a node that never drains).
 
 use std::time::Duration;
 
@@ -44,7 +45,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         backoff: Duration::from_millis(20),
         tls: None,
     };
+    let hold = std::env::args().any(|a| a == "--hold");
     let (_bus, mut deliveries) = Bus::start(config, listener)?;
-    while deliveries.recv().await.is_some() {}
+    let mut held = Vec::new();
+    while let Some(delivery) = deliveries.recv().await {
+        if hold {
+            held.push(delivery);
+        }
+    }
     Ok(())
 }

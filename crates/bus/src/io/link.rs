@@ -1,8 +1,9 @@
 //! One link's reader and writer tasks, the delivery budget and the counted queue.
 
-use bytes::{Bytes, BytesMut};
+use bytes::{BufMut, Bytes, BytesMut};
 
 use super::*;
+use crate::frame::ZERO_COPY_PAYLOAD_BYTES_MIN;
 
 #[allow(clippy::too_many_arguments)] // the parts of one link
 pub(super) fn spawn_link(
@@ -27,6 +28,10 @@ pub(super) fn spawn_link(
     let read_metrics = Arc::clone(&metrics);
     let reader = placement.spawn(link, peer, async move {
         let mut buf = BytesMut::with_capacity(READ_BUFFER_BYTES);
+        // While a large frame is read into a buffer of its own (`dedicated`), the read
+        // buffer waits here.
+        let mut spare = BytesMut::new();
+        let mut dedicated = false;
         // The reading thread's name, looked up again only when the task moves threads.
         let mut thread: Option<(std::thread::ThreadId, Option<Arc<str>>)> = None;
         loop {
@@ -75,20 +80,41 @@ pub(super) fn spawn_link(
                     }
                 }
             }
-            // Room for the rest of a large frame at once, so its payload lands in one
-            // allocation and is delivered without a copy.
-            let missing = match buf.get(..4) {
-                Some(raw) => {
-                    let length = u32::from_be_bytes([raw[0], raw[1], raw[2], raw[3]]);
-                    (4 + length as usize).saturating_sub(buf.len())
-                }
+            if dedicated && buf.is_empty() {
+                // The dedicated frame was delivered: back to the read buffer.
+                std::mem::swap(&mut buf, &mut spare);
+                dedicated = false;
+            }
+            // A large frame is read into an allocation of exactly its size (the part
+            // already buffered copied over, the rest read straight in), so its payload
+            // is delivered without a copy and pins no memory beyond itself, which the
+            // delivery budget counts.
+            let whole = match buf.get(..4) {
+                Some(raw) => 4 + u32::from_be_bytes([raw[0], raw[1], raw[2], raw[3]]) as usize,
                 None => 0,
             };
-            buf.reserve(missing.max(READ_BUFFER_BYTES));
+            if !dedicated && whole >= FRAME_HEADER_BYTES + ZERO_COPY_PAYLOAD_BYTES_MIN {
+                let mut frame = BytesMut::with_capacity(whole);
+                frame.extend_from_slice(&buf);
+                buf.clear();
+                spare = std::mem::replace(&mut buf, frame);
+                dedicated = true;
+            }
+            if !dedicated {
+                buf.reserve(READ_BUFFER_BYTES);
+            }
+            let read = async {
+                if dedicated {
+                    let missing = whole - buf.len();
+                    reader.read_buf(&mut (&mut buf).limit(missing)).await
+                } else {
+                    reader.read_buf(&mut buf).await
+                }
+            };
             // A live peer writes at least a ping every third of the heartbeat timeout;
             // silence for a whole one is a half-open link (a blackholed or stopped
             // peer that TCP_USER_TIMEOUT cannot see while we send nothing).
-            match tokio::time::timeout(silence_max, reader.read_buf(&mut buf)).await {
+            match tokio::time::timeout(silence_max, read).await {
                 Err(_) => {
                     read_metrics
                         .links_closed_silent
