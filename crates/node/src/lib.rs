@@ -18,6 +18,7 @@ mod buffers;
 pub mod config;
 mod connection;
 mod coordinator;
+mod data_dir;
 mod error;
 pub mod groups;
 mod http;

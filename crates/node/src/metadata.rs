@@ -99,6 +99,13 @@ pub enum MetaOp {
         /// The topic.
         name: String,
     },
+    /// Never give a new topic an id below `floor`: found at start, when partition
+    /// directories exist for ids the metadata does not know (its log was lost), so a
+    /// new topic is never served an old topic's records.
+    RaiseTopicIdFloor {
+        /// The lowest id a new topic may get.
+        floor: u32,
+    },
     /// Record consumed positions of a group.
     CommitOffsets {
         /// The stream.
@@ -236,6 +243,7 @@ impl Metadata {
                     }
                 }
             }
+            MetaOp::RaiseTopicIdFloor { .. } => {}
         }
         Ok(())
     }
@@ -310,8 +318,16 @@ impl Metadata {
                     }
                 }
             }
+            MetaOp::RaiseTopicIdFloor { floor } => {
+                self.next_topic_id = self.next_topic_id.max(*floor);
+            }
         }
         Ok(())
+    }
+
+    /// The id the next topic gets.
+    pub fn next_topic_id(&self) -> u32 {
+        self.next_topic_id
     }
 
     /// Every topic as `(stream, topic name, meta)`.
@@ -331,6 +347,7 @@ const OP_DELETE_STREAM: u8 = 2;
 const OP_CREATE_TOPIC: u8 = 3;
 const OP_DELETE_TOPIC: u8 = 4;
 const OP_COMMIT_OFFSETS: u8 = 5;
+const OP_RAISE_TOPIC_ID_FLOOR: u8 = 6;
 
 impl MetaOp {
     /// Appends the op's encoding.
@@ -358,6 +375,10 @@ impl MetaOp {
                 out.put_u8_be(OP_DELETE_TOPIC);
                 out.put_string(stream);
                 out.put_string(name);
+            }
+            Self::RaiseTopicIdFloor { floor } => {
+                out.put_u8_be(OP_RAISE_TOPIC_ID_FLOOR);
+                out.put_u32_be(*floor);
             }
             Self::CommitOffsets {
                 stream,
@@ -401,6 +422,9 @@ impl MetaOp {
             OP_DELETE_TOPIC => Self::DeleteTopic {
                 stream: s(&mut r, "stream")?,
                 name: s(&mut r, "name")?,
+            },
+            OP_RAISE_TOPIC_ID_FLOOR => Self::RaiseTopicIdFloor {
+                floor: r.u32("floor")?,
             },
             OP_COMMIT_OFFSETS => {
                 let stream = s(&mut r, "stream")?;

@@ -63,8 +63,20 @@ impl Node {
     /// A [`StartError`]; nothing keeps running after one.
     pub fn start(config: NodeConfig) -> Result<Self, StartError> {
         let config = config.resolve()?;
-        std::fs::create_dir_all(&config.data_dir)?;
-        let store = MetaStore::open(config.data_dir.join("metadata"))?;
+        let topic_id_floor = crate::data_dir::prepare(&config.data_dir)?;
+        let mut store = MetaStore::open(config.data_dir.join("metadata"))?;
+        if topic_id_floor > store.state().next_topic_id() {
+            // The metadata forgot topics whose partitions are still on disk (its log
+            // was lost): never hand their ids, and so their records, to new topics.
+            tracing::warn!(
+                next_topic_id = store.state().next_topic_id(),
+                floor = topic_id_floor,
+                "partition directories exist for topic ids the metadata does not know"
+            );
+            store.apply(&crate::metadata::MetaOp::RaiseTopicIdFloor {
+                floor: topic_id_floor,
+            })?;
+        }
         let client =
             std::net::TcpListener::bind(config.client_addr).map_err(|source| StartError::Bind {
                 addr: config.client_addr,

@@ -33,6 +33,7 @@
 //! ```
 
 mod config;
+mod dirs;
 mod error;
 mod files;
 mod index;
@@ -47,6 +48,7 @@ pub use config::{
     ConfigError, FsyncPolicy, LogConfig, RecoveryMode, SEGMENT_BYTES_MAX, SEGMENT_BYTES_MIN,
     WRITE_BEHIND_BYTES_DEFAULT,
 };
+pub use dirs::{create_dir_durable, sync_dir};
 pub use error::{Corruption, LogError};
 pub use log::{Appended, PartitionLog, RecoveryReport, RetentionOutcome};
 pub use lru::OpenLogLru;

@@ -814,9 +814,7 @@ fn delete_segment_files(dir: &Path, base: u64) -> Result<(), LogError> {
 
 /// Makes creations, renames and removals in `dir` durable.
 pub(crate) fn sync_dir(dir: &Path) -> Result<(), LogError> {
-    File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(LogError::io("fsync", dir))
+    crate::dirs::sync_dir(dir).map_err(LogError::io("fsync", dir))
 }
 
 #[cfg(test)]

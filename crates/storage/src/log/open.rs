@@ -26,7 +26,8 @@ impl PartitionLog {
     pub fn open(dir: impl Into<PathBuf>, config: LogConfig, now_ms: u64) -> Result<Self, LogError> {
         config.validate()?;
         let dir = dir.into();
-        std::fs::create_dir_all(&dir).map_err(LogError::io("create", &dir))?;
+        // The partition directory and any parent it needed survive a power cut.
+        crate::dirs::create_dir_durable(&dir).map_err(LogError::io("create", &dir))?;
         let (mut bases, clean) = scan_dir(&dir)?;
         if bases.is_empty() {
             let path = log_path(&dir, 0);
