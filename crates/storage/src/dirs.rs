@@ -2,7 +2,6 @@
 //! its parent directory has been synced, so every creation syncs its parent, up the
 //! chain of what it created.
 
-use std::fs::File;
 use std::path::Path;
 
 /// Syncs `dir`, making the creations, renames and removals in it durable.
@@ -12,7 +11,7 @@ use std::path::Path;
 /// sync: what it made durable is unknown, and a retry may report a success it has not
 /// earned.
 pub fn sync_dir(dir: &Path) -> std::io::Result<()> {
-    File::open(dir)?.sync_all()
+    crate::disk::sync_dir(dir)
 }
 
 /// Creates `dir` and every missing ancestor, syncing the parent of each directory it
@@ -34,8 +33,8 @@ pub fn create_dir_durable(dir: &Path) -> std::io::Result<()> {
     if missing.is_empty() {
         return Ok(());
     }
-    std::fs::create_dir_all(dir)?;
     for created in missing.iter().rev() {
+        crate::disk::create_dir(created)?;
         if let Some(parent) = created.parent().filter(|p| !p.as_os_str().is_empty()) {
             sync_dir(parent)?;
         }

@@ -34,6 +34,7 @@
 
 mod config;
 mod dirs;
+mod disk;
 mod error;
 mod files;
 mod index;

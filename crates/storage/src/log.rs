@@ -2,7 +2,6 @@
 
 use std::collections::VecDeque;
 use std::fs::{File, OpenOptions};
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -147,6 +146,11 @@ impl PartitionLog {
         &self.recovery
     }
 
+    /// Why the log refuses writes, after a failed write or sync (until it is reopened).
+    pub fn poisoned(&self) -> Option<&str> {
+        self.poisoned.as_deref()
+    }
+
     /// Files this log holds open now (at most two: the active segment and one reader).
     pub fn open_files(&self) -> usize {
         usize::from(self.active_file.is_some()) + usize::from(self.reader.is_some())
@@ -181,15 +185,13 @@ impl PartitionLog {
         batch.set_base_offset(base_offset as i64);
         let segment = &mut self.segments[active];
         let position = segment.size_bytes;
-        if let Err(err) = file.write_all_at(batch.as_bytes(), position) {
+        let path = log_path(&self.dir, segment.base_offset);
+        if let Err(err) = crate::disk::write_at(&file, &path, batch.as_bytes(), position) {
             // Leave no partial batch behind; if even that fails, stop writing.
-            if let Err(cut) = file.set_len(position) {
+            if let Err(cut) = crate::disk::set_len(&file, &path, position) {
                 self.poisoned = Some(format!("could not undo a failed write: {cut}"));
             }
-            return Err(LogError::io(
-                "write",
-                log_path(&self.dir, segment.base_offset),
-            )(err));
+            return Err(LogError::io("write", path)(err));
         }
         let index = segment.index.get_or_insert_with(Default::default);
         index_batch(
@@ -222,10 +224,18 @@ impl PartitionLog {
         if let Some(range) = actions.drop {
             let _ = crate::writeback::drop_cached(&file, range.start, range.end - range.start);
         }
-        if pending >= INDEX_FLUSH_ENTRIES {
-            flush_index(&self.dir, segment, false)?;
-        }
+        let flushed = if pending >= INDEX_FLUSH_ENTRIES {
+            flush_index(&self.dir, segment, false)
+        } else {
+            Ok(())
+        };
         self.unsynced_since_ms.get_or_insert(now_ms);
+        // The batch is in the log and will be read: the append succeeded. A failed
+        // index write poisons the log instead (the index is rebuilt on reopen).
+        if let Err(err) = flushed {
+            self.poisoned
+                .get_or_insert_with(|| format!("index write failed: {err}"));
+        }
         Ok(Appended {
             base_offset,
             last_offset: self.next_offset - 1,
@@ -292,20 +302,19 @@ impl PartitionLog {
         {
             index.seal(timestamp, relative_offset);
         }
-        flush_index(&self.dir, segment, true)?;
-        file.sync_data().map_err(LogError::io(
-            "fsync",
-            log_path(&self.dir, segment.base_offset),
-        ))?;
+        let old_path = log_path(&self.dir, segment.base_offset);
         let base = self.next_offset;
         let path = log_path(&self.dir, base);
-        let new_file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .open(&path)
-            .map_err(LogError::io("create", &path))?;
-        sync_dir(&self.dir)?;
+        let dir = self.dir.clone();
+        let sealed = flush_index(&dir, segment, true)
+            .and_then(|()| {
+                crate::disk::sync_data(&file, &old_path).map_err(LogError::io("fsync", &old_path))
+            })
+            .and_then(|()| crate::disk::create_new(&path).map_err(LogError::io("create", &path)))
+            .and_then(|new_file| sync_dir(&dir).map(|()| new_file));
+        // A failed sync may have dropped the pages it could not write, and a second
+        // sync would report success: nothing more is written until a reopen.
+        let new_file = self.poisoning("sealing a segment", sealed)?;
         self.durable_offset = self.durable_offset.max(base);
         self.unsynced_since_ms = None;
         // The old active segment's index now counts as a cached sealed one.
@@ -460,13 +469,15 @@ impl PartitionLog {
             }
         };
         self.remove_clean_marker()?;
-        // Newest first, so a crash leaves a log without holes.
+        // Newest first, each removal synced before the next, so a crash leaves a log
+        // without holes.
         while self.segments.len() > at + 1 {
             let Some(doomed) = self.segments.pop() else {
                 break;
             };
             self.forget_files_of(doomed.base_offset);
-            delete_segment_files(&self.dir, doomed.base_offset)?;
+            let removed = delete_segment_files(&self.dir, doomed.base_offset);
+            self.poisoning("removing a truncated segment", removed)?;
         }
         self.active_file = None;
         if self
@@ -479,34 +490,37 @@ impl PartitionLog {
         self.sealed_indexes
             .retain(|base| *base != self.segments[at].base_offset);
         let file = self.file_for(at)?;
+        // The log ends at `offset` from here on in memory, whatever the disk does: a
+        // failure below poisons, and reads never go past the cut.
+        self.next_offset = offset;
+        self.durable_offset = self.durable_offset.min(offset);
+        self.generation += 1;
+        let dir = self.dir.clone();
+        let interval = self.config.index_interval_bytes;
         let segment = &mut self.segments[at];
-        let path = log_path(&self.dir, segment.base_offset);
-        file.set_len(position)
-            .map_err(LogError::io("truncate", &path))?;
-        file.sync_data().map_err(LogError::io("fsync", &path))?;
+        let path = log_path(&dir, segment.base_offset);
         segment.size_bytes = position;
+        segment.end_offset = Some(offset);
         let relative = segment.relative(offset);
         if let Some(index) = segment.index.as_mut() {
             index.truncate(relative);
         }
-        truncate_index_files(&self.dir, segment)?;
-        flush_index(&self.dir, segment, false)?;
-        // Reload so the running largest timestamp and the tail are recomputed by the
-        // same walk that opening uses.
-        segment.index = None;
-        segment.max_timestamp = MaxTimestamp::Unknown;
-        load_index(
-            &self.dir,
-            segment,
-            &file,
-            self.config.index_interval_bytes,
-            false,
-        )?;
-        sync_dir(&self.dir)?;
-        self.next_offset = offset;
-        self.durable_offset = self.durable_offset.min(offset);
-        self.generation += 1;
-        Ok(())
+        let cut = crate::disk::set_len(&file, &path, position)
+            .map_err(LogError::io("truncate", &path))
+            .and_then(|()| {
+                crate::disk::sync_data(&file, &path).map_err(LogError::io("fsync", &path))
+            })
+            .and_then(|()| truncate_index_files(&dir, segment))
+            .and_then(|()| flush_index(&dir, segment, false))
+            .and_then(|()| {
+                // Reload so the running largest timestamp and the tail are recomputed
+                // by the same walk that opening uses.
+                segment.index = None;
+                segment.max_timestamp = MaxTimestamp::Unknown;
+                load_index(&dir, segment, &file, interval, false).map(|_| ())
+            })
+            .and_then(|()| sync_dir(&dir));
+        self.poisoning("truncating", cut)
     }
 
     /// Deletes the oldest sealed segments that retention by size or age no longer
@@ -542,7 +556,11 @@ impl PartitionLog {
             self.remove_clean_marker()?;
             let doomed = self.segments.remove(0);
             self.forget_files_of(doomed.base_offset);
-            delete_segment_files(&self.dir, doomed.base_offset)?;
+            // Each removal is synced before the next, oldest first, so a power cut can
+            // only leave a shorter prefix removed, never a gap.
+            let removed = delete_segment_files(&self.dir, doomed.base_offset)
+                .and_then(|()| sync_dir(&self.dir));
+            self.poisoning("removing a segment for retention", removed)?;
             outcome.segments_deleted += 1;
             outcome.bytes_deleted += doomed.size_bytes;
         }
@@ -553,8 +571,12 @@ impl PartitionLog {
     /// A request that makes every append so far durable, or `None` if they already are.
     ///
     /// # Errors
-    /// The active segment's file could not be opened.
+    /// [`LogError::Poisoned`] after a failure; the active segment's file could not be
+    /// opened.
     pub fn sync_request(&mut self) -> Result<Option<SyncRequest>, LogError> {
+        // After a failed sync a second one may succeed for pages the kernel dropped:
+        // a poisoned log asks for none.
+        self.check_writable()?;
         if self.durable_offset >= self.next_offset {
             return Ok(None);
         }
@@ -567,13 +589,15 @@ impl PartitionLog {
         }))
     }
 
-    /// Takes the result of a [`SyncRequest`] of this log. A failure poisons the log.
+    /// Takes the result of a [`SyncRequest`] of this log. A failure poisons the log;
+    /// a success moves `durable_offset` only if the log is not poisoned (a sync that
+    /// follows a failed one proves nothing) and no truncation came between.
     pub fn on_synced(&mut self, request: &SyncRequest, result: Result<(), SyncError>) {
         match result {
             Err(err) => {
                 self.poisoned.get_or_insert(err.to_string());
             }
-            Ok(()) if request.generation == self.generation => {
+            Ok(()) if request.generation == self.generation && self.poisoned.is_none() => {
                 self.durable_offset = self.durable_offset.max(request.next_offset);
                 if self.durable_offset >= self.next_offset {
                     self.unsynced_since_ms = None;
@@ -618,8 +642,10 @@ impl PartitionLog {
     /// # Errors
     /// Writing pending index entries failed.
     pub fn release_files(&mut self) -> Result<(), LogError> {
-        for segment in &mut self.segments {
-            flush_index(&self.dir, segment, false)?;
+        for at in 0..self.segments.len() {
+            let flushed = flush_index(&self.dir, &mut self.segments[at], false);
+            self.poisoning("writing an index", flushed)?;
+            let segment = &mut self.segments[at];
             segment.index = None;
             // The running largest timestamp is recomputed when the index is reloaded.
             if segment.max_timestamp != MaxTimestamp::Empty {
@@ -644,10 +670,12 @@ impl PartitionLog {
         let file = self.file_for(active)?;
         flush_index(&self.dir, &mut self.segments[active], true)?;
         let path = log_path(&self.dir, self.segments[active].base_offset);
-        file.sync_data().map_err(LogError::io("fsync", &path))?;
+        crate::disk::sync_data(&file, &path).map_err(LogError::io("fsync", &path))?;
+        // Only once everything is synced: a marker the next open trusts.
         let marker = self.dir.join(CLEAN_MARKER);
-        File::create(&marker)
-            .and_then(|f| f.sync_all())
+        crate::disk::write_file(&marker, &[])
+            .and_then(|()| File::open(&marker))
+            .and_then(|f| crate::disk::sync_data(&f, &marker))
             .map_err(LogError::io("create", &marker))?;
         sync_dir(&self.dir)
     }
@@ -662,6 +690,17 @@ impl PartitionLog {
                 .filter_map(|s| s.index.as_ref())
                 .map(|i| i.heap_bytes())
                 .sum::<usize>()
+    }
+
+    /// Passes `result` through, poisoning the log if it is an error: after a failed
+    /// step that changed the disk, what reached it is unknown, and a retried sync may
+    /// report a success it has not earned. Reads go on; writes wait for a reopen.
+    fn poisoning<T>(&mut self, what: &str, result: Result<T, LogError>) -> Result<T, LogError> {
+        if let Err(err) = &result {
+            self.poisoned
+                .get_or_insert_with(|| format!("{what}: {err}"));
+        }
+        result
     }
 
     fn check_writable(&self) -> Result<(), LogError> {
@@ -698,12 +737,15 @@ impl PartitionLog {
     fn remove_clean_marker(&mut self) -> Result<(), LogError> {
         if self.clean_marker {
             let marker = self.dir.join(CLEAN_MARKER);
-            match std::fs::remove_file(&marker) {
-                Ok(()) => {}
-                Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
-                Err(err) => return Err(LogError::io("remove", &marker)(err)),
+            // Until its removal is durable, a crash could make the next open trust a
+            // tail it must verify: no write goes ahead without it.
+            let removed = match crate::disk::remove(&marker) {
+                Ok(()) => Ok(()),
+                Err(err) if err.kind() == std::io::ErrorKind::NotFound => Ok(()),
+                Err(err) => Err(LogError::io("remove", &marker)(err)),
             }
-            sync_dir(&self.dir)?;
+            .and_then(|()| sync_dir(&self.dir));
+            self.poisoning("removing the clean-shutdown marker", removed)?;
             self.clean_marker = false;
         }
         Ok(())
@@ -803,7 +845,7 @@ fn delete_segment_files(dir: &Path, base: u64) -> Result<(), LogError> {
         index_path(dir, base),
         time_index_path(dir, base),
     ] {
-        match std::fs::remove_file(&path) {
+        match crate::disk::remove(&path) {
             Ok(()) => {}
             Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
             Err(err) => return Err(LogError::io("remove", &path)(err)),
@@ -819,3 +861,6 @@ pub(crate) fn sync_dir(dir: &Path) -> Result<(), LogError> {
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod fault_tests;

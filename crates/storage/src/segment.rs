@@ -4,7 +4,6 @@
 //! handles and bounds how many are open.
 
 use std::fs::File;
-use std::io::Write;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 
@@ -294,8 +293,14 @@ fn replace_file(path: &Path, bytes: &[u8]) -> Result<(), LogError> {
     let mut temp = path.as_os_str().to_owned();
     temp.push(".");
     temp.push(TEMP_SUFFIX);
-    std::fs::write(&temp, bytes).map_err(LogError::io("write", &temp))?;
-    std::fs::rename(&temp, path).map_err(LogError::io("rename", path))
+    let temp = std::path::PathBuf::from(temp);
+    crate::disk::write_file(&temp, bytes).map_err(LogError::io("write", &temp))?;
+    crate::disk::rename(&temp, path).map_err(LogError::io("rename", path))?;
+    // The rename is durable only once the directory is synced.
+    if let Some(dir) = path.parent() {
+        crate::disk::sync_dir(dir).map_err(LogError::io("fsync", dir))?;
+    }
+    Ok(())
 }
 
 /// Appends the index entries not yet in the files; with `sync`, makes both files
@@ -319,16 +324,7 @@ fn append_file(path: &Path, bytes: &[u8], sync: bool) -> Result<(), LogError> {
     if bytes.is_empty() && !sync {
         return Ok(());
     }
-    let mut file = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(path)
-        .map_err(LogError::io("open", path))?;
-    file.write_all(bytes).map_err(LogError::io("write", path))?;
-    if sync {
-        file.sync_data().map_err(LogError::io("fsync", path))?;
-    }
-    Ok(())
+    crate::disk::append(path, bytes, sync).map_err(LogError::io("write", path))
 }
 
 /// Cuts both index files to the entries still in memory after a truncation.
@@ -348,8 +344,7 @@ pub(crate) fn truncate_index_files(dir: &Path, segment: &Segment) -> Result<(), 
     ];
     for (path, len) in cuts {
         match std::fs::OpenOptions::new().write(true).open(&path) {
-            Ok(file) => file
-                .set_len(len as u64)
+            Ok(file) => crate::disk::set_len(&file, &path, len as u64)
                 .map_err(LogError::io("truncate", &path))?,
             Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
             Err(err) => return Err(LogError::io("open", &path)(err)),

@@ -1,6 +1,5 @@
 //! Opening a log directory: finding the segments, and recovery of the newest one.
 
-use std::fs::OpenOptions;
 use std::path::{Path, PathBuf};
 
 use super::{sync_dir, PartitionLog, RecoveryReport};
@@ -31,11 +30,7 @@ impl PartitionLog {
         let (mut bases, clean) = scan_dir(&dir)?;
         if bases.is_empty() {
             let path = log_path(&dir, 0);
-            OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .open(&path)
-                .map_err(LogError::io("create", &path))?;
+            crate::disk::create_new(&path).map_err(LogError::io("create", &path))?;
             sync_dir(&dir)?;
             bases.push(0);
         }
@@ -130,13 +125,13 @@ impl PartitionLog {
                 self.recovery.damage_cut_at = Some(position);
             }
             self.recovery.bytes_truncated = segment.size_bytes - position;
-            file.set_len(position)
+            crate::disk::set_len(&file, &path, position)
                 .map_err(LogError::io("truncate", &path))?;
             segment.size_bytes = position;
         }
         // What survived a process crash may still be only in the page cache; sync it so
         // that `durable_offset` tells the truth from here on.
-        file.sync_data().map_err(LogError::io("fsync", &path))?;
+        crate::disk::sync_data(&file, &path).map_err(LogError::io("fsync", &path))?;
         segment.end_offset = Some(builder.next_offset);
         segment.max_timestamp = builder.max_timestamp;
         segment.index = Some(builder.index);
@@ -170,7 +165,7 @@ fn scan_dir(dir: &Path) -> Result<(Vec<u64>, bool), LogError> {
             }
             Some((_, FileKind::Temp)) => {
                 let path = entry.path();
-                std::fs::remove_file(&path).map_err(LogError::io("remove", &path))?;
+                crate::disk::remove(&path).map_err(LogError::io("remove", &path))?;
             }
             None => {}
         }
@@ -178,7 +173,7 @@ fn scan_dir(dir: &Path) -> Result<(Vec<u64>, bool), LogError> {
     logs.sort_unstable();
     for (base, path) in indexes {
         if logs.binary_search(&base).is_err() {
-            std::fs::remove_file(&path).map_err(LogError::io("remove", &path))?;
+            crate::disk::remove(&path).map_err(LogError::io("remove", &path))?;
         }
     }
     Ok((logs, clean))

@@ -1,0 +1,303 @@
+//! Every operation that changes the disk, in one place: writes, syncs, creations,
+//! renames, removals and truncations of the log's files and directories.
+//!
+//! Each passes through a hook before it runs. In normal builds the hook is nothing. In
+//! tests it can fail the operation (EIO, ENOSPC: the fault-injection harness) and it
+//! records what was done (the trace the crash-state harness replays under the POSIX
+//! model: unsynced writes lost, torn or zero-filled, unsynced directory entries lost).
+//! The hook is per thread; the [`crate::Syncer`] thread's syncs bypass a test's plan,
+//! so the harnesses sync inline.
+
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+
+/// A kind of disk operation, as the fault plan names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum DiskOp {
+    Write,
+    Sync,
+    SetLen,
+    Create,
+    Remove,
+    Rename,
+    DirSync,
+}
+
+/// Writes `bytes` at `offset` of `file`.
+pub(crate) fn write_at(file: &File, path: &Path, bytes: &[u8], offset: u64) -> std::io::Result<()> {
+    hook::before(DiskOp::Write, path)?;
+    file.write_all_at(bytes, offset)?;
+    hook::wrote(path, offset, bytes);
+    Ok(())
+}
+
+/// Appends `bytes` to the file at `path`, creating it if needed; with `sync`, syncs it.
+pub(crate) fn append(path: &Path, bytes: &[u8], sync: bool) -> std::io::Result<()> {
+    let existed = path.exists();
+    if !existed {
+        hook::before(DiskOp::Create, path)?;
+    }
+    let mut file = OpenOptions::new().create(true).append(true).open(path)?;
+    if !existed {
+        hook::created(path);
+    }
+    if !bytes.is_empty() {
+        hook::before(DiskOp::Write, path)?;
+        let offset = file.metadata()?.len();
+        file.write_all(bytes)?;
+        hook::wrote(path, offset, bytes);
+    }
+    if sync {
+        sync_data(&file, path)?;
+    }
+    Ok(())
+}
+
+/// `fdatasync` of `file`.
+pub(crate) fn sync_data(file: &File, path: &Path) -> std::io::Result<()> {
+    hook::before(DiskOp::Sync, path)?;
+    file.sync_data()?;
+    hook::synced(path);
+    Ok(())
+}
+
+/// Cuts or extends `file` to `len` bytes.
+pub(crate) fn set_len(file: &File, path: &Path, len: u64) -> std::io::Result<()> {
+    hook::before(DiskOp::SetLen, path)?;
+    file.set_len(len)?;
+    hook::set_len(path, len);
+    Ok(())
+}
+
+/// Creates a new file for reading and writing; refuses one that exists.
+pub(crate) fn create_new(path: &Path) -> std::io::Result<File> {
+    hook::before(DiskOp::Create, path)?;
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .open(path)?;
+    hook::created(path);
+    Ok(file)
+}
+
+/// Creates (or empties) a file and writes `bytes` to it, unsynced.
+pub(crate) fn write_file(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    hook::before(DiskOp::Create, path)?;
+    let file = File::create(path)?;
+    hook::created(path);
+    hook::set_len(path, 0);
+    write_at(&file, path, bytes, 0)
+}
+
+/// Removes a file.
+pub(crate) fn remove(path: &Path) -> std::io::Result<()> {
+    hook::before(DiskOp::Remove, path)?;
+    std::fs::remove_file(path)?;
+    hook::removed(path);
+    Ok(())
+}
+
+/// Renames `from` over `to`.
+pub(crate) fn rename(from: &Path, to: &Path) -> std::io::Result<()> {
+    hook::before(DiskOp::Rename, to)?;
+    std::fs::rename(from, to)?;
+    hook::renamed(from, to);
+    Ok(())
+}
+
+/// Creates directory `dir` (its parent must exist).
+pub(crate) fn create_dir(dir: &Path) -> std::io::Result<()> {
+    hook::before(DiskOp::Create, dir)?;
+    std::fs::create_dir(dir)?;
+    hook::made_dir(dir);
+    Ok(())
+}
+
+/// Syncs directory `dir`: its entries' creations, renames and removals become durable.
+pub(crate) fn sync_dir(dir: &Path) -> std::io::Result<()> {
+    hook::before(DiskOp::DirSync, dir)?;
+    File::open(dir)?.sync_all()?;
+    hook::dir_synced(dir);
+    Ok(())
+}
+
+#[cfg(not(test))]
+mod hook {
+    use super::DiskOp;
+    use std::path::Path;
+
+    #[inline(always)]
+    pub(super) fn before(_: DiskOp, _: &Path) -> std::io::Result<()> {
+        Ok(())
+    }
+    #[inline(always)]
+    pub(super) fn wrote(_: &Path, _: u64, _: &[u8]) {}
+    #[inline(always)]
+    pub(super) fn synced(_: &Path) {}
+    #[inline(always)]
+    pub(super) fn set_len(_: &Path, _: u64) {}
+    #[inline(always)]
+    pub(super) fn created(_: &Path) {}
+    #[inline(always)]
+    pub(super) fn removed(_: &Path) {}
+    #[inline(always)]
+    pub(super) fn renamed(_: &Path, _: &Path) {}
+    #[inline(always)]
+    pub(super) fn dir_synced(_: &Path) {}
+    #[inline(always)]
+    pub(super) fn made_dir(_: &Path) {}
+}
+
+#[cfg(test)]
+pub(crate) mod hook {
+    //! The test hook: a plan of which operation fails, and the trace of what ran.
+
+    use super::DiskOp;
+    use std::cell::RefCell;
+    use std::path::{Path, PathBuf};
+
+    /// One operation that reached the disk (the page cache), in order.
+    #[derive(Debug, Clone, PartialEq, Eq)]
+    pub(crate) enum Event {
+        Write {
+            path: PathBuf,
+            offset: u64,
+            bytes: Vec<u8>,
+        },
+        SetLen {
+            path: PathBuf,
+            len: u64,
+        },
+        Sync {
+            path: PathBuf,
+        },
+        Create {
+            path: PathBuf,
+        },
+        Remove {
+            path: PathBuf,
+        },
+        Rename {
+            from: PathBuf,
+            to: PathBuf,
+        },
+        DirSync {
+            dir: PathBuf,
+        },
+        MkDir {
+            dir: PathBuf,
+        },
+    }
+
+    /// What this thread's disk operations do.
+    #[derive(Debug, Default)]
+    pub(crate) struct Plan {
+        /// Operations that passed `before`, counted from 0.
+        pub(crate) seen: u64,
+        /// Fail the operation with this number, with this error.
+        pub(crate) fail_at: Option<(u64, std::io::ErrorKind)>,
+        /// Fail the first operation of this kind on a path ending so.
+        pub(crate) fail_first: Option<(DiskOp, &'static str, std::io::ErrorKind)>,
+        /// Every operation done (when `tracing`).
+        pub(crate) trace: Vec<Event>,
+        pub(crate) tracing: bool,
+        /// Operations failed so far.
+        pub(crate) failed: Vec<(DiskOp, PathBuf)>,
+    }
+
+    thread_local! {
+        static PLAN: RefCell<Option<Plan>> = const { RefCell::new(None) };
+    }
+
+    /// Installs `plan` on this thread until [`take`].
+    pub(crate) fn install(plan: Plan) {
+        PLAN.with(|p| *p.borrow_mut() = Some(plan));
+    }
+
+    /// Removes this thread's plan and returns it.
+    pub(crate) fn take() -> Option<Plan> {
+        PLAN.with(|p| p.borrow_mut().take())
+    }
+
+    pub(super) fn before(op: DiskOp, path: &Path) -> std::io::Result<()> {
+        PLAN.with(|p| {
+            let mut plan = p.borrow_mut();
+            let Some(plan) = plan.as_mut() else {
+                return Ok(());
+            };
+            let number = plan.seen;
+            plan.seen += 1;
+            let numbered = plan.fail_at.filter(|(at, _)| *at == number).map(|f| f.1);
+            let matching = plan
+                .fail_first
+                .filter(|(kind, suffix, _)| *kind == op && path.to_string_lossy().ends_with(suffix))
+                .map(|f| f.2);
+            match numbered.or(matching) {
+                Some(kind) => {
+                    if matching.is_some() {
+                        plan.fail_first = None;
+                    }
+                    plan.failed.push((op, path.to_owned()));
+                    Err(std::io::Error::new(kind, "injected fault"))
+                }
+                None => Ok(()),
+            }
+        })
+    }
+
+    fn record(event: impl FnOnce() -> Event) {
+        PLAN.with(|p| {
+            if let Some(plan) = p.borrow_mut().as_mut().filter(|plan| plan.tracing) {
+                plan.trace.push(event());
+            }
+        });
+    }
+
+    pub(super) fn wrote(path: &Path, offset: u64, bytes: &[u8]) {
+        record(|| Event::Write {
+            path: path.to_owned(),
+            offset,
+            bytes: bytes.to_vec(),
+        });
+    }
+    pub(super) fn synced(path: &Path) {
+        record(|| Event::Sync {
+            path: path.to_owned(),
+        });
+    }
+    pub(super) fn set_len(path: &Path, len: u64) {
+        record(|| Event::SetLen {
+            path: path.to_owned(),
+            len,
+        });
+    }
+    pub(super) fn created(path: &Path) {
+        record(|| Event::Create {
+            path: path.to_owned(),
+        });
+    }
+    pub(super) fn removed(path: &Path) {
+        record(|| Event::Remove {
+            path: path.to_owned(),
+        });
+    }
+    pub(super) fn renamed(from: &Path, to: &Path) {
+        record(|| Event::Rename {
+            from: from.to_owned(),
+            to: to.to_owned(),
+        });
+    }
+    pub(super) fn dir_synced(dir: &Path) {
+        record(|| Event::DirSync {
+            dir: dir.to_owned(),
+        });
+    }
+    pub(super) fn made_dir(dir: &Path) {
+        record(|| Event::MkDir {
+            dir: dir.to_owned(),
+        });
+    }
+}
