@@ -32,6 +32,9 @@ pub struct NodeConfig {
     /// active segment are dropped once written back; 0 leaves the page cache to the
     /// kernel.
     pub cached_tail_bytes: u64,
+    /// What opening a partition does with damage below its recovery point that intact
+    /// batches follow (damage above it, never synced, is always a torn tail).
+    pub recovery: RecoverySetting,
     /// Defaults for new topics.
     pub topic_defaults: TopicDefaults,
 }
@@ -52,6 +55,27 @@ pub struct TopicDefaults {
     pub max_batch_bytes: u32,
     /// Log segment size (bytes).
     pub segment_bytes: u32,
+}
+
+/// The `recovery` setting's values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RecoverySetting {
+    /// Refuse to start, naming the file and byte position.
+    #[default]
+    Strict,
+    /// Cut the partition at the damage and start, logging what was dropped.
+    TruncateAtDamage,
+}
+
+impl RecoverySetting {
+    /// The log's mode.
+    pub fn mode(self) -> braid_storage::RecoveryMode {
+        match self {
+            Self::Strict => braid_storage::RecoveryMode::Strict,
+            Self::TruncateAtDamage => braid_storage::RecoveryMode::TruncateAtDamage,
+        }
+    }
 }
 
 /// The `fsync` setting's values.
@@ -91,6 +115,7 @@ impl Default for NodeConfig {
             shutdown_grace_ms: 10_000,
             write_behind_bytes: braid_storage::WRITE_BEHIND_BYTES_DEFAULT,
             cached_tail_bytes: 0,
+            recovery: RecoverySetting::Strict,
             topic_defaults: TopicDefaults::default(),
         }
     }
@@ -182,6 +207,13 @@ impl NodeConfig {
                 "SHUTDOWN_GRACE_MS" => self.shutdown_grace_ms = parse(&value).map_err(bad)?,
                 "WRITE_BEHIND_BYTES" => self.write_behind_bytes = parse(&value).map_err(bad)?,
                 "CACHED_TAIL_BYTES" => self.cached_tail_bytes = parse(&value).map_err(bad)?,
+                "RECOVERY" => {
+                    self.recovery = match value.as_str() {
+                        "strict" => RecoverySetting::Strict,
+                        "truncate-at-damage" => RecoverySetting::TruncateAtDamage,
+                        _ => return Err(bad("expected strict or truncate-at-damage".into())),
+                    }
+                }
                 "FSYNC" => {
                     self.topic_defaults.fsync = match value.as_str() {
                         "always" => FsyncSetting::Always,
@@ -257,7 +289,7 @@ mod tests {
         let path = dir.path().join("braid.toml");
         std::fs::write(
             &path,
-            "data_dir = \"/var/lib/braid\"\nshards = 3\ncached_tail_bytes = 67108864\n[topic_defaults]\nfsync = \"never\"\n",
+            "data_dir = \"/var/lib/braid\"\nshards = 3\ncached_tail_bytes = 67108864\nrecovery = \"truncate-at-damage\"\n[topic_defaults]\nfsync = \"never\"\n",
         )
         .unwrap();
         let mut config = NodeConfig::from_file(&path).unwrap();
@@ -266,17 +298,20 @@ mod tests {
         assert_eq!(config.client_addr, NodeConfig::default().client_addr);
         assert_eq!(config.cached_tail_bytes, 64 << 20);
         assert_eq!(config.write_behind_bytes, 8 << 20);
+        assert_eq!(config.recovery, RecoverySetting::TruncateAtDamage);
         config
             .apply_env([
                 ("BRAID_WRITE_BEHIND_BYTES".to_owned(), "0".to_owned()),
                 ("BRAID_SHARDS".to_owned(), "2".to_owned()),
                 ("BRAID_FSYNC".to_owned(), "interval".to_owned()),
+                ("BRAID_RECOVERY".to_owned(), "strict".to_owned()),
                 ("HOME".to_owned(), "/root".to_owned()),
             ])
             .unwrap();
         assert_eq!(config.shards, 2);
         assert_eq!(config.write_behind_bytes, 0);
         assert_eq!(config.topic_defaults.fsync, FsyncSetting::Interval);
+        assert_eq!(config.recovery, RecoverySetting::Strict);
         let bad = config.apply_env([("BRAID_SHARDS".to_owned(), "two".to_owned())]);
         assert!(matches!(bad, Err(ConfigError::Env { .. })));
         std::fs::write(&path, "shardz = 3\n").unwrap();

@@ -65,6 +65,7 @@ impl TopicRoute {
             retention_ms: (s.retention_ms > 0).then_some(s.retention_ms),
             write_behind_bytes: node.write_behind_bytes,
             cached_tail_bytes: (node.cached_tail_bytes > 0).then_some(node.cached_tail_bytes),
+            recovery: node.recovery.mode(),
             ..LogConfig::default()
         }
     }

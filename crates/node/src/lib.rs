@@ -30,6 +30,6 @@ mod node;
 mod partition;
 mod shard;
 
-pub use config::{ConfigError, FsyncSetting, NodeConfig, TopicDefaults};
+pub use config::{ConfigError, FsyncSetting, NodeConfig, RecoverySetting, TopicDefaults};
 pub use error::NodeError;
 pub use node::{Node, StartError};

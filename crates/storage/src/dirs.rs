@@ -34,7 +34,13 @@ pub fn create_dir_durable(dir: &Path) -> std::io::Result<()> {
         return Ok(());
     }
     for created in missing.iter().rev() {
-        crate::disk::create_dir(created)?;
+        match crate::disk::create_dir(created) {
+            Ok(()) => {}
+            // Another thread (a shard opening a sibling partition) made it first; its
+            // parent is still synced here, as this caller relies on it.
+            Err(err) if err.kind() == std::io::ErrorKind::AlreadyExists && created.is_dir() => {}
+            Err(err) => return Err(err),
+        }
         if let Some(parent) = created.parent().filter(|p| !p.as_os_str().is_empty()) {
             sync_dir(parent)?;
         }
@@ -53,6 +59,17 @@ mod tests {
         create_dir_durable(&deep).unwrap();
         assert!(deep.is_dir());
         create_dir_durable(&deep).unwrap();
+        // Threads racing to create siblings under one new parent all succeed.
+        let parent = root.path().join("race");
+        let threads: Vec<_> = (0..8)
+            .map(|i| {
+                let dir = parent.join(i.to_string());
+                std::thread::spawn(move || create_dir_durable(&dir))
+            })
+            .collect();
+        for thread in threads {
+            thread.join().unwrap().unwrap();
+        }
         // A file where a directory should be is an error, not a silent success.
         let file = root.path().join("f");
         std::fs::write(&file, b"x").unwrap();

@@ -40,6 +40,7 @@ mod files;
 mod index;
 mod log;
 mod lru;
+mod recovery_point;
 mod segment;
 mod sync;
 mod walk;

@@ -10,6 +10,7 @@ use braid_proto::ValidatedBatch;
 use crate::config::{FsyncPolicy, LogConfig};
 use crate::error::LogError;
 use crate::files::{index_path, log_path, time_index_path, CLEAN_MARKER};
+use crate::recovery_point::RecoveryPoint;
 use crate::segment::{
     find_batch, flush_index, index_batch, load_index, read_batches, truncate_index_files, LogRead,
     MaxTimestamp, Segment,
@@ -50,6 +51,9 @@ pub struct RecoveryReport {
     pub damage_cut_at: Option<u64>,
     /// Index files rebuilt from the log segment.
     pub indexes_rebuilt: u32,
+    /// Where damage with intact batches after it was cut because it lay above the
+    /// recovery point (bytes never synced, which a power cut leaves in any order).
+    pub unsynced_damage_cut_at: Option<u64>,
 }
 
 /// Segments removed by retention.
@@ -101,6 +105,8 @@ pub struct PartitionLog {
     clean_marker: bool,
     poisoned: Option<String>,
     recovery: RecoveryReport,
+    /// How far the newest data is known synced (stored beside the segments).
+    recovery_point: RecoveryPoint,
 }
 
 impl PartitionLog {
@@ -316,6 +322,10 @@ impl PartitionLog {
         // sync would report success: nothing more is written until a reopen.
         let new_file = self.poisoning("sealing a segment", sealed)?;
         self.durable_offset = self.durable_offset.max(base);
+        let _ = self.raise_recovery_point(RecoveryPoint {
+            segment_base: base,
+            position: 0,
+        });
         self.unsynced_since_ms = None;
         // The old active segment's index now counts as a cached sealed one.
         self.sealed_indexes
@@ -505,8 +515,29 @@ impl PartitionLog {
         if let Some(index) = segment.index.as_mut() {
             index.truncate(relative);
         }
-        let cut = crate::disk::set_len(&file, &path, position)
-            .map_err(LogError::io("truncate", &path))
+        // The recovery point may not name bytes that are about to be rewritten: it is
+        // lowered (and stored) before the cut, or the log is poisoned.
+        let base = segment.base_offset;
+        let lowered = RecoveryPoint {
+            segment_base: base,
+            position,
+        };
+        let key = |p: &RecoveryPoint| (p.segment_base, p.position);
+        let recovery_point = if key(&lowered) < key(&self.recovery_point) {
+            lowered
+        } else {
+            self.recovery_point
+        };
+        let cut = recovery_point
+            .store(&dir)
+            .map_err(LogError::io(
+                "write",
+                dir.join(crate::recovery_point::RECOVERY_POINT_FILE),
+            ))
+            .and_then(|()| {
+                crate::disk::set_len(&file, &path, position)
+                    .map_err(LogError::io("truncate", &path))
+            })
             .and_then(|()| {
                 crate::disk::sync_data(&file, &path).map_err(LogError::io("fsync", &path))
             })
@@ -520,6 +551,7 @@ impl PartitionLog {
                 load_index(&dir, segment, &file, interval, false).map(|_| ())
             })
             .and_then(|()| sync_dir(&dir));
+        self.recovery_point = recovery_point;
         self.poisoning("truncating", cut)
     }
 
@@ -582,10 +614,13 @@ impl PartitionLog {
         }
         let active = self.segments.len() - 1;
         let file = self.file_for(active)?;
+        let segment = &self.segments[active];
         Ok(Some(SyncRequest {
             file,
             next_offset: self.next_offset,
             generation: self.generation,
+            segment_base: segment.base_offset,
+            position: segment.size_bytes,
         }))
     }
 
@@ -602,6 +637,12 @@ impl PartitionLog {
                 if self.durable_offset >= self.next_offset {
                     self.unsynced_since_ms = None;
                 }
+                // Advice for the next recovery: failing to store it only makes that
+                // recovery stricter, so it is not an error of the sync.
+                let _ = self.raise_recovery_point(RecoveryPoint {
+                    segment_base: request.segment_base,
+                    position: request.position,
+                });
             }
             Ok(()) => {}
         }
@@ -671,6 +712,14 @@ impl PartitionLog {
         flush_index(&self.dir, &mut self.segments[active], true)?;
         let path = log_path(&self.dir, self.segments[active].base_offset);
         crate::disk::sync_data(&file, &path).map_err(LogError::io("fsync", &path))?;
+        let end = RecoveryPoint {
+            segment_base: self.segments[active].base_offset,
+            position: self.segments[active].size_bytes,
+        };
+        self.raise_recovery_point(end).map_err(LogError::io(
+            "write",
+            self.dir.join(crate::recovery_point::RECOVERY_POINT_FILE),
+        ))?;
         // Only once everything is synced: a marker the next open trusts.
         let marker = self.dir.join(CLEAN_MARKER);
         crate::disk::write_file(&marker, &[])
@@ -690,6 +739,16 @@ impl PartitionLog {
                 .filter_map(|s| s.index.as_ref())
                 .map(|i| i.heap_bytes())
                 .sum::<usize>()
+    }
+
+    /// Moves the recovery point up to `point` (never down) and stores it.
+    fn raise_recovery_point(&mut self, point: RecoveryPoint) -> std::io::Result<()> {
+        let key = |p: &RecoveryPoint| (p.segment_base, p.position);
+        if key(&point) <= key(&self.recovery_point) {
+            return Ok(());
+        }
+        self.recovery_point = point;
+        point.store(&self.dir)
     }
 
     /// Passes `result` through, poisoning the log if it is an error: after a failed

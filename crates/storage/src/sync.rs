@@ -22,6 +22,10 @@ pub struct SyncRequest {
     /// below it durable.
     pub next_offset: u64,
     pub(crate) generation: u64,
+    /// The active segment and its size when the request was made: the recovery point
+    /// the sync proves.
+    pub(crate) segment_base: u64,
+    pub(crate) position: u64,
 }
 
 impl SyncRequest {

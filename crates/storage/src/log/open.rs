@@ -6,6 +6,7 @@ use super::{sync_dir, PartitionLog, RecoveryReport};
 use crate::config::{LogConfig, RecoveryMode};
 use crate::error::LogError;
 use crate::files::{log_path, parse_name, FileKind, CLEAN_MARKER};
+use crate::recovery_point::RecoveryPoint;
 use crate::segment::{rewrite_index_files, IndexBuilder, Segment};
 use crate::walk::{find_intact_batch, Step, Walk};
 
@@ -71,6 +72,7 @@ impl PartitionLog {
                 clean,
                 ..RecoveryReport::default()
             },
+            recovery_point: RecoveryPoint::default(),
         };
         let active = log.segments.len() - 1;
         let trusted = clean && log.ensure_index(active).is_ok();
@@ -82,6 +84,17 @@ impl PartitionLog {
         log.next_offset = newest.end_offset.unwrap_or(newest.base_offset);
         // A clean close synced everything, and recovery syncs what it kept.
         log.durable_offset = log.next_offset;
+        let end = RecoveryPoint {
+            segment_base: newest.base_offset,
+            position: newest.size_bytes,
+        };
+        if RecoveryPoint::load(&log.dir) != Some(end) {
+            end.store(&log.dir).map_err(LogError::io(
+                "write",
+                log.dir.join(crate::recovery_point::RECOVERY_POINT_FILE),
+            ))?;
+        }
+        log.recovery_point = end;
         Ok(log)
     }
 
@@ -111,10 +124,23 @@ impl PartitionLog {
         };
         self.recovery.bytes_scanned = valid_end;
         if let Some((position, corruption)) = damage {
+            // Bytes at or above the recovery point were never known synced: after a
+            // power cut they may have reached the disk in any order, so damage there
+            // is a torn tail whatever follows it. Without a point (a log from before
+            // points existed) nothing is assumed.
+            let unsynced = match RecoveryPoint::load(&self.dir) {
+                Some(point) if point.segment_base == segment.base_offset => {
+                    position >= point.position
+                }
+                Some(point) => point.segment_base < segment.base_offset,
+                None => false,
+            };
             let intact_after =
                 find_intact_batch(&file, position + 1, segment.size_bytes, builder.next_offset)
                     .map_err(LogError::io("read", &path))?;
-            if intact_after.is_some() {
+            if intact_after.is_some() && unsynced {
+                self.recovery.unsynced_damage_cut_at = Some(position);
+            } else if intact_after.is_some() {
                 if self.config.recovery == RecoveryMode::Strict {
                     return Err(LogError::Corrupt {
                         path,
