@@ -83,6 +83,24 @@ pub(crate) fn create_new(path: &Path) -> std::io::Result<File> {
     Ok(file)
 }
 
+/// Opens the file at `path` for writing, creating it if needed; says whether it did.
+pub(crate) fn open_or_create(path: &Path) -> std::io::Result<(File, bool)> {
+    match OpenOptions::new().write(true).open(path) {
+        Ok(file) => Ok((file, false)),
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => {
+            hook::before(DiskOp::Create, path)?;
+            let file = OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .open(path)?;
+            hook::created(path);
+            Ok((file, true))
+        }
+        Err(err) => Err(err),
+    }
+}
+
 /// Creates (or empties) a file and writes `bytes` to it, unsynced.
 pub(crate) fn write_file(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     hook::before(DiskOp::Create, path)?;

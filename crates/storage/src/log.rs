@@ -617,6 +617,7 @@ impl PartitionLog {
         let segment = &self.segments[active];
         Ok(Some(SyncRequest {
             file,
+            path: Arc::from(log_path(&self.dir, segment.base_offset).as_path()),
             next_offset: self.next_offset,
             generation: self.generation,
             segment_base: segment.base_offset,
@@ -923,3 +924,6 @@ mod tests;
 
 #[cfg(test)]
 mod fault_tests;
+
+#[cfg(test)]
+mod crash_tests;

@@ -13,7 +13,6 @@
 //! commit would halve its rate). After a power cut it may therefore lag the last
 //! synced byte, never lead it: it is written only once the data it names is synced.
 
-use std::fs::{File, OpenOptions};
 use std::path::{Path, PathBuf};
 
 /// File name of the recovery point in a partition directory.
@@ -74,14 +73,9 @@ impl RecoveryPoint {
     /// The file could not be opened or written.
     pub(crate) fn store(self, dir: &Path) -> std::io::Result<()> {
         let path = Self::path(dir);
-        let existed = path.exists();
-        let file: File = OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&path)?;
+        let (file, created) = crate::disk::open_or_create(&path)?;
         crate::disk::write_at(&file, &path, &self.encode(), 0)?;
-        if !existed {
+        if created {
             // Its name, once, so that a later power cut cannot lose the whole file.
             crate::disk::sync_data(&file, &path)?;
             crate::disk::sync_dir(dir)?;

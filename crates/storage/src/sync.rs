@@ -18,6 +18,8 @@ use std::thread::JoinHandle;
 #[derive(Debug, Clone)]
 pub struct SyncRequest {
     pub(crate) file: Arc<File>,
+    /// The file's path, for errors and the test harnesses' trace.
+    pub(crate) path: Arc<std::path::Path>,
     /// The log's next offset when the request was made: the sync makes every offset
     /// below it durable.
     pub next_offset: u64,
@@ -34,7 +36,7 @@ impl SyncRequest {
     /// # Errors
     /// The `fdatasync` failure.
     pub fn run(&self) -> Result<(), SyncError> {
-        self.file.sync_data().map_err(SyncError::from)
+        crate::disk::sync_data(&self.file, &self.path).map_err(SyncError::from)
     }
 }
 
@@ -178,7 +180,7 @@ fn run(receiver: &mpsc::Receiver<Job>, stats: &SyncerStats) {
         let mut jobs = round.drain(..).peekable();
         while let Some(job) = jobs.next() {
             let file = Arc::clone(&job.request.file);
-            let result = file.sync_data().map_err(SyncError::from);
+            let result = job.request.run();
             stats.fsyncs.fetch_add(1, Ordering::Relaxed);
             let mut group = vec![job];
             while let Some(next) = jobs.next_if(|j| Arc::ptr_eq(&j.request.file, &file)) {
