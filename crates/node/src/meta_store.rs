@@ -18,9 +18,10 @@
 //! until the node is restarted, since what reached the disk is unknown and appending
 //! after it could log an op twice.
 
-use std::fs::{File, OpenOptions};
-use std::io::Write;
+use std::fs::File;
 use std::path::{Path, PathBuf};
+
+use braid_storage::disk;
 
 use crate::metadata::{MetaError, MetaOp, Metadata};
 
@@ -165,7 +166,7 @@ impl MetaStore {
         };
         // A snapshot that never reached its rename is garbage.
         let temp = dir.join(format!("{SNAPSHOT_FILE}.tmp"));
-        match std::fs::remove_file(&temp) {
+        match disk::remove(&temp) {
             Ok(()) => {}
             Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
             Err(err) => return Err(io("remove", &temp)(err)),
@@ -215,43 +216,27 @@ impl MetaStore {
                 .map_err(|e| corrupt(format!("logged op refused on replay: {e}")))?;
             seq = record_seq;
         }
-        let ops = OpenOptions::new()
-            .create(true)
-            .write(true)
-            .truncate(false)
-            .open(&ops_path)
-            .map_err(io("open", &ops_path))?;
+        let (ops, _) = disk::open_or_create(&ops_path).map_err(io("open", &ops_path))?;
         let kept = (base + at) as u64;
         if created {
             // A new log: its magic, synced, and its name made durable in the directory.
-            (&ops)
-                .write_all(OPS_MAGIC)
+            disk::set_len(&ops, &ops_path, 0)
+                .and_then(|()| disk::write_at(&ops, &ops_path, OPS_MAGIC, 0))
                 .map_err(io("write", &ops_path))?;
-            ops.sync_all().map_err(io("fsync", &ops_path))?;
+            disk::sync_data(&ops, &ops_path).map_err(io("fsync", &ops_path))?;
             braid_storage::sync_dir(&dir).map_err(io("fsync", &dir))?;
         } else if kept < bytes.len() as u64 {
-            ops.set_len(kept).map_err(io("truncate", &ops_path))?;
-            ops.sync_all().map_err(io("fsync", &ops_path))?;
+            disk::set_len(&ops, &ops_path, kept).map_err(io("truncate", &ops_path))?;
+            disk::sync_data(&ops, &ops_path).map_err(io("fsync", &ops_path))?;
         }
-        let mut store = Self {
+        Ok(Self {
             dir,
             ops,
             ops_bytes: if created { base as u64 } else { kept },
             seq,
             state,
             poisoned: None,
-        };
-        store.seek_end()?;
-        Ok(store)
-    }
-
-    fn seek_end(&mut self) -> Result<(), StoreError> {
-        use std::io::Seek;
-        let path = self.dir.join(OPS_FILE);
-        self.ops
-            .seek(std::io::SeekFrom::Start(self.ops_bytes))
-            .map_err(io("seek", &path))?;
-        Ok(())
+        })
     }
 
     /// The current metadata.
@@ -291,10 +276,10 @@ impl MetaStore {
         op.encode(&mut payload);
         let bytes = record(self.seq + 1, &payload);
         let path = self.dir.join(OPS_FILE);
-        if let Err(err) = self.ops.write_all(&bytes) {
+        if let Err(err) = disk::write_at(&self.ops, &path, &bytes, self.ops_bytes) {
             return Err(self.poison("write of ops.log", io("write", &path)(err)));
         }
-        if let Err(err) = self.ops.sync_data() {
+        if let Err(err) = disk::sync_data(&self.ops, &path) {
             return Err(self.poison("fsync of ops.log", io("fsync", &path)(err)));
         }
         self.ops_bytes += bytes.len() as u64;
@@ -318,16 +303,16 @@ impl MetaStore {
         self.state.encode(&mut payload);
         let temp = self.dir.join(format!("{SNAPSHOT_FILE}.tmp"));
         let write_temp = || -> Result<(), StoreError> {
-            let mut file = File::create(&temp).map_err(io("create", &temp))?;
-            file.write_all(SNAPSHOT_MAGIC)
-                .and_then(|()| file.write_all(&record(self.seq, &payload)))
-                .map_err(io("write", &temp))?;
-            file.sync_all().map_err(io("fsync", &temp))
+            let mut bytes = SNAPSHOT_MAGIC.to_vec();
+            bytes.extend_from_slice(&record(self.seq, &payload));
+            disk::write_file(&temp, &bytes).map_err(io("write", &temp))?;
+            let file = File::open(&temp).map_err(io("open", &temp))?;
+            disk::sync_data(&file, &temp).map_err(io("fsync", &temp))
         };
         // On failure the temporary file is removed on the next open; nothing changed.
         write_temp()?;
         let path = self.dir.join(SNAPSHOT_FILE);
-        if let Err(err) = std::fs::rename(&temp, &path) {
+        if let Err(err) = disk::rename(&temp, &path) {
             return Err(self.poison("rename of the snapshot", io("rename", &path)(err)));
         }
         if let Err(err) = braid_storage::sync_dir(&self.dir) {
@@ -338,11 +323,13 @@ impl MetaStore {
         }
         let ops_path = self.dir.join(OPS_FILE);
         let base = OPS_MAGIC.len() as u64;
-        if let Err(err) = self.ops.set_len(base).and_then(|()| self.ops.sync_all()) {
+        let cut = disk::set_len(&self.ops, &ops_path, base)
+            .and_then(|()| disk::sync_data(&self.ops, &ops_path));
+        if let Err(err) = cut {
             return Err(self.poison("truncation of ops.log", io("truncate", &ops_path)(err)));
         }
         self.ops_bytes = base;
-        self.seek_end()
+        Ok(())
     }
 
     /// Replaces the log's file with one opened read-only, so the next write fails as a
@@ -541,5 +528,148 @@ mod tests {
         let err = MetaStore::open(dir.path()).unwrap_err();
         assert!(matches!(err, StoreError::Format { .. }), "{err:?}");
         assert!(err.to_string().contains("older Braid"), "{err}");
+    }
+
+    /// The ops of a metadata workload: streams and topics created and deleted.
+    fn workload_ops(count: usize) -> Vec<MetaOp> {
+        let mut ops = Vec::new();
+        for i in 0..count {
+            ops.push(match i % 4 {
+                0 => MetaOp::CreateStream {
+                    name: format!("s{i}"),
+                },
+                1 | 2 => MetaOp::CreateTopic {
+                    stream: format!("s{}", i - i % 4),
+                    name: format!("t{i}"),
+                    settings: TopicSettings {
+                        partitions: 1,
+                        ..TopicSettings::default()
+                    },
+                },
+                _ => MetaOp::DeleteTopic {
+                    stream: format!("s{}", i - i % 4),
+                    name: format!("t{}", i - 1),
+                },
+            });
+        }
+        ops
+    }
+
+    /// The state after each prefix of `ops`.
+    fn states_after(ops: &[MetaOp]) -> Vec<Metadata> {
+        let mut state = Metadata::default();
+        let mut states = vec![state.clone()];
+        for op in ops {
+            state.apply(op).unwrap();
+            states.push(state.clone());
+        }
+        states
+    }
+
+    /// Applies `ops` to a store in `dir`, a snapshot every fifth op, until an error;
+    /// returns how many were acknowledged and, for each, the trace length then.
+    fn run_ops(dir: &Path, ops: &[MetaOp], trace_len: &dyn Fn() -> usize) -> Vec<usize> {
+        let mut acked = Vec::new();
+        let Ok(mut store) = MetaStore::open(dir) else {
+            return acked;
+        };
+        for (i, op) in ops.iter().enumerate() {
+            if store.apply(op).is_err() {
+                break;
+            }
+            acked.push(trace_len());
+            if i % 5 == 4 && store.snapshot().is_err() {
+                break;
+            }
+        }
+        acked
+    }
+
+    /// The store opened from `dir` holds a prefix of the ops at least `acked` long.
+    fn check_reopened(dir: &Path, states: &[Metadata], acked: usize, context: &str) {
+        let store =
+            MetaStore::open(dir).unwrap_or_else(|err| panic!("{context}: refused to open: {err}"));
+        let seq = store.seq() as usize;
+        assert!(
+            seq >= acked,
+            "{context}: {acked} ops acknowledged, {seq} kept"
+        );
+        assert_eq!(
+            store.state(),
+            &states[seq],
+            "{context}: the state of op {seq}"
+        );
+    }
+
+    /// Every state a power cut may leave at every sync boundary of a workload that
+    /// logs and snapshots (the harness of `braid_storage::crash`) opens with every
+    /// acknowledged op and nothing that is not a prefix of the ops.
+    #[test]
+    fn every_crash_state_keeps_the_acknowledged_ops() {
+        use braid_storage::disk::hook::{self, Plan};
+        let ops = workload_ops(24);
+        let states = states_after(&ops);
+        let root = tempfile::tempdir().unwrap();
+        hook::install(Plan {
+            tracing: true,
+            ..Plan::default()
+        });
+        let trace_len = || {
+            hook::take().map_or(0, |plan| {
+                let len = plan.trace.len();
+                hook::install(plan);
+                len
+            })
+        };
+        let acks = run_ops(&root.path().join("metadata"), &ops, &trace_len);
+        assert_eq!(acks.len(), ops.len());
+        let trace = hook::take().unwrap().trace;
+        let checked =
+            braid_storage::crash::for_each_crash_state(&trace, root.path(), |at, state, dir| {
+                let acked = acks.iter().filter(|&&events| events <= at).count();
+                let metadata = dir.join("metadata");
+                if !metadata.is_dir() {
+                    assert_eq!(acked, 0, "cut at {at}, {state}: the directory is gone");
+                    return;
+                }
+                check_reopened(&metadata, &states, acked, &format!("cut at {at}, {state}"));
+            });
+        assert!(checked > 100, "{checked} crash states");
+    }
+
+    /// Each disk operation of the workload failed in turn (EIO, then ENOSPC): the
+    /// failing call errors, later writes are refused, and a reopen (page cache kept)
+    /// holds every acknowledged op and a prefix of the ops.
+    #[test]
+    fn every_failed_disk_operation_keeps_the_acknowledged_ops() {
+        use braid_storage::disk::hook::{self, Plan};
+        let ops = workload_ops(12);
+        let states = states_after(&ops);
+        let root = tempfile::tempdir().unwrap();
+        hook::install(Plan::default());
+        run_ops(&root.path().join("metadata"), &ops, &|| 0);
+        let operations = hook::take().unwrap().seen;
+        for kind in [std::io::ErrorKind::Other, std::io::ErrorKind::StorageFull] {
+            for at in 0..operations {
+                let root = tempfile::tempdir().unwrap();
+                let dir = root.path().join("metadata");
+                hook::install(Plan {
+                    fail_at: Some((at, kind)),
+                    ..Plan::default()
+                });
+                let acked = run_ops(&dir, &ops, &|| 0).len();
+                drop(hook::take());
+                if !dir.is_dir() {
+                    assert_eq!(acked, 0);
+                    continue;
+                }
+                check_reopened(
+                    &dir,
+                    &states,
+                    acked,
+                    &format!("operation {at} failed with {kind:?}"),
+                );
+            }
+        }
     }
 }

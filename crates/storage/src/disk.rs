@@ -15,18 +15,25 @@ use std::path::Path;
 
 /// A kind of disk operation, as the fault plan names it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub(crate) enum DiskOp {
+pub enum DiskOp {
+    /// A write of file bytes.
     Write,
+    /// An `fdatasync` of a file.
     Sync,
+    /// A truncation or extension of a file.
     SetLen,
+    /// A creation of a file or directory.
     Create,
+    /// A removal of a file.
     Remove,
+    /// A rename.
     Rename,
+    /// An `fsync` of a directory.
     DirSync,
 }
 
 /// Writes `bytes` at `offset` of `file`.
-pub(crate) fn write_at(file: &File, path: &Path, bytes: &[u8], offset: u64) -> std::io::Result<()> {
+pub fn write_at(file: &File, path: &Path, bytes: &[u8], offset: u64) -> std::io::Result<()> {
     hook::before(DiskOp::Write, path)?;
     file.write_all_at(bytes, offset)?;
     hook::wrote(path, offset, bytes);
@@ -34,7 +41,7 @@ pub(crate) fn write_at(file: &File, path: &Path, bytes: &[u8], offset: u64) -> s
 }
 
 /// Appends `bytes` to the file at `path`, creating it if needed; with `sync`, syncs it.
-pub(crate) fn append(path: &Path, bytes: &[u8], sync: bool) -> std::io::Result<()> {
+pub fn append(path: &Path, bytes: &[u8], sync: bool) -> std::io::Result<()> {
     let existed = path.exists();
     if !existed {
         hook::before(DiskOp::Create, path)?;
@@ -56,7 +63,7 @@ pub(crate) fn append(path: &Path, bytes: &[u8], sync: bool) -> std::io::Result<(
 }
 
 /// `fdatasync` of `file`.
-pub(crate) fn sync_data(file: &File, path: &Path) -> std::io::Result<()> {
+pub fn sync_data(file: &File, path: &Path) -> std::io::Result<()> {
     hook::before(DiskOp::Sync, path)?;
     file.sync_data()?;
     hook::synced(path);
@@ -64,7 +71,7 @@ pub(crate) fn sync_data(file: &File, path: &Path) -> std::io::Result<()> {
 }
 
 /// Cuts or extends `file` to `len` bytes.
-pub(crate) fn set_len(file: &File, path: &Path, len: u64) -> std::io::Result<()> {
+pub fn set_len(file: &File, path: &Path, len: u64) -> std::io::Result<()> {
     hook::before(DiskOp::SetLen, path)?;
     file.set_len(len)?;
     hook::set_len(path, len);
@@ -72,7 +79,7 @@ pub(crate) fn set_len(file: &File, path: &Path, len: u64) -> std::io::Result<()>
 }
 
 /// Creates a new file for reading and writing; refuses one that exists.
-pub(crate) fn create_new(path: &Path) -> std::io::Result<File> {
+pub fn create_new(path: &Path) -> std::io::Result<File> {
     hook::before(DiskOp::Create, path)?;
     let file = OpenOptions::new()
         .read(true)
@@ -84,7 +91,7 @@ pub(crate) fn create_new(path: &Path) -> std::io::Result<File> {
 }
 
 /// Opens the file at `path` for writing, creating it if needed; says whether it did.
-pub(crate) fn open_or_create(path: &Path) -> std::io::Result<(File, bool)> {
+pub fn open_or_create(path: &Path) -> std::io::Result<(File, bool)> {
     match OpenOptions::new().write(true).open(path) {
         Ok(file) => Ok((file, false)),
         Err(err) if err.kind() == std::io::ErrorKind::NotFound => {
@@ -102,7 +109,7 @@ pub(crate) fn open_or_create(path: &Path) -> std::io::Result<(File, bool)> {
 }
 
 /// Creates (or empties) a file and writes `bytes` to it, unsynced.
-pub(crate) fn write_file(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+pub fn write_file(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     hook::before(DiskOp::Create, path)?;
     let file = File::create(path)?;
     hook::created(path);
@@ -111,7 +118,7 @@ pub(crate) fn write_file(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
 }
 
 /// Removes a file.
-pub(crate) fn remove(path: &Path) -> std::io::Result<()> {
+pub fn remove(path: &Path) -> std::io::Result<()> {
     hook::before(DiskOp::Remove, path)?;
     std::fs::remove_file(path)?;
     hook::removed(path);
@@ -119,7 +126,7 @@ pub(crate) fn remove(path: &Path) -> std::io::Result<()> {
 }
 
 /// Renames `from` over `to`.
-pub(crate) fn rename(from: &Path, to: &Path) -> std::io::Result<()> {
+pub fn rename(from: &Path, to: &Path) -> std::io::Result<()> {
     hook::before(DiskOp::Rename, to)?;
     std::fs::rename(from, to)?;
     hook::renamed(from, to);
@@ -127,7 +134,7 @@ pub(crate) fn rename(from: &Path, to: &Path) -> std::io::Result<()> {
 }
 
 /// Creates directory `dir` (its parent must exist).
-pub(crate) fn create_dir(dir: &Path) -> std::io::Result<()> {
+pub fn create_dir(dir: &Path) -> std::io::Result<()> {
     hook::before(DiskOp::Create, dir)?;
     std::fs::create_dir(dir)?;
     hook::made_dir(dir);
@@ -135,14 +142,14 @@ pub(crate) fn create_dir(dir: &Path) -> std::io::Result<()> {
 }
 
 /// Syncs directory `dir`: its entries' creations, renames and removals become durable.
-pub(crate) fn sync_dir(dir: &Path) -> std::io::Result<()> {
+pub fn sync_dir(dir: &Path) -> std::io::Result<()> {
     hook::before(DiskOp::DirSync, dir)?;
     File::open(dir)?.sync_all()?;
     hook::dir_synced(dir);
     Ok(())
 }
 
-#[cfg(not(test))]
+#[cfg(not(any(test, feature = "fault-injection")))]
 mod hook {
     use super::DiskOp;
     use std::path::Path;
@@ -169,8 +176,8 @@ mod hook {
     pub(super) fn made_dir(_: &Path) {}
 }
 
-#[cfg(test)]
-pub(crate) mod hook {
+#[cfg(any(test, feature = "fault-injection"))]
+pub mod hook {
     //! The test hook: a plan of which operation fails, and the trace of what ran.
 
     use super::DiskOp;
@@ -179,64 +186,59 @@ pub(crate) mod hook {
 
     /// One operation that reached the disk (the page cache), in order.
     #[derive(Debug, Clone, PartialEq, Eq)]
-    pub(crate) enum Event {
+    #[allow(missing_docs)] // the fields are what their names say
+    pub enum Event {
+        /// `bytes` written at `offset`.
         Write {
             path: PathBuf,
             offset: u64,
             bytes: Vec<u8>,
         },
-        SetLen {
-            path: PathBuf,
-            len: u64,
-        },
-        Sync {
-            path: PathBuf,
-        },
-        Create {
-            path: PathBuf,
-        },
-        Remove {
-            path: PathBuf,
-        },
-        Rename {
-            from: PathBuf,
-            to: PathBuf,
-        },
-        DirSync {
-            dir: PathBuf,
-        },
-        MkDir {
-            dir: PathBuf,
-        },
+        /// The file cut or extended to `len`.
+        SetLen { path: PathBuf, len: u64 },
+        /// The file's `fdatasync`.
+        Sync { path: PathBuf },
+        /// A file created.
+        Create { path: PathBuf },
+        /// A file removed.
+        Remove { path: PathBuf },
+        /// A rename.
+        Rename { from: PathBuf, to: PathBuf },
+        /// A directory's `fsync`.
+        DirSync { dir: PathBuf },
+        /// A directory created.
+        MkDir { dir: PathBuf },
     }
 
     /// What this thread's disk operations do.
     #[derive(Debug, Default)]
-    pub(crate) struct Plan {
+    pub struct Plan {
         /// Operations that passed `before`, counted from 0.
-        pub(crate) seen: u64,
+        pub seen: u64,
         /// Fail the operation with this number, with this error.
-        pub(crate) fail_at: Option<(u64, std::io::ErrorKind)>,
+        pub fail_at: Option<(u64, std::io::ErrorKind)>,
         /// Fail the first operation of this kind on a path ending so.
-        pub(crate) fail_first: Option<(DiskOp, &'static str, std::io::ErrorKind)>,
+        pub fail_first: Option<(DiskOp, &'static str, std::io::ErrorKind)>,
         /// Every operation done (when `tracing`).
-        pub(crate) trace: Vec<Event>,
-        pub(crate) tracing: bool,
+        pub trace: Vec<Event>,
+        /// Record every operation in `trace`.
+        pub tracing: bool,
         /// Operations failed so far.
-        pub(crate) failed: Vec<(DiskOp, PathBuf)>,
+        pub failed: Vec<(DiskOp, PathBuf)>,
     }
 
     thread_local! {
         static PLAN: RefCell<Option<Plan>> = const { RefCell::new(None) };
     }
 
-    /// Installs `plan` on this thread until [`take`].
-    pub(crate) fn install(plan: Plan) {
+    /// Installs `plan` on this thread until [`take`]: from then on this thread's disk
+    /// operations are counted, failed as it says, and traced if it asks.
+    pub fn install(plan: Plan) {
         PLAN.with(|p| *p.borrow_mut() = Some(plan));
     }
 
     /// Removes this thread's plan and returns it.
-    pub(crate) fn take() -> Option<Plan> {
+    pub fn take() -> Option<Plan> {
         PLAN.with(|p| p.borrow_mut().take())
     }
 

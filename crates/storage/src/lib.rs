@@ -33,8 +33,10 @@
 //! ```
 
 mod config;
+#[cfg(any(test, feature = "fault-injection"))]
+pub mod crash;
 mod dirs;
-mod disk;
+pub mod disk;
 mod error;
 mod files;
 mod index;
