@@ -206,6 +206,18 @@ fn every_fault_of(seed: u64, kind: ErrorKind) -> usize {
         for (i, (offset, _)) in found.iter().enumerate() {
             assert_eq!(*offset, start + i as u64, "{context}: a hole");
         }
+        // And the reopened log takes writes again (a segment file left by a failed
+        // roll must not make every later roll fail).
+        let next = reopened.next_offset();
+        for value in 0..30 {
+            let appended = reopened
+                .append(batch(value), 9_000)
+                .unwrap_or_else(|err| panic!("{context}: append after reopen: {err}"));
+            assert_eq!(appended.base_offset, next + u64::from(value));
+        }
+        reopened
+            .sync()
+            .unwrap_or_else(|err| panic!("{context}: sync after reopen: {err}"));
     }
     operations as usize
 }
