@@ -20,6 +20,7 @@ pub(crate) struct ShardMetrics {
     pub(crate) partitions: AtomicU64,
     pub(crate) fsyncs_requested: AtomicU64,
     pub(crate) frames_refused: AtomicU64,
+    pub(crate) partitions_poisoned: AtomicU64,
 }
 
 impl Default for ShardMetrics {
@@ -36,6 +37,7 @@ impl Default for ShardMetrics {
             partitions: AtomicU64::new(0),
             fsyncs_requested: AtomicU64::new(0),
             frames_refused: AtomicU64::new(0),
+            partitions_poisoned: AtomicU64::new(0),
         }
     }
 }
@@ -105,6 +107,12 @@ pub(crate) fn render(shards: &[Arc<ShardMetrics>]) -> String {
         "gauge",
         "Partitions open on this node.",
         sum(&|s| &s.partitions),
+    );
+    metric(
+        "braid_partitions_poisoned_total",
+        "counter",
+        "Partitions that refused writes after a failed disk operation (until restart).",
+        sum(&|s| &s.partitions_poisoned),
     );
     metric(
         "braid_fsync_requests_total",

@@ -33,6 +33,8 @@ pub(crate) struct Partition {
     sync_in_flight: bool,
     fetch_waiters: Vec<oneshot::Sender<()>>,
     sealed: bool,
+    /// The log's poisoning was counted and logged.
+    poison_reported: bool,
 }
 
 impl std::fmt::Debug for Partition {
@@ -67,7 +69,19 @@ impl Partition {
             sync_in_flight: false,
             fetch_waiters: Vec::new(),
             sealed: false,
+            poison_reported: false,
         }
+    }
+
+    /// Why the log refuses writes, the first time this is asked after it began to
+    /// (a failed disk step poisons it until the node restarts); `None` otherwise.
+    pub(crate) fn newly_poisoned(&mut self) -> Option<String> {
+        if self.poison_reported {
+            return None;
+        }
+        let reason = self.log.poisoned()?.to_owned();
+        self.poison_reported = true;
+        Some(reason)
     }
 
     pub(crate) fn log_mut(&mut self) -> &mut PartitionLog {
@@ -245,5 +259,52 @@ impl Partition {
             "node is shutting down",
         ));
         self.log.close()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use braid_storage::disk::hook::{self, Plan};
+    use braid_storage::disk::DiskOp;
+    use braid_storage::LogConfig;
+
+    fn batch() -> ValidatedBatch {
+        let mut builder = braid_proto::BatchBuilder::new(1_000);
+        builder.push(Some(b"k"), Some(b"v"), &[], 1_000);
+        ValidatedBatch::new(builder.finish()).unwrap()
+    }
+
+    /// A failed group-commit sync fails the waiting produce, poisons the partition, is
+    /// reported once, and the next produce is refused, never acknowledged.
+    #[test]
+    fn a_failed_sync_fails_the_produce_and_is_reported_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = LogConfig {
+            fsync: FsyncPolicy::Always,
+            ..LogConfig::default()
+        };
+        let mut partition = Partition::new(PartitionLog::open(dir.path(), config, 0).unwrap());
+        let (reply, mut answer) = oneshot::channel();
+        let request = partition.propose(batch(), 0, reply).unwrap();
+        hook::install(Plan {
+            fail_first: Some((DiskOp::Sync, ".log", std::io::ErrorKind::Other)),
+            ..Plan::default()
+        });
+        let result = request.run();
+        drop(hook::take());
+        assert!(result.is_err());
+        assert!(partition.on_synced(&request, result).is_none());
+        let refused = answer.try_recv().unwrap().unwrap_err();
+        assert_eq!(refused.code, ErrorCode::StorageError);
+        assert!(partition.newly_poisoned().is_some(), "reported");
+        assert!(partition.newly_poisoned().is_none(), "only once");
+        let (reply, mut answer) = oneshot::channel();
+        assert!(partition.propose(batch(), 0, reply).is_none());
+        assert!(
+            answer.try_recv().unwrap().is_err(),
+            "refused, not acknowledged"
+        );
+        assert_eq!(partition.high_watermark(), 0);
     }
 }

@@ -212,7 +212,22 @@ impl Shard {
                 if let Err(err) = partition.log_mut().release_files() {
                     tracing::warn!(%err, "releasing an idle partition's files");
                 }
+                let poisoned = partition.newly_poisoned();
+                self.report_poisoned(evicted, poisoned);
             }
+        }
+    }
+
+    /// Counts and logs, once, a partition whose log began to refuse writes.
+    fn report_poisoned(&self, key: PartitionKey, reason: Option<String>) {
+        if let Some(reason) = reason {
+            add(&self.metrics().partitions_poisoned, 1);
+            tracing::error!(
+                topic = key.topic_id,
+                partition = key.partition,
+                %reason,
+                "partition refuses writes after a failed disk operation; fix the disk and restart the node"
+            );
         }
     }
 
@@ -246,6 +261,8 @@ impl Shard {
                     braid_storage::FsyncPolicy::Interval { .. }
                 );
                 let sync = partition.propose(batch, now_ms(), reply);
+                let poisoned = partition.newly_poisoned();
+                self.report_poisoned(key, poisoned);
                 if interval {
                     self.dirty.insert(key);
                 }
@@ -350,7 +367,10 @@ impl Shard {
                 result,
             } => {
                 if let Some(partition) = self.partitions.get_mut(&key) {
-                    if let Some(next) = partition.on_synced(&request, result) {
+                    let next = partition.on_synced(&request, result);
+                    let poisoned = partition.newly_poisoned();
+                    self.report_poisoned(key, poisoned);
+                    if let Some(next) = next {
                         self.submit_sync(key, next);
                     }
                 }
@@ -404,7 +424,10 @@ impl Shard {
         for key in keys {
             self.touch(key);
             if let Some(partition) = self.partitions.get_mut(&key) {
-                match partition.log_mut().apply_retention(now) {
+                let outcome = partition.log_mut().apply_retention(now);
+                let poisoned = partition.newly_poisoned();
+                self.report_poisoned(key, poisoned);
+                match outcome {
                     Ok(outcome) if outcome.segments_deleted > 0 => {
                         tracing::info!(
                             topic = key.topic_id,
