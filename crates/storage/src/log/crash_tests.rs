@@ -10,8 +10,9 @@
 //!   removals since then lost), or all of them.
 //!
 //! Every state must open under `strict` recovery and hold every record acknowledged
-//! before the cut (under `fsync = always`, after a sync returned) at its offset, with
-//! offsets dense from the start. CI runs a few workloads; `STORAGE_CRASH_ROUNDS=N`
+//! before the cut at its offset, with offsets dense from the start: under `fsync =
+//! always`, what a sync covered; under `never`, what sealed segments hold (sealing
+//! syncs). CI runs a few workloads; `STORAGE_CRASH_ROUNDS=N`
 //! (`scripts/storage-crash-states.sh`) runs N.
 
 use std::path::Path;
@@ -21,14 +22,14 @@ use crate::config::{FsyncPolicy, LogConfig};
 use crate::disk::hook::{self, Event, Plan};
 use braid_proto::{BatchBuilder, RecordBatch, ValidatedBatch};
 
-fn config() -> LogConfig {
+fn config(fsync: FsyncPolicy) -> LogConfig {
     LogConfig {
         segment_bytes_max: 1024,
         index_interval_bytes: 128,
         segment_age_ms_max: None,
         retention_ms: None,
         retention_bytes: Some(1024),
-        fsync: FsyncPolicy::Always,
+        fsync,
         ..LogConfig::default()
     }
 }
@@ -52,7 +53,9 @@ struct Ack {
 }
 
 /// Runs a workload on `dir/p` with tracing; returns the trace and the acks.
-fn traced_workload(root: &Path, seed: u64) -> (Vec<Event>, Vec<Ack>) {
+/// Under `Always` the workload syncs now and then; under `Never` it never does, and
+/// only sealing a segment (which syncs it) makes records durable.
+fn traced_workload(root: &Path, seed: u64, fsync: FsyncPolicy) -> (Vec<Event>, Vec<Ack>) {
     hook::install(Plan {
         tracing: true,
         ..Plan::default()
@@ -71,7 +74,8 @@ fn traced_workload(root: &Path, seed: u64) -> (Vec<Event>, Vec<Ack>) {
         state ^= state << 17;
         state % n.max(1)
     };
-    let mut log = PartitionLog::open(root.join("p"), config(), 1_000).unwrap();
+    let mut log = PartitionLog::open(root.join("p"), config(fsync), 1_000).unwrap();
+    let syncs = fsync == FsyncPolicy::Always;
     let mut values: Vec<u32> = Vec::new();
     let mut bases: Vec<u64> = Vec::new();
     let mut acks = vec![Ack {
@@ -88,14 +92,7 @@ fn traced_workload(root: &Path, seed: u64) -> (Vec<Event>, Vec<Ack>) {
                 bases.push(appended.base_offset);
                 values.extend(std::iter::repeat_n(value, records));
             }
-            12..=15 => {
-                log.sync().unwrap();
-                let acked = log.durable_offset() as usize;
-                acks.push(Ack {
-                    events: events().unwrap_or(0),
-                    values: values[..acked].to_vec(),
-                });
-            }
+            12..=15 if syncs => log.sync().unwrap(),
             16 => {
                 // Only the last batch, and only unacknowledged (as replication would).
                 if let Some(&to) = bases.last() {
@@ -111,12 +108,15 @@ fn traced_workload(root: &Path, seed: u64) -> (Vec<Event>, Vec<Ack>) {
             }
             _ => {}
         }
+        // Whatever `durable_offset` now covers is what a client was told is durable.
+        let acked = log.durable_offset() as usize;
+        if acks.last().is_some_and(|ack| ack.values.len() != acked) {
+            acks.push(Ack {
+                events: events().unwrap_or(0),
+                values: values[..acked].to_vec(),
+            });
+        }
     }
-    log.sync().unwrap();
-    acks.push(Ack {
-        events: events().unwrap_or(0),
-        values: values[..log.durable_offset() as usize].to_vec(),
-    });
     drop(log);
     (
         hook::take().map(|plan| plan.trace).unwrap_or_default(),
@@ -125,10 +125,10 @@ fn traced_workload(root: &Path, seed: u64) -> (Vec<Event>, Vec<Ack>) {
 }
 
 /// Every crash state at every sync boundary of `seed`'s workload; returns how many.
-fn every_crash_state_of(seed: u64) -> usize {
+fn every_crash_state_of(seed: u64, fsync: FsyncPolicy) -> usize {
     let root_dir = tempfile::tempdir().unwrap();
     let root = root_dir.path().to_owned();
-    let (trace, acks) = traced_workload(&root, seed);
+    let (trace, acks) = traced_workload(&root, seed, fsync);
     crate::crash::for_each_crash_state(&trace, &root, |at, state, dir| {
         let acked = acks
             .iter()
@@ -136,12 +136,12 @@ fn every_crash_state_of(seed: u64) -> usize {
             .find(|ack| ack.events <= at)
             .map(|ack| ack.values.clone())
             .unwrap_or_default();
-        let context = format!("seed {seed}, cut before operation {at}, {state}");
-        check_one(&dir.join("p"), &acked, &context);
+        let context = format!("seed {seed} ({fsync:?}), cut before operation {at}, {state}");
+        check_one(&dir.join("p"), &acked, fsync, &context);
     })
 }
 
-fn check_one(dir: &Path, acked: &[u32], context: &str) {
+fn check_one(dir: &Path, acked: &[u32], fsync: FsyncPolicy, context: &str) {
     if !dir.is_dir() {
         assert!(
             acked.is_empty(),
@@ -149,7 +149,7 @@ fn check_one(dir: &Path, acked: &[u32], context: &str) {
         );
         return;
     }
-    let mut log = PartitionLog::open(dir, config(), 9_000)
+    let mut log = PartitionLog::open(dir, config(fsync), 9_000)
         .unwrap_or_else(|err| panic!("{context}: refused to open: {err}"));
     let start = log.start_offset();
     let mut found = Vec::new();
@@ -185,7 +185,13 @@ fn check_one(dir: &Path, acked: &[u32], context: &str) {
 
 #[test]
 fn every_crash_state_keeps_what_was_acknowledged() {
-    let states: usize = (1..=3).map(every_crash_state_of).sum();
+    let always: usize = (1..=3)
+        .map(|seed| every_crash_state_of(seed, FsyncPolicy::Always))
+        .sum();
+    let never: usize = (1..=2)
+        .map(|seed| every_crash_state_of(seed, FsyncPolicy::Never))
+        .sum();
+    let states = always + never;
     assert!(states > 100, "{states} crash states");
 }
 
@@ -198,7 +204,12 @@ fn many_workloads_crash_states() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(50);
-    let states: usize = (100..100 + rounds).map(every_crash_state_of).sum();
+    let states: usize = (100..100 + rounds)
+        .map(|seed| {
+            every_crash_state_of(seed, FsyncPolicy::Always)
+                + every_crash_state_of(seed, FsyncPolicy::Never)
+        })
+        .sum();
     eprintln!(
         "{rounds} workloads, {states} crash states, every one opened with its acknowledged records"
     );
