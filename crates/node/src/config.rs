@@ -32,6 +32,17 @@ pub struct NodeConfig {
     /// active segment are dropped once written back; 0 leaves the page cache to the
     /// kernel.
     pub cached_tail_bytes: u64,
+    /// Requests one connection may have in flight (read, not yet answered); beyond it
+    /// the connection's socket is not read (TCP pushes back on the client).
+    pub connection_requests_max: u32,
+    /// Fetch-response bytes one connection may hold in flight; a fetch's `max_bytes`
+    /// is capped at it, and beyond it the connection's socket is not read.
+    pub connection_fetch_bytes_max: u32,
+    /// Fetch-response bytes the whole node may hold in flight, over all connections.
+    pub fetch_bytes_max: u64,
+    /// A connection whose answers make no progress for this long (its client reads
+    /// nothing) is closed, releasing what it held (ms).
+    pub connection_write_timeout_ms: u64,
     /// What opening a partition does with damage below its recovery point that intact
     /// batches follow (damage above it, never synced, is always a torn tail).
     pub recovery: RecoverySetting,
@@ -116,6 +127,10 @@ impl Default for NodeConfig {
             write_behind_bytes: braid_storage::WRITE_BEHIND_BYTES_DEFAULT,
             cached_tail_bytes: 0,
             recovery: RecoverySetting::Strict,
+            connection_requests_max: 256,
+            connection_fetch_bytes_max: 64 << 20,
+            fetch_bytes_max: 512 << 20,
+            connection_write_timeout_ms: 30_000,
             topic_defaults: TopicDefaults::default(),
         }
     }
@@ -207,6 +222,16 @@ impl NodeConfig {
                 "SHUTDOWN_GRACE_MS" => self.shutdown_grace_ms = parse(&value).map_err(bad)?,
                 "WRITE_BEHIND_BYTES" => self.write_behind_bytes = parse(&value).map_err(bad)?,
                 "CACHED_TAIL_BYTES" => self.cached_tail_bytes = parse(&value).map_err(bad)?,
+                "CONNECTION_REQUESTS_MAX" => {
+                    self.connection_requests_max = parse(&value).map_err(bad)?
+                }
+                "CONNECTION_FETCH_BYTES_MAX" => {
+                    self.connection_fetch_bytes_max = parse(&value).map_err(bad)?
+                }
+                "FETCH_BYTES_MAX" => self.fetch_bytes_max = parse(&value).map_err(bad)?,
+                "CONNECTION_WRITE_TIMEOUT_MS" => {
+                    self.connection_write_timeout_ms = parse(&value).map_err(bad)?
+                }
                 "RECOVERY" => {
                     self.recovery = match value.as_str() {
                         "strict" => RecoverySetting::Strict,
@@ -260,6 +285,23 @@ impl NodeConfig {
             return Err(ConfigError::Invalid(
                 "frame_bytes_max must be at least 1024".into(),
             ));
+        }
+        if self.connection_requests_max == 0 {
+            return Err(ConfigError::Invalid(
+                "connection_requests_max must be at least 1".into(),
+            ));
+        }
+        if self.connection_fetch_bytes_max < 64 * 1024 {
+            return Err(ConfigError::Invalid(
+                "connection_fetch_bytes_max must be at least 65536".into(),
+            ));
+        }
+        // One fetch takes up to a connection's share of the node's budget at once.
+        if self.fetch_bytes_max < u64::from(self.connection_fetch_bytes_max) {
+            return Err(ConfigError::Invalid(format!(
+                "fetch_bytes_max ({}) must be at least connection_fetch_bytes_max ({})",
+                self.fetch_bytes_max, self.connection_fetch_bytes_max
+            )));
         }
         let defaults = &self.topic_defaults;
         if defaults.max_batch_bytes as u64 + 1024 > u64::from(self.frame_bytes_max) {

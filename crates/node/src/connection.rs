@@ -18,7 +18,7 @@ use braid_proto::ValidatedBatch;
 use bytes::BytesMut;
 use tokio::io::{AsyncReadExt, AsyncWriteExt, BufWriter};
 use tokio::net::tcp::OwnedWriteHalf;
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::{mpsc, oneshot, watch, OwnedSemaphorePermit, Semaphore};
 
 use crate::admin::admin_request;
 use crate::error::NodeError;
@@ -35,7 +35,15 @@ const FETCH_WAIT_MS_MAX: u32 = 60_000;
 
 enum Outgoing {
     Frame(Vec<u8>),
-    Fetch(Vec<u8>, braid_storage::LogRead),
+    /// A fetch answer, with the shares of the fetch-byte budgets it holds until it is
+    /// written.
+    Fetch(Vec<u8>, braid_storage::LogRead, FetchBudget),
+}
+
+/// A fetch's shares of its connection's and the node's fetch-byte budgets.
+struct FetchBudget {
+    _connection: OwnedSemaphorePermit,
+    _node: OwnedSemaphorePermit,
 }
 
 struct Env {
@@ -44,6 +52,10 @@ struct Env {
     metrics: Arc<ShardMetrics>,
     out: mpsc::Sender<Outgoing>,
     in_flight: Rc<Cell<usize>>,
+    /// Requests this connection may still have in flight (`connection_requests_max`).
+    requests: Arc<Semaphore>,
+    /// Fetch-response bytes this connection may still hold (`connection_fetch_bytes_max`).
+    fetch_bytes: Arc<Semaphore>,
 }
 
 /// Starts serving a connection on the current shard.
@@ -122,13 +134,27 @@ async fn serve(
 ) {
     let (mut reader, writer) = stream.into_split();
     let (out, outgoing) = mpsc::channel(OUTGOING_FRAMES_MAX);
-    let writer_task = tokio::task::spawn_local(write_loop(writer, outgoing, Arc::clone(&shared)));
+    let mut writer_task = tokio::task::spawn_local(write_loop(
+        writer,
+        outgoing,
+        Arc::clone(&shared),
+        Arc::clone(&metrics),
+    ));
+    let mut writer_done = false;
+    let requests = Arc::new(Semaphore::new(
+        shared.config.connection_requests_max as usize,
+    ));
+    let fetch_bytes = Arc::new(Semaphore::new(
+        shared.config.connection_fetch_bytes_max as usize,
+    ));
     let env = Env {
         shared,
         layout,
         metrics,
         out,
         in_flight: Rc::new(Cell::new(0)),
+        requests,
+        fetch_bytes,
     };
     let max = env.shared.config.frame_bytes_max;
     let mut buf = BytesMut::with_capacity(READ_CHUNK_BYTES);
@@ -167,6 +193,12 @@ async fn serve(
                 }
             },
             _ = draining.changed() => {}
+            // The writer stopped (the client reads nothing, or the socket failed): no
+            // answer can go out, so nothing more is read.
+            _ = &mut writer_task => {
+                writer_done = true;
+                break;
+            }
         }
     }
     // Finish what was started: in-flight replies are still written.
@@ -174,7 +206,9 @@ async fn serve(
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
     drop(env);
-    let _ = writer_task.await;
+    if !writer_done {
+        let _ = writer_task.await;
+    }
 }
 
 /// The stream can no longer be framed: answer once, with request id 0 and command 0
@@ -213,40 +247,115 @@ async fn write_loop(
     writer: OwnedWriteHalf,
     mut outgoing: mpsc::Receiver<Outgoing>,
     shared: Arc<NodeShared>,
+    metrics: Arc<ShardMetrics>,
 ) {
+    let stall = Duration::from_millis(shared.config.connection_write_timeout_ms.max(1));
     let mut writer = BufWriter::with_capacity(64 * 1024, writer);
     while let Some(first) = outgoing.recv().await {
         let mut next = Some(first);
         while let Some(item) = next {
             let written = match &item {
-                Outgoing::Frame(frame) => writer.write_all(frame).await,
-                Outgoing::Fetch(prefix, read) => match writer.write_all(prefix).await {
-                    Ok(()) => writer.write_all(read.bytes()).await,
-                    Err(err) => Err(err),
-                },
+                Outgoing::Frame(frame) => write_progressing(&mut writer, frame, stall).await,
+                Outgoing::Fetch(prefix, read, _) => {
+                    match write_progressing(&mut writer, prefix, stall).await {
+                        Ok(()) => write_progressing(&mut writer, read.bytes(), stall).await,
+                        Err(err) => Err(err),
+                    }
+                }
             };
-            if written.is_err() {
+            if let Err(err) = written {
+                if err.kind() == std::io::ErrorKind::TimedOut {
+                    add(&metrics.connections_closed_stalled, 1);
+                    tracing::info!(
+                        stall_ms = stall.as_millis() as u64,
+                        "closing a connection whose client reads no answers"
+                    );
+                }
+                // Dropping the queue releases every budget share its answers held.
                 return;
             }
-            if let Outgoing::Fetch(_, read) = item {
+            // Written: the read buffer goes back and the budget shares are released.
+            if let Outgoing::Fetch(_, read, _budget) = item {
                 shared.read_buffers.give_back(read.into_buffer());
             }
             next = outgoing.try_recv().ok();
         }
-        if writer.flush().await.is_err() {
+        let flushed = tokio::time::timeout(stall, writer.flush()).await;
+        if !matches!(flushed, Ok(Ok(()))) {
             return;
         }
     }
 }
 
-/// Runs `work` for a reply without blocking the reader.
-fn in_flight(env: &Env, work: impl std::future::Future<Output = ()> + 'static) {
+/// Bytes written per step of a large answer: each step must make progress within the
+/// write timeout, so a slow reader is not closed but a stopped one is.
+const WRITE_STEP_BYTES: usize = 256 * 1024;
+
+/// Writes `bytes`, failing with `TimedOut` if a step of them makes no progress within
+/// `stall`.
+async fn write_progressing(
+    writer: &mut BufWriter<OwnedWriteHalf>,
+    bytes: &[u8],
+    stall: Duration,
+) -> std::io::Result<()> {
+    for step in bytes.chunks(WRITE_STEP_BYTES) {
+        match tokio::time::timeout(stall, writer.write_all(step)).await {
+            Ok(result) => result?,
+            Err(_) => return Err(std::io::ErrorKind::TimedOut.into()),
+        }
+    }
+    Ok(())
+}
+
+/// Runs `work` for a reply without blocking the reader, once the connection has room
+/// for another request in flight: until then the reader waits, and so does the socket.
+async fn in_flight(env: &Env, work: impl std::future::Future<Output = ()> + 'static) {
+    let permit = match Arc::clone(&env.requests).try_acquire_owned() {
+        Ok(permit) => permit,
+        Err(_) => {
+            add(&env.metrics.connection_reads_paused, 1);
+            match Arc::clone(&env.requests).acquire_owned().await {
+                Ok(permit) => permit,
+                Err(_) => return, // never closed
+            }
+        }
+    };
     let counter = Rc::clone(&env.in_flight);
     counter.set(counter.get() + 1);
     tokio::task::spawn_local(async move {
         work.await;
+        drop(permit);
         counter.set(counter.get() - 1);
     });
+}
+
+/// Shares of the connection's and the node's fetch-byte budgets for a fetch of up to
+/// `bytes`, waited for (the reader, and so the socket, waits meanwhile).
+async fn fetch_budget(env: &Env, bytes: u32) -> Option<FetchBudget> {
+    let connection = match Arc::clone(&env.fetch_bytes).try_acquire_many_owned(bytes) {
+        Ok(permit) => permit,
+        Err(_) => {
+            add(&env.metrics.connection_reads_paused, 1);
+            Arc::clone(&env.fetch_bytes)
+                .acquire_many_owned(bytes)
+                .await
+                .ok()?
+        }
+    };
+    let node = match Arc::clone(&env.shared.fetch_bytes).try_acquire_many_owned(bytes) {
+        Ok(permit) => permit,
+        Err(_) => {
+            add(&env.metrics.fetch_budget_waits, 1);
+            Arc::clone(&env.shared.fetch_bytes)
+                .acquire_many_owned(bytes)
+                .await
+                .ok()?
+        }
+    };
+    Some(FetchBudget {
+        _connection: connection,
+        _node: node,
+    })
 }
 
 fn route(
@@ -401,7 +510,8 @@ async fn produce(
             }
         }
         let _ = out.send(Outgoing::Frame(frame)).await;
-    });
+    })
+    .await;
     Ok(())
 }
 
@@ -439,6 +549,12 @@ async fn fetch(
     let out = env.out.clone();
     let metrics = Arc::clone(&env.metrics);
     let wait_ms = max_wait_ms.min(FETCH_WAIT_MS_MAX);
+    // A fetch reads at most what one connection may hold, and holds that much of both
+    // budgets until its answer is written.
+    let max_bytes = max_bytes.clamp(1, shared.config.connection_fetch_bytes_max);
+    let Some(budget) = fetch_budget(env, max_bytes).await else {
+        return Err(shutting_down());
+    };
     in_flight(env, async move {
         let mut outcome = fetch_once(&shared, key, offset, max_bytes, wait_ms > 0).await;
         if let Ok(FetchOutcome::Wait(commit)) = outcome {
@@ -459,7 +575,7 @@ async fn fetch(
                     start_offset,
                     read.bytes().len() as u32,
                 );
-                Outgoing::Fetch(prefix, read)
+                Outgoing::Fetch(prefix, read, budget)
             }
             Ok(FetchOutcome::Wait(_)) => {
                 let err = NodeError::new(ErrorCode::Internal, "fetch waited twice");
@@ -471,7 +587,8 @@ async fn fetch(
             }
         };
         let _ = out.send(item).await;
-    });
+    })
+    .await;
     Ok(())
 }
 
@@ -492,7 +609,8 @@ async fn list_offsets(
             .await
             .map_err(|_| shutting_down())?
             .map(Response::Offset)
-    });
+    })
+    .await;
     Ok(())
 }
 
@@ -509,11 +627,12 @@ async fn admin_call(
         .map_err(|_| shutting_down())?;
     reply_later(env, request_id, command, async move {
         answer.await.map_err(|_| shutting_down())?
-    });
+    })
+    .await;
     Ok(())
 }
 
-fn reply_later(
+async fn reply_later(
     env: &Env,
     request_id: u64,
     command: Command,
@@ -531,5 +650,6 @@ fn reply_later(
             }
         }
         let _ = out.send(Outgoing::Frame(frame)).await;
-    });
+    })
+    .await;
 }

@@ -21,6 +21,9 @@ pub(crate) struct ShardMetrics {
     pub(crate) fsyncs_requested: AtomicU64,
     pub(crate) frames_refused: AtomicU64,
     pub(crate) partitions_poisoned: AtomicU64,
+    pub(crate) connection_reads_paused: AtomicU64,
+    pub(crate) fetch_budget_waits: AtomicU64,
+    pub(crate) connections_closed_stalled: AtomicU64,
 }
 
 impl Default for ShardMetrics {
@@ -38,6 +41,9 @@ impl Default for ShardMetrics {
             fsyncs_requested: AtomicU64::new(0),
             frames_refused: AtomicU64::new(0),
             partitions_poisoned: AtomicU64::new(0),
+            connection_reads_paused: AtomicU64::new(0),
+            fetch_budget_waits: AtomicU64::new(0),
+            connections_closed_stalled: AtomicU64::new(0),
         }
     }
 }
@@ -113,6 +119,24 @@ pub(crate) fn render(shards: &[Arc<ShardMetrics>]) -> String {
         "counter",
         "Partitions that refused writes after a failed disk operation (until restart).",
         sum(&|s| &s.partitions_poisoned),
+    );
+    metric(
+        "braid_connection_reads_paused_total",
+        "counter",
+        "Times a connection's socket stopped being read: it had connection_requests_max requests or connection_fetch_bytes_max fetch bytes in flight.",
+        sum(&|s| &s.connection_reads_paused),
+    );
+    metric(
+        "braid_fetch_budget_waits_total",
+        "counter",
+        "Fetches that waited for the node's fetch_bytes_max budget.",
+        sum(&|s| &s.fetch_budget_waits),
+    );
+    metric(
+        "braid_connections_closed_stalled_total",
+        "counter",
+        "Connections closed because their answers made no progress for connection_write_timeout_ms.",
+        sum(&|s| &s.connections_closed_stalled),
     );
     metric(
         "braid_fsync_requests_total",

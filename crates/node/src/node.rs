@@ -103,6 +103,9 @@ impl Node {
             control_receivers.push(rx);
         }
         let metrics: Vec<Arc<ShardMetrics>> = (0..shards).map(|_| Arc::default()).collect();
+        let fetch_bytes_permits = usize::try_from(config.fetch_bytes_max)
+            .unwrap_or(usize::MAX)
+            .min(tokio::sync::Semaphore::MAX_PERMITS);
         let shared = Arc::new(NodeShared {
             config,
             inboxes,
@@ -110,6 +113,7 @@ impl Node {
             metrics: metrics.clone(),
             syncer: braid_storage::Syncer::start("braid-sync")?,
             read_buffers: crate::buffers::ReadBuffers::default(),
+            fetch_bytes: Arc::new(tokio::sync::Semaphore::new(fetch_bytes_permits)),
         });
         let meta = MetaService::new(store);
         let layout = Arc::new(meta.layout());

@@ -102,6 +102,8 @@ pub(crate) struct NodeShared {
     pub(crate) syncer: Syncer,
     /// Buffers fetches read into, handed back once the answer is written.
     pub(crate) read_buffers: crate::buffers::ReadBuffers,
+    /// Fetch-response bytes in flight over the node (`fetch_bytes_max`).
+    pub(crate) fetch_bytes: Arc<tokio::sync::Semaphore>,
 }
 
 impl NodeShared {
