@@ -40,6 +40,9 @@ pub struct NodeConfig {
     pub connection_fetch_bytes_max: u32,
     /// Fetch-response bytes the whole node may hold in flight, over all connections.
     pub fetch_bytes_max: u64,
+    /// Fetches one connection may have parked at a partition's end; more are answered
+    /// at once.
+    pub connection_waiting_fetches_max: u32,
     /// A connection whose answers make no progress for this long (its client reads
     /// nothing) is closed, releasing what it held (ms).
     pub connection_write_timeout_ms: u64,
@@ -131,6 +134,7 @@ impl Default for NodeConfig {
             connection_fetch_bytes_max: 64 << 20,
             fetch_bytes_max: 512 << 20,
             connection_write_timeout_ms: 30_000,
+            connection_waiting_fetches_max: 1024,
             topic_defaults: TopicDefaults::default(),
         }
     }
@@ -229,6 +233,9 @@ impl NodeConfig {
                     self.connection_fetch_bytes_max = parse(&value).map_err(bad)?
                 }
                 "FETCH_BYTES_MAX" => self.fetch_bytes_max = parse(&value).map_err(bad)?,
+                "CONNECTION_WAITING_FETCHES_MAX" => {
+                    self.connection_waiting_fetches_max = parse(&value).map_err(bad)?
+                }
                 "CONNECTION_WRITE_TIMEOUT_MS" => {
                     self.connection_write_timeout_ms = parse(&value).map_err(bad)?
                 }

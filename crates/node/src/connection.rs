@@ -56,6 +56,11 @@ struct Env {
     requests: Arc<Semaphore>,
     /// Fetch-response bytes this connection may still hold (`connection_fetch_bytes_max`).
     fetch_bytes: Arc<Semaphore>,
+    /// Becomes true when the client's side closed (or the connection is ending): a
+    /// waiting fetch stops waiting and answers with what there is.
+    reading_done: watch::Receiver<bool>,
+    /// Fetches of this connection parked at a partition's end.
+    waiting: Rc<Cell<u32>>,
 }
 
 /// Starts serving a connection on the current shard.
@@ -147,6 +152,7 @@ async fn serve(
     let fetch_bytes = Arc::new(Semaphore::new(
         shared.config.connection_fetch_bytes_max as usize,
     ));
+    let (reading_done_tx, reading_done) = watch::channel(false);
     let env = Env {
         shared,
         layout,
@@ -155,6 +161,8 @@ async fn serve(
         in_flight: Rc::new(Cell::new(0)),
         requests,
         fetch_bytes,
+        reading_done,
+        waiting: Rc::new(Cell::new(0)),
     };
     let max = env.shared.config.frame_bytes_max;
     let mut buf = BytesMut::with_capacity(READ_CHUNK_BYTES);
@@ -201,7 +209,10 @@ async fn serve(
             }
         }
     }
-    // Finish what was started: in-flight replies are still written.
+    // Finish what was started: in-flight replies are still written, but waiting
+    // fetches stop waiting (a client that went away must not hold the connection for
+    // up to a minute).
+    let _ = reading_done_tx.send(true);
     while env.in_flight.get() > 0 {
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
@@ -515,13 +526,15 @@ async fn produce(
     Ok(())
 }
 
-async fn fetch_once(
+/// Sends a fetch to the partition's owner; the answer comes on the returned receiver
+/// (at once, or with `wait` at the next commit).
+async fn ask_fetch(
     shared: &NodeShared,
     key: PartitionKey,
     offset: u64,
     max_bytes: u32,
     wait: bool,
-) -> Result<FetchOutcome, NodeError> {
+) -> Result<oneshot::Receiver<Result<FetchOutcome, NodeError>>, NodeError> {
     let (reply, answer) = oneshot::channel();
     let owner = key.shard(shared.shards());
     shared.inboxes[owner]
@@ -534,7 +547,35 @@ async fn fetch_once(
         })
         .await
         .map_err(|_| shutting_down())?;
-    answer.await.map_err(|_| shutting_down())?
+    Ok(answer)
+}
+
+/// A fetch's answer: at once, or after waiting up to `wait` for a commit (a wait ended
+/// early by the client's close, or by its end, asks again without waiting).
+async fn fetch_answer(
+    shared: &NodeShared,
+    key: PartitionKey,
+    offset: u64,
+    max_bytes: u32,
+    wait: Option<Duration>,
+    reading_done: &mut watch::Receiver<bool>,
+) -> Result<FetchOutcome, NodeError> {
+    let answer = ask_fetch(shared, key, offset, max_bytes, wait.is_some()).await?;
+    let Some(wait) = wait else {
+        return answer.await.map_err(|_| shutting_down())?;
+    };
+    let waited = tokio::select! {
+        answered = tokio::time::timeout(wait, answer) => answered.ok(),
+        _ = reading_done.wait_for(|done| *done) => None,
+    };
+    match waited {
+        Some(answered) => answered.map_err(|_| shutting_down())?,
+        // Dropping the receiver tells the owner this fetch no longer waits.
+        None => ask_fetch(shared, key, offset, max_bytes, false)
+            .await?
+            .await
+            .map_err(|_| shutting_down())?,
+    }
 }
 
 async fn fetch(
@@ -548,7 +589,21 @@ async fn fetch(
     let shared = Arc::clone(&env.shared);
     let out = env.out.clone();
     let metrics = Arc::clone(&env.metrics);
-    let wait_ms = max_wait_ms.min(FETCH_WAIT_MS_MAX);
+    let mut reading_done = env.reading_done.clone();
+    // A connection parks at most `connection_waiting_fetches_max` fetches; more are
+    // answered at once (empty at the end of the log), never refused.
+    let mut wait = Some(Duration::from_millis(
+        max_wait_ms.min(FETCH_WAIT_MS_MAX).into(),
+    ))
+    .filter(|w| !w.is_zero());
+    if wait.is_some() && env.waiting.get() >= shared.config.connection_waiting_fetches_max {
+        add(&env.metrics.fetch_waits_refused, 1);
+        wait = None;
+    }
+    let waiting = wait.map(|_| {
+        env.waiting.set(env.waiting.get() + 1);
+        WaitingSlot(Rc::clone(&env.waiting))
+    });
     // A fetch reads at most what one connection may hold, and holds that much of both
     // budgets until its answer is written.
     let max_bytes = max_bytes.clamp(1, shared.config.connection_fetch_bytes_max);
@@ -556,13 +611,10 @@ async fn fetch(
         return Err(shutting_down());
     };
     in_flight(env, async move {
-        let mut outcome = fetch_once(&shared, key, offset, max_bytes, wait_ms > 0).await;
-        if let Ok(FetchOutcome::Wait(commit)) = outcome {
-            let _ = tokio::time::timeout(Duration::from_millis(wait_ms.into()), commit).await;
-            outcome = fetch_once(&shared, key, offset, max_bytes, false).await;
-        }
+        let outcome = fetch_answer(&shared, key, offset, max_bytes, wait, &mut reading_done).await;
+        drop(waiting);
         let item = match outcome {
-            Ok(FetchOutcome::Data {
+            Ok(FetchOutcome {
                 high_watermark,
                 start_offset,
                 read,
@@ -577,10 +629,6 @@ async fn fetch(
                 );
                 Outgoing::Fetch(prefix, read, budget)
             }
-            Ok(FetchOutcome::Wait(_)) => {
-                let err = NodeError::new(ErrorCode::Internal, "fetch waited twice");
-                Outgoing::Frame(error_frame(request_id, Command::Fetch as u16, &err))
-            }
             Err(err) => {
                 metrics.error(err.code);
                 Outgoing::Frame(error_frame(request_id, Command::Fetch as u16, &err))
@@ -590,6 +638,15 @@ async fn fetch(
     })
     .await;
     Ok(())
+}
+
+/// One of a connection's parked fetches, counted until dropped.
+struct WaitingSlot(Rc<Cell<u32>>);
+
+impl Drop for WaitingSlot {
+    fn drop(&mut self) {
+        self.0.set(self.0.get().saturating_sub(1));
+    }
 }
 
 async fn list_offsets(

@@ -24,6 +24,7 @@ pub(crate) struct ShardMetrics {
     pub(crate) connection_reads_paused: AtomicU64,
     pub(crate) fetch_budget_waits: AtomicU64,
     pub(crate) connections_closed_stalled: AtomicU64,
+    pub(crate) fetch_waits_refused: AtomicU64,
 }
 
 impl Default for ShardMetrics {
@@ -44,6 +45,7 @@ impl Default for ShardMetrics {
             connection_reads_paused: AtomicU64::new(0),
             fetch_budget_waits: AtomicU64::new(0),
             connections_closed_stalled: AtomicU64::new(0),
+            fetch_waits_refused: AtomicU64::new(0),
         }
     }
 }
@@ -137,6 +139,12 @@ pub(crate) fn render(shards: &[Arc<ShardMetrics>]) -> String {
         "counter",
         "Connections closed because their answers made no progress for connection_write_timeout_ms.",
         sum(&|s| &s.connections_closed_stalled),
+    );
+    metric(
+        "braid_fetch_waits_refused_total",
+        "counter",
+        "Fetches answered at once because their connection had connection_waiting_fetches_max parked.",
+        sum(&|s| &s.fetch_waits_refused),
     );
     metric(
         "braid_fsync_requests_total",

@@ -5,7 +5,7 @@
 //! completions and lifecycle, which must never block their senders.
 
 use std::cell::RefCell;
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::path::PathBuf;
 use std::rc::Rc;
 use std::sync::Arc;
@@ -31,15 +31,15 @@ const RETENTION_EVERY_MS: u64 = 60_000;
 
 /// What a fetch found.
 #[derive(Debug)]
-pub(crate) enum FetchOutcome {
-    Data {
-        high_watermark: u64,
-        start_offset: u64,
-        read: LogRead,
-    },
-    /// Nothing committed at the offset yet; fires at the next commit.
-    Wait(oneshot::Receiver<()>),
+pub(crate) struct FetchOutcome {
+    pub(crate) high_watermark: u64,
+    pub(crate) start_offset: u64,
+    pub(crate) read: LogRead,
 }
+
+/// Woken waiting fetches a shard answers per turn of its loop, between its other
+/// requests.
+const WOKEN_FETCHES_PER_TURN: usize = 64;
 
 /// A request to the shard that owns a partition (or, for `Admin`, to shard 0).
 #[derive(Debug)]
@@ -49,12 +49,14 @@ pub(crate) enum ShardRequest {
         batch: ValidatedBatch,
         reply: ProduceReply,
     },
+    /// Answered at once, or (with `wait`, at the high watermark) parked until the next
+    /// commit; the asker stops waiting by dropping its receiver.
     Fetch {
         key: PartitionKey,
         offset: u64,
         max_bytes: u32,
         wait: bool,
-        reply: oneshot::Sender<Result<FetchOutcome, NodeError>>,
+        reply: crate::partition::FetchReply,
     },
     ListOffsets {
         key: PartitionKey,
@@ -128,6 +130,8 @@ pub(crate) struct Shard {
     pub(crate) draining: watch::Sender<bool>,
     pub(crate) meta: Option<crate::coordinator::MetaService>,
     last_retention_ms: u64,
+    /// Partitions whose woken waiting fetches are still to be answered, in turn.
+    woken: VecDeque<PartitionKey>,
 }
 
 pub(crate) fn now_ms() -> u64 {
@@ -153,6 +157,7 @@ impl Shard {
             draining: watch::channel(false).0,
             meta,
             last_retention_ms: now_ms(),
+            woken: VecDeque::new(),
         }
     }
 
@@ -245,6 +250,43 @@ impl Shard {
         });
     }
 
+    /// Notes a partition with woken waiting fetches to answer.
+    fn queue_woken(&mut self, key: PartitionKey) {
+        if !self.woken.contains(&key) {
+            self.woken.push_back(key);
+        }
+    }
+
+    /// Answers up to `budget` woken waiting fetches, a partition at a time.
+    fn answer_woken(&mut self, mut budget: usize) {
+        while budget > 0 {
+            let Some(key) = self.woken.pop_front() else {
+                return;
+            };
+            let Some(partition) = self.partitions.get_mut(&key) else {
+                continue;
+            };
+            let fetches = partition.take_woken(budget);
+            budget -= fetches.len().max(1).min(budget);
+            let mut bytes = 0u64;
+            for fetch in fetches {
+                if fetch.reply.is_closed() {
+                    continue; // its connection stopped waiting
+                }
+                let outcome =
+                    read_for_fetch(&self.shared, partition, fetch.offset, fetch.max_bytes);
+                if let Ok(found) = &outcome {
+                    bytes += found.read.bytes().len() as u64;
+                }
+                let _ = fetch.reply.send(outcome);
+            }
+            if partition.has_woken() {
+                self.woken.push_back(key);
+            }
+            add(&self.metrics().fetch_bytes, bytes);
+        }
+    }
+
     pub(crate) fn handle_request(&mut self, request: ShardRequest) {
         match request {
             ShardRequest::Produce { key, batch, reply } => {
@@ -264,7 +306,11 @@ impl Shard {
                 );
                 let sync = partition.propose(batch, now_ms(), reply);
                 let poisoned = partition.newly_poisoned();
+                let woke = partition.has_woken();
                 self.report_poisoned(key, poisoned);
+                if woke {
+                    self.queue_woken(key);
+                }
                 if interval {
                     self.dirty.insert(key);
                 }
@@ -289,23 +335,20 @@ impl Shard {
                     )));
                     return;
                 };
-                let outcome = if wait
+                if wait
                     && offset >= partition.high_watermark()
                     && offset >= partition.start_offset()
                 {
-                    Ok(FetchOutcome::Wait(partition.wait_for_commit()))
-                } else {
-                    let buffer = self.shared.read_buffers.take();
-                    partition
-                        .read(offset, max_bytes, buffer)
-                        .map(|read| FetchOutcome::Data {
-                            high_watermark: partition.high_watermark(),
-                            start_offset: partition.start_offset(),
-                            read,
-                        })
-                };
-                if let Ok(FetchOutcome::Data { read, .. }) = &outcome {
-                    add(&self.metrics().fetch_bytes, read.bytes().len() as u64);
+                    partition.wait_for_commit(crate::partition::WaitingFetch {
+                        offset,
+                        max_bytes,
+                        reply,
+                    });
+                    return;
+                }
+                let outcome = read_for_fetch(&self.shared, partition, offset, max_bytes);
+                if let Ok(found) = &outcome {
+                    add(&self.metrics().fetch_bytes, found.read.bytes().len() as u64);
                 }
                 let _ = reply.send(outcome);
             }
@@ -371,7 +414,11 @@ impl Shard {
                 if let Some(partition) = self.partitions.get_mut(&key) {
                     let next = partition.on_synced(&request, result);
                     let poisoned = partition.newly_poisoned();
+                    let woke = partition.has_woken();
                     self.report_poisoned(key, poisoned);
+                    if woke {
+                        self.queue_woken(key);
+                    }
                     if let Some(next) = next {
                         self.submit_sync(key, next);
                     }
@@ -471,9 +518,34 @@ impl Shard {
                     Some(control) => if !self.handle_control(control) { break },
                     None => break,
                 },
-                Some(request) = inbox.recv() => self.handle_request(request),
+                Some(request) = inbox.recv() => {
+                    self.handle_request(request);
+                    // One turn of woken fetches after each request: neither side can
+                    // hold up the other for long.
+                    self.answer_woken(WOKEN_FETCHES_PER_TURN);
+                }
+                () = std::future::ready(()), if !self.woken.is_empty() => {
+                    self.answer_woken(WOKEN_FETCHES_PER_TURN);
+                }
                 _ = ticker.tick() => self.tick(),
             }
         }
     }
+}
+
+/// Reads committed batches for a fetch into a buffer from the node's pool.
+fn read_for_fetch(
+    shared: &NodeShared,
+    partition: &mut Partition,
+    offset: u64,
+    max_bytes: u32,
+) -> Result<FetchOutcome, NodeError> {
+    let buffer = shared.read_buffers.take();
+    partition
+        .read(offset, max_bytes, buffer)
+        .map(|read| FetchOutcome {
+            high_watermark: partition.high_watermark(),
+            start_offset: partition.start_offset(),
+            read,
+        })
 }
