@@ -342,3 +342,57 @@ async fn fetches_beyond_the_waiting_limit_are_answered_at_once() {
     );
     node.shutdown();
 }
+
+/// `JoinGroup` accepted names the doc forbids (`../../etc`, spaces, newlines): the group
+/// could be joined but never committed to. Every name is checked at decode now, and a
+/// bad one, of any length or character, is `InvalidArgument`; nothing is created.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_names_are_refused_at_decode_with_one_code() {
+    use braid_proto::client::{
+        error_code, frame_length, split_response, ErrorCode, RESPONSE_HEADER_BYTES,
+    };
+    use tokio::io::AsyncReadExt;
+    let _serial = SERIAL.lock().await;
+    let node = TestNode::start(FsyncSetting::Never);
+    let client = Client::connect(node.addr()).await.unwrap();
+    common::create_topic(&client, "s", "t", 1).await;
+    let long = "g".repeat(250);
+    let names = ["../../etc", "a b", "new\nline", "", long.as_str()];
+    let mut requests = Vec::new();
+    for (i, group) in names.iter().enumerate() {
+        Request::JoinGroup {
+            stream: "s",
+            group,
+            topic: "t",
+            member_name: "m",
+            session_timeout_ms: 10_000,
+        }
+        .encode(i as u64 + 1, &mut requests);
+    }
+    let mut raw = TcpStream::connect(node.addr()).await.unwrap();
+    raw.write_all(&requests).await.unwrap();
+    let mut buf = Vec::new();
+    let mut codes = Vec::new();
+    loop {
+        while let Ok(Some(total)) = frame_length(&buf, RESPONSE_HEADER_BYTES, 1 << 20) {
+            let frame: Vec<u8> = buf.drain(..total).collect();
+            let (header, _) = split_response(&frame).unwrap();
+            codes.push(error_code(header.status));
+        }
+        if codes.len() == names.len() {
+            break;
+        }
+        let mut chunk = [0u8; 4096];
+        let n = tokio::time::timeout(Duration::from_secs(5), raw.read(&mut chunk))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_ne!(n, 0, "the connection goes on after a bad name");
+        buf.extend_from_slice(&chunk[..n]);
+    }
+    assert!(
+        codes.iter().all(|c| *c == ErrorCode::InvalidArgument),
+        "{codes:?}"
+    );
+    assert!(client.list_groups("s").await.unwrap().is_empty());
+}

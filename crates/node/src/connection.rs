@@ -415,8 +415,14 @@ async fn handle_frame(env: &Env, mut frame: BytesMut) {
     let request = match Request::decode(command, body) {
         Ok(request) => request,
         Err(err) => {
-            tracing::info!(?command, %err, "malformed request");
-            let err = NodeError::new(ErrorCode::MalformedRequest, err.to_string());
+            // A bad name is a bad argument of a well-formed request; anything else
+            // could not be decoded at all.
+            let code_for = match err {
+                braid_proto::wire::WireError::InvalidName { .. } => ErrorCode::InvalidArgument,
+                _ => ErrorCode::MalformedRequest,
+            };
+            tracing::info!(?command, %err, "refused request");
+            let err = NodeError::new(code_for, err.to_string());
             return send_error(env, request_id, code, &err).await;
         }
     };

@@ -43,6 +43,17 @@ pub enum WireError {
         /// The value found.
         value: u64,
     },
+    /// A stream, topic or group name breaks the name rule (1 to 249 bytes of
+    /// `a-z A-Z 0-9 - _ .`): a well-formed request with a bad argument.
+    #[error("{field} at byte {at} is not a valid name: {reason}")]
+    InvalidName {
+        /// Byte offset of the field.
+        at: usize,
+        /// The field.
+        field: &'static str,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
     /// Bytes are left after the last field.
     #[error("{extra} unexpected bytes after the body at byte {at}")]
     TrailingBytes {

@@ -235,17 +235,29 @@ pub enum Request<'a> {
     },
 }
 
+/// A stream, topic or group name: the one place the name rule is checked (1 to 249
+/// bytes of `a-z A-Z 0-9 - _ .`), so no request with a bad name reaches the node's
+/// state. A name that breaks it is [`WireError::InvalidName`], which the node answers
+/// with `InvalidArgument`, whatever is wrong with it.
 fn name<'a>(reader: &mut WireReader<'a>, field: &'static str) -> Result<&'a str, WireError> {
     let at = reader.position();
     let value = reader.string(field)?;
-    if value.is_empty() || value.len() > NAME_BYTES_MAX {
-        return Err(WireError::BadValue {
-            at,
-            field,
-            value: value.len() as u64,
-        });
+    let reason = if value.is_empty() {
+        Some("empty")
+    } else if value.len() > NAME_BYTES_MAX {
+        Some("longer than 249 bytes")
+    } else if !value
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+    {
+        Some("a character outside a-z A-Z 0-9 - _ .")
+    } else {
+        None
+    };
+    match reason {
+        Some(reason) => Err(WireError::InvalidName { at, field, reason }),
+        None => Ok(value),
     }
-    Ok(value)
 }
 
 fn member<'a>(reader: &mut WireReader<'a>) -> Result<GroupMemberRequest<'a>, WireError> {

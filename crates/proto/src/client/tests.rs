@@ -299,11 +299,41 @@ fn bad_bodies_are_typed_errors() {
     let body = [0u8, 0]; // an empty name
     assert!(matches!(
         Request::decode(Command::CreateStream, &body),
-        Err(WireError::BadValue {
+        Err(WireError::InvalidName {
             field: "stream",
+            reason: "empty",
             ..
         })
     ));
+    // Every name field of every request is checked the same way, at decode: what the
+    // review got JoinGroup to accept is refused, as are overlong names.
+    let long = "x".repeat(250);
+    for bad in [
+        "../../etc",
+        "a b",
+        "line\nbreak",
+        "tab\t",
+        "é",
+        long.as_str(),
+    ] {
+        let mut body = Vec::new();
+        Request::JoinGroup {
+            stream: "s",
+            group: bad,
+            topic: "t",
+            member_name: "m",
+            session_timeout_ms: 10_000,
+        }
+        .encode(1, &mut body);
+        let (_, request_body) = super::split_request(&body).unwrap();
+        assert!(
+            matches!(
+                Request::decode(Command::JoinGroup, request_body),
+                Err(WireError::InvalidName { field: "group", .. })
+            ),
+            "{bad:?}"
+        );
+    }
     let mut body = Vec::new();
     crate::wire::WireWrite::put_string(&mut body, "s");
     body.push(0xff);
