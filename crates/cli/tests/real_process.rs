@@ -263,3 +263,45 @@ fn readme_tour_runs() {
     let plum = transcript.find("alice\tplum").unwrap();
     assert!(apple < plum);
 }
+
+/// Logs carried ANSI colour codes when standard error was a file or a pipe (journald,
+/// a log file). Colour is for terminals only.
+#[test]
+fn logs_to_a_file_carry_no_colour_codes() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("braid.log");
+    let mut child = Command::new(BRAID)
+        .args([
+            "server",
+            "--client-addr",
+            "127.0.0.1:0",
+            "--http-addr",
+            "127.0.0.1:0",
+            "--shards",
+            "1",
+        ])
+        .arg("--data-dir")
+        .arg(dir.path().join("data"))
+        .env("BRAID_LOG", "info")
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let status = Command::new("kill")
+        .arg("-TERM")
+        .arg(child.id().to_string())
+        .status()
+        .unwrap();
+    assert!(status.success());
+    child.wait().unwrap();
+    let written = std::fs::read_to_string(&log).unwrap();
+    assert!(!written.is_empty(), "the server logged at info");
+    assert!(
+        !written.contains('\u{1b}'),
+        "no escape codes in:\n{written}"
+    );
+}
