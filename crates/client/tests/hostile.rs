@@ -396,3 +396,145 @@ async fn bad_names_are_refused_at_decode_with_one_code() {
     );
     assert!(client.list_groups("s").await.unwrap().is_empty());
 }
+
+/// Reads until the node closes the connection; returns how long that took.
+async fn time_to_close(stream: &mut TcpStream, within: Duration) -> Option<Duration> {
+    use tokio::io::AsyncReadExt;
+    let start = Instant::now();
+    let mut sink = [0u8; 4096];
+    loop {
+        match tokio::time::timeout(
+            within.saturating_sub(start.elapsed()),
+            stream.read(&mut sink),
+        )
+        .await
+        {
+            Err(_) => return None,
+            Ok(Ok(0) | Err(_)) => return Some(start.elapsed()),
+            Ok(Ok(_)) => {}
+        }
+    }
+}
+
+/// A connection that sends nothing, one that sends a byte every 100 ms, and one that
+/// goes idle are closed at their deadlines; one with a fetch waiting is not idle.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silent_slow_and_idle_connections_are_closed_at_their_deadlines() {
+    let _serial = SERIAL.lock().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = common::config(dir.path(), FsyncSetting::Never);
+    config.connection_first_frame_ms = 300;
+    config.connection_frame_ms = 500;
+    config.connection_idle_ms = 400;
+    let node = braid_node::Node::start(config).unwrap();
+    let addr = node.client_addr();
+    let client = Client::connect(addr).await.unwrap();
+    common::create_topic(&client, "s", "t", 1).await;
+
+    let mut silent = TcpStream::connect(addr).await.unwrap();
+    let closed = time_to_close(&mut silent, Duration::from_secs(5)).await;
+    assert!(closed.is_some(), "a silent connection is closed");
+
+    // One byte every 100 ms of a frame that claims 100 bytes: never whole.
+    let mut slow = TcpStream::connect(addr).await.unwrap();
+    let mut ping = Vec::new();
+    Request::Ping.encode(1, &mut ping);
+    let dribble = tokio::spawn(async move {
+        for byte in [
+            0u8, 0, 0, 100, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+        ] {
+            if slow.write_all(&[byte]).await.is_err() {
+                return Some(slow);
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        Some(slow)
+    });
+    let mut slow = dribble.await.unwrap().unwrap();
+    assert!(
+        time_to_close(&mut slow, Duration::from_secs(3))
+            .await
+            .is_some(),
+        "a client dribbling a frame is closed"
+    );
+
+    // A ping answered, then nothing: idle.
+    let mut idle = TcpStream::connect(addr).await.unwrap();
+    idle.write_all(&ping).await.unwrap();
+    let idle_after = time_to_close(&mut idle, Duration::from_secs(5)).await;
+    assert!(
+        idle_after.is_some_and(|d| d >= Duration::from_millis(300)),
+        "{idle_after:?}"
+    );
+
+    // A fetch waiting 1.5 s keeps its connection: it is answered, and only then idle.
+    let mut waiting = TcpStream::connect(addr).await.unwrap();
+    let mut fetch = Vec::new();
+    Request::Fetch {
+        stream: "s",
+        topic: "t",
+        partition: 0,
+        offset: 0,
+        max_bytes: 1024,
+        max_wait_ms: 1_500,
+    }
+    .encode(2, &mut fetch);
+    waiting.write_all(&fetch).await.unwrap();
+    let lived = time_to_close(&mut waiting, Duration::from_secs(10))
+        .await
+        .unwrap();
+    assert!(
+        lived >= Duration::from_millis(1_500),
+        "closed while its fetch waited: {lived:?}"
+    );
+    eprintln!(
+        "closed: silent after {closed:?}, idle after {idle_after:?}, a waiting one after {lived:?}"
+    );
+    node.shutdown();
+}
+
+/// Beyond `connections_max` the node closes new connections at accept, counting them;
+/// a slot freed is usable again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_beyond_the_maximum_are_closed_at_accept() {
+    let _serial = SERIAL.lock().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = common::config(dir.path(), FsyncSetting::Never);
+    config.connections_max = 3;
+    let node = braid_node::Node::start(config).unwrap();
+    let addr = node.client_addr();
+    // Raw sockets, so that dropping one closes it.
+    let mut ping = Vec::new();
+    Request::Ping.encode(1, &mut ping);
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        use tokio::io::AsyncReadExt;
+        let mut stream = TcpStream::connect(addr).await.unwrap();
+        stream.write_all(&ping).await.unwrap();
+        let mut answer = [0u8; 64];
+        assert!(stream.read(&mut answer).await.unwrap() > 0, "served");
+        held.push(stream);
+    }
+    let mut over = TcpStream::connect(addr).await.unwrap();
+    assert!(
+        time_to_close(&mut over, Duration::from_secs(3))
+            .await
+            .is_some(),
+        "the fourth is closed"
+    );
+    drop(held.pop());
+    // The freed slot comes back once the node has seen the close.
+    let start = Instant::now();
+    loop {
+        let client = Client::connect(addr).await.unwrap();
+        if client.ping().await.is_ok() {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "the slot came back"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    node.shutdown();
+}

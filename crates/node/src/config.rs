@@ -43,6 +43,15 @@ pub struct NodeConfig {
     /// Fetches one connection may have parked at a partition's end; more are answered
     /// at once.
     pub connection_waiting_fetches_max: u32,
+    /// A new connection's first complete frame must arrive within this (ms).
+    pub connection_first_frame_ms: u64,
+    /// A frame, once its first byte arrived, must be whole within this (ms).
+    pub connection_frame_ms: u64,
+    /// A connection with nothing in flight is closed after this long without a frame
+    /// (ms).
+    pub connection_idle_ms: u64,
+    /// Client connections the node serves at once; more are closed at accept.
+    pub connections_max: u32,
     /// A connection whose answers make no progress for this long (its client reads
     /// nothing) is closed, releasing what it held (ms).
     pub connection_write_timeout_ms: u64,
@@ -135,6 +144,10 @@ impl Default for NodeConfig {
             fetch_bytes_max: 512 << 20,
             connection_write_timeout_ms: 30_000,
             connection_waiting_fetches_max: 1024,
+            connection_first_frame_ms: 10_000,
+            connection_frame_ms: 30_000,
+            connection_idle_ms: 600_000,
+            connections_max: 10_000,
             topic_defaults: TopicDefaults::default(),
         }
     }
@@ -233,6 +246,12 @@ impl NodeConfig {
                     self.connection_fetch_bytes_max = parse(&value).map_err(bad)?
                 }
                 "FETCH_BYTES_MAX" => self.fetch_bytes_max = parse(&value).map_err(bad)?,
+                "CONNECTION_FIRST_FRAME_MS" => {
+                    self.connection_first_frame_ms = parse(&value).map_err(bad)?
+                }
+                "CONNECTION_FRAME_MS" => self.connection_frame_ms = parse(&value).map_err(bad)?,
+                "CONNECTION_IDLE_MS" => self.connection_idle_ms = parse(&value).map_err(bad)?,
+                "CONNECTIONS_MAX" => self.connections_max = parse(&value).map_err(bad)?,
                 "CONNECTION_WAITING_FETCHES_MAX" => {
                     self.connection_waiting_fetches_max = parse(&value).map_err(bad)?
                 }

@@ -7,6 +7,7 @@
 
 use std::cell::Cell;
 use std::rc::Rc;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -71,6 +72,8 @@ pub(crate) fn spawn(shard: &Shard, stream: std::net::TcpStream) {
     let draining = shard.draining.subscribe();
     tokio::task::spawn_local(async move {
         let peer = stream.peer_addr().ok();
+        // The slot the acceptor took for this connection goes back however it ends.
+        let _slot = ConnectionSlot(Arc::clone(&shared));
         let stream = match stream
             .set_nonblocking(true)
             .and_then(|()| tokio::net::TcpStream::from_std(stream))
@@ -108,15 +111,33 @@ pub(crate) fn spawn_acceptor(shard: &mut Shard, listener: std::net::TcpListener)
     };
     tokio::task::spawn_local(async move {
         let mut next = 0usize;
+        let mut last_refusal_logged = None;
         loop {
             tokio::select! {
                 _ = draining.changed() => break,
                 accepted = listener.accept() => match accepted {
-                    Ok((stream, _)) => {
-                        let Ok(stream) = stream.into_std() else { continue };
+                    Ok((stream, peer)) => {
+                        let max = shared.config.connections_max as usize;
+                        let served = shared.connections.fetch_add(1, Ordering::AcqRel);
+                        if served >= max {
+                            shared.connections.fetch_sub(1, Ordering::AcqRel);
+                            add(&shared.metrics[0].connections_refused, 1);
+                            // One line per burst, not one per refused socket.
+                            if last_refusal_logged.is_none_or(|at: tokio::time::Instant| at.elapsed() >= Duration::from_secs(10)) {
+                                last_refusal_logged = Some(tokio::time::Instant::now());
+                                tracing::warn!(%peer, connections_max = max, "refusing client connections: the node serves its maximum");
+                            }
+                            continue; // dropping the socket closes it
+                        }
+                        let Ok(stream) = stream.into_std() else {
+                            shared.connections.fetch_sub(1, Ordering::AcqRel);
+                            continue;
+                        };
                         let shard = next % shared.shards();
                         next += 1;
-                        let _ = shared.controls[shard].send(crate::shard::Control::Connection(stream));
+                        if shared.controls[shard].send(crate::shard::Control::Connection(stream)).is_err() {
+                            shared.connections.fetch_sub(1, Ordering::AcqRel);
+                        }
                     }
                     Err(err) => {
                         // Out of descriptors and the like: pause rather than spin.
@@ -166,11 +187,13 @@ async fn serve(
     };
     let max = env.shared.config.frame_bytes_max;
     let mut buf = BytesMut::with_capacity(READ_CHUNK_BYTES);
+    let mut deadlines = Deadlines::new(&env.shared.config);
     'read: loop {
         loop {
             match frame_length(&buf, REQUEST_HEADER_BYTES, max) {
                 Ok(Some(total)) => {
                     let frame = buf.split_to(total);
+                    deadlines.frame_done();
                     handle_frame(&env, frame).await;
                 }
                 Ok(None) => break,
@@ -186,7 +209,15 @@ async fn serve(
         if buf.capacity() - buf.len() < READ_CHUNK_BYTES {
             buf.reserve(READ_CHUNK_BYTES);
         }
+        let deadline = deadlines.next(!buf.is_empty(), env.in_flight.get() > 0);
         tokio::select! {
+            () = tokio::time::sleep_until(deadline.at) => {
+                if let Some(reason) = deadline.reason {
+                    add(&env.metrics.connections_closed_deadline, 1);
+                    tracing::info!(reason, "closing a client connection at its deadline");
+                    break;
+                }
+            }
             read = reader.read_buf(&mut buf) => match read {
                 Ok(0) => {
                     if !buf.is_empty() {
@@ -219,6 +250,89 @@ async fn serve(
     drop(env);
     if !writer_done {
         let _ = writer_task.await;
+    }
+}
+
+/// A counted client connection; its count is given back when it ends.
+struct ConnectionSlot(Arc<NodeShared>);
+
+impl Drop for ConnectionSlot {
+    fn drop(&mut self) {
+        self.0.connections.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// When a connection that does nothing useful is closed: its first complete frame must
+/// come within `connection_first_frame_ms` of the connect, a frame once begun must be
+/// whole within `connection_frame_ms` (a client sending a byte every 100 ms holds
+/// nothing for long), and with nothing in flight a connection may go
+/// `connection_idle_ms` without a frame.
+struct Deadlines {
+    first_frame: Duration,
+    frame: Duration,
+    idle: Duration,
+    connected: tokio::time::Instant,
+    /// When the last complete frame arrived (none yet: `None`).
+    last_frame: Option<tokio::time::Instant>,
+    /// When bytes of the frame now buffered began to arrive.
+    frame_started: Option<tokio::time::Instant>,
+    /// When the connection was last seen with answers in flight.
+    last_busy: Option<tokio::time::Instant>,
+}
+
+/// The next deadline, and why the connection closes there (`None`: only look again).
+struct Deadline {
+    at: tokio::time::Instant,
+    reason: Option<&'static str>,
+}
+
+impl Deadlines {
+    fn new(config: &crate::config::NodeConfig) -> Self {
+        let ms = |v: u64| Duration::from_millis(v.max(1));
+        Self {
+            first_frame: ms(config.connection_first_frame_ms),
+            frame: ms(config.connection_frame_ms),
+            idle: ms(config.connection_idle_ms),
+            connected: tokio::time::Instant::now(),
+            last_frame: None,
+            frame_started: None,
+            last_busy: None,
+        }
+    }
+
+    fn frame_done(&mut self) {
+        self.last_frame = Some(tokio::time::Instant::now());
+        self.frame_started = None;
+    }
+
+    fn next(&mut self, partial_frame: bool, busy: bool) -> Deadline {
+        let now = tokio::time::Instant::now();
+        if partial_frame {
+            let started = *self.frame_started.get_or_insert(now);
+            return Deadline {
+                at: started + self.frame,
+                reason: Some("a frame not completed in time"),
+            };
+        }
+        self.frame_started = None;
+        match self.last_frame {
+            None => Deadline {
+                at: self.connected + self.first_frame,
+                reason: Some("no first frame in time"),
+            },
+            // Answers are still being worked on: not idle; look again soon.
+            Some(_) if busy => {
+                self.last_busy = Some(now);
+                Deadline {
+                    at: now + self.idle.min(Duration::from_secs(1)),
+                    reason: None,
+                }
+            }
+            Some(last) => Deadline {
+                at: self.last_busy.map_or(last, |busy| busy.max(last)) + self.idle,
+                reason: Some("idle"),
+            },
+        }
     }
 }
 

@@ -25,6 +25,8 @@ pub(crate) struct ShardMetrics {
     pub(crate) fetch_budget_waits: AtomicU64,
     pub(crate) connections_closed_stalled: AtomicU64,
     pub(crate) fetch_waits_refused: AtomicU64,
+    pub(crate) connections_closed_deadline: AtomicU64,
+    pub(crate) connections_refused: AtomicU64,
 }
 
 impl Default for ShardMetrics {
@@ -46,6 +48,8 @@ impl Default for ShardMetrics {
             fetch_budget_waits: AtomicU64::new(0),
             connections_closed_stalled: AtomicU64::new(0),
             fetch_waits_refused: AtomicU64::new(0),
+            connections_closed_deadline: AtomicU64::new(0),
+            connections_refused: AtomicU64::new(0),
         }
     }
 }
@@ -145,6 +149,18 @@ pub(crate) fn render(shards: &[Arc<ShardMetrics>]) -> String {
         "counter",
         "Fetches answered at once because their connection had connection_waiting_fetches_max parked.",
         sum(&|s| &s.fetch_waits_refused),
+    );
+    metric(
+        "braid_connections_closed_deadline_total",
+        "counter",
+        "Connections closed for no first frame, a frame not completed, or idleness in time.",
+        sum(&|s| &s.connections_closed_deadline),
+    );
+    metric(
+        "braid_connections_refused_total",
+        "counter",
+        "Connections closed at accept because the node already served connections_max.",
+        sum(&|s| &s.connections_refused),
     );
     metric(
         "braid_fsync_requests_total",

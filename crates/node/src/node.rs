@@ -114,6 +114,7 @@ impl Node {
             syncer: braid_storage::Syncer::start("braid-sync")?,
             read_buffers: crate::buffers::ReadBuffers::default(),
             fetch_bytes: Arc::new(tokio::sync::Semaphore::new(fetch_bytes_permits)),
+            connections: std::sync::atomic::AtomicUsize::new(0),
         });
         let meta = MetaService::new(store);
         let layout = Arc::new(meta.layout());

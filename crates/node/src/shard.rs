@@ -106,6 +106,8 @@ pub(crate) struct NodeShared {
     pub(crate) read_buffers: crate::buffers::ReadBuffers,
     /// Fetch-response bytes in flight over the node (`fetch_bytes_max`).
     pub(crate) fetch_bytes: Arc<tokio::sync::Semaphore>,
+    /// Client connections served now, over every shard (`connections_max`).
+    pub(crate) connections: std::sync::atomic::AtomicUsize,
 }
 
 impl NodeShared {
