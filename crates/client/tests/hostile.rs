@@ -538,3 +538,65 @@ async fn connections_beyond_the_maximum_are_closed_at_accept() {
     }
     node.shutdown();
 }
+
+/// Rules once undocumented: request id 0 belongs to the node (a request with it is
+/// `InvalidArgument`); `max_wait_ms` above 60 s is `InvalidArgument`, not silently
+/// capped; a stored batch carries the leader epoch of the node that appended it (0 on a
+/// single node), whatever the producer sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_id_zero_long_waits_and_the_leader_epoch_follow_their_rules() {
+    use braid_proto::client::{
+        error_code, frame_length, split_response, ErrorCode, RESPONSE_HEADER_BYTES,
+    };
+    use tokio::io::AsyncReadExt;
+    let _serial = SERIAL.lock().await;
+    let node = TestNode::start(FsyncSetting::Never);
+    let client = Client::connect(node.addr()).await.unwrap();
+    common::create_topic(&client, "s", "t", 1).await;
+    let mut requests = Vec::new();
+    Request::Ping.encode(0, &mut requests);
+    Request::Fetch {
+        stream: "s",
+        topic: "t",
+        partition: 0,
+        offset: 0,
+        max_bytes: 1024,
+        max_wait_ms: 60_001,
+    }
+    .encode(7, &mut requests);
+    Request::Ping.encode(8, &mut requests);
+    let mut raw = TcpStream::connect(node.addr()).await.unwrap();
+    raw.write_all(&requests).await.unwrap();
+    let mut buf = Vec::new();
+    let mut answers = Vec::new();
+    loop {
+        while let Ok(Some(total)) = frame_length(&buf, RESPONSE_HEADER_BYTES, 1 << 20) {
+            let frame: Vec<u8> = buf.drain(..total).collect();
+            let (header, _) = split_response(&frame).unwrap();
+            answers.push((header.request_id, header.status));
+        }
+        if answers.len() == 3 {
+            break;
+        }
+        let mut chunk = [0u8; 4096];
+        let n = tokio::time::timeout(Duration::from_secs(5), raw.read(&mut chunk))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_ne!(n, 0);
+        buf.extend_from_slice(&chunk[..n]);
+    }
+    answers.sort();
+    assert_eq!(error_code(answers[0].1), ErrorCode::InvalidArgument, "id 0");
+    assert_eq!(
+        (answers[1].0, error_code(answers[1].1)),
+        (7, ErrorCode::InvalidArgument),
+        "a wait above 60 s"
+    );
+    assert_eq!(answers[2], (8, 0), "the connection goes on");
+    // The producer's -1 is replaced by the appending node's epoch.
+    client.produce("s", "t", 0, &batch(1, 10)).await.unwrap();
+    let fetched = client.fetch("s", "t", 0, 0, 1 << 20, 0).await.unwrap();
+    let (stored, _) = braid_proto::RecordBatch::validate(&fetched.batches).unwrap();
+    assert_eq!(stored.header().partition_leader_epoch, 0);
+}

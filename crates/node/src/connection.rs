@@ -526,6 +526,14 @@ async fn handle_frame(env: &Env, mut frame: BytesMut) {
         return send_error(env, request_id, code, &err).await;
     };
     env.metrics.request(command);
+    if request_id == 0 {
+        // Id 0 is the node's, for answers to a stream it cannot frame.
+        let err = NodeError::new(
+            ErrorCode::InvalidArgument,
+            "request id 0 is reserved for the node's connection-level errors",
+        );
+        return send_error(env, request_id, code, &err).await;
+    }
     let request = match Request::decode(command, body) {
         Ok(request) => request,
         Err(err) => {
@@ -562,6 +570,12 @@ async fn handle_frame(env: &Env, mut frame: BytesMut) {
                 }
                 Err(err) => Err(err),
             }
+        }
+        Request::Fetch { max_wait_ms, .. } if max_wait_ms > FETCH_WAIT_MS_MAX => {
+            Err(NodeError::new(
+                ErrorCode::InvalidArgument,
+                format!("max_wait_ms {max_wait_ms} exceeds {FETCH_WAIT_MS_MAX}"),
+            ))
         }
         Request::Fetch {
             stream,

@@ -19,6 +19,9 @@ use crate::error::NodeError;
 /// Offsets a produce got: (base, last).
 pub(crate) type ProduceReply = oneshot::Sender<Result<(u64, u64), NodeError>>;
 
+/// The partition leader epoch a single node writes into every batch it appends.
+pub(crate) const LEADER_EPOCH_SINGLE_NODE: i32 = 0;
+
 /// Where a fetch's answer goes.
 pub(crate) type FetchReply = oneshot::Sender<Result<crate::shard::FetchOutcome, NodeError>>;
 
@@ -140,6 +143,10 @@ impl Partition {
             )));
             return None;
         }
+        // The batch records the epoch of the leader that appended it; a single node is
+        // epoch 0 (replication will write the view).
+        let mut batch = batch;
+        batch.set_partition_leader_epoch(LEADER_EPOCH_SINGLE_NODE);
         let appended = match self.log.append(batch, now_ms) {
             Ok(appended) => appended,
             Err(err) => {
