@@ -494,6 +494,30 @@ impl Consumer {
     }
 
     async fn commit_offsets(&mut self, offsets: Vec<(u32, u64)>) -> Result<(), ClientError> {
+        match self.send_commit(&offsets).await {
+            Err(err) if err.code() == Some(ErrorCode::StaleGeneration) => {
+                // The group rebalanced since our last heartbeat: learn the new
+                // generation and assignment, then commit what is still ours.
+                self.heartbeat_boxed().await?;
+                let ours: Vec<(u32, u64)> = offsets
+                    .into_iter()
+                    .filter(|(p, _)| self.positions.contains_key(p))
+                    .collect();
+                self.send_commit(&ours).await
+            }
+            other => other,
+        }
+    }
+
+    /// The heartbeat, boxed: it can commit (releasing partitions), which can heartbeat.
+    fn heartbeat_boxed(
+        &mut self,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), ClientError>> + Send + '_>>
+    {
+        Box::pin(self.heartbeat())
+    }
+
+    async fn send_commit(&mut self, offsets: &[(u32, u64)]) -> Result<(), ClientError> {
         let Some(group) = self.group.as_ref() else {
             return Ok(());
         };
@@ -507,11 +531,11 @@ impl Consumer {
                 member_id: group.member_id,
                 generation: group.generation,
             },
-            offsets: offsets.clone(),
+            offsets: offsets.to_vec(),
         };
         self.client.call(&request).await?;
         for (partition, offset) in offsets {
-            self.committed.insert(partition, offset);
+            self.committed.insert(*partition, *offset);
         }
         Ok(())
     }

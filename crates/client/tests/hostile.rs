@@ -600,3 +600,64 @@ async fn request_id_zero_long_waits_and_the_leader_epoch_follow_their_rules() {
     let (stored, _) = braid_proto::RecordBatch::validate(&fetched.batches).unwrap();
     assert_eq!(stored.header().partition_leader_epoch, 0);
 }
+
+/// A commit with a generation older than the group's (the member has not seen the
+/// latest rebalance and may have been replaced), or 0, is `StaleGeneration`: Kafka's
+/// fencing. With the current one it is taken.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn commits_with_a_stale_or_zero_generation_are_fenced() {
+    use braid_proto::client::{ErrorCode, GroupMemberRequest, Response};
+    let _serial = SERIAL.lock().await;
+    let node = TestNode::start(FsyncSetting::Never);
+    let client = Client::connect(node.addr()).await.unwrap();
+    common::create_topic(&client, "s", "t", 2).await;
+    let join = |name: &'static str| Request::JoinGroup {
+        stream: "s",
+        group: "g",
+        topic: "t",
+        member_name: name,
+        session_timeout_ms: 10_000,
+    };
+    let Response::Assignment {
+        member_id: a,
+        generation: first,
+        partitions,
+    } = client.call(&join("a")).await.unwrap()
+    else {
+        panic!("an assignment")
+    };
+    assert_eq!(partitions.len(), 2);
+    // b joins: a new generation.
+    client.call(&join("b")).await.unwrap();
+    let commit = |generation| Request::CommitOffsets {
+        member: GroupMemberRequest {
+            stream: "s",
+            group: "g",
+            member_id: a,
+            generation,
+        },
+        offsets: vec![(partitions[0], 0)],
+    };
+    for stale in [first, 0] {
+        let refused = client.call(&commit(stale)).await.unwrap_err();
+        assert_eq!(
+            refused.code(),
+            Some(ErrorCode::StaleGeneration),
+            "generation {stale}"
+        );
+    }
+    let heartbeat = Request::Heartbeat {
+        member: GroupMemberRequest {
+            stream: "s",
+            group: "g",
+            member_id: a,
+            generation: first,
+        },
+        owned: partitions.clone(),
+    };
+    let Response::Assignment { generation, .. } = client.call(&heartbeat).await.unwrap() else {
+        panic!("an assignment")
+    };
+    assert!(generation > first);
+    client.call(&commit(generation)).await.unwrap();
+}

@@ -45,6 +45,7 @@ pub(crate) enum AdminRequest {
         stream: String,
         group: String,
         member_id: u64,
+        generation: u32,
         offsets: Vec<(u32, u64)>,
     },
     FetchOffsets {
@@ -120,6 +121,7 @@ pub(crate) fn admin_request(request: &Request<'_>) -> Option<AdminRequest> {
             stream: own(member.stream),
             group: own(member.group),
             member_id: member.member_id,
+            generation: member.generation,
             offsets: offsets.clone(),
         },
         Request::FetchOffsets { stream, group } => AdminRequest::FetchOffsets {

@@ -330,9 +330,10 @@ impl MetaService {
                 stream,
                 group,
                 member_id,
+                generation,
                 offsets,
             } => {
-                let _ = reply.send(self.commit(&stream, &group, member_id, offsets));
+                let _ = reply.send(self.commit(&stream, &group, member_id, generation, offsets));
             }
             AdminRequest::FetchOffsets { stream, group } => {
                 self.describe_group(shard, stream, group, true, reply);
@@ -401,11 +402,12 @@ impl MetaService {
         stream: &str,
         group: &str,
         member_id: u64,
+        generation: u32,
         offsets: Vec<(u32, u64)>,
     ) -> Result<Response, NodeError> {
         for (partition, _) in &offsets {
             self.groups
-                .check_commit(stream, group, member_id, *partition)?;
+                .check_commit(stream, group, member_id, generation, *partition)?;
         }
         let topic = self
             .groups

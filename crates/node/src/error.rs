@@ -51,6 +51,7 @@ impl From<crate::groups::GroupError> for NodeError {
         let code = match &err {
             GroupError::UnknownMember { .. } => ErrorCode::UnknownMember,
             GroupError::NotAssigned { .. } => ErrorCode::NotAssigned,
+            GroupError::StaleGeneration { .. } => ErrorCode::StaleGeneration,
             _ => ErrorCode::InvalidArgument,
         };
         Self::new(code, err.to_string())

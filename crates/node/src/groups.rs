@@ -32,6 +32,15 @@ pub enum GroupError {
         /// Its topic.
         topic: String,
     },
+    /// The member commits with a generation other than the group's: it has not seen
+    /// the latest rebalance (or sent 0), and may have been replaced.
+    #[error("generation {sent} is not the group's generation {current}")]
+    StaleGeneration {
+        /// What the member sent.
+        sent: u32,
+        /// The group's.
+        current: u32,
+    },
     /// The member commits for a partition it neither owns nor was granted.
     #[error("member {member_id} does not own partition {partition}")]
     NotAssigned {
@@ -283,9 +292,18 @@ impl GroupCoordinator {
         stream: &str,
         group: &str,
         member_id: u64,
+        generation: u32,
         partition: u32,
     ) -> Result<(), GroupError> {
         let (entry, id) = self.member_mut(stream, group, member_id)?;
+        // Kafka's fencing: only a member that saw the latest rebalance commits, so one
+        // that was replaced cannot overwrite its successor's position.
+        if generation != entry.generation {
+            return Err(GroupError::StaleGeneration {
+                sent: generation,
+                current: entry.generation,
+            });
+        }
         let owns = entry
             .members
             .get(&id)
@@ -412,7 +430,15 @@ mod tests {
             .copied()
             .filter(|p| !a2.partitions.contains(p))
             .collect();
-        c.check_commit("s", "g", a.member_id, released[0]).unwrap();
+        c.check_commit("s", "g", a.member_id, a2.generation, released[0])
+            .unwrap();
+        // An older generation, or 0, is fenced.
+        for stale in [a.generation, 0] {
+            assert!(matches!(
+                c.check_commit("s", "g", a.member_id, stale, released[0]),
+                Err(GroupError::StaleGeneration { .. })
+            ));
+        }
         assert!(c
             .heartbeat("s", "g", b.member_id, &[], 40)
             .unwrap()
@@ -423,7 +449,7 @@ mod tests {
         let b2 = c.heartbeat("s", "g", b.member_id, &[], 60).unwrap();
         assert_eq!(b2.partitions, released);
         assert!(matches!(
-            c.check_commit("s", "g", a.member_id, released[0]),
+            c.check_commit("s", "g", a.member_id, b2.generation, released[0]),
             Err(GroupError::NotAssigned { .. })
         ));
     }
