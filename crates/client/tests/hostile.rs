@@ -603,7 +603,8 @@ async fn request_id_zero_long_waits_and_the_leader_epoch_follow_their_rules() {
 
 /// A commit with a generation older than the group's (the member has not seen the
 /// latest rebalance and may have been replaced), or 0, is `StaleGeneration`: Kafka's
-/// fencing. With the current one it is taken.
+/// fencing. With the current one it is taken, unless its offset is beyond the
+/// partition's high watermark (`OffsetOutOfRange`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn commits_with_a_stale_or_zero_generation_are_fenced() {
     use braid_proto::client::{ErrorCode, GroupMemberRequest, Response};
@@ -660,4 +661,23 @@ async fn commits_with_a_stale_or_zero_generation_are_fenced() {
     };
     assert!(generation > first);
     client.call(&commit(generation)).await.unwrap();
+    // A position beyond the high watermark is refused too (lag went negative).
+    let at = |offset| Request::CommitOffsets {
+        member: GroupMemberRequest {
+            stream: "s",
+            group: "g",
+            member_id: a,
+            generation,
+        },
+        offsets: vec![(partitions[0], offset)],
+    };
+    let refused = client.call(&at(1)).await.unwrap_err();
+    assert_eq!(refused.code(), Some(ErrorCode::OffsetOutOfRange));
+    client
+        .produce("s", "t", partitions[0], &batch(3, 10))
+        .await
+        .unwrap();
+    client.call(&at(3)).await.unwrap();
+    let refused = client.call(&at(4)).await.unwrap_err();
+    assert_eq!(refused.code(), Some(ErrorCode::OffsetOutOfRange));
 }

@@ -333,7 +333,8 @@ impl MetaService {
                 generation,
                 offsets,
             } => {
-                let _ = reply.send(self.commit(&stream, &group, member_id, generation, offsets));
+                let result = self.commit(shard, &stream, &group, member_id, generation, offsets);
+                let _ = reply.send(result);
             }
             AdminRequest::FetchOffsets { stream, group } => {
                 self.describe_group(shard, stream, group, true, reply);
@@ -399,6 +400,7 @@ impl MetaService {
 
     fn commit(
         &mut self,
+        shard: &Shard,
         stream: &str,
         group: &str,
         member_id: u64,
@@ -414,6 +416,31 @@ impl MetaService {
             .describe(stream, group)
             .map(|g| g.topic)
             .ok_or_else(|| NodeError::new(ErrorCode::UnknownMember, "no such live group"))?;
+        // A position beyond what was committed to the log would make lag negative and
+        // skip records that later arrive: refused.
+        let topic_id = self.store.state().topic(stream, &topic)?.id;
+        if let Ok(published) = shard.shared.high_watermarks.read() {
+            for (partition, offset) in &offsets {
+                let key = crate::layout::PartitionKey {
+                    topic_id,
+                    partition: *partition,
+                };
+                let Some(high_watermark) = published
+                    .get(&key)
+                    .map(|hw| hw.load(std::sync::atomic::Ordering::Acquire))
+                else {
+                    continue;
+                };
+                if *offset > high_watermark {
+                    return Err(NodeError::new(
+                        ErrorCode::OffsetOutOfRange,
+                        format!(
+                            "commit of offset {offset} on partition {partition} is beyond its high watermark {high_watermark}"
+                        ),
+                    ));
+                }
+            }
+        }
         let op = MetaOp::CommitOffsets {
             stream: stream.to_owned(),
             group: group.to_owned(),

@@ -115,6 +115,7 @@ impl Node {
             read_buffers: crate::buffers::ReadBuffers::default(),
             fetch_bytes: Arc::new(tokio::sync::Semaphore::new(fetch_bytes_permits)),
             connections: std::sync::atomic::AtomicUsize::new(0),
+            high_watermarks: std::sync::RwLock::default(),
         });
         let meta = MetaService::new(store);
         let layout = Arc::new(meta.layout());

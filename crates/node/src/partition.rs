@@ -57,6 +57,8 @@ pub(crate) struct Partition {
     sealed: bool,
     /// The log's poisoning was counted and logged.
     poison_reported: bool,
+    /// The high watermark as other shards may read it (the group coordinator).
+    published: std::sync::Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl std::fmt::Debug for Partition {
@@ -94,7 +96,13 @@ impl Partition {
             woken: VecDeque::new(),
             sealed: false,
             poison_reported: false,
+            published: std::sync::Arc::new(std::sync::atomic::AtomicU64::new(high_watermark)),
         }
+    }
+
+    /// The high watermark for readers on other shards.
+    pub(crate) fn published_high_watermark(&self) -> std::sync::Arc<std::sync::atomic::AtomicU64> {
+        std::sync::Arc::clone(&self.published)
     }
 
     /// Why the log refuses writes, the first time this is asked after it began to
@@ -222,6 +230,8 @@ impl Partition {
             return;
         }
         self.high_watermark = up_to;
+        self.published
+            .store(up_to, std::sync::atomic::Ordering::Release);
         while let Some(front) = self.awaiting_commit.front() {
             if front.last_offset >= up_to {
                 break;

@@ -108,6 +108,11 @@ pub(crate) struct NodeShared {
     pub(crate) fetch_bytes: Arc<tokio::sync::Semaphore>,
     /// Client connections served now, over every shard (`connections_max`).
     pub(crate) connections: std::sync::atomic::AtomicUsize,
+    /// Each open partition's high watermark, published by its owner for the group
+    /// coordinator (a commit beyond it is refused). Written when partitions open or
+    /// go, read per commit; never on the produce or fetch path.
+    pub(crate) high_watermarks:
+        std::sync::RwLock<HashMap<PartitionKey, Arc<std::sync::atomic::AtomicU64>>>,
 }
 
 impl NodeShared {
@@ -185,7 +190,11 @@ impl Shard {
                 .map_err(|e| format!("opening partition {}/{}: {e}", topic.name, key.partition))?;
             // An idle partition holds no files until it is used.
             log.release_files().map_err(|e| e.to_string())?;
-            self.partitions.insert(key, Partition::new(log));
+            let partition = Partition::new(log);
+            if let Ok(mut published) = self.shared.high_watermarks.write() {
+                published.insert(key, partition.published_high_watermark());
+            }
+            self.partitions.insert(key, partition);
         }
         let gone: Vec<PartitionKey> = self
             .partitions
@@ -195,6 +204,9 @@ impl Shard {
             .collect();
         for key in gone {
             self.partitions.remove(&key);
+            if let Ok(mut published) = self.shared.high_watermarks.write() {
+                published.remove(&key);
+            }
             self.lru.remove(&key);
             self.dirty.remove(&key);
             let dir = key.dir(self.shared.data_dir());
