@@ -681,3 +681,31 @@ async fn commits_with_a_stale_or_zero_generation_are_fenced() {
     let refused = client.call(&at(4)).await.unwrap_err();
     assert_eq!(refused.code(), Some(ErrorCode::OffsetOutOfRange));
 }
+
+/// A keyed record sent to a partition whose hash range does not hold its key was
+/// stored; scalable topics' per-key order needs every record of a key in the one
+/// partition that owns its hash. It is `KeyOutOfRange` now; keyless records go anywhere,
+/// and the SDK's producer routes keys right.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_keyed_record_in_the_wrong_partition_is_refused() {
+    use braid_proto::client::ErrorCode;
+    let _serial = SERIAL.lock().await;
+    let node = TestNode::start(FsyncSetting::Never);
+    let client = Client::connect(node.addr()).await.unwrap();
+    common::create_topic(&client, "s", "t", 2).await;
+    let key = b"some key";
+    let hash = braid_proto::hash::key_hash(key);
+    let (right, wrong) = if hash <= u16::MAX / 2 { (0, 1) } else { (1, 0) };
+    let keyed = {
+        let mut builder = braid_proto::BatchBuilder::new(1_000);
+        builder.push(Some(key), Some(b"v"), &[], 1_000);
+        builder.finish()
+    };
+    let refused = client.produce("s", "t", wrong, &keyed).await.unwrap_err();
+    assert_eq!(refused.code(), Some(ErrorCode::KeyOutOfRange));
+    client.produce("s", "t", right, &keyed).await.unwrap();
+    client
+        .produce("s", "t", wrong, &batch(1, 10))
+        .await
+        .unwrap();
+}

@@ -629,6 +629,19 @@ async fn produce(
     }
     let batch = ValidatedBatch::from_bytes_mut(batch)
         .map_err(|e| NodeError::new(ErrorCode::InvalidBatch, e.to_string()))?;
+    // A key's records must all go to the one partition whose range holds its hash, or
+    // its order across splits and merges cannot hold.
+    if let Some(meta) = route.partition(key.partition) {
+        if let Some((index, hash)) = batch.key_outside(meta.hash_start, meta.hash_end) {
+            return Err(NodeError::new(
+                ErrorCode::KeyOutOfRange,
+                format!(
+                    "record {index}'s key hashes to {hash}, outside partition {}'s range {}..={}: refresh the layout and route again",
+                    key.partition, meta.hash_start, meta.hash_end
+                ),
+            ));
+        }
+    }
     let (reply, wait) = oneshot::channel();
     let owner = key.shard(env.shared.shards());
     env.shared.inboxes[owner]

@@ -370,6 +370,24 @@ impl ValidatedBatch {
         self.header.partition_leader_epoch = epoch;
     }
 
+    /// The index and ring position of the first keyed record whose key hash (see
+    /// [`crate::hash::key_hash`]) lies outside the inclusive range `[start, end]`, if
+    /// any; keyless records belong anywhere. A full range is answered without a walk.
+    pub fn key_outside(&self, start: u16, end: u16) -> Option<(u32, u16)> {
+        if start == 0 && end == u16::MAX {
+            return None;
+        }
+        self.as_record_batch()
+            .records()
+            .enumerate()
+            .find_map(|(index, record)| {
+                // Every record was decoded at validation; a failure here cannot be.
+                let key = record.ok()?.key?;
+                let hash = crate::hash::key_hash(key);
+                (hash < start || hash > end).then_some((index as u32, hash))
+            })
+    }
+
     /// Borrows it as a [`RecordBatch`] to iterate its records.
     pub fn as_record_batch(&self) -> RecordBatch<'_> {
         RecordBatch {

@@ -154,6 +154,9 @@ codes! {
         NotLeader = 23,
         /// The partition is sealed by a split or merge.
         PartitionSealed = 24,
+        /// A keyed record's key hash lies outside the partition's hash range: the
+        /// producer's layout is stale; refresh it and route again.
+        KeyOutOfRange = 25,
         /// No such consumer group.
         GroupNotFound = 30,
         /// The member is not (or no longer) in the group.
