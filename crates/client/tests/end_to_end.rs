@@ -294,11 +294,12 @@ async fn admin_calls_list_describe_and_delete() {
     assert_eq!(left, 0);
 }
 
+/// Keyless records, so they may go to any partition.
 fn sample_batch(records: usize) -> Vec<u8> {
     let mut builder = braid_proto::BatchBuilder::new(1_000);
     for i in 0..records {
         builder.push(
-            Some(b"k"),
+            None,
             Some(format!("v{i}").as_bytes()),
             &[],
             1_000 + i as i64,

@@ -39,6 +39,56 @@ fn batch(records: usize, value_bytes: usize) -> Vec<u8> {
     builder.finish()
 }
 
+/// Encodes a Fetch of partition 0 of `s/topic` into `out`.
+fn encode_fetch(
+    out: &mut Vec<u8>,
+    id: u64,
+    topic: &str,
+    offset: u64,
+    max_bytes: u32,
+    max_wait_ms: u32,
+) {
+    Request::Fetch {
+        stream: "s",
+        topic,
+        partition: 0,
+        offset,
+        max_bytes,
+        max_wait_ms,
+    }
+    .encode(id, out);
+}
+
+/// Reads answers on a raw connection until `count` came or `within` passed:
+/// (request id, status) in arrival order. The connection must stay open meanwhile.
+async fn read_answers(stream: &mut TcpStream, count: usize, within: Duration) -> Vec<(u64, u16)> {
+    use braid_proto::client::{frame_length, split_response, RESPONSE_HEADER_BYTES};
+    use tokio::io::AsyncReadExt;
+    let deadline = Instant::now() + within;
+    let mut buf = Vec::new();
+    let mut answers = Vec::new();
+    loop {
+        while let Ok(Some(total)) = frame_length(&buf, RESPONSE_HEADER_BYTES, 1 << 20) {
+            let frame: Vec<u8> = buf.drain(..total).collect();
+            let (header, _) = split_response(&frame).unwrap();
+            answers.push((header.request_id, header.status));
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        if answers.len() >= count || left.is_zero() {
+            return answers;
+        }
+        let mut chunk = [0u8; 4096];
+        match tokio::time::timeout(left, stream.read(&mut chunk)).await {
+            Ok(Ok(n)) => {
+                assert_ne!(n, 0, "the connection stays open");
+                buf.extend_from_slice(&chunk[..n]);
+            }
+            Ok(Err(err)) => panic!("read failed: {err}"),
+            Err(_) => return answers,
+        }
+    }
+}
+
 /// The p99 of `count` produce round trips of one small batch, one at a time.
 async fn produce_p99(client: &Client, count: usize) -> Duration {
     let small = batch(1, 100);
@@ -78,15 +128,7 @@ async fn unread_fetches_hold_bounded_memory_and_others_keep_their_latency() {
     let before = resident_bytes();
     let mut attack = Vec::new();
     for id in 1..=200u64 {
-        Request::Fetch {
-            stream: "s",
-            topic: "t",
-            partition: 0,
-            offset: 0,
-            max_bytes: 8 << 20,
-            max_wait_ms: 0,
-        }
-        .encode(id, &mut attack);
+        encode_fetch(&mut attack, id, "t", 0, 8 << 20, 0);
     }
     let mut attacker = TcpStream::connect(node.addr()).await.unwrap();
     attacker.write_all(&attack).await.unwrap();
@@ -128,15 +170,7 @@ async fn a_client_that_reads_nothing_is_closed_and_releases_its_budget() {
     }
     let mut attack = Vec::new();
     for id in 1..=50u64 {
-        Request::Fetch {
-            stream: "s",
-            topic: "t",
-            partition: 0,
-            offset: 0,
-            max_bytes: 8 << 20,
-            max_wait_ms: 0,
-        }
-        .encode(id, &mut attack);
+        encode_fetch(&mut attack, id, "t", 0, 8 << 20, 0);
     }
     let mut attacker = TcpStream::connect(node.client_addr()).await.unwrap();
     attacker.write_all(&attack).await.unwrap();
@@ -210,15 +244,7 @@ async fn a_client_gone_during_a_waiting_fetch_is_noticed_at_once() {
     let client = Client::connect(node.addr()).await.unwrap();
     common::create_topic(&client, "s", "t", 1).await;
     let mut waiting = Vec::new();
-    Request::Fetch {
-        stream: "s",
-        topic: "t",
-        partition: 0,
-        offset: 0,
-        max_bytes: 1 << 20,
-        max_wait_ms: 60_000,
-    }
-    .encode(1, &mut waiting);
+    encode_fetch(&mut waiting, 1, "t", 0, 1 << 20, 60_000);
     let mut gone = TcpStream::connect(node.addr()).await.unwrap();
     gone.write_all(&waiting).await.unwrap();
     tokio::time::sleep(Duration::from_millis(200)).await;
@@ -262,15 +288,7 @@ async fn a_hundred_thousand_waiting_fetches_leave_a_produce_p99_unchanged() {
         .unwrap();
     let mut requests = Vec::new();
     for id in 1..=WAITERS {
-        Request::Fetch {
-            stream: "s",
-            topic: "other",
-            partition: 0,
-            offset: end,
-            max_bytes: 1,
-            max_wait_ms: 30_000,
-        }
-        .encode(id, &mut requests);
+        encode_fetch(&mut requests, id, "other", end, 1, 30_000);
     }
     let cpu_before = cpu_time();
     let mut waiters = TcpStream::connect(node.client_addr()).await.unwrap();
@@ -295,8 +313,6 @@ async fn a_hundred_thousand_waiting_fetches_leave_a_produce_p99_unchanged() {
 /// answered at once (empty at the end of the log), not refused and not parked.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fetches_beyond_the_waiting_limit_are_answered_at_once() {
-    use braid_proto::client::{frame_length, split_response, RESPONSE_HEADER_BYTES};
-    use tokio::io::AsyncReadExt;
     let _serial = SERIAL.lock().await;
     let dir = tempfile::tempdir().unwrap();
     let mut config = common::config(dir.path(), FsyncSetting::Never);
@@ -306,35 +322,17 @@ async fn fetches_beyond_the_waiting_limit_are_answered_at_once() {
     common::create_topic(&client, "s", "t", 1).await;
     let mut requests = Vec::new();
     for id in 1..=5u64 {
-        Request::Fetch {
-            stream: "s",
-            topic: "t",
-            partition: 0,
-            offset: 0,
-            max_bytes: 1024,
-            max_wait_ms: 30_000,
-        }
-        .encode(id, &mut requests);
+        encode_fetch(&mut requests, id, "t", 0, 1024, 30_000);
     }
     let mut raw = TcpStream::connect(node.client_addr()).await.unwrap();
     raw.write_all(&requests).await.unwrap();
-    let mut buf = Vec::new();
-    let mut answered = Vec::new();
-    let deadline = Instant::now() + Duration::from_secs(2);
-    while Instant::now() < deadline && answered.len() < 4 {
-        while let Ok(Some(total)) = frame_length(&buf, RESPONSE_HEADER_BYTES, 1 << 20) {
-            let frame: Vec<u8> = buf.drain(..total).collect();
-            let (header, _) = split_response(&frame).unwrap();
-            assert_eq!(header.status, 0, "answered, not refused");
-            answered.push(header.request_id);
-        }
-        let mut chunk = [0u8; 4096];
-        if let Ok(Ok(n)) =
-            tokio::time::timeout(Duration::from_millis(100), raw.read(&mut chunk)).await
-        {
-            buf.extend_from_slice(&chunk[..n]);
-        }
-    }
+    // Four would be one too many: wait the full two seconds for a fourth.
+    let answers = read_answers(&mut raw, 4, Duration::from_secs(2)).await;
+    assert!(
+        answers.iter().all(|(_, status)| *status == 0),
+        "answered, not refused"
+    );
+    let answered: Vec<u64> = answers.iter().map(|(id, _)| *id).collect();
     assert_eq!(
         answered,
         vec![3, 4, 5],
@@ -348,10 +346,7 @@ async fn fetches_beyond_the_waiting_limit_are_answered_at_once() {
 /// bad one, of any length or character, is `InvalidArgument`; nothing is created.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_names_are_refused_at_decode_with_one_code() {
-    use braid_proto::client::{
-        error_code, frame_length, split_response, ErrorCode, RESPONSE_HEADER_BYTES,
-    };
-    use tokio::io::AsyncReadExt;
+    use braid_proto::client::{error_code, ErrorCode};
     let _serial = SERIAL.lock().await;
     let node = TestNode::start(FsyncSetting::Never);
     let client = Client::connect(node.addr()).await.unwrap();
@@ -371,25 +366,16 @@ async fn bad_names_are_refused_at_decode_with_one_code() {
     }
     let mut raw = TcpStream::connect(node.addr()).await.unwrap();
     raw.write_all(&requests).await.unwrap();
-    let mut buf = Vec::new();
-    let mut codes = Vec::new();
-    loop {
-        while let Ok(Some(total)) = frame_length(&buf, RESPONSE_HEADER_BYTES, 1 << 20) {
-            let frame: Vec<u8> = buf.drain(..total).collect();
-            let (header, _) = split_response(&frame).unwrap();
-            codes.push(error_code(header.status));
-        }
-        if codes.len() == names.len() {
-            break;
-        }
-        let mut chunk = [0u8; 4096];
-        let n = tokio::time::timeout(Duration::from_secs(5), raw.read(&mut chunk))
-            .await
-            .unwrap()
-            .unwrap();
-        assert_ne!(n, 0, "the connection goes on after a bad name");
-        buf.extend_from_slice(&chunk[..n]);
-    }
+    let answers = read_answers(&mut raw, names.len(), Duration::from_secs(5)).await;
+    let codes: Vec<ErrorCode> = answers
+        .iter()
+        .map(|(_, status)| error_code(*status))
+        .collect();
+    assert_eq!(
+        codes.len(),
+        names.len(),
+        "every bad name answered, the connection open"
+    );
     assert!(
         codes.iter().all(|c| *c == ErrorCode::InvalidArgument),
         "{codes:?}"
@@ -470,15 +456,7 @@ async fn silent_slow_and_idle_connections_are_closed_at_their_deadlines() {
     // A fetch waiting 1.5 s keeps its connection: it is answered, and only then idle.
     let mut waiting = TcpStream::connect(addr).await.unwrap();
     let mut fetch = Vec::new();
-    Request::Fetch {
-        stream: "s",
-        topic: "t",
-        partition: 0,
-        offset: 0,
-        max_bytes: 1024,
-        max_wait_ms: 1_500,
-    }
-    .encode(2, &mut fetch);
+    encode_fetch(&mut fetch, 2, "t", 0, 1024, 1_500);
     waiting.write_all(&fetch).await.unwrap();
     let lived = time_to_close(&mut waiting, Duration::from_secs(10))
         .await
@@ -545,47 +523,18 @@ async fn connections_beyond_the_maximum_are_closed_at_accept() {
 /// single node), whatever the producer sent.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn request_id_zero_long_waits_and_the_leader_epoch_follow_their_rules() {
-    use braid_proto::client::{
-        error_code, frame_length, split_response, ErrorCode, RESPONSE_HEADER_BYTES,
-    };
-    use tokio::io::AsyncReadExt;
+    use braid_proto::client::{error_code, ErrorCode};
     let _serial = SERIAL.lock().await;
     let node = TestNode::start(FsyncSetting::Never);
     let client = Client::connect(node.addr()).await.unwrap();
     common::create_topic(&client, "s", "t", 1).await;
     let mut requests = Vec::new();
     Request::Ping.encode(0, &mut requests);
-    Request::Fetch {
-        stream: "s",
-        topic: "t",
-        partition: 0,
-        offset: 0,
-        max_bytes: 1024,
-        max_wait_ms: 60_001,
-    }
-    .encode(7, &mut requests);
+    encode_fetch(&mut requests, 7, "t", 0, 1024, 60_001);
     Request::Ping.encode(8, &mut requests);
     let mut raw = TcpStream::connect(node.addr()).await.unwrap();
     raw.write_all(&requests).await.unwrap();
-    let mut buf = Vec::new();
-    let mut answers = Vec::new();
-    loop {
-        while let Ok(Some(total)) = frame_length(&buf, RESPONSE_HEADER_BYTES, 1 << 20) {
-            let frame: Vec<u8> = buf.drain(..total).collect();
-            let (header, _) = split_response(&frame).unwrap();
-            answers.push((header.request_id, header.status));
-        }
-        if answers.len() == 3 {
-            break;
-        }
-        let mut chunk = [0u8; 4096];
-        let n = tokio::time::timeout(Duration::from_secs(5), raw.read(&mut chunk))
-            .await
-            .unwrap()
-            .unwrap();
-        assert_ne!(n, 0);
-        buf.extend_from_slice(&chunk[..n]);
-    }
+    let mut answers = read_answers(&mut raw, 3, Duration::from_secs(5)).await;
     answers.sort();
     assert_eq!(error_code(answers[0].1), ErrorCode::InvalidArgument, "id 0");
     assert_eq!(
