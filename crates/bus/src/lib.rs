@@ -20,6 +20,8 @@ pub mod frame;
 pub mod handshake;
 pub mod io;
 pub mod placement;
+#[cfg(test)]
+mod test_certificates;
 
 pub use bundle::{Backoff, Bundle, BundleAction, LinkRefused};
 pub use frame::{Frame, FrameError, FRAME_HEADER_BYTES, ZERO_COPY_PAYLOAD_BYTES_MIN};

@@ -14,6 +14,9 @@ use tokio::sync::mpsc::UnboundedReceiver;
 
 #[path = "support/shard_threads.rs"]
 mod shard_threads;
+
+#[path = "../src/test_certificates.rs"]
+mod certificates;
 use shard_threads::ShardThreads;
 
 const GRACE: Duration = Duration::from_millis(1_000);
@@ -445,22 +448,12 @@ async fn a_stopped_peer_loses_its_links_and_they_return_after_it_resumes() {
     let _ = child.wait();
 }
 
-/// A certificate authority and one replica certificate it signed (for `braid-replica`).
 fn certificates() -> braid_bus::TlsConfig {
-    use rcgen::{BasicConstraints, CertificateParams, IsCa, KeyPair};
-    let ca_key = KeyPair::generate().unwrap();
-    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    let ca = ca_params.self_signed(&ca_key).unwrap();
-    let node_key = KeyPair::generate().unwrap();
-    let node = CertificateParams::new(vec!["braid-replica".to_owned()])
-        .unwrap()
-        .signed_by(&node_key, &ca, &ca_key)
-        .unwrap();
+    let (certificate, private_key, ca) = certificates::replica_certificates();
     braid_bus::TlsConfig {
-        certificate_chain: vec![node.der().to_vec()],
-        private_key: node_key.serialize_der(),
-        ca_certificates: vec![ca.der().to_vec()],
+        certificate_chain: vec![certificate],
+        private_key,
+        ca_certificates: vec![ca],
         server_name: "braid-replica".to_owned(),
     }
 }

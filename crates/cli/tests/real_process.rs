@@ -15,6 +15,24 @@ use braid_proto::client::TopicSettings;
 
 const BRAID: &str = env!("CARGO_BIN_EXE_braid");
 
+/// `braid server` on ephemeral loopback ports with `shards` shards in `data_dir`.
+fn server_command(data_dir: &Path, shards: u32) -> Command {
+    let mut command = Command::new(BRAID);
+    command
+        .args([
+            "server",
+            "--client-addr",
+            "127.0.0.1:0",
+            "--http-addr",
+            "127.0.0.1:0",
+        ])
+        .arg("--shards")
+        .arg(shards.to_string())
+        .arg("--data-dir")
+        .arg(data_dir);
+    command
+}
+
 /// A `braid server` child process on ephemeral ports.
 struct Server {
     child: Child,
@@ -23,18 +41,7 @@ struct Server {
 
 impl Server {
     fn start(data_dir: &Path) -> Self {
-        let mut child = Command::new(BRAID)
-            .args([
-                "server",
-                "--client-addr",
-                "127.0.0.1:0",
-                "--http-addr",
-                "127.0.0.1:0",
-                "--shards",
-                "2",
-            ])
-            .arg("--data-dir")
-            .arg(data_dir)
+        let mut child = server_command(data_dir, 2)
             .env("BRAID_LOG", "warn")
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -270,18 +277,7 @@ fn readme_tour_runs() {
 fn logs_to_a_file_carry_no_colour_codes() {
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("braid.log");
-    let mut child = Command::new(BRAID)
-        .args([
-            "server",
-            "--client-addr",
-            "127.0.0.1:0",
-            "--http-addr",
-            "127.0.0.1:0",
-            "--shards",
-            "1",
-        ])
-        .arg("--data-dir")
-        .arg(dir.path().join("data"))
+    let mut child = server_command(&dir.path().join("data"), 1)
         .env("BRAID_LOG", "info")
         .stdout(Stdio::piped())
         .stderr(std::fs::File::create(&log).unwrap())

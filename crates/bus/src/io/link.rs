@@ -442,23 +442,16 @@ mod tests {
 
     use super::*;
 
+    use crate::test_certificates as certificates;
+
     /// Both ends of one TLS connection over real loopback sockets with small kernel
     /// buffers, so a writer meets a full socket after a few kilobytes.
     async fn tls_pair() -> (BoxStream, BoxStream) {
-        use rcgen::{BasicConstraints, CertificateParams, IsCa, KeyPair};
-        let ca_key = KeyPair::generate().unwrap();
-        let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
-        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        let ca = ca_params.self_signed(&ca_key).unwrap();
-        let key = KeyPair::generate().unwrap();
-        let node = CertificateParams::new(vec!["braid-replica".to_owned()])
-            .unwrap()
-            .signed_by(&key, &ca, &ca_key)
-            .unwrap();
+        let (certificate, private_key, ca) = certificates::replica_certificates();
         let tls = build_tls(&TlsConfig {
-            certificate_chain: vec![node.der().to_vec()],
-            private_key: key.serialize_der(),
-            ca_certificates: vec![ca.der().to_vec()],
+            certificate_chain: vec![certificate],
+            private_key,
+            ca_certificates: vec![ca],
             server_name: "braid-replica".to_owned(),
         })
         .unwrap();

@@ -20,7 +20,7 @@ use std::path::Path;
 use super::*;
 use crate::config::{FsyncPolicy, LogConfig};
 use crate::disk::hook::{self, Event, Plan};
-use braid_proto::{BatchBuilder, RecordBatch, ValidatedBatch};
+use braid_proto::{BatchBuilder, ValidatedBatch};
 
 fn config(fsync: FsyncPolicy) -> LogConfig {
     LogConfig {
@@ -152,21 +152,10 @@ fn check_one(dir: &Path, acked: &[u32], fsync: FsyncPolicy, context: &str) {
     let mut log = PartitionLog::open(dir, config(fsync), 9_000)
         .unwrap_or_else(|err| panic!("{context}: refused to open: {err}"));
     let start = log.start_offset();
-    let mut found = Vec::new();
-    let mut at = start;
-    while at < log.next_offset() {
-        let read = log.read(at, 1 << 20, u64::MAX).unwrap();
-        let mut bytes = read.bytes();
-        while !bytes.is_empty() {
-            let (batch, used) = RecordBatch::validate(bytes).unwrap();
-            for record in batch.records() {
-                let value = record.unwrap().value.unwrap();
-                found.push(u32::from_be_bytes(value[..4].try_into().unwrap()));
-            }
-            bytes = &bytes[used..];
-        }
-        at = read.next_offset;
-    }
+    let found: Vec<u32> = super::fault_tests::read_all(&mut log)
+        .into_iter()
+        .map(|(_, value)| value)
+        .collect();
     assert_eq!(
         found.len() as u64,
         log.next_offset() - start,

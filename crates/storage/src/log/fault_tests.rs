@@ -137,8 +137,8 @@ fn workload(dir: &Path, seed: u64, log: &mut Option<PartitionLog>) -> Model {
     model
 }
 
-/// Reads every record of a reopened log: (offset, value).
-fn read_all(log: &mut PartitionLog) -> Vec<(u64, u32)> {
+/// Every record of a log from its start: (offset, the first four bytes of its value).
+pub(super) fn read_all(log: &mut PartitionLog) -> Vec<(u64, u32)> {
     let mut out = Vec::new();
     let mut at = log.start_offset();
     while at < log.next_offset() {
@@ -149,10 +149,10 @@ fn read_all(log: &mut PartitionLog) -> Vec<(u64, u32)> {
             let (batch, used) = RecordBatch::validate(bytes).unwrap();
             let base = batch.header().base_offset as u64;
             for (i, record) in batch.records().enumerate() {
-                let value = record.unwrap().value.unwrap().to_vec();
+                let value = record.unwrap().value.unwrap();
                 out.push((
                     base + i as u64,
-                    u32::from_be_bytes(value.try_into().unwrap()),
+                    u32::from_be_bytes(value[..4].try_into().unwrap()),
                 ));
             }
             bytes = &bytes[used..];
