@@ -627,21 +627,21 @@ async fn produce(
             ),
         ));
     }
-    let batch = ValidatedBatch::from_bytes_mut(batch)
-        .map_err(|e| NodeError::new(ErrorCode::InvalidBatch, e.to_string()))?;
     // A key's records must all go to the one partition whose range holds its hash, or
-    // its order across splits and merges cannot hold.
-    if let Some(meta) = route.partition(key.partition) {
-        if let Some((index, hash)) = batch.key_outside(meta.hash_start, meta.hash_end) {
-            return Err(NodeError::new(
-                ErrorCode::KeyOutOfRange,
-                format!(
-                    "record {index}'s key hashes to {hash}, outside partition {}'s range {}..={}: refresh the layout and route again",
-                    key.partition, meta.hash_start, meta.hash_end
-                ),
-            ));
-        }
-    }
+    // its order across splits and merges cannot hold: checked in the validation walk.
+    let (start, end) = route
+        .partition(key.partition)
+        .map_or((0, u16::MAX), |meta| (meta.hash_start, meta.hash_end));
+    let batch = ValidatedBatch::for_key_range(batch, start, end).map_err(|e| match e {
+        braid_proto::BatchError::KeyOutOfRange { .. } => NodeError::new(
+            ErrorCode::KeyOutOfRange,
+            format!(
+                "{e} {start}..={end} of partition {}: refresh the layout and route again",
+                key.partition
+            ),
+        ),
+        other => NodeError::new(ErrorCode::InvalidBatch, other.to_string()),
+    })?;
     let (reply, wait) = oneshot::channel();
     let owner = key.shard(env.shared.shards());
     env.shared.inboxes[owner]

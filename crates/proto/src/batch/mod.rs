@@ -109,6 +109,15 @@ pub enum BatchError {
         /// What is wrong with it.
         fault: RecordFault,
     },
+    /// A keyed record's key hash lies outside the partition's range (checked only by
+    /// [`ValidatedBatch::for_key_range`]).
+    #[error("record {index}'s key hashes to {hash}, outside the partition's range")]
+    KeyOutOfRange {
+        /// The record.
+        index: u32,
+        /// Its key's ring position.
+        hash: u16,
+    },
     /// The records end before the batch length does.
     #[error("{extra} bytes follow the last record inside the batch")]
     TrailingBytes {
@@ -146,7 +155,7 @@ impl<'a> RecordBatch<'a> {
     pub fn validate(input: &'a [u8]) -> Result<(Self, usize), BatchError> {
         let (batch, used) = Self::check_frame(input)?;
         batch.check_attributes()?;
-        batch.check_records()?;
+        batch.check_records(None)?;
         Ok((batch, used))
     }
 
@@ -196,7 +205,9 @@ impl<'a> RecordBatch<'a> {
         Ok(())
     }
 
-    fn check_records(&self) -> Result<(), BatchError> {
+    /// Walks every record; with `keys`, also checks that each keyed record's hash lies
+    /// in that inclusive range, in the same walk.
+    fn check_records(&self, keys: Option<(u16, u16)>) -> Result<(), BatchError> {
         let header = &self.header;
         let count = header.record_count;
         if count <= 0 || header.last_offset_delta != count - 1 {
@@ -221,6 +232,12 @@ impl<'a> RecordBatch<'a> {
                 .checked_add(record.timestamp_delta)
                 .ok_or(bad(RecordFault::Timestamp))?;
             max_timestamp = max_timestamp.max(timestamp);
+            if let (Some((start, end)), Some(key)) = (keys, record.key) {
+                let hash = crate::hash::key_hash(key);
+                if hash < start || hash > end {
+                    return Err(BatchError::KeyOutOfRange { index, hash });
+                }
+            }
             at += used;
         }
         if at != self.bytes.len() {
@@ -323,7 +340,25 @@ impl ValidatedBatch {
     /// # Errors
     /// As [`ValidatedBatch::new`].
     pub fn from_bytes_mut(bytes: BytesMut) -> Result<Self, BatchError> {
-        let (batch, used) = RecordBatch::validate(&bytes)?;
+        Self::checked(bytes, None)
+    }
+
+    /// As [`ValidatedBatch::from_bytes_mut`], and every keyed record's key hash (see
+    /// [`crate::hash::key_hash`]) must lie in the inclusive range `[start, end]` of the
+    /// partition it is for; keyless records belong anywhere. Checked in the same walk
+    /// as the records, and not at all for the full range.
+    ///
+    /// # Errors
+    /// As [`ValidatedBatch::new`], and [`BatchError::KeyOutOfRange`].
+    pub fn for_key_range(bytes: BytesMut, start: u16, end: u16) -> Result<Self, BatchError> {
+        let keys = (start != 0 || end != u16::MAX).then_some((start, end));
+        Self::checked(bytes, keys)
+    }
+
+    fn checked(bytes: BytesMut, keys: Option<(u16, u16)>) -> Result<Self, BatchError> {
+        let (batch, used) = RecordBatch::check_frame(&bytes)?;
+        batch.check_attributes()?;
+        batch.check_records(keys)?;
         if used != bytes.len() {
             return Err(BatchError::TrailingBytes {
                 extra: bytes.len() - used,
@@ -368,24 +403,6 @@ impl ValidatedBatch {
     pub fn set_partition_leader_epoch(&mut self, epoch: i32) {
         set_partition_leader_epoch(&mut self.bytes, epoch);
         self.header.partition_leader_epoch = epoch;
-    }
-
-    /// The index and ring position of the first keyed record whose key hash (see
-    /// [`crate::hash::key_hash`]) lies outside the inclusive range `[start, end]`, if
-    /// any; keyless records belong anywhere. A full range is answered without a walk.
-    pub fn key_outside(&self, start: u16, end: u16) -> Option<(u32, u16)> {
-        if start == 0 && end == u16::MAX {
-            return None;
-        }
-        self.as_record_batch()
-            .records()
-            .enumerate()
-            .find_map(|(index, record)| {
-                // Every record was decoded at validation; a failure here cannot be.
-                let key = record.ok()?.key?;
-                let hash = crate::hash::key_hash(key);
-                (hash < start || hash > end).then_some((index as u32, hash))
-            })
     }
 
     /// Borrows it as a [`RecordBatch`] to iterate its records.

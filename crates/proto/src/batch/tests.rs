@@ -296,3 +296,28 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn the_key_range_check_refuses_a_key_outside_and_lets_keyless_records_pass() {
+    let key = b"a key";
+    let hash = crate::hash::key_hash(key);
+    let batch = |keyed: bool| {
+        let mut builder = BatchBuilder::new(1_000);
+        builder.push(None, Some(b"keyless"), &[], 1_000);
+        if keyed {
+            builder.push(Some(key), Some(b"keyed"), &[], 1_000);
+        }
+        BytesMut::from(&builder.finish()[..])
+    };
+    assert!(ValidatedBatch::for_key_range(batch(true), hash, hash).is_ok());
+    assert!(ValidatedBatch::for_key_range(batch(true), 0, u16::MAX).is_ok());
+    assert_eq!(
+        ValidatedBatch::for_key_range(batch(true), hash.wrapping_add(1), hash.wrapping_add(1))
+            .err(),
+        Some(BatchError::KeyOutOfRange { index: 1, hash })
+    );
+    assert!(
+        ValidatedBatch::for_key_range(batch(false), 7, 7).is_ok(),
+        "keyless anywhere"
+    );
+}
