@@ -952,14 +952,8 @@ async fn a_teardown_is_announced_and_its_lost_frames_are_counted() {
     .await;
     all_up(&nodes).await;
     let mut events = nodes[0].0.subscribe();
-    assert_eq!(
-        nodes[0]
-            .0
-            .metrics()
-            .bundles_complete
-            .load(Ordering::Relaxed),
-        1
-    );
+    let complete = |bus: &Bus| bus.metrics().bundles_complete.load(Ordering::Relaxed);
+    assert_eq!(complete(&nodes[0].0), 1);
     // A burst far larger than the link can move before the kill.
     let mut accepted = 0u64;
     for seq in 0..3_000u32 {
@@ -989,14 +983,7 @@ async fn a_teardown_is_announced_and_its_lost_frames_are_counted() {
     assert_eq!((up.peer, up.up), (1, true));
     assert!(up.generation > down.generation, "a new generation came up");
     all_up(&nodes).await;
-    assert_eq!(
-        nodes[0]
-            .0
-            .metrics()
-            .bundles_complete
-            .load(Ordering::Relaxed),
-        1
-    );
+    assert_eq!(complete(&nodes[0].0), 1);
     // Count what arrived; the rest of what was accepted must be counted as lost, except
     // what the kernel's socket buffers held when the link closed (at most a few MB).
     let mut delivered = 0u64;

@@ -41,10 +41,15 @@ struct Server {
 
 impl Server {
     fn start(data_dir: &Path) -> Self {
-        let mut child = server_command(data_dir, 2)
-            .env("BRAID_LOG", "warn")
+        Self::start_with(data_dir, 2, "warn", Stdio::inherit())
+    }
+
+    /// With `shards` shards, logging at `level` to `stderr`.
+    fn start_with(data_dir: &Path, shards: u32, level: &str, stderr: Stdio) -> Self {
+        let mut child = server_command(data_dir, shards)
+            .env("BRAID_LOG", level)
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
+            .stderr(stderr)
             .spawn()
             .unwrap();
         let mut line = String::new();
@@ -277,23 +282,9 @@ fn readme_tour_runs() {
 fn logs_to_a_file_carry_no_colour_codes() {
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("braid.log");
-    let mut child = server_command(&dir.path().join("data"), 1)
-        .env("BRAID_LOG", "info")
-        .stdout(Stdio::piped())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let status = Command::new("kill")
-        .arg("-TERM")
-        .arg(child.id().to_string())
-        .status()
-        .unwrap();
-    assert!(status.success());
-    child.wait().unwrap();
+    let stderr = Stdio::from(std::fs::File::create(&log).unwrap());
+    let server = Server::start_with(&dir.path().join("data"), 1, "info", stderr);
+    assert!(server.terminate().success());
     let written = std::fs::read_to_string(&log).unwrap();
     assert!(!written.is_empty(), "the server logged at info");
     assert!(
