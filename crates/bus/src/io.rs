@@ -738,8 +738,11 @@ impl ShardSender {
     /// # Errors
     /// [`SendError`].
     pub fn send(&mut self, peer: u8, frame: Frame) -> Result<(), SendError> {
-        let queue = self.queue(peer, &frame)?;
-        self.metrics.try_queue(&queue, self.shard, peer, frame)
+        let link = self.refresh(peer, &frame)?;
+        match cached_queue(&self.cached, peer, link) {
+            Some(queue) => self.metrics.try_queue(queue, self.shard, peer, frame),
+            None => Err(self.metrics.bundle_down(self.shard, peer)),
+        }
     }
 
     /// As [`Bus::send_waiting`], from this handle's shard.
@@ -747,11 +750,16 @@ impl ShardSender {
     /// # Errors
     /// [`SendError::BundleDown`] or [`SendError::NoPeer`].
     pub async fn send_waiting(&mut self, peer: u8, frame: Frame) -> Result<(), SendError> {
-        let queue = self.queue(peer, &frame)?;
-        self.metrics.queue_waiting(&queue, peer, frame).await
+        let link = self.refresh(peer, &frame)?;
+        match cached_queue(&self.cached, peer, link) {
+            Some(queue) => self.metrics.queue_waiting(queue, peer, frame).await,
+            None => Err(self.metrics.bundle_down(self.shard, peer)),
+        }
     }
 
-    fn queue(&mut self, peer: u8, frame: &Frame) -> Result<mpsc::Sender<Frame>, SendError> {
+    /// Admits `frame` and returns its link, first reloading the peer's queues if its
+    /// epoch moved (a link installed or a bundle torn down).
+    fn refresh(&mut self, peer: u8, frame: &Frame) -> Result<u16, SendError> {
         let link = admit_frame(
             &self.layout,
             self.frame_bytes_max,
@@ -775,11 +783,22 @@ impl ShardSender {
             let queues = p.queues.lock().map(|q| q.clone()).unwrap_or_default();
             *cached = Some((epoch, queues));
         }
-        cached
-            .as_ref()
-            .and_then(|(_, queues)| queues.get(usize::from(link)).cloned().flatten())
-            .ok_or_else(|| self.metrics.bundle_down(self.shard, peer))
+        Ok(link)
     }
+}
+
+/// A shard's cached queue of `link` to `peer`, borrowed: no handle is cloned per send.
+fn cached_queue(
+    cached: &[Option<(u64, LinkQueues)>],
+    peer: u8,
+    link: u16,
+) -> Option<&mpsc::Sender<Frame>> {
+    cached
+        .get(usize::from(peer))?
+        .as_ref()?
+        .1
+        .get(usize::from(link))?
+        .as_ref()
 }
 
 impl BusMetrics {

@@ -45,8 +45,13 @@ pub(crate) struct TopicRoute {
 }
 
 impl TopicRoute {
+    /// Partition `id`: where it usually is (ids are dense from 0 until splits and
+    /// merges add more), else found by a walk. Asked on every produce and fetch.
     pub(crate) fn partition(&self, id: u32) -> Option<&PartitionMeta> {
-        self.partitions.iter().find(|p| p.id == id)
+        match self.partitions.get(id as usize) {
+            Some(p) if p.id == id => Some(p),
+            _ => self.partitions.iter().find(|p| p.id == id),
+        }
     }
 
     /// The log settings of this topic's partitions on a node with `node`'s settings.

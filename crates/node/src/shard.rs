@@ -137,8 +137,10 @@ pub(crate) struct Shard {
     pub(crate) draining: watch::Sender<bool>,
     pub(crate) meta: Option<crate::coordinator::MetaService>,
     last_retention_ms: u64,
-    /// Partitions whose woken waiting fetches are still to be answered, in turn.
+    /// Partitions whose woken waiting fetches are still to be answered, in turn, and
+    /// the same as a set, so queueing one is O(1).
     woken: VecDeque<PartitionKey>,
+    woken_queued: HashSet<PartitionKey>,
 }
 
 pub(crate) fn now_ms() -> u64 {
@@ -165,6 +167,7 @@ impl Shard {
             meta,
             last_retention_ms: now_ms(),
             woken: VecDeque::new(),
+            woken_queued: HashSet::new(),
         }
     }
 
@@ -266,7 +269,7 @@ impl Shard {
 
     /// Notes a partition with woken waiting fetches to answer.
     fn queue_woken(&mut self, key: PartitionKey) {
-        if !self.woken.contains(&key) {
+        if self.woken_queued.insert(key) {
             self.woken.push_back(key);
         }
     }
@@ -278,6 +281,7 @@ impl Shard {
                 return;
             };
             let Some(partition) = self.partitions.get_mut(&key) else {
+                self.woken_queued.remove(&key);
                 continue;
             };
             let fetches = partition.take_woken(budget);
@@ -296,6 +300,8 @@ impl Shard {
             }
             if partition.has_woken() {
                 self.woken.push_back(key);
+            } else {
+                self.woken_queued.remove(&key);
             }
             add(&self.metrics().fetch_bytes, bytes);
         }
