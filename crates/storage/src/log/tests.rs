@@ -384,6 +384,21 @@ fn damaged_index_of_a_sealed_segment_is_rebuilt() {
     assert_eq!(log.offset_for_timestamp(4).unwrap(), Some(4));
 }
 
+/// Appends five batches of two records, syncing after batch `sync_after` if given;
+/// returns where each batch starts.
+fn five_batches(log: &mut PartitionLog, sync_after: Option<i64>) -> Vec<u64> {
+    let mut positions = Vec::new();
+    for i in 0..5 {
+        positions.push(log.size_bytes());
+        log.append(batch_of(&records(2, i, 50, i as u8)), 0)
+            .unwrap();
+        if sync_after == Some(i) {
+            log.sync().unwrap();
+        }
+    }
+    positions
+}
+
 /// Unsynced writes reach the disk in any order on a power cut: a zero page (an
 /// unwritten extent) above the last sync followed by a batch that did reach the disk
 /// used to be classed as damage in the middle, and the node would not start. Above the
@@ -392,15 +407,8 @@ fn damaged_index_of_a_sealed_segment_is_rebuilt() {
 fn a_zero_page_above_the_recovery_point_is_a_torn_tail() {
     let dir = tempfile::tempdir().unwrap();
     let mut log = PartitionLog::open(dir.path(), small_config(), 0).unwrap();
-    let mut positions = Vec::new();
-    for i in 0..5 {
-        positions.push(log.size_bytes());
-        log.append(batch_of(&records(2, i, 50, i as u8)), 0)
-            .unwrap();
-        if i == 1 {
-            log.sync().unwrap(); // batches 0 and 1 acknowledged
-        }
-    }
+    // Batches 0 and 1 acknowledged (synced), 2 to 4 not.
+    let positions = five_batches(&mut log, Some(1));
     drop(log);
     let file = log_files(dir.path()).pop().unwrap();
     let mut bytes = std::fs::read(&file).unwrap();
@@ -434,12 +442,7 @@ fn a_zero_page_above_the_recovery_point_is_a_torn_tail() {
 fn corruption_in_the_middle_names_file_and_position() {
     let dir = tempfile::tempdir().unwrap();
     let mut log = PartitionLog::open(dir.path(), small_config(), 0).unwrap();
-    let mut positions = Vec::new();
-    for i in 0..5 {
-        positions.push(log.size_bytes());
-        log.append(batch_of(&records(2, i, 50, i as u8)), 0)
-            .unwrap();
-    }
+    let positions = five_batches(&mut log, None);
     // Synced: damage below the recovery point is a failing disk, not a power cut.
     log.sync().unwrap();
     drop(log);
