@@ -9,12 +9,13 @@
 //! - [`client`]: the native client protocol's frames, requests and responses.
 //! - [`wire`]: the field encoding of those frames.
 //! - [`hash`]: where a key lands on the 16-bit hash ring.
+//! - [`scram`]: SCRAM-SHA-256, the client authentication, as pure state machines.
 //! - [`varint`]: the zig-zag varints the records use.
-//! - [`hash`]: where a key lands on the 16-bit hash ring.
 
 pub mod batch;
 pub mod client;
 pub mod hash;
+pub mod scram;
 pub mod varint;
 pub mod wire;
 

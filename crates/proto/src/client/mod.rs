@@ -23,8 +23,14 @@
 //! requests on one connection come back in any order, matched by `request_id`.
 //! `docs/protocol.md` specifies each body.
 
+mod access;
 mod request;
 mod response;
+
+pub use access::{
+    parse_permissions, permission_names, Grant, Resource, UserSummary, MANAGE, NODE_PERMISSIONS,
+    READ, STREAMS, STREAM_PERMISSIONS, USERS, WRITE,
+};
 
 pub use request::{
     GroupMemberRequest, OffsetSpec, Request, TopicSettings, FSYNC_ALWAYS, FSYNC_DEFAULT,
@@ -85,6 +91,8 @@ codes! {
     pub enum Command {
         /// Liveness check.
         Ping = 1,
+        /// One step of SCRAM-SHA-256 authentication.
+        Authenticate = 2,
         /// Create a stream (a namespace of topics).
         CreateStream = 10,
         /// Delete a stream and its topics.
@@ -119,6 +127,16 @@ codes! {
         ListGroups = 45,
         /// A group's members, assignment, offsets and lag.
         DescribeGroup = 46,
+        /// Create a user with a SCRAM credential.
+        CreateUser = 50,
+        /// Delete a user and its grants.
+        DeleteUser = 51,
+        /// List users with their grants.
+        ListUsers = 52,
+        /// Add permissions on a resource to a user.
+        GrantPermissions = 53,
+        /// Take permissions on a resource from a user.
+        RevokePermissions = 54,
     }
 }
 
@@ -171,6 +189,17 @@ codes! {
         ShuttingDown = 41,
         /// The node is overloaded; retry later.
         Busy = 42,
+        /// Wrong user name or password (the same code for both); the connection is
+        /// closed after this.
+        AuthenticationFailed = 60,
+        /// The node requires authentication and this connection has not authenticated.
+        NotAuthenticated = 61,
+        /// The user lacks the permission the request needs; the message names it.
+        PermissionDenied = 62,
+        /// No such user.
+        UserNotFound = 63,
+        /// The user exists already.
+        UserExists = 64,
         /// A bug in the node; the message says more.
         Internal = 50,
     }

@@ -101,6 +101,48 @@ pub struct GroupMemberRequest<'a> {
 pub enum Request<'a> {
     /// See [`Command::Ping`].
     Ping,
+    /// See [`Command::Authenticate`].
+    Authenticate {
+        /// The mechanism; only `SCRAM-SHA-256`.
+        mechanism: &'a str,
+        /// The client-first, then the client-final message.
+        message: &'a [u8],
+    },
+    /// See [`Command::CreateUser`]: the user's SCRAM credential, derived by the client
+    /// (the password never crosses the wire).
+    CreateUser {
+        /// User name (the name rule).
+        name: &'a str,
+        /// PBKDF2 salt.
+        salt: &'a [u8],
+        /// PBKDF2 iterations.
+        iterations: u32,
+        /// SCRAM `StoredKey`, 32 bytes.
+        stored_key: &'a [u8],
+        /// SCRAM `ServerKey`, 32 bytes.
+        server_key: &'a [u8],
+    },
+    /// See [`Command::DeleteUser`].
+    DeleteUser {
+        /// User name.
+        name: &'a str,
+    },
+    /// See [`Command::ListUsers`].
+    ListUsers,
+    /// See [`Command::GrantPermissions`].
+    GrantPermissions {
+        /// User name.
+        user: &'a str,
+        /// What to add.
+        grant: super::Grant,
+    },
+    /// See [`Command::RevokePermissions`].
+    RevokePermissions {
+        /// User name.
+        user: &'a str,
+        /// What to take away.
+        grant: super::Grant,
+    },
     /// See [`Command::CreateStream`].
     CreateStream {
         /// Stream name.
@@ -242,6 +284,12 @@ pub enum Request<'a> {
 fn name<'a>(reader: &mut WireReader<'a>, field: &'static str) -> Result<&'a str, WireError> {
     let at = reader.position();
     let value = reader.string(field)?;
+    check_name(value, at, field)?;
+    Ok(value)
+}
+
+/// The name rule of [`name`], for a string read at `at`.
+pub(crate) fn check_name(value: &str, at: usize, field: &'static str) -> Result<(), WireError> {
     let reason = if value.is_empty() {
         Some("empty")
     } else if value.len() > NAME_BYTES_MAX {
@@ -256,8 +304,22 @@ fn name<'a>(reader: &mut WireReader<'a>, field: &'static str) -> Result<&'a str,
     };
     match reason {
         Some(reason) => Err(WireError::InvalidName { at, field, reason }),
-        None => Ok(value),
+        None => Ok(()),
     }
+}
+
+/// A SCRAM key field: exactly [`crate::scram::KEY_BYTES`] bytes.
+fn key<'a>(reader: &mut WireReader<'a>, field: &'static str) -> Result<&'a [u8], WireError> {
+    let at = reader.position();
+    let value = reader.bytes(field)?;
+    if value.len() != crate::scram::KEY_BYTES {
+        return Err(WireError::BadValue {
+            at,
+            field,
+            value: value.len() as u64,
+        });
+    }
+    Ok(value)
 }
 
 fn member<'a>(reader: &mut WireReader<'a>) -> Result<GroupMemberRequest<'a>, WireError> {
@@ -281,6 +343,12 @@ impl<'a> Request<'a> {
     pub fn command(&self) -> Command {
         match self {
             Self::Ping => Command::Ping,
+            Self::Authenticate { .. } => Command::Authenticate,
+            Self::CreateUser { .. } => Command::CreateUser,
+            Self::DeleteUser { .. } => Command::DeleteUser,
+            Self::ListUsers => Command::ListUsers,
+            Self::GrantPermissions { .. } => Command::GrantPermissions,
+            Self::RevokePermissions { .. } => Command::RevokePermissions,
             Self::CreateStream { .. } => Command::CreateStream,
             Self::DeleteStream { .. } => Command::DeleteStream,
             Self::ListStreams => Command::ListStreams,
@@ -310,7 +378,29 @@ impl<'a> Request<'a> {
 
     fn encode_body(&self, out: &mut Vec<u8>) {
         match self {
-            Self::Ping | Self::ListStreams => {}
+            Self::Ping | Self::ListStreams | Self::ListUsers => {}
+            Self::Authenticate { mechanism, message } => {
+                out.put_string(mechanism);
+                out.put_bytes(message);
+            }
+            Self::CreateUser {
+                name,
+                salt,
+                iterations,
+                stored_key,
+                server_key,
+            } => {
+                out.put_string(name);
+                out.put_bytes(salt);
+                out.put_u32_be(*iterations);
+                out.put_bytes(stored_key);
+                out.put_bytes(server_key);
+            }
+            Self::DeleteUser { name } => out.put_string(name),
+            Self::GrantPermissions { user, grant } | Self::RevokePermissions { user, grant } => {
+                out.put_string(user);
+                grant.encode_into(out);
+            }
             Self::CreateStream { name } | Self::DeleteStream { name } => out.put_string(name),
             Self::CreateTopic {
                 stream,
@@ -423,6 +513,42 @@ impl<'a> Request<'a> {
         let request = match command {
             Command::Ping => Self::Ping,
             Command::ListStreams => Self::ListStreams,
+            Command::ListUsers => Self::ListUsers,
+            Command::Authenticate => Self::Authenticate {
+                mechanism: r.string("mechanism")?,
+                message: r.bytes("message")?,
+            },
+            Command::CreateUser => {
+                let name = name(&mut r, "user")?;
+                let salt = r.bytes("salt")?;
+                let at = r.position();
+                let iterations = r.u32("iterations")?;
+                if iterations < crate::scram::ITERATIONS_MIN || salt.is_empty() {
+                    return Err(WireError::BadValue {
+                        at,
+                        field: "iterations",
+                        value: iterations.into(),
+                    });
+                }
+                Self::CreateUser {
+                    name,
+                    salt,
+                    iterations,
+                    stored_key: key(&mut r, "stored_key")?,
+                    server_key: key(&mut r, "server_key")?,
+                }
+            }
+            Command::DeleteUser => Self::DeleteUser {
+                name: name(&mut r, "user")?,
+            },
+            Command::GrantPermissions => Self::GrantPermissions {
+                user: name(&mut r, "user")?,
+                grant: super::Grant::decode(&mut r)?,
+            },
+            Command::RevokePermissions => Self::RevokePermissions {
+                user: name(&mut r, "user")?,
+                grant: super::Grant::decode(&mut r)?,
+            },
             Command::CreateStream => Self::CreateStream {
                 name: name(&mut r, "stream")?,
             },

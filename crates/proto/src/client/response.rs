@@ -154,6 +154,10 @@ pub enum Response {
     Groups(Vec<GroupSummary>),
     /// DescribeGroup.
     Group(GroupDescription),
+    /// Authenticate: the server-first, then the server-final SCRAM message.
+    Authenticated(Vec<u8>),
+    /// ListUsers.
+    Users(Vec<super::UserSummary>),
 }
 
 fn put_offsets(out: &mut Vec<u8>, offsets: &[PartitionOffsets]) {
@@ -244,6 +248,17 @@ impl Response {
     fn encode_body(&self, out: &mut Vec<u8>) {
         match self {
             Self::Empty => {}
+            Self::Authenticated(message) => out.put_bytes(message),
+            Self::Users(users) => {
+                out.put_u32_be(users.len() as u32);
+                for user in users {
+                    out.put_string(&user.name);
+                    out.put_u32_be(user.grants.len() as u32);
+                    for grant in &user.grants {
+                        grant.encode_into(out);
+                    }
+                }
+            }
             Self::Streams(streams) => {
                 out.put_u32_be(streams.len() as u32);
                 for s in streams {
@@ -360,7 +375,25 @@ impl Response {
             | Command::CreateTopic
             | Command::DeleteTopic
             | Command::LeaveGroup
-            | Command::CommitOffsets => Self::Empty,
+            | Command::CommitOffsets
+            | Command::CreateUser
+            | Command::DeleteUser
+            | Command::GrantPermissions
+            | Command::RevokePermissions => Self::Empty,
+            Command::Authenticate => Self::Authenticated(r.bytes("message")?.to_vec()),
+            Command::ListUsers => {
+                let count = r.count("users", 6)?;
+                let users = (0..count)
+                    .map(|_| {
+                        let name = string(&mut r, "user")?;
+                        let grants = (0..r.count("grants", 4)?)
+                            .map(|_| super::Grant::decode(&mut r))
+                            .collect::<Result<_, WireError>>()?;
+                        Ok(super::UserSummary { name, grants })
+                    })
+                    .collect::<Result<_, WireError>>()?;
+                Self::Users(users)
+            }
             Command::ListStreams => {
                 let count = r.count("streams", 6)?;
                 let list = (0..count)

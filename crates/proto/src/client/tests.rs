@@ -23,6 +23,23 @@ fn round_trip(request: Request<'_>) {
 
 #[test]
 fn requests_round_trip() {
+    // A credential's keys are 32 bytes and its iterations at least RFC 7677's 4096.
+    let user = |iterations: u32, key: &[u8]| {
+        let mut frame = Vec::new();
+        Request::CreateUser {
+            name: "alice",
+            salt: b"salt",
+            iterations,
+            stored_key: key,
+            server_key: &[2; 32],
+        }
+        .encode(1, &mut frame);
+        let (_, body) = split_request(&frame).unwrap();
+        Request::decode(Command::CreateUser, body).map(|_| ())
+    };
+    assert!(user(4096, &[1; 32]).is_ok());
+    assert!(user(4095, &[1; 32]).is_err());
+    assert!(user(4096, &[1; 31]).is_err());
     let member = GroupMemberRequest {
         stream: "s",
         group: "g",
@@ -105,6 +122,33 @@ fn requests_round_trip() {
             stream: "s",
             group: "g",
         },
+        Request::Authenticate {
+            mechanism: crate::scram::MECHANISM,
+            message: b"n,,n=alice,r=abc",
+        },
+        Request::CreateUser {
+            name: "alice",
+            salt: b"salt",
+            iterations: 4096,
+            stored_key: &[1; 32],
+            server_key: &[2; 32],
+        },
+        Request::DeleteUser { name: "alice" },
+        Request::ListUsers,
+        Request::GrantPermissions {
+            user: "alice",
+            grant: Grant {
+                resource: Resource::Stream("s".into()),
+                permissions: READ | WRITE,
+            },
+        },
+        Request::RevokePermissions {
+            user: "alice",
+            grant: Grant {
+                resource: Resource::Node,
+                permissions: USERS,
+            },
+        },
     ] {
         round_trip(request);
     }
@@ -114,6 +158,20 @@ fn requests_round_trip() {
 fn responses_round_trip() {
     let cases = [
         (Command::Ping, Response::Empty),
+        (
+            Command::Authenticate,
+            Response::Authenticated(b"r=abc,s=c2FsdA==,i=4096".to_vec()),
+        ),
+        (
+            Command::ListUsers,
+            Response::Users(vec![UserSummary {
+                name: "alice".into(),
+                grants: vec![Grant {
+                    resource: Resource::AllStreams,
+                    permissions: READ,
+                }],
+            }]),
+        ),
         (
             Command::ListStreams,
             Response::Streams(vec![StreamSummary {
