@@ -1,7 +1,8 @@
 //! Metadata and group requests, served by shard 0, which owns the metadata store and
 //! the group coordinator.
 
-use braid_proto::client::{Request, TopicSettings};
+use braid_proto::client::{Grant, Request, TopicSettings};
+use braid_proto::scram::{ScramCredential, KEY_BYTES};
 
 /// An admin or group request with owned fields, sent to shard 0.
 #[derive(Debug, Clone)]
@@ -57,6 +58,25 @@ pub(crate) enum AdminRequest {
         stream: String,
         group: String,
     },
+    CreateUser {
+        name: String,
+        credential: ScramCredential,
+    },
+    DeleteUser(String),
+    ListUsers,
+    Grant {
+        user: String,
+        grant: Grant,
+    },
+    Revoke {
+        user: String,
+        grant: Grant,
+    },
+}
+
+/// A key field the decoder checked to be [`KEY_BYTES`] long.
+fn key(bytes: &[u8]) -> Option<[u8; KEY_BYTES]> {
+    bytes.try_into().ok()
 }
 
 /// The admin form of a request, or `None` for the data-path requests (ping, produce,
@@ -132,6 +152,31 @@ pub(crate) fn admin_request(request: &Request<'_>) -> Option<AdminRequest> {
         Request::DescribeGroup { stream, group } => AdminRequest::DescribeGroup {
             stream: own(stream),
             group: own(group),
+        },
+        Request::CreateUser {
+            name,
+            salt,
+            iterations,
+            stored_key,
+            server_key,
+        } => AdminRequest::CreateUser {
+            name: own(name),
+            credential: ScramCredential {
+                salt: salt.to_vec(),
+                iterations: *iterations,
+                stored_key: key(stored_key)?,
+                server_key: key(server_key)?,
+            },
+        },
+        Request::DeleteUser { name } => AdminRequest::DeleteUser(own(name)),
+        Request::ListUsers => AdminRequest::ListUsers,
+        Request::GrantPermissions { user, grant } => AdminRequest::Grant {
+            user: own(user),
+            grant: grant.clone(),
+        },
+        Request::RevokePermissions { user, grant } => AdminRequest::Revoke {
+            user: own(user),
+            grant: grant.clone(),
         },
         _ => return None,
     })

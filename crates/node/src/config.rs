@@ -58,8 +58,54 @@ pub struct NodeConfig {
     /// What opening a partition does with damage below its recovery point that intact
     /// batches follow (damage above it, never synced, is always a torn tail).
     pub recovery: RecoverySetting,
+    /// Every client must authenticate (SCRAM-SHA-256) before any other request, and
+    /// every request checks the user's permissions.
+    pub authentication: bool,
+    /// Let a node listen on a non-loopback address without authentication. Without it
+    /// such a node refuses to start (protected mode).
+    pub allow_unauthenticated: bool,
+    /// A file holding the bootstrap admin's password, read when authentication is on
+    /// and no user exists yet (also `BRAID_ADMIN_PASSWORD`). Without either, a random
+    /// password is written to `<data_dir>/admin-password`.
+    pub admin_password_file: Option<PathBuf>,
+    /// The bootstrap admin's password from `BRAID_ADMIN_PASSWORD` (never from a file
+    /// setting or a flag, which show in `ps` and in config dumps).
+    #[serde(skip)]
+    pub admin_password: Option<Secret>,
+    /// TLS on the client port.
+    pub tls: TlsSettings,
     /// Defaults for new topics.
     pub topic_defaults: TopicDefaults,
+}
+
+/// A string kept out of logs and debug output.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(pub String);
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Secret(..)")
+    }
+}
+
+/// TLS on the client port: on when both `cert_file` and `key_file` are set.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TlsSettings {
+    /// The node's certificate chain (PEM).
+    pub cert_file: Option<PathBuf>,
+    /// The node's private key (PEM: PKCS#8, PKCS#1 or SEC1).
+    pub key_file: Option<PathBuf>,
+    /// With this CA bundle (PEM), every client must present a certificate it signed
+    /// (mutual TLS); without it, clients present none.
+    pub client_ca_file: Option<PathBuf>,
+}
+
+impl TlsSettings {
+    /// Whether TLS is on.
+    pub fn enabled(&self) -> bool {
+        self.cert_file.is_some() && self.key_file.is_some()
+    }
 }
 
 /// Defaults a new topic gets for the settings its creator leaves at 0.
@@ -148,6 +194,11 @@ impl Default for NodeConfig {
             connection_frame_ms: 30_000,
             connection_idle_ms: 600_000,
             connections_max: 10_000,
+            authentication: false,
+            allow_unauthenticated: false,
+            admin_password_file: None,
+            admin_password: None,
+            tls: TlsSettings::default(),
             topic_defaults: TopicDefaults::default(),
         }
     }
@@ -258,6 +309,15 @@ impl NodeConfig {
                 "CONNECTION_WRITE_TIMEOUT_MS" => {
                     self.connection_write_timeout_ms = parse(&value).map_err(bad)?
                 }
+                "AUTHENTICATION" => self.authentication = parse(&value).map_err(bad)?,
+                "ALLOW_UNAUTHENTICATED" => {
+                    self.allow_unauthenticated = parse(&value).map_err(bad)?
+                }
+                "ADMIN_PASSWORD_FILE" => self.admin_password_file = Some(PathBuf::from(&value)),
+                "ADMIN_PASSWORD" => self.admin_password = Some(Secret(value.clone())),
+                "TLS_CERT_FILE" => self.tls.cert_file = Some(PathBuf::from(&value)),
+                "TLS_KEY_FILE" => self.tls.key_file = Some(PathBuf::from(&value)),
+                "TLS_CLIENT_CA_FILE" => self.tls.client_ca_file = Some(PathBuf::from(&value)),
                 "RECOVERY" => {
                     self.recovery = match value.as_str() {
                         "strict" => RecoverySetting::Strict,
@@ -329,6 +389,29 @@ impl NodeConfig {
                 self.fetch_bytes_max, self.connection_fetch_bytes_max
             )));
         }
+        // Protected mode: a node reachable from other machines must not let anyone who
+        // reaches its port do anything, unless told so in as many words.
+        if !self.authentication
+            && !self.allow_unauthenticated
+            && !self.client_addr.ip().is_loopback()
+        {
+            return Err(ConfigError::Invalid(format!(
+                "refusing to serve clients on {} without authentication: set \
+                 authentication = true (and create users), or allow_unauthenticated = true \
+                 to accept any client that reaches the port",
+                self.client_addr
+            )));
+        }
+        if self.tls.cert_file.is_some() != self.tls.key_file.is_some() {
+            return Err(ConfigError::Invalid(
+                "tls.cert_file and tls.key_file are set together".into(),
+            ));
+        }
+        if self.tls.client_ca_file.is_some() && !self.tls.enabled() {
+            return Err(ConfigError::Invalid(
+                "tls.client_ca_file needs tls.cert_file and tls.key_file".into(),
+            ));
+        }
         let defaults = &self.topic_defaults;
         if defaults.max_batch_bytes as u64 + 1024 > u64::from(self.frame_bytes_max) {
             return Err(ConfigError::Invalid(format!(
@@ -388,5 +471,46 @@ mod tests {
             Err(ConfigError::Parse { .. })
         ));
         assert!(NodeConfig::default().resolve().unwrap().shards >= 1);
+    }
+
+    #[test]
+    fn a_node_beyond_loopback_needs_authentication_or_an_explicit_opt_out() {
+        let open = |authentication, allow_unauthenticated, ip: [u8; 4]| {
+            NodeConfig {
+                client_addr: SocketAddr::from((ip, 7070)),
+                authentication,
+                allow_unauthenticated,
+                ..NodeConfig::default()
+            }
+            .resolve()
+            .is_ok()
+        };
+        assert!(open(false, false, [127, 0, 0, 1]));
+        assert!(!open(false, false, [0, 0, 0, 0]));
+        assert!(!open(false, false, [10, 1, 2, 3]));
+        assert!(open(true, false, [0, 0, 0, 0]));
+        assert!(open(false, true, [0, 0, 0, 0]));
+        let mut config = NodeConfig::default();
+        config
+            .apply_env([
+                ("BRAID_AUTHENTICATION".to_owned(), "true".to_owned()),
+                ("BRAID_ADMIN_PASSWORD".to_owned(), "hunter2".to_owned()),
+                (
+                    "BRAID_TLS_CERT_FILE".to_owned(),
+                    "/etc/braid/cert.pem".to_owned(),
+                ),
+            ])
+            .unwrap();
+        assert!(config.authentication);
+        assert!(
+            !format!("{config:?}").contains("hunter2"),
+            "a secret in debug output"
+        );
+        assert!(
+            config.clone().resolve().is_err(),
+            "a certificate without a key"
+        );
+        config.tls.key_file = Some("/etc/braid/key.pem".into());
+        assert!(config.resolve().is_ok());
     }
 }

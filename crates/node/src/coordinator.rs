@@ -7,9 +7,9 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use braid_proto::client::{
-    ErrorCode, GroupDescription, GroupMember, GroupSummary, PartitionInfo, PartitionOffsets,
-    Response, StreamSummary, TopicInfo, TopicSettings, TopicSummary, FSYNC_ALWAYS, FSYNC_DEFAULT,
-    FSYNC_INTERVAL, FSYNC_NEVER,
+    ErrorCode, Grant, GroupDescription, GroupMember, GroupSummary, PartitionInfo, PartitionOffsets,
+    Response, StreamSummary, TopicInfo, TopicSettings, TopicSummary, UserSummary, FSYNC_ALWAYS,
+    FSYNC_DEFAULT, FSYNC_INTERVAL, FSYNC_NEVER,
 };
 use tokio::sync::oneshot;
 
@@ -217,6 +217,38 @@ impl MetaService {
                     },
                     reply,
                 );
+            }
+            AdminRequest::CreateUser { name, credential } => {
+                self.change(shard, MetaOp::CreateUser { name, credential }, reply)
+            }
+            AdminRequest::DeleteUser(name) => {
+                self.change(shard, MetaOp::DeleteUser { name }, reply)
+            }
+            AdminRequest::Grant { user, grant } => {
+                self.change(shard, MetaOp::Grant { user, grant }, reply)
+            }
+            AdminRequest::Revoke { user, grant } => {
+                self.change(shard, MetaOp::Revoke { user, grant }, reply)
+            }
+            AdminRequest::ListUsers => {
+                let users = self
+                    .store
+                    .state()
+                    .users
+                    .iter()
+                    .map(|(name, user)| UserSummary {
+                        name: name.clone(),
+                        grants: user
+                            .grants
+                            .iter()
+                            .map(|(resource, permissions)| Grant {
+                                resource: resource.clone(),
+                                permissions: *permissions,
+                            })
+                            .collect(),
+                    })
+                    .collect();
+                let _ = reply.send(Ok(Response::Users(users)));
             }
             AdminRequest::ListStreams => {
                 let list = self

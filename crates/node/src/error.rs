@@ -30,6 +30,8 @@ impl From<crate::metadata::MetaError> for NodeError {
             MetaError::StreamExists(_) => ErrorCode::StreamExists,
             MetaError::TopicNotFound { .. } => ErrorCode::TopicNotFound,
             MetaError::TopicExists { .. } => ErrorCode::TopicExists,
+            MetaError::UserNotFound(_) => ErrorCode::UserNotFound,
+            MetaError::UserExists(_) => ErrorCode::UserExists,
             _ => ErrorCode::InvalidArgument,
         };
         Self::new(code, err.to_string())

@@ -76,10 +76,11 @@ impl TopicRoute {
     }
 }
 
-/// Every topic, by stream, then topic name.
+/// Every topic, by stream, then topic name, and who may use them.
 #[derive(Debug, Default)]
 pub(crate) struct Layout {
     pub(crate) streams: HashMap<String, HashMap<String, Arc<TopicRoute>>>,
+    pub(crate) access: crate::access::Access,
 }
 
 impl Layout {
@@ -101,7 +102,10 @@ impl Layout {
                 .or_default()
                 .insert(name.to_owned(), Arc::new(route));
         }
-        Self { streams }
+        Self {
+            streams,
+            access: crate::access::Access::from_metadata(meta),
+        }
     }
 
     pub(crate) fn topic(&self, stream: &str, topic: &str) -> Option<&Arc<TopicRoute>> {

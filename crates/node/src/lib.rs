@@ -13,7 +13,9 @@
 //! node.shutdown();
 //! ```
 
+mod access;
 mod admin;
+mod admin_bootstrap;
 mod buffers;
 pub mod config;
 mod connection;
@@ -23,13 +25,19 @@ mod error;
 pub mod groups;
 mod http;
 mod layout;
+mod login;
 pub mod meta_store;
 pub mod metadata;
 mod metrics;
 mod node;
 mod partition;
 mod shard;
+mod tls;
 
-pub use config::{ConfigError, FsyncSetting, NodeConfig, RecoverySetting, TopicDefaults};
+pub use admin_bootstrap::BootstrapError;
+pub use config::{
+    ConfigError, FsyncSetting, NodeConfig, RecoverySetting, Secret, TlsSettings, TopicDefaults,
+};
 pub use error::NodeError;
 pub use node::{Node, StartError};
+pub use tls::TlsError;

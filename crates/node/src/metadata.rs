@@ -6,8 +6,9 @@
 
 use std::collections::BTreeMap;
 
-use braid_proto::client::{TopicSettings, NAME_BYTES_MAX};
+use braid_proto::client::{Grant, Resource, TopicSettings, NAME_BYTES_MAX, USERS};
 use braid_proto::hash::equal_ranges;
+use braid_proto::scram::ScramCredential;
 use braid_proto::wire::{WireError, WireReader, WireWrite};
 
 /// Most partitions a topic may be created with.
@@ -61,6 +62,15 @@ pub struct StreamMeta {
     pub groups: BTreeMap<String, GroupMeta>,
 }
 
+/// A user: its SCRAM credential and what it may do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UserMeta {
+    /// What the node checks a login against (no password is stored).
+    pub credential: ScramCredential,
+    /// Permission bits per resource.
+    pub grants: BTreeMap<Resource, u8>,
+}
+
 /// All metadata of a node.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Metadata {
@@ -68,6 +78,8 @@ pub struct Metadata {
     next_topic_id: u32,
     /// Streams by name.
     pub streams: BTreeMap<String, StreamMeta>,
+    /// Users by name, with their grants.
+    pub users: BTreeMap<String, UserMeta>,
 }
 
 /// A change to the metadata; the unit of the durable log.
@@ -105,6 +117,32 @@ pub enum MetaOp {
     RaiseTopicIdFloor {
         /// The lowest id a new topic may get.
         floor: u32,
+    },
+    /// Create a user.
+    CreateUser {
+        /// Its name.
+        name: String,
+        /// Its credential.
+        credential: ScramCredential,
+    },
+    /// Delete a user with its grants.
+    DeleteUser {
+        /// Its name.
+        name: String,
+    },
+    /// Add permissions on a resource to a user.
+    Grant {
+        /// The user.
+        user: String,
+        /// What to add.
+        grant: Grant,
+    },
+    /// Take permissions on a resource from a user.
+    Revoke {
+        /// The user.
+        user: String,
+        /// What to take away.
+        grant: Grant,
     },
     /// Record consumed positions of a group.
     CommitOffsets {
@@ -145,6 +183,12 @@ pub enum MetaError {
         /// The topic.
         topic: String,
     },
+    /// No such user.
+    #[error("user {0:?} does not exist")]
+    UserNotFound(String),
+    /// The user exists.
+    #[error("user {0:?} already exists")]
+    UserExists(String),
     /// An argument is out of range.
     #[error("{0}")]
     Invalid(String),
@@ -244,6 +288,44 @@ impl Metadata {
                 }
             }
             MetaOp::RaiseTopicIdFloor { .. } => {}
+            MetaOp::CreateUser { name, credential } => {
+                check_name("user", name)?;
+                if self.users.contains_key(name) {
+                    return Err(MetaError::UserExists(name.clone()));
+                }
+                if credential.iterations < braid_proto::scram::ITERATIONS_MIN
+                    || credential.salt.is_empty()
+                {
+                    return Err(MetaError::Invalid(format!(
+                        "a credential needs a salt and at least {} iterations",
+                        braid_proto::scram::ITERATIONS_MIN
+                    )));
+                }
+            }
+            MetaOp::DeleteUser { name } => {
+                self.keeps_a_user_manager(name, USERS)?;
+            }
+            MetaOp::Grant { user, grant } | MetaOp::Revoke { user, grant } => {
+                self.user(user)?;
+                if matches!(op, MetaOp::Revoke { .. }) && grant.resource == Resource::Node {
+                    self.keeps_a_user_manager(user, grant.permissions)?;
+                }
+                if grant.permissions == 0
+                    || grant.permissions & !grant.resource.permissions_allowed() != 0
+                {
+                    return Err(MetaError::Invalid(format!(
+                        "permissions {:#x} do not apply to {}",
+                        grant.permissions, grant.resource
+                    )));
+                }
+                if let Resource::Stream(stream) = &grant.resource {
+                    check_name("stream", stream)?;
+                    // A grant names an existing stream; a revoke may clean up any.
+                    if matches!(op, MetaOp::Grant { .. }) {
+                        self.stream(stream)?;
+                    }
+                }
+            }
         }
         Ok(())
     }
@@ -266,6 +348,12 @@ impl Metadata {
             }
             MetaOp::DeleteStream { name } => {
                 self.streams.remove(name);
+                // A stream made later under the same name is a new stream: grants on
+                // this one must not carry over to it.
+                let resource = Resource::Stream(name.clone());
+                for user in self.users.values_mut() {
+                    user.grants.remove(&resource);
+                }
             }
             MetaOp::CreateTopic {
                 stream,
@@ -321,8 +409,65 @@ impl Metadata {
             MetaOp::RaiseTopicIdFloor { floor } => {
                 self.next_topic_id = self.next_topic_id.max(*floor);
             }
+            MetaOp::CreateUser { name, credential } => {
+                let user = UserMeta {
+                    credential: credential.clone(),
+                    grants: BTreeMap::new(),
+                };
+                self.users.insert(name.clone(), user);
+            }
+            MetaOp::DeleteUser { name } => {
+                self.users.remove(name);
+            }
+            MetaOp::Grant { user, grant } => {
+                if let Some(u) = self.users.get_mut(user) {
+                    *u.grants.entry(grant.resource.clone()).or_default() |= grant.permissions;
+                }
+            }
+            MetaOp::Revoke { user, grant } => {
+                if let Some(u) = self.users.get_mut(user) {
+                    if let Some(bits) = u.grants.get_mut(&grant.resource) {
+                        *bits &= !grant.permissions;
+                        if *bits == 0 {
+                            u.grants.remove(&grant.resource);
+                        }
+                    }
+                }
+            }
         }
         Ok(())
+    }
+
+    /// Refuses taking `bits` of the node's permissions from `user` (or the user, for
+    /// `USERS`) if that would leave no user able to manage users: nobody could then
+    /// fix the grants without editing the data directory.
+    fn keeps_a_user_manager(&self, user: &str, bits: u8) -> Result<(), MetaError> {
+        let manages = |u: &UserMeta| {
+            u.grants
+                .get(&Resource::Node)
+                .is_some_and(|b| b & USERS != 0)
+        };
+        let target = self.user(user)?;
+        let others = self
+            .users
+            .iter()
+            .any(|(name, u)| name != user && manages(u));
+        if bits & USERS != 0 && manages(target) && !others {
+            return Err(MetaError::Invalid(format!(
+                "user {user} is the last one with the users permission; grant it to another user first"
+            )));
+        }
+        Ok(())
+    }
+
+    /// The user named `name`.
+    ///
+    /// # Errors
+    /// [`MetaError::UserNotFound`].
+    pub fn user(&self, name: &str) -> Result<&UserMeta, MetaError> {
+        self.users
+            .get(name)
+            .ok_or_else(|| MetaError::UserNotFound(name.to_owned()))
     }
 
     /// The id the next topic gets.
@@ -348,6 +493,34 @@ const OP_CREATE_TOPIC: u8 = 3;
 const OP_DELETE_TOPIC: u8 = 4;
 const OP_COMMIT_OFFSETS: u8 = 5;
 const OP_RAISE_TOPIC_ID_FLOOR: u8 = 6;
+const OP_CREATE_USER: u8 = 7;
+const OP_DELETE_USER: u8 = 8;
+const OP_GRANT: u8 = 9;
+const OP_REVOKE: u8 = 10;
+
+fn put_credential(out: &mut Vec<u8>, credential: &ScramCredential) {
+    out.put_bytes(&credential.salt);
+    out.put_u32_be(credential.iterations);
+    out.extend_from_slice(&credential.stored_key);
+    out.extend_from_slice(&credential.server_key);
+}
+
+fn credential(r: &mut WireReader<'_>) -> Result<ScramCredential, WireError> {
+    let salt = r.bytes("salt")?.to_vec();
+    let iterations = r.u32("iterations")?;
+    let mut key = |field| -> Result<[u8; 32], WireError> {
+        let bytes = r.take(32, field)?;
+        let mut out = [0u8; 32];
+        out.copy_from_slice(bytes);
+        Ok(out)
+    };
+    Ok(ScramCredential {
+        salt,
+        iterations,
+        stored_key: key("stored_key")?,
+        server_key: key("server_key")?,
+    })
+}
 
 impl MetaOp {
     /// Appends the op's encoding.
@@ -379,6 +552,25 @@ impl MetaOp {
             Self::RaiseTopicIdFloor { floor } => {
                 out.put_u8_be(OP_RAISE_TOPIC_ID_FLOOR);
                 out.put_u32_be(*floor);
+            }
+            Self::CreateUser { name, credential } => {
+                out.put_u8_be(OP_CREATE_USER);
+                out.put_string(name);
+                put_credential(out, credential);
+            }
+            Self::DeleteUser { name } => {
+                out.put_u8_be(OP_DELETE_USER);
+                out.put_string(name);
+            }
+            Self::Grant { user, grant } => {
+                out.put_u8_be(OP_GRANT);
+                out.put_string(user);
+                grant.encode_into(out);
+            }
+            Self::Revoke { user, grant } => {
+                out.put_u8_be(OP_REVOKE);
+                out.put_string(user);
+                grant.encode_into(out);
             }
             Self::CommitOffsets {
                 stream,
@@ -425,6 +617,21 @@ impl MetaOp {
             },
             OP_RAISE_TOPIC_ID_FLOOR => Self::RaiseTopicIdFloor {
                 floor: r.u32("floor")?,
+            },
+            OP_CREATE_USER => Self::CreateUser {
+                name: s(&mut r, "name")?,
+                credential: credential(&mut r)?,
+            },
+            OP_DELETE_USER => Self::DeleteUser {
+                name: s(&mut r, "name")?,
+            },
+            OP_GRANT => Self::Grant {
+                user: s(&mut r, "user")?,
+                grant: Grant::decode(&mut r)?,
+            },
+            OP_REVOKE => Self::Revoke {
+                user: s(&mut r, "user")?,
+                grant: Grant::decode(&mut r)?,
             },
             OP_COMMIT_OFFSETS => {
                 let stream = s(&mut r, "stream")?;
@@ -497,6 +704,20 @@ impl Metadata {
                 }
             }
         }
+        // Users came after streams in the format; a snapshot without them has none.
+        out.put_u32_be(self.users.len() as u32);
+        for (name, user) in &self.users {
+            out.put_string(name);
+            put_credential(out, &user.credential);
+            out.put_u32_be(user.grants.len() as u32);
+            for (resource, permissions) in &user.grants {
+                let grant = Grant {
+                    resource: resource.clone(),
+                    permissions: *permissions,
+                };
+                grant.encode_into(out);
+            }
+        }
     }
 
     /// Decodes a state written by [`Metadata::encode`].
@@ -509,6 +730,7 @@ impl Metadata {
             next_stream_id: r.u32("next_stream_id")?,
             next_topic_id: r.u32("next_topic_id")?,
             streams: BTreeMap::new(),
+            users: BTreeMap::new(),
         };
         for _ in 0..r.count("streams", 10)? {
             let name = r.string("stream")?.to_owned();
@@ -560,6 +782,18 @@ impl Metadata {
                 stream.groups.insert(group_name, group);
             }
             meta.streams.insert(name, stream);
+        }
+        if r.remaining() > 0 {
+            for _ in 0..r.count("users", 46)? {
+                let name = r.string("user")?.to_owned();
+                let credential = credential(&mut r)?;
+                let mut grants = BTreeMap::new();
+                for _ in 0..r.count("grants", 4)? {
+                    let grant = Grant::decode(&mut r)?;
+                    grants.insert(grant.resource, grant.permissions);
+                }
+                meta.users.insert(name, UserMeta { credential, grants });
+            }
         }
         r.finish()?;
         Ok(meta)
@@ -619,6 +853,105 @@ mod tests {
         // Ids are never reused: a new topic gets the next one.
         meta.apply(&ops[3]).unwrap();
         assert_eq!(meta.topic("s", "u").unwrap().id, 2);
+    }
+
+    #[test]
+    fn users_and_grants_apply_round_trip_and_follow_their_stream() {
+        use braid_proto::client::{READ, USERS, WRITE};
+        let grant = |resource: Resource, permissions| Grant {
+            resource,
+            permissions,
+        };
+        let orders = Resource::Stream("orders".into());
+        let ops = vec![
+            MetaOp::CreateStream {
+                name: "orders".into(),
+            },
+            MetaOp::CreateUser {
+                name: "alice".into(),
+                credential: ScramCredential::derive("pw", b"salt", 4096),
+            },
+            MetaOp::Grant {
+                user: "alice".into(),
+                grant: grant(orders.clone(), READ | WRITE),
+            },
+            MetaOp::Grant {
+                user: "alice".into(),
+                grant: grant(Resource::Node, USERS),
+            },
+            MetaOp::Revoke {
+                user: "alice".into(),
+                grant: grant(orders.clone(), WRITE),
+            },
+        ];
+        let mut meta = Metadata::default();
+        for op in &ops {
+            meta.apply(op).unwrap();
+            let mut bytes = Vec::new();
+            op.encode(&mut bytes);
+            assert_eq!(&MetaOp::decode(&bytes).unwrap(), op);
+        }
+        assert_eq!(meta.user("alice").unwrap().grants[&orders], READ);
+        let mut bytes = Vec::new();
+        meta.encode(&mut bytes);
+        assert_eq!(Metadata::decode(&bytes).unwrap(), meta);
+        // A snapshot written before users existed (no users section) still opens.
+        let mut old = Metadata::default();
+        old.apply(&ops[0]).unwrap();
+        let mut bytes = Vec::new();
+        old.encode(&mut bytes);
+        bytes.truncate(bytes.len() - 4);
+        assert_eq!(Metadata::decode(&bytes).unwrap(), old);
+        // Refused: a duplicate user, a grant to nobody, on a missing stream, or of a
+        // node permission on a stream.
+        let before = meta.clone();
+        for bad in [
+            &ops[1],
+            &MetaOp::Grant {
+                user: "bob".into(),
+                grant: grant(orders.clone(), READ),
+            },
+            &MetaOp::Grant {
+                user: "alice".into(),
+                grant: grant(Resource::Stream("nope".into()), READ),
+            },
+            &MetaOp::Grant {
+                user: "alice".into(),
+                grant: grant(orders.clone(), USERS),
+            },
+        ] {
+            assert!(meta.apply(bad).is_err(), "{bad:?}");
+        }
+        assert_eq!(meta, before);
+        // A deleted stream takes its grants along: a new stream of that name is new.
+        meta.apply(&MetaOp::DeleteStream {
+            name: "orders".into(),
+        })
+        .unwrap();
+        meta.apply(&ops[0]).unwrap();
+        assert!(!meta.user("alice").unwrap().grants.contains_key(&orders));
+        // The last user who can manage users cannot be deleted or lose that right.
+        let delete_alice = MetaOp::DeleteUser {
+            name: "alice".into(),
+        };
+        assert!(meta.apply(&delete_alice).is_err());
+        let revoke_users = MetaOp::Revoke {
+            user: "alice".into(),
+            grant: grant(Resource::Node, USERS),
+        };
+        assert!(meta.apply(&revoke_users).is_err());
+        meta.apply(&MetaOp::CreateUser {
+            name: "bob".into(),
+            credential: ScramCredential::derive("pw", b"salt", 4096),
+        })
+        .unwrap();
+        meta.apply(&MetaOp::Grant {
+            user: "bob".into(),
+            grant: grant(Resource::Node, USERS),
+        })
+        .unwrap();
+        meta.apply(&delete_alice).unwrap();
+        assert_eq!(meta.users.keys().collect::<Vec<_>>(), ["bob"]);
     }
 
     #[test]

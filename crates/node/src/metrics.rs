@@ -27,6 +27,10 @@ pub(crate) struct ShardMetrics {
     pub(crate) fetch_waits_refused: AtomicU64,
     pub(crate) connections_closed_deadline: AtomicU64,
     pub(crate) connections_refused: AtomicU64,
+    pub(crate) authentication_failures: AtomicU64,
+    pub(crate) authentications: AtomicU64,
+    pub(crate) permission_denials: AtomicU64,
+    pub(crate) tls_handshake_failures: AtomicU64,
 }
 
 impl Default for ShardMetrics {
@@ -50,6 +54,10 @@ impl Default for ShardMetrics {
             fetch_waits_refused: AtomicU64::new(0),
             connections_closed_deadline: AtomicU64::new(0),
             connections_refused: AtomicU64::new(0),
+            authentication_failures: AtomicU64::new(0),
+            authentications: AtomicU64::new(0),
+            permission_denials: AtomicU64::new(0),
+            tls_handshake_failures: AtomicU64::new(0),
         }
     }
 }
@@ -161,6 +169,30 @@ pub(crate) fn render(shards: &[Arc<ShardMetrics>]) -> String {
         "counter",
         "Connections closed at accept because the node already served connections_max.",
         sum(&|s| &s.connections_refused),
+    );
+    metric(
+        "braid_authentications_total",
+        "counter",
+        "Connections that authenticated.",
+        sum(&|s| &s.authentications),
+    );
+    metric(
+        "braid_authentication_failures_total",
+        "counter",
+        "Logins refused (wrong password, unknown user, malformed or unsupported exchange); each closed its connection.",
+        sum(&|s| &s.authentication_failures),
+    );
+    metric(
+        "braid_permission_denials_total",
+        "counter",
+        "Requests refused with NotAuthenticated or PermissionDenied.",
+        sum(&|s| &s.permission_denials),
+    );
+    metric(
+        "braid_tls_handshake_failures_total",
+        "counter",
+        "Client connections closed because their TLS handshake failed or did not finish within connection_first_frame_ms.",
+        sum(&|s| &s.tls_handshake_failures),
     );
     metric(
         "braid_fsync_requests_total",

@@ -40,6 +40,12 @@ pub enum StartError {
         /// What failed.
         message: String,
     },
+    /// The bootstrap admin could not be created.
+    #[error("bootstrap admin: {0}")]
+    Bootstrap(#[from] crate::admin_bootstrap::BootstrapError),
+    /// The TLS settings could not be used.
+    #[error(transparent)]
+    Tls(#[from] crate::tls::TlsError),
     /// A thread or runtime could not be created.
     #[error("starting threads: {0}")]
     Io(#[from] std::io::Error),
@@ -77,6 +83,10 @@ impl Node {
                 floor: topic_id_floor,
             })?;
         }
+        crate::admin_bootstrap::ensure_admin(&mut store, &config)?;
+        let tls = crate::tls::acceptor(&config.tls)?;
+        let mut stand_in_secret = [0u8; 32];
+        crate::admin_bootstrap::random_bytes(&mut stand_in_secret)?;
         let client =
             std::net::TcpListener::bind(config.client_addr).map_err(|source| StartError::Bind {
                 addr: config.client_addr,
@@ -116,6 +126,8 @@ impl Node {
             fetch_bytes: Arc::new(tokio::sync::Semaphore::new(fetch_bytes_permits)),
             connections: std::sync::atomic::AtomicUsize::new(0),
             high_watermarks: std::sync::RwLock::default(),
+            tls,
+            stand_in_secret,
         });
         let meta = MetaService::new(store);
         let layout = Arc::new(meta.layout());

@@ -113,6 +113,10 @@ pub(crate) struct NodeShared {
     /// go, read per commit; never on the produce or fetch path.
     pub(crate) high_watermarks:
         std::sync::RwLock<HashMap<PartitionKey, Arc<std::sync::atomic::AtomicU64>>>,
+    /// TLS on the client port, if configured.
+    pub(crate) tls: Option<crate::tls::ClientTls>,
+    /// Derives the stand-in credential shown for unknown users (drawn at start).
+    pub(crate) stand_in_secret: [u8; 32],
 }
 
 impl NodeShared {

@@ -90,6 +90,19 @@ impl ScramCredential {
         Self::from_salted(&salted, salt, iterations)
     }
 
+    /// The stand-in credential a node shows for an unknown `user`: its salt is derived
+    /// from `secret` and the name, so it is the same on every try and looks like a real
+    /// one; its keys match no password.
+    pub fn stand_in(secret: &[u8], user: &str) -> Self {
+        let salt = hmac(secret, format!("salt:{user}").as_bytes());
+        Self {
+            salt: salt[..SALT_BYTES].to_vec(),
+            iterations: ITERATIONS_DEFAULT,
+            stored_key: hmac(secret, format!("stored:{user}").as_bytes()),
+            server_key: hmac(secret, format!("server:{user}").as_bytes()),
+        }
+    }
+
     fn from_salted(salted: &[u8; KEY_BYTES], salt: &[u8], iterations: u32) -> Self {
         let client_key = hmac(salted, b"Client Key");
         Self {
@@ -135,6 +148,11 @@ fn xor(a: &[u8; KEY_BYTES], b: &[u8; KEY_BYTES]) -> [u8; KEY_BYTES] {
     out
 }
 
+/// A printable nonce (base64) of random `bytes`.
+pub fn nonce_from(bytes: &[u8]) -> String {
+    BASE64.encode(bytes)
+}
+
 /// Compares in time independent of where the inputs differ.
 fn equal_in_constant_time(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
@@ -153,10 +171,7 @@ fn check_nonce(nonce: &str) -> Result<(), ScramError> {
 }
 
 /// Splits `message` into its `k=value` attributes, checking their order.
-fn attributes<'a, const N: usize>(
-    message: &'a str,
-    keys: [char; N],
-) -> Result<[&'a str; N], ScramError> {
+fn attributes<const N: usize>(message: &str, keys: [char; N]) -> Result<[&str; N], ScramError> {
     if message.len() > MESSAGE_BYTES_MAX {
         return Err(ScramError::Malformed("message too long"));
     }

@@ -17,9 +17,15 @@ use braid_proto::client::{
 };
 use braid_proto::ValidatedBatch;
 use bytes::BytesMut;
-use tokio::io::{AsyncReadExt, AsyncWriteExt, BufWriter};
-use tokio::net::tcp::OwnedWriteHalf;
-use tokio::sync::{mpsc, oneshot, watch, OwnedSemaphorePermit, Semaphore};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
+use tokio::sync::{mpsc, oneshot, watch, Semaphore};
+
+mod deadlines;
+mod guard;
+mod writer;
+
+use deadlines::Deadlines;
+use writer::{write_loop, FetchBudget, Outgoing};
 
 use crate::admin::admin_request;
 use crate::error::NodeError;
@@ -33,19 +39,6 @@ const OUTGOING_FRAMES_MAX: usize = 256;
 const READ_CHUNK_BYTES: usize = 64 * 1024;
 /// Longest a fetch may wait for data (ms).
 const FETCH_WAIT_MS_MAX: u32 = 60_000;
-
-enum Outgoing {
-    Frame(Vec<u8>),
-    /// A fetch answer, with the shares of the fetch-byte budgets it holds until it is
-    /// written.
-    Fetch(Vec<u8>, braid_storage::LogRead, FetchBudget),
-}
-
-/// A fetch's shares of its connection's and the node's fetch-byte budgets.
-struct FetchBudget {
-    _connection: OwnedSemaphorePermit,
-    _node: OwnedSemaphorePermit,
-}
 
 struct Env {
     shared: Arc<NodeShared>,
@@ -62,6 +55,16 @@ struct Env {
     reading_done: watch::Receiver<bool>,
     /// Fetches of this connection parked at a partition's end.
     waiting: Rc<Cell<u32>>,
+    /// Who this connection logged in as.
+    login: std::cell::RefCell<crate::login::Login>,
+}
+
+/// What the reader does after a frame.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Flow {
+    Continue,
+    /// Answer what is in flight, then close (a failed login).
+    Close,
 }
 
 /// Starts serving a connection on the current shard.
@@ -87,7 +90,48 @@ pub(crate) fn spawn(shard: &Shard, stream: std::net::TcpStream) {
         let _ = stream.set_nodelay(true);
         add(&metrics.connections_total, 1);
         add(&metrics.connections_active, 1);
-        serve(stream, shared, layout, Arc::clone(&metrics), draining).await;
+        match shared.tls.clone() {
+            None => {
+                let (reader, writer) = stream.into_split();
+                serve(
+                    reader,
+                    writer,
+                    shared,
+                    layout,
+                    Arc::clone(&metrics),
+                    draining,
+                )
+                .await;
+            }
+            Some(tls) => {
+                // The handshake counts against the first-frame deadline: a client that
+                // opens a socket and says nothing holds it no longer than one that
+                // sends no frame.
+                let limit = Duration::from_millis(shared.config.connection_first_frame_ms.max(1));
+                match tokio::time::timeout(limit, tls.0.accept(stream)).await {
+                    Ok(Ok(stream)) => {
+                        let (reader, writer) = tokio::io::split(stream);
+                        serve(
+                            reader,
+                            writer,
+                            shared,
+                            layout,
+                            Arc::clone(&metrics),
+                            draining,
+                        )
+                        .await;
+                    }
+                    Ok(Err(err)) => {
+                        add(&metrics.tls_handshake_failures, 1);
+                        tracing::info!(?peer, %err, "client TLS handshake failed");
+                    }
+                    Err(_) => {
+                        add(&metrics.tls_handshake_failures, 1);
+                        tracing::info!(?peer, "client TLS handshake not finished in time");
+                    }
+                }
+            }
+        }
         metrics
             .connections_active
             .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
@@ -151,14 +195,17 @@ pub(crate) fn spawn_acceptor(shard: &mut Shard, listener: std::net::TcpListener)
     });
 }
 
-async fn serve(
-    stream: tokio::net::TcpStream,
+async fn serve<R, W>(
+    mut reader: R,
+    writer: W,
     shared: Arc<NodeShared>,
     layout: Rc<std::cell::RefCell<Arc<Layout>>>,
     metrics: Arc<ShardMetrics>,
     mut draining: watch::Receiver<bool>,
-) {
-    let (mut reader, writer) = stream.into_split();
+) where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin + 'static,
+{
     let (out, outgoing) = mpsc::channel(OUTGOING_FRAMES_MAX);
     let mut writer_task = tokio::task::spawn_local(write_loop(
         writer,
@@ -184,6 +231,7 @@ async fn serve(
         fetch_bytes,
         reading_done,
         waiting: Rc::new(Cell::new(0)),
+        login: std::cell::RefCell::default(),
     };
     let max = env.shared.config.frame_bytes_max;
     let mut buf = BytesMut::with_capacity(READ_CHUNK_BYTES);
@@ -194,7 +242,9 @@ async fn serve(
                 Ok(Some(total)) => {
                     let frame = buf.split_to(total);
                     deadlines.frame_done();
-                    handle_frame(&env, frame).await;
+                    if handle_frame(&env, frame).await == Flow::Close {
+                        break 'read;
+                    }
                 }
                 Ok(None) => break,
                 Err(err) => {
@@ -262,80 +312,6 @@ impl Drop for ConnectionSlot {
     }
 }
 
-/// When a connection that does nothing useful is closed: its first complete frame must
-/// come within `connection_first_frame_ms` of the connect, a frame once begun must be
-/// whole within `connection_frame_ms` (a client sending a byte every 100 ms holds
-/// nothing for long), and with nothing in flight a connection may go
-/// `connection_idle_ms` without a frame.
-struct Deadlines {
-    first_frame: Duration,
-    frame: Duration,
-    idle: Duration,
-    connected: tokio::time::Instant,
-    /// When the last complete frame arrived (none yet: `None`).
-    last_frame: Option<tokio::time::Instant>,
-    /// When bytes of the frame now buffered began to arrive.
-    frame_started: Option<tokio::time::Instant>,
-    /// When the connection was last seen with answers in flight.
-    last_busy: Option<tokio::time::Instant>,
-}
-
-/// The next deadline, and why the connection closes there (`None`: only look again).
-struct Deadline {
-    at: tokio::time::Instant,
-    reason: Option<&'static str>,
-}
-
-impl Deadlines {
-    fn new(config: &crate::config::NodeConfig) -> Self {
-        let ms = |v: u64| Duration::from_millis(v.max(1));
-        Self {
-            first_frame: ms(config.connection_first_frame_ms),
-            frame: ms(config.connection_frame_ms),
-            idle: ms(config.connection_idle_ms),
-            connected: tokio::time::Instant::now(),
-            last_frame: None,
-            frame_started: None,
-            last_busy: None,
-        }
-    }
-
-    fn frame_done(&mut self) {
-        self.last_frame = Some(tokio::time::Instant::now());
-        self.frame_started = None;
-    }
-
-    fn next(&mut self, partial_frame: bool, busy: bool) -> Deadline {
-        let now = tokio::time::Instant::now();
-        if partial_frame {
-            let started = *self.frame_started.get_or_insert(now);
-            return Deadline {
-                at: started + self.frame,
-                reason: Some("a frame not completed in time"),
-            };
-        }
-        self.frame_started = None;
-        match self.last_frame {
-            None => Deadline {
-                at: self.connected + self.first_frame,
-                reason: Some("no first frame in time"),
-            },
-            // Answers are still being worked on: not idle; look again soon.
-            Some(_) if busy => {
-                self.last_busy = Some(now);
-                Deadline {
-                    at: now + self.idle.min(Duration::from_secs(1)),
-                    reason: None,
-                }
-            }
-            Some(last) => Deadline {
-                at: self.last_busy.map_or(last, |busy| busy.max(last)) + self.idle,
-                reason: Some("idle"),
-            },
-        }
-    }
-}
-
 /// The stream can no longer be framed: answer once, with request id 0 and command 0
 /// (the header may be garbage), then the caller closes.
 async fn refuse_stream(env: &Env, err: &FrameError) {
@@ -366,70 +342,6 @@ async fn send_error(env: &Env, request_id: u64, command: u16, err: &NodeError) {
     env.metrics.error(err.code);
     let frame = error_frame(request_id, command, err);
     let _ = env.out.send(Outgoing::Frame(frame)).await;
-}
-
-async fn write_loop(
-    writer: OwnedWriteHalf,
-    mut outgoing: mpsc::Receiver<Outgoing>,
-    shared: Arc<NodeShared>,
-    metrics: Arc<ShardMetrics>,
-) {
-    let stall = Duration::from_millis(shared.config.connection_write_timeout_ms.max(1));
-    let mut writer = BufWriter::with_capacity(64 * 1024, writer);
-    while let Some(first) = outgoing.recv().await {
-        let mut next = Some(first);
-        while let Some(item) = next {
-            let written = match &item {
-                Outgoing::Frame(frame) => write_progressing(&mut writer, frame, stall).await,
-                Outgoing::Fetch(prefix, read, _) => {
-                    match write_progressing(&mut writer, prefix, stall).await {
-                        Ok(()) => write_progressing(&mut writer, read.bytes(), stall).await,
-                        Err(err) => Err(err),
-                    }
-                }
-            };
-            if let Err(err) = written {
-                if err.kind() == std::io::ErrorKind::TimedOut {
-                    add(&metrics.connections_closed_stalled, 1);
-                    tracing::info!(
-                        stall_ms = stall.as_millis() as u64,
-                        "closing a connection whose client reads no answers"
-                    );
-                }
-                // Dropping the queue releases every budget share its answers held.
-                return;
-            }
-            // Written: the read buffer goes back and the budget shares are released.
-            if let Outgoing::Fetch(_, read, _budget) = item {
-                shared.read_buffers.give_back(read.into_buffer());
-            }
-            next = outgoing.try_recv().ok();
-        }
-        let flushed = tokio::time::timeout(stall, writer.flush()).await;
-        if !matches!(flushed, Ok(Ok(()))) {
-            return;
-        }
-    }
-}
-
-/// Bytes written per step of a large answer: each step must make progress within the
-/// write timeout, so a slow reader is not closed but a stopped one is.
-const WRITE_STEP_BYTES: usize = 256 * 1024;
-
-/// Writes `bytes`, failing with `TimedOut` if a step of them makes no progress within
-/// `stall`.
-async fn write_progressing(
-    writer: &mut BufWriter<OwnedWriteHalf>,
-    bytes: &[u8],
-    stall: Duration,
-) -> std::io::Result<()> {
-    for step in bytes.chunks(WRITE_STEP_BYTES) {
-        match tokio::time::timeout(stall, writer.write_all(step)).await {
-            Ok(result) => result?,
-            Err(_) => return Err(std::io::ErrorKind::TimedOut.into()),
-        }
-    }
-    Ok(())
 }
 
 /// Runs `work` for a reply without blocking the reader, once the connection has room
@@ -477,10 +389,7 @@ async fn fetch_budget(env: &Env, bytes: u32) -> Option<FetchBudget> {
                 .ok()?
         }
     };
-    Some(FetchBudget {
-        _connection: connection,
-        _node: node,
-    })
+    Some(FetchBudget::new(connection, node))
 }
 
 fn route(
@@ -515,15 +424,16 @@ fn shutting_down() -> NodeError {
     NodeError::new(ErrorCode::ShuttingDown, "node is shutting down")
 }
 
-async fn handle_frame(env: &Env, mut frame: BytesMut) {
+async fn handle_frame(env: &Env, mut frame: BytesMut) -> Flow {
     let Ok((header, body)) = split_request(&frame) else {
-        return;
+        return Flow::Continue;
     };
     let (request_id, code) = (header.request_id, header.command);
     let Some(command) = Command::from_u16(code) else {
         tracing::info!(command = code, "unknown command");
         let err = NodeError::new(ErrorCode::UnknownCommand, format!("unknown command {code}"));
-        return send_error(env, request_id, code, &err).await;
+        send_error(env, request_id, code, &err).await;
+        return Flow::Continue;
     };
     env.metrics.request(command);
     if request_id == 0 {
@@ -532,7 +442,8 @@ async fn handle_frame(env: &Env, mut frame: BytesMut) {
             ErrorCode::InvalidArgument,
             "request id 0 is reserved for the node's connection-level errors",
         );
-        return send_error(env, request_id, code, &err).await;
+        send_error(env, request_id, code, &err).await;
+        return Flow::Continue;
     }
     let request = match Request::decode(command, body) {
         Ok(request) => request,
@@ -545,15 +456,30 @@ async fn handle_frame(env: &Env, mut frame: BytesMut) {
             };
             tracing::info!(?command, %err, "refused request");
             let err = NodeError::new(code_for, err.to_string());
-            return send_error(env, request_id, code, &err).await;
+            send_error(env, request_id, code, &err).await;
+            return Flow::Continue;
         }
     };
+    if let Err(err) = guard::admit(env, &request) {
+        add(&env.metrics.permission_denials, 1);
+        send_error(env, request_id, code, &err).await;
+        return Flow::Continue;
+    }
     let result = match request {
         Request::Ping => {
             let mut out = Vec::new();
             Response::Empty.encode(request_id, command, &mut out);
             let _ = env.out.send(Outgoing::Frame(out)).await;
-            return;
+            return Flow::Continue;
+        }
+        Request::Authenticate { mechanism, message } => {
+            return guard::authenticate(env, request_id, mechanism, message).await;
+        }
+        Request::ListStreams => {
+            let mut out = Vec::new();
+            guard::list_streams(env).encode(request_id, command, &mut out);
+            let _ = env.out.send(Outgoing::Frame(out)).await;
+            return Flow::Continue;
         }
         Request::Produce {
             stream,
@@ -608,6 +534,7 @@ async fn handle_frame(env: &Env, mut frame: BytesMut) {
     if let Err(err) = result {
         send_error(env, request_id, code, &err).await;
     }
+    Flow::Continue
 }
 
 async fn produce(

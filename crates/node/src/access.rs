@@ -1,0 +1,240 @@
+//! Who may do what: the users and grants of the metadata as every shard checks them,
+//! and the permission each request needs. Pure: no sockets, no clock.
+//!
+//! Stream requests need a permission on their stream (or on every stream, `*`); the
+//! node's requests need a node permission. Listing shows only what the user may see.
+
+use std::collections::HashMap;
+
+use braid_proto::client::{Request, Resource, MANAGE, READ, STREAMS, USERS, WRITE};
+use braid_proto::scram::ScramCredential;
+
+use crate::metadata::Metadata;
+
+/// What one request needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Need<'a> {
+    /// Nothing (ping, authenticate).
+    Nothing,
+    /// Any authenticated user (listing, filtered by what it may see).
+    Authenticated,
+    /// A node permission.
+    Node(u8),
+    /// A permission on a stream.
+    Stream(&'a str, u8),
+    /// Any permission on a stream (describing it).
+    SeeStream(&'a str),
+    /// `MANAGE` on the stream or `STREAMS` on the node (deleting a stream).
+    DeleteStream(&'a str),
+}
+
+impl Need<'_> {
+    /// What is missing, for the `PermissionDenied` message.
+    pub(crate) fn describe(&self) -> String {
+        let name = braid_proto::client::permission_names;
+        match self {
+            Self::Nothing | Self::Authenticated => "nothing".into(),
+            Self::Node(bits) => format!("{} on the node", name(*bits)),
+            Self::Stream(stream, bits) => format!("{} on stream {stream}", name(*bits)),
+            Self::SeeStream(stream) => format!("a permission on stream {stream}"),
+            Self::DeleteStream(stream) => {
+                format!("manage on stream {stream} or streams on the node")
+            }
+        }
+    }
+}
+
+/// The permission `request` needs.
+pub(crate) fn need_of<'a>(request: &Request<'a>) -> Need<'a> {
+    match request {
+        Request::Ping | Request::Authenticate { .. } => Need::Nothing,
+        Request::ListStreams => Need::Authenticated,
+        Request::CreateStream { .. } => Need::Node(STREAMS),
+        Request::DeleteStream { name } => Need::DeleteStream(name),
+        Request::CreateTopic { stream, .. } | Request::DeleteTopic { stream, .. } => {
+            Need::Stream(stream, MANAGE)
+        }
+        Request::ListTopics { stream } | Request::DescribeTopic { stream, .. } => {
+            Need::SeeStream(stream)
+        }
+        Request::Produce { stream, .. } => Need::Stream(stream, WRITE),
+        Request::Fetch { stream, .. }
+        | Request::ListOffsets { stream, .. }
+        | Request::JoinGroup { stream, .. }
+        | Request::LeaveGroup { stream, .. }
+        | Request::FetchOffsets { stream, .. }
+        | Request::ListGroups { stream }
+        | Request::DescribeGroup { stream, .. } => Need::Stream(stream, READ),
+        Request::Heartbeat { member, .. } | Request::CommitOffsets { member, .. } => {
+            Need::Stream(member.stream, READ)
+        }
+        Request::CreateUser { .. }
+        | Request::DeleteUser { .. }
+        | Request::ListUsers
+        | Request::GrantPermissions { .. }
+        | Request::RevokePermissions { .. } => Need::Node(USERS),
+        // A command added to the protocol but not here is refused until it is.
+        _ => Need::Node(USERS | STREAMS),
+    }
+}
+
+/// One user as the shards see it.
+#[derive(Debug, Clone)]
+struct UserAccess {
+    credential: ScramCredential,
+    node: u8,
+    all_streams: u8,
+    streams: HashMap<String, u8>,
+}
+
+/// Every user's credential and permissions, rebuilt with each metadata change.
+#[derive(Debug, Default)]
+pub(crate) struct Access {
+    users: HashMap<String, UserAccess>,
+}
+
+impl Access {
+    pub(crate) fn from_metadata(meta: &Metadata) -> Self {
+        let users = meta
+            .users
+            .iter()
+            .map(|(name, user)| {
+                let mut access = UserAccess {
+                    credential: user.credential.clone(),
+                    node: 0,
+                    all_streams: 0,
+                    streams: HashMap::new(),
+                };
+                for (resource, bits) in &user.grants {
+                    match resource {
+                        Resource::Node => access.node |= bits,
+                        Resource::AllStreams => access.all_streams |= bits,
+                        Resource::Stream(stream) => {
+                            access.streams.insert(stream.clone(), *bits);
+                        }
+                    }
+                }
+                (name.clone(), access)
+            })
+            .collect();
+        Self { users }
+    }
+
+    /// The credential of `user`, if it exists.
+    pub(crate) fn credential(&self, user: &str) -> Option<ScramCredential> {
+        self.users.get(user).map(|u| u.credential.clone())
+    }
+
+    /// Whether `user` still exists (a deleted user's connections lose everything).
+    pub(crate) fn exists(&self, user: &str) -> bool {
+        self.users.contains_key(user)
+    }
+
+    fn stream_bits(user: &UserAccess, stream: &str) -> u8 {
+        user.all_streams | user.streams.get(stream).copied().unwrap_or(0)
+    }
+
+    /// Whether `user` has what `need` asks.
+    pub(crate) fn allows(&self, user: &str, need: Need<'_>) -> bool {
+        let Some(u) = self.users.get(user) else {
+            return matches!(need, Need::Nothing);
+        };
+        match need {
+            Need::Nothing | Need::Authenticated => true,
+            Need::Node(bits) => u.node & bits == bits,
+            Need::Stream(stream, bits) => Self::stream_bits(u, stream) & bits == bits,
+            Need::SeeStream(stream) => Self::stream_bits(u, stream) != 0 || u.node & STREAMS != 0,
+            Need::DeleteStream(stream) => {
+                Self::stream_bits(u, stream) & MANAGE != 0 || u.node & STREAMS != 0
+            }
+        }
+    }
+
+    /// Whether `user` may see `stream` in a listing.
+    pub(crate) fn sees_stream(&self, user: &str, stream: &str) -> bool {
+        self.allows(user, Need::SeeStream(stream))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::metadata::MetaOp;
+    use braid_proto::client::{Grant, GroupMemberRequest};
+
+    fn meta() -> Metadata {
+        let mut meta = Metadata::default();
+        let credential = ScramCredential::derive("pw", b"salt", 4096);
+        let grant = |user: &str, resource, permissions| MetaOp::Grant {
+            user: user.into(),
+            grant: Grant {
+                resource,
+                permissions,
+            },
+        };
+        for op in [
+            MetaOp::CreateStream { name: "a".into() },
+            MetaOp::CreateStream { name: "b".into() },
+            MetaOp::CreateUser {
+                name: "reader".into(),
+                credential: credential.clone(),
+            },
+            MetaOp::CreateUser {
+                name: "ops".into(),
+                credential,
+            },
+            grant("reader", Resource::Stream("a".into()), READ),
+            grant("ops", Resource::AllStreams, READ | WRITE | MANAGE),
+            grant("ops", Resource::Node, STREAMS),
+        ] {
+            meta.apply(&op).unwrap();
+        }
+        meta
+    }
+
+    #[test]
+    fn every_request_checks_its_own_permission() {
+        let access = Access::from_metadata(&meta());
+        let fetch = |stream| Request::Fetch {
+            stream,
+            topic: "t",
+            partition: 0,
+            offset: 0,
+            max_bytes: 1,
+            max_wait_ms: 0,
+        };
+        let produce = Request::Produce {
+            stream: "a",
+            topic: "t",
+            partition: 0,
+            batch: b"",
+        };
+        let commit = Request::CommitOffsets {
+            member: GroupMemberRequest {
+                stream: "b",
+                group: "g",
+                member_id: 1,
+                generation: 1,
+            },
+            offsets: vec![],
+        };
+        let allowed = |user: &str, request: &Request<'_>| access.allows(user, need_of(request));
+        assert!(allowed("reader", &fetch("a")));
+        assert!(!allowed("reader", &fetch("b")), "another stream");
+        assert!(!allowed("reader", &produce), "write without the grant");
+        assert!(!allowed("reader", &commit), "a group of another stream");
+        assert!(!allowed("reader", &Request::DeleteStream { name: "a" }));
+        assert!(!allowed("reader", &Request::ListUsers));
+        assert!(allowed("reader", &Request::ListStreams));
+        assert!(allowed("ops", &produce), "every stream");
+        assert!(allowed("ops", &commit));
+        assert!(allowed("ops", &Request::CreateStream { name: "c" }));
+        assert!(allowed("ops", &Request::DeleteStream { name: "a" }));
+        assert!(!allowed("ops", &Request::DeleteUser { name: "reader" }));
+        assert!(!allowed("nobody", &fetch("a")), "an unknown user");
+        assert!(allowed("nobody", &Request::Ping));
+        assert!(access.sees_stream("reader", "a"));
+        assert!(!access.sees_stream("reader", "b"));
+        assert_eq!(need_of(&produce).describe(), "write on stream a");
+    }
+}

@@ -1,0 +1,135 @@
+//! The first user of a node that requires authentication: `admin`, with every
+//! permission, created once when authentication is on and no user exists.
+//!
+//! Its password comes from `BRAID_ADMIN_PASSWORD`, else from `admin_password_file`,
+//! else it is drawn at random and written to `<data_dir>/admin-password` (mode 0600),
+//! whose path, not its content, is logged.
+
+use std::io::Write;
+use std::path::Path;
+
+use braid_proto::client::{Grant, Resource, NODE_PERMISSIONS, STREAM_PERMISSIONS};
+use braid_proto::scram::{nonce_from, ScramCredential, ITERATIONS_DEFAULT, SALT_BYTES};
+
+use crate::config::NodeConfig;
+use crate::meta_store::{MetaStore, StoreError};
+use crate::metadata::MetaOp;
+
+/// The bootstrap admin's name.
+pub(crate) const ADMIN_USER: &str = "admin";
+/// Where a drawn password is written, in the data directory.
+pub(crate) const ADMIN_PASSWORD_FILE: &str = "admin-password";
+
+/// Why the bootstrap admin could not be made.
+#[derive(Debug, thiserror::Error)]
+pub enum BootstrapError {
+    /// The password file could not be read or written.
+    #[error("admin password file {path}: {source}")]
+    File {
+        /// The file.
+        path: std::path::PathBuf,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The password is empty.
+    #[error("the bootstrap admin's password is empty")]
+    Empty,
+    /// No randomness from the OS.
+    #[error("drawing random bytes: {0}")]
+    Random(String),
+    /// The metadata refused the user.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// Fills `out` from the OS's random source.
+pub(crate) fn random_bytes(out: &mut [u8]) -> Result<(), BootstrapError> {
+    getrandom::getrandom(out).map_err(|e| BootstrapError::Random(e.to_string()))
+}
+
+/// Creates `admin` if authentication is on and no user exists.
+pub(crate) fn ensure_admin(
+    store: &mut MetaStore,
+    config: &NodeConfig,
+) -> Result<(), BootstrapError> {
+    if !config.authentication || !store.state().users.is_empty() {
+        return Ok(());
+    }
+    let (password, drawn) = match (&config.admin_password, &config.admin_password_file) {
+        (Some(secret), _) => (secret.0.clone(), false),
+        (None, Some(path)) => (read_password(path)?, false),
+        (None, None) => {
+            let mut bytes = [0u8; 18];
+            random_bytes(&mut bytes)?;
+            (nonce_from(&bytes).replace(['+', '/'], "x"), true)
+        }
+    };
+    if password.is_empty() {
+        return Err(BootstrapError::Empty);
+    }
+    let mut salt = [0u8; SALT_BYTES];
+    random_bytes(&mut salt)?;
+    let credential = ScramCredential::derive(&password, &salt, ITERATIONS_DEFAULT);
+    if drawn {
+        // Written before the user exists: a crash between the two leaves a file and
+        // no user, and the next start draws again.
+        write_password(&config.data_dir.join(ADMIN_PASSWORD_FILE), &password)?;
+    }
+    let name = ADMIN_USER.to_owned();
+    store.apply(&MetaOp::CreateUser {
+        name: name.clone(),
+        credential,
+    })?;
+    for (resource, permissions) in [
+        (Resource::Node, NODE_PERMISSIONS),
+        (Resource::AllStreams, STREAM_PERMISSIONS),
+    ] {
+        store.apply(&MetaOp::Grant {
+            user: name.clone(),
+            grant: Grant {
+                resource,
+                permissions,
+            },
+        })?;
+    }
+    if drawn {
+        tracing::warn!(
+            user = ADMIN_USER,
+            password_file = %config.data_dir.join(ADMIN_PASSWORD_FILE).display(),
+            "created the bootstrap admin with a random password; read it from the file, \
+             then delete the file"
+        );
+    } else {
+        tracing::info!(user = ADMIN_USER, "created the bootstrap admin");
+    }
+    Ok(())
+}
+
+fn read_password(path: &Path) -> Result<String, BootstrapError> {
+    let text = std::fs::read_to_string(path).map_err(|source| BootstrapError::File {
+        path: path.to_owned(),
+        source,
+    })?;
+    // One line; a trailing newline from `echo` is not part of it.
+    Ok(text.trim_end_matches(['\n', '\r']).to_owned())
+}
+
+fn write_password(path: &Path, password: &str) -> Result<(), BootstrapError> {
+    let file_error = |source| BootstrapError::File {
+        path: path.to_owned(),
+        source,
+    };
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create(true).truncate(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        options.mode(0o600);
+    }
+    let mut file = options.open(path).map_err(file_error)?;
+    file.write_all(password.as_bytes())
+        .and_then(|()| file.write_all(b"\n"))
+        .and_then(|()| file.sync_all())
+        .map_err(file_error)
+}

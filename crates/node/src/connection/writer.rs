@@ -1,0 +1,97 @@
+//! The writer of a connection: answers go out as they complete, and a client that
+//! reads none of them is closed after `connection_write_timeout_ms`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::{AsyncWrite, AsyncWriteExt, BufWriter};
+use tokio::sync::{mpsc, OwnedSemaphorePermit};
+
+use crate::metrics::{add, ShardMetrics};
+use crate::shard::NodeShared;
+
+pub(super) enum Outgoing {
+    Frame(Vec<u8>),
+    /// A fetch answer, with the shares of the fetch-byte budgets it holds until it is
+    /// written.
+    Fetch(Vec<u8>, braid_storage::LogRead, FetchBudget),
+}
+
+/// A fetch's shares of its connection's and the node's fetch-byte budgets.
+pub(super) struct FetchBudget {
+    _connection: OwnedSemaphorePermit,
+    _node: OwnedSemaphorePermit,
+}
+
+impl FetchBudget {
+    pub(super) fn new(connection: OwnedSemaphorePermit, node: OwnedSemaphorePermit) -> Self {
+        Self {
+            _connection: connection,
+            _node: node,
+        }
+    }
+}
+
+pub(super) async fn write_loop<W: AsyncWrite + Unpin>(
+    writer: W,
+    mut outgoing: mpsc::Receiver<Outgoing>,
+    shared: Arc<NodeShared>,
+    metrics: Arc<ShardMetrics>,
+) {
+    let stall = Duration::from_millis(shared.config.connection_write_timeout_ms.max(1));
+    let mut writer = BufWriter::with_capacity(64 * 1024, writer);
+    while let Some(first) = outgoing.recv().await {
+        let mut next = Some(first);
+        while let Some(item) = next {
+            let written = match &item {
+                Outgoing::Frame(frame) => write_progressing(&mut writer, frame, stall).await,
+                Outgoing::Fetch(prefix, read, _) => {
+                    match write_progressing(&mut writer, prefix, stall).await {
+                        Ok(()) => write_progressing(&mut writer, read.bytes(), stall).await,
+                        Err(err) => Err(err),
+                    }
+                }
+            };
+            if let Err(err) = written {
+                if err.kind() == std::io::ErrorKind::TimedOut {
+                    add(&metrics.connections_closed_stalled, 1);
+                    tracing::info!(
+                        stall_ms = stall.as_millis() as u64,
+                        "closing a connection whose client reads no answers"
+                    );
+                }
+                // Dropping the queue releases every budget share its answers held.
+                return;
+            }
+            // Written: the read buffer goes back and the budget shares are released.
+            if let Outgoing::Fetch(_, read, _budget) = item {
+                shared.read_buffers.give_back(read.into_buffer());
+            }
+            next = outgoing.try_recv().ok();
+        }
+        let flushed = tokio::time::timeout(stall, writer.flush()).await;
+        if !matches!(flushed, Ok(Ok(()))) {
+            return;
+        }
+    }
+}
+
+/// Bytes written per step of a large answer: each step must make progress within the
+/// write timeout, so a slow reader is not closed but a stopped one is.
+const WRITE_STEP_BYTES: usize = 256 * 1024;
+
+/// Writes `bytes`, failing with `TimedOut` if a step of them makes no progress within
+/// `stall`.
+async fn write_progressing<W: AsyncWrite + Unpin>(
+    writer: &mut BufWriter<W>,
+    bytes: &[u8],
+    stall: Duration,
+) -> std::io::Result<()> {
+    for step in bytes.chunks(WRITE_STEP_BYTES) {
+        match tokio::time::timeout(stall, writer.write_all(step)).await {
+            Ok(result) => result?,
+            Err(_) => return Err(std::io::ErrorKind::TimedOut.into()),
+        }
+    }
+    Ok(())
+}
