@@ -11,10 +11,11 @@ use braid_proto::client::{
     Response, StreamSummary, TopicInfo, TopicSettings, TopicSummary, RESPONSE_HEADER_BYTES,
 };
 use bytes::BytesMut;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::error::ClientError;
+use crate::options::{ConnectOptions, Credentials};
 
 /// Largest response frame the client accepts (the node's default maximum plus room).
 const RESPONSE_BYTES_MAX: u32 = 64 << 20;
@@ -28,10 +29,13 @@ struct Pending {
     failed: Option<ClientError>,
 }
 
+/// Held by every clone of a [`Client`] and by nothing else: when the last clone goes,
+/// the frame queue closes, the writer shuts the socket and the node ends the
+/// connection (the reader holds only `pending`).
 #[derive(Debug)]
 struct Inner {
     frames: mpsc::UnboundedSender<Vec<u8>>,
-    pending: Mutex<Pending>,
+    pending: Arc<Mutex<Pending>>,
     next_id: AtomicU64,
 }
 
@@ -53,31 +57,69 @@ pub struct Fetched {
 }
 
 impl Client {
-    /// Connects to a node.
+    /// Connects to a node over plain TCP, without a login.
     ///
     /// # Errors
     /// [`ClientError::Io`] if the connection fails.
     pub async fn connect(addr: impl tokio::net::ToSocketAddrs) -> Result<Self, ClientError> {
         let stream = tokio::net::TcpStream::connect(addr).await?;
         stream.set_nodelay(true)?;
-        let (mut reader, mut writer) = stream.into_split();
+        let (reader, writer) = stream.into_split();
+        Ok(Self::start(reader, writer))
+    }
+
+    /// Connects to the node at `addr` (`HOST:PORT`) with TLS and a login as
+    /// `options` say.
+    ///
+    /// # Errors
+    /// [`ClientError::Io`] if the connection or the TLS handshake fails,
+    /// [`ClientError::Server`] with `AuthenticationFailed` for a refused login,
+    /// [`ClientError::Authentication`] if the node could not prove it knows the user.
+    pub async fn connect_with(addr: &str, options: &ConnectOptions) -> Result<Self, ClientError> {
+        let stream = tokio::net::TcpStream::connect(addr).await?;
+        stream.set_nodelay(true)?;
+        let client = match &options.tls {
+            None => {
+                let (reader, writer) = stream.into_split();
+                Self::start(reader, writer)
+            }
+            Some(tls) => {
+                let name = tls.server_name_for(addr)?;
+                let stream = tls.connector().connect(name, stream).await?;
+                let (reader, writer) = tokio::io::split(stream);
+                Self::start(reader, writer)
+            }
+        };
+        if let Some(credentials) = &options.credentials {
+            client.login(credentials).await?;
+        }
+        Ok(client)
+    }
+
+    fn start<R, W>(mut reader: R, mut writer: W) -> Self
+    where
+        R: AsyncRead + Unpin + Send + 'static,
+        W: AsyncWrite + Unpin + Send + 'static,
+    {
         let (frames, mut outgoing) = mpsc::unbounded_channel::<Vec<u8>>();
+        let pending = Arc::new(Mutex::new(Pending::default()));
         let inner = Arc::new(Inner {
             frames,
-            pending: Mutex::new(Pending::default()),
+            pending: Arc::clone(&pending),
             next_id: AtomicU64::new(1),
         });
         tokio::spawn(async move {
             while let Some(frame) = outgoing.recv().await {
                 if writer.write_all(&frame).await.is_err() {
-                    break;
+                    return;
                 }
             }
+            // Every clone is gone: say so, and the node closes its side.
+            let _ = writer.shutdown().await;
         });
-        let reader_inner = Arc::clone(&inner);
         tokio::spawn(async move {
-            let failure = read_loop(&mut reader, &reader_inner).await;
-            let waiters = match reader_inner.pending.lock() {
+            let failure = read_loop(&mut reader, &pending).await;
+            let waiters = match pending.lock() {
                 Ok(mut pending) => {
                     pending.failed = Some(failure.clone());
                     std::mem::take(&mut pending.waiters)
@@ -88,7 +130,47 @@ impl Client {
                 let _ = waiter.send(Err(failure.clone()));
             }
         });
-        Ok(Self { inner })
+        Self { inner }
+    }
+
+    /// Logs in as `credentials.user` (SCRAM-SHA-256: two round trips; the PBKDF2 work
+    /// runs off the async threads).
+    ///
+    /// # Errors
+    /// As [`Client::connect_with`].
+    pub async fn login(&self, credentials: &Credentials) -> Result<(), ClientError> {
+        use braid_proto::scram::{nonce_from, ScramClient, MECHANISM};
+        let auth = |e: braid_proto::scram::ScramError| ClientError::Authentication(e.to_string());
+        let mut random = [0u8; 18];
+        getrandom::getrandom(&mut random)
+            .map_err(|e| ClientError::Authentication(format!("drawing a nonce: {e}")))?;
+        let scram = ScramClient::new(&credentials.user, &nonce_from(&random)).map_err(auth)?;
+        let first = self
+            .authenticate_step(MECHANISM, scram.client_first().into_bytes())
+            .await?;
+        let password = credentials.password.clone();
+        let (scram, last) = tokio::task::spawn_blocking(move || scram.answer(&first, &password))
+            .await
+            .map_err(|e| ClientError::Authentication(e.to_string()))?
+            .map_err(auth)?;
+        let reply = self.authenticate_step(MECHANISM, last.into_bytes()).await?;
+        scram.verify(&reply).map_err(auth)
+    }
+
+    async fn authenticate_step(
+        &self,
+        mechanism: &str,
+        message: Vec<u8>,
+    ) -> Result<String, ClientError> {
+        let request = Request::Authenticate {
+            mechanism,
+            message: &message,
+        };
+        match self.call(&request).await? {
+            Response::Authenticated(reply) => String::from_utf8(reply)
+                .map_err(|_| ClientError::Authentication("the node's answer is not UTF-8".into())),
+            other => Err(unexpected(&other)),
+        }
     }
 
     /// Sends a request now (so calls made in order reach the node in order) and returns
@@ -334,11 +416,90 @@ impl Client {
     }
 }
 
+/// Users and permissions (the node permission `users` is needed for each).
+impl Client {
+    /// Creates `name` with `password`. The SCRAM credential is derived here, with a
+    /// fresh salt and [`braid_proto::scram::ITERATIONS_DEFAULT`] iterations: the
+    /// password itself is never sent.
+    ///
+    /// # Errors
+    /// As [`Client::call`]; `UserExists` if the name is taken.
+    pub async fn create_user(&self, name: &str, password: &str) -> Result<(), ClientError> {
+        use braid_proto::scram::{ScramCredential, ITERATIONS_DEFAULT, SALT_BYTES};
+        let mut salt = [0u8; SALT_BYTES];
+        getrandom::getrandom(&mut salt)
+            .map_err(|e| ClientError::Invalid(format!("drawing a salt: {e}")))?;
+        let password = password.to_owned();
+        let credential = tokio::task::spawn_blocking(move || {
+            ScramCredential::derive(&password, &salt, ITERATIONS_DEFAULT)
+        })
+        .await
+        .map_err(|e| ClientError::Invalid(e.to_string()))?;
+        self.call(&Request::CreateUser {
+            name,
+            salt: &credential.salt,
+            iterations: credential.iterations,
+            stored_key: &credential.stored_key,
+            server_key: &credential.server_key,
+        })
+        .await
+        .map(|_| ())
+    }
+
+    /// Deletes a user and its grants; its open connections lose every permission.
+    ///
+    /// # Errors
+    /// As [`Client::call`]; `UserNotFound`.
+    pub async fn delete_user(&self, name: &str) -> Result<(), ClientError> {
+        self.call(&Request::DeleteUser { name }).await.map(|_| ())
+    }
+
+    /// Every user with its grants.
+    ///
+    /// # Errors
+    /// As [`Client::call`].
+    pub async fn list_users(&self) -> Result<Vec<braid_proto::client::UserSummary>, ClientError> {
+        match self.call(&Request::ListUsers).await? {
+            Response::Users(users) => Ok(users),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// Adds permissions on a resource to a user; effective on its open connections at
+    /// their next request.
+    ///
+    /// # Errors
+    /// As [`Client::call`].
+    pub async fn grant(
+        &self,
+        user: &str,
+        grant: braid_proto::client::Grant,
+    ) -> Result<(), ClientError> {
+        self.call(&Request::GrantPermissions { user, grant })
+            .await
+            .map(|_| ())
+    }
+
+    /// Takes permissions on a resource from a user.
+    ///
+    /// # Errors
+    /// As [`Client::call`].
+    pub async fn revoke(
+        &self,
+        user: &str,
+        grant: braid_proto::client::Grant,
+    ) -> Result<(), ClientError> {
+        self.call(&Request::RevokePermissions { user, grant })
+            .await
+            .map(|_| ())
+    }
+}
+
 pub(crate) fn unexpected(response: &Response) -> ClientError {
     ClientError::Protocol(format!("unexpected response {response:?}"))
 }
 
-async fn read_loop(reader: &mut tokio::net::tcp::OwnedReadHalf, inner: &Inner) -> ClientError {
+async fn read_loop<R: AsyncRead + Unpin>(reader: &mut R, pending: &Mutex<Pending>) -> ClientError {
     let mut buf = BytesMut::with_capacity(64 * 1024);
     loop {
         loop {
@@ -352,7 +513,7 @@ async fn read_loop(reader: &mut tokio::net::tcp::OwnedReadHalf, inner: &Inner) -
                 Ok(split) => split,
                 Err(err) => return ClientError::Protocol(err.to_string()),
             };
-            let waiter = match inner.pending.lock() {
+            let waiter = match pending.lock() {
                 Ok(mut pending) => pending.waiters.remove(&header.request_id),
                 Err(_) => return ClientError::Closed,
             };

@@ -38,6 +38,11 @@ pub enum ClientError {
         /// What is wrong.
         reason: String,
     },
+    /// The login could not be completed on this side: the node's answer was malformed
+    /// or its proof wrong (it does not hold the user's credential). A refused password
+    /// is [`ClientError::Server`] with `AuthenticationFailed`.
+    #[error("authentication: {0}")]
+    Authentication(String),
     /// The caller asked for something impossible (no such partition, bad settings).
     #[error("{0}")]
     Invalid(String),

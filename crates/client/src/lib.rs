@@ -28,6 +28,7 @@
 mod connection;
 mod consumer;
 mod error;
+mod options;
 mod producer;
 
 pub use connection::{default_addr, Client, Fetched};
@@ -35,6 +36,7 @@ pub use consumer::{
     decode_records, Consumer, ConsumerConfig, ConsumerRecord, RecordView, StartFrom,
 };
 pub use error::ClientError;
+pub use options::{ConnectOptions, Credentials, TlsOptions};
 pub use producer::{Producer, ProducerConfig, RecordMetadata, Router};
 
 /// The README's Rust snippet, compiled as a doctest so it cannot drift from the SDK.

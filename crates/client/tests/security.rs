@@ -1,0 +1,451 @@
+//! Client TLS, authentication and permissions against a real node in-process on
+//! port 0, with certificates made in the test.
+
+// A panic in a test is a failed assertion, not a crash on outside data.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use braid_client::{Client, ClientError, ConnectOptions, Credentials, TlsOptions};
+use braid_node::{FsyncSetting, Node, NodeConfig, Secret, StartError};
+use braid_proto::client::{ErrorCode, Grant, Resource, TopicSettings, READ, WRITE};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+const ADMIN_PASSWORD: &str = "correct horse battery staple";
+
+fn secured_config(dir: &Path) -> NodeConfig {
+    NodeConfig {
+        authentication: true,
+        admin_password: Some(Secret(ADMIN_PASSWORD.into())),
+        ..common::config(dir, FsyncSetting::Never)
+    }
+}
+
+fn login(user: &str, password: &str) -> ConnectOptions {
+    ConnectOptions {
+        tls: None,
+        credentials: Some(Credentials {
+            user: user.into(),
+            password: password.into(),
+        }),
+    }
+}
+
+async fn connect(node: &Node, options: &ConnectOptions) -> Result<Client, ClientError> {
+    Client::connect_with(&node.client_addr().to_string(), options).await
+}
+
+/// One counter from the node's `/metrics`.
+async fn metric(http: std::net::SocketAddr, name: &str) -> u64 {
+    let mut stream = tokio::net::TcpStream::connect(http).await.unwrap();
+    stream
+        .write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut text = String::new();
+    stream.read_to_string(&mut text).await.unwrap();
+    text.lines()
+        .find(|l| l.split_whitespace().next() == Some(name))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in /metrics"))
+}
+
+fn one_record_batch(value: &[u8]) -> Vec<u8> {
+    let mut builder = braid_proto::BatchBuilder::new(1_000);
+    builder.push(None, Some(value), &[], 1_000);
+    builder.finish()
+}
+
+fn code(result: Result<impl std::fmt::Debug, ClientError>) -> ErrorCode {
+    result.unwrap_err().code().expect("a server error")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nothing_but_ping_and_login_before_authentication_and_a_failed_login_closes() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start(secured_config(dir.path())).unwrap();
+    let anonymous = Client::connect(node.client_addr()).await.unwrap();
+    anonymous.ping().await.unwrap();
+    assert_eq!(code(anonymous.create_stream("s").await), ErrorCode::NotAuthenticated);
+    assert_eq!(code(anonymous.list_streams().await), ErrorCode::NotAuthenticated);
+    assert_eq!(code(anonymous.list_users().await), ErrorCode::NotAuthenticated);
+
+    // A wrong password and an unknown user get the same answer, and the connection
+    // is closed: every guess costs a connection and the guesser's own PBKDF2.
+    for (user, password) in [("admin", "wrong"), ("mallory", ADMIN_PASSWORD)] {
+        let client = Client::connect(node.client_addr()).await.unwrap();
+        let refused = client
+            .login(&Credentials {
+                user: user.into(),
+                password: password.into(),
+            })
+            .await;
+        assert_eq!(code(refused), ErrorCode::AuthenticationFailed, "{user}");
+        let after = tokio::time::timeout(Duration::from_secs(5), client.ping()).await;
+        assert!(
+            matches!(after, Ok(Err(_))),
+            "the connection stayed open: {after:?}"
+        );
+    }
+    assert_eq!(
+        metric(node.http_addr(), "braid_authentication_failures_total").await,
+        2
+    );
+
+    let admin = connect(&node, &login("admin", ADMIN_PASSWORD)).await.unwrap();
+    admin.create_stream("s").await.unwrap();
+    // A second login on a logged-in connection is refused (and closes it).
+    let again = admin
+        .login(&Credentials {
+            user: "admin".into(),
+            password: ADMIN_PASSWORD.into(),
+        })
+        .await;
+    assert_eq!(code(again), ErrorCode::AuthenticationFailed);
+    assert!(metric(node.http_addr(), "braid_permission_denials_total").await >= 3);
+    assert_eq!(metric(node.http_addr(), "braid_authentications_total").await, 1);
+    node.shutdown();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_request_checks_the_permission_it_needs_and_grants_apply_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start(secured_config(dir.path())).unwrap();
+    let admin = connect(&node, &login("admin", ADMIN_PASSWORD)).await.unwrap();
+    for stream in ["orders", "payroll"] {
+        common::create_topic(&admin, stream, "t", 1).await;
+    }
+    admin.create_user("alice", "alice's password").await.unwrap();
+    assert_eq!(
+        code(admin.create_user("alice", "again").await),
+        ErrorCode::UserExists
+    );
+    let alice = connect(&node, &login("alice", "alice's password"))
+        .await
+        .unwrap();
+    let batch = one_record_batch(b"x");
+    let produce = |client: &Client, stream: &'static str| {
+        let client = client.clone();
+        let batch = batch.clone();
+        async move { client.produce(stream, "t", 0, &batch).await }
+    };
+    let fetch = |client: &Client, stream: &'static str| {
+        let client = client.clone();
+        async move { client.fetch(stream, "t", 0, 0, 1 << 20, 0).await }
+    };
+
+    // Nothing granted: alice sees no stream and may do nothing with one.
+    assert!(alice.list_streams().await.unwrap().is_empty());
+    assert_eq!(code(produce(&alice, "orders").await), ErrorCode::PermissionDenied);
+    assert_eq!(code(fetch(&alice, "orders").await), ErrorCode::PermissionDenied);
+    assert_eq!(code(alice.create_stream("mine").await), ErrorCode::PermissionDenied);
+    assert_eq!(code(alice.list_users().await), ErrorCode::PermissionDenied);
+    let denied = alice.describe_topic("orders", "t").await.unwrap_err();
+    assert!(
+        denied.to_string().contains("alice"),
+        "the denial names the user: {denied}"
+    );
+
+    // Write on orders: the same connection may produce there now, and only there.
+    let orders = Resource::Stream("orders".into());
+    let write = Grant {
+        resource: orders.clone(),
+        permissions: WRITE,
+    };
+    admin.grant("alice", write.clone()).await.unwrap();
+    produce(&alice, "orders").await.unwrap();
+    assert_eq!(code(fetch(&alice, "orders").await), ErrorCode::PermissionDenied);
+    assert_eq!(code(produce(&alice, "payroll").await), ErrorCode::PermissionDenied);
+    let names: Vec<String> = alice
+        .list_streams()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|s| s.name)
+        .collect();
+    assert_eq!(names, ["orders"], "only the streams alice may use are listed");
+    admin
+        .grant(
+            "alice",
+            Grant {
+                resource: orders.clone(),
+                permissions: READ,
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(fetch(&alice, "orders").await.unwrap().high_watermark, 1);
+    let listed = admin.list_users().await.unwrap();
+    let alice_grants = &listed.iter().find(|u| u.name == "alice").unwrap().grants;
+    assert_eq!(
+        alice_grants,
+        &[Grant {
+            resource: orders.clone(),
+            permissions: READ | WRITE
+        }]
+    );
+
+    // Revoked: the next request is refused; deleted: the connection has no user.
+    admin.revoke("alice", write).await.unwrap();
+    assert_eq!(code(produce(&alice, "orders").await), ErrorCode::PermissionDenied);
+    fetch(&alice, "orders").await.unwrap();
+    admin.delete_user("alice").await.unwrap();
+    assert_eq!(code(fetch(&alice, "orders").await), ErrorCode::NotAuthenticated);
+    assert_eq!(
+        code(admin.delete_user("alice").await),
+        ErrorCode::UserNotFound
+    );
+    // The last user who can manage users stays.
+    assert_eq!(
+        code(admin.delete_user("admin").await),
+        ErrorCode::InvalidArgument
+    );
+    node.shutdown();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn users_and_grants_survive_a_restart_and_a_drawn_admin_password_is_kept_private() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = NodeConfig {
+        authentication: true,
+        ..common::config(dir.path(), FsyncSetting::Never)
+    };
+    let node = Node::start(config.clone()).unwrap();
+    let password_file = dir.path().join("admin-password");
+    let drawn = std::fs::read_to_string(&password_file).unwrap();
+    let drawn = drawn.trim_end().to_owned();
+    assert!(drawn.len() >= 20, "a short drawn password: {drawn:?}");
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&password_file).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600, "the password file is readable by others");
+    }
+    let admin = connect(&node, &login("admin", &drawn)).await.unwrap();
+    admin.create_stream("s").await.unwrap();
+    admin.create_user("bob", "bob-pw-1").await.unwrap();
+    let read_s = Grant {
+        resource: Resource::Stream("s".into()),
+        permissions: READ,
+    };
+    admin.grant("bob", read_s.clone()).await.unwrap();
+    drop(admin);
+    node.shutdown();
+
+    // The file is gone (as the log tells the operator to do); a restart keeps the
+    // users and draws nothing new.
+    std::fs::remove_file(&password_file).unwrap();
+    let node = Node::start(config).unwrap();
+    assert!(!password_file.exists(), "a second admin was drawn");
+    let bob = connect(&node, &login("bob", "bob-pw-1")).await.unwrap();
+    assert_eq!(bob.list_streams().await.unwrap().len(), 1);
+    let admin = connect(&node, &login("admin", &drawn)).await.unwrap();
+    let users = admin.list_users().await.unwrap();
+    let bob_user = users.iter().find(|u| u.name == "bob").unwrap();
+    assert_eq!(bob_user.grants, [read_s]);
+    node.shutdown();
+}
+
+#[test]
+fn a_node_beyond_loopback_refuses_to_start_without_authentication() {
+    let dir = tempfile::tempdir().unwrap();
+    let open = NodeConfig {
+        client_addr: "0.0.0.0:0".parse().unwrap(),
+        ..common::config(dir.path(), FsyncSetting::Never)
+    };
+    let refused = Node::start(open.clone()).unwrap_err();
+    assert!(matches!(refused, StartError::Config(_)), "{refused}");
+    assert!(refused.to_string().contains("allow_unauthenticated"), "{refused}");
+    let node = Node::start(NodeConfig {
+        allow_unauthenticated: true,
+        ..open.clone()
+    })
+    .unwrap();
+    node.shutdown();
+    let node = Node::start(NodeConfig {
+        authentication: true,
+        admin_password: Some(Secret(ADMIN_PASSWORD.into())),
+        ..open
+    })
+    .unwrap();
+    node.shutdown();
+}
+
+/// A CA, a node certificate for `localhost` and a client certificate it signed, in PEM
+/// files in `dir`.
+struct Certificates {
+    ca: PathBuf,
+    node_cert: PathBuf,
+    node_key: PathBuf,
+    client_cert: PathBuf,
+    client_key: PathBuf,
+    other_ca: PathBuf,
+}
+
+fn make_certificates(dir: &Path) -> Certificates {
+    use rcgen::{BasicConstraints, CertificateParams, IsCa, KeyPair};
+    let make_ca = || {
+        let key = KeyPair::generate().unwrap();
+        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        let cert = params.self_signed(&key).unwrap();
+        (cert, key)
+    };
+    let (ca, ca_key) = make_ca();
+    let (other_ca, _) = make_ca();
+    let leaf = |name: &str| {
+        let key = KeyPair::generate().unwrap();
+        let cert = CertificateParams::new(vec![name.to_owned()])
+            .unwrap()
+            .signed_by(&key, &ca, &ca_key)
+            .unwrap();
+        (cert.pem(), key.serialize_pem())
+    };
+    let write = |name: &str, text: &str| {
+        let path = dir.join(name);
+        std::fs::write(&path, text).unwrap();
+        path
+    };
+    let (node_cert, node_key) = leaf("localhost");
+    let (client_cert, client_key) = leaf("a-client");
+    Certificates {
+        ca: write("ca.pem", &ca.pem()),
+        node_cert: write("node.pem", &node_cert),
+        node_key: write("node-key.pem", &node_key),
+        client_cert: write("client.pem", &client_cert),
+        client_key: write("client-key.pem", &client_key),
+        other_ca: write("other-ca.pem", &other_ca.pem()),
+    }
+}
+
+fn tls_config(dir: &Path, certs: &Certificates, client_ca: bool) -> NodeConfig {
+    let mut config = secured_config(dir);
+    config.tls.cert_file = Some(certs.node_cert.clone());
+    config.tls.key_file = Some(certs.node_key.clone());
+    config.tls.client_ca_file = client_ca.then(|| certs.ca.clone());
+    config
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_serves_a_client_that_trusts_the_node_and_no_one_else() {
+    let dir = tempfile::tempdir().unwrap();
+    let certs = make_certificates(dir.path());
+    let node = Node::start(tls_config(&dir.path().join("data"), &certs, false)).unwrap();
+    let options = |ca: &Path| ConnectOptions {
+        tls: Some(TlsOptions::from_files(ca, Some("localhost"), None).unwrap()),
+        ..login("admin", ADMIN_PASSWORD)
+    };
+    let client = connect(&node, &options(&certs.ca)).await.unwrap();
+    common::create_topic(&client, "s", "t", 1).await;
+    let batch = one_record_batch(&[7u8; 100_000]);
+    for _ in 0..20 {
+        client.produce("s", "t", 0, &batch).await.unwrap();
+    }
+    let fetched = client.fetch("s", "t", 0, 0, 4 << 20, 0).await.unwrap();
+    assert_eq!(fetched.high_watermark, 20);
+    assert!(fetched.batches.len() > 1_000_000, "a large answer over TLS");
+
+    // A client that trusts another CA refuses the node; one that speaks plain TCP to
+    // the TLS port is closed by it.
+    let untrusted = connect(&node, &options(&certs.other_ca)).await;
+    assert!(matches!(untrusted, Err(ClientError::Io { .. })), "{untrusted:?}");
+    let plain = Client::connect(node.client_addr()).await.unwrap();
+    let answer = tokio::time::timeout(Duration::from_secs(5), plain.ping()).await;
+    assert!(matches!(answer, Ok(Err(_))), "{answer:?}");
+    let failures = metric(node.http_addr(), "braid_tls_handshake_failures_total").await;
+    assert!(failures >= 1, "no handshake failure counted");
+    node.shutdown();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mutual_tls_needs_a_client_certificate_from_the_configured_ca() {
+    let dir = tempfile::tempdir().unwrap();
+    let certs = make_certificates(dir.path());
+    let node = Node::start(tls_config(&dir.path().join("data"), &certs, true)).unwrap();
+    let with_identity = ConnectOptions {
+        tls: Some(
+            TlsOptions::from_files(
+                &certs.ca,
+                Some("localhost"),
+                Some((&certs.client_cert, &certs.client_key)),
+            )
+            .unwrap(),
+        ),
+        ..login("admin", ADMIN_PASSWORD)
+    };
+    let client = connect(&node, &with_identity).await.unwrap();
+    client.create_stream("s").await.unwrap();
+    // Without a certificate the handshake (or the first answer, with TLS 1.3) fails.
+    let anonymous = ConnectOptions {
+        tls: Some(TlsOptions::from_files(&certs.ca, Some("localhost"), None).unwrap()),
+        ..login("admin", ADMIN_PASSWORD)
+    };
+    let refused = tokio::time::timeout(Duration::from_secs(5), connect(&node, &anonymous))
+        .await
+        .unwrap();
+    assert!(refused.is_err(), "a client without a certificate got in");
+    node.shutdown();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropping_every_clone_of_a_client_closes_its_connection() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start(common::config(dir.path(), FsyncSetting::Never)).unwrap();
+    let client = Client::connect(node.client_addr()).await.unwrap();
+    let clone = client.clone();
+    client.ping().await.unwrap();
+    assert_eq!(metric(node.http_addr(), "braid_connections_active").await, 1);
+    drop(client);
+    clone.ping().await.unwrap();
+    drop(clone);
+    let started = std::time::Instant::now();
+    while metric(node.http_addr(), "braid_connections_active").await != 0 {
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "the dropped client's connection stayed open"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    node.shutdown();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn topics_with_settings_stay_manageable_by_a_stream_manager() {
+    // `manage` on one stream is enough to create and delete its topics and the
+    // stream itself, and nothing on another.
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start(secured_config(dir.path())).unwrap();
+    let admin = connect(&node, &login("admin", ADMIN_PASSWORD)).await.unwrap();
+    admin.create_stream("team").await.unwrap();
+    admin.create_stream("other").await.unwrap();
+    admin.create_user("lead", "lead-pw").await.unwrap();
+    admin
+        .grant(
+            "lead",
+            Grant {
+                resource: Resource::Stream("team".into()),
+                permissions: braid_proto::client::MANAGE,
+            },
+        )
+        .await
+        .unwrap();
+    let lead = connect(&node, &login("lead", "lead-pw")).await.unwrap();
+    let settings = TopicSettings {
+        partitions: 2,
+        ..TopicSettings::default()
+    };
+    lead.create_topic("team", "events", settings).await.unwrap();
+    assert_eq!(lead.describe_topic("team", "events").await.unwrap().partitions.len(), 2);
+    assert_eq!(
+        code(lead.create_topic("other", "events", settings).await),
+        ErrorCode::PermissionDenied
+    );
+    lead.delete_topic("team", "events").await.unwrap();
+    lead.delete_stream("team").await.unwrap();
+    assert_eq!(code(lead.delete_stream("other").await), ErrorCode::PermissionDenied);
+    node.shutdown();
+}
