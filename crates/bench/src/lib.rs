@@ -32,6 +32,6 @@ pub use report::{
     LatencySummary, Recorder, References, Report, Sample, Throughput, CURVE_QUANTILES,
     REPORT_FIELDS,
 };
-pub use runner::{run, BenchError, Counters, Phase, RunOptions};
+pub use runner::{run, BenchError, Counters, Phase, RunOptions, Target};
 pub use stamp::{read_stamp, write_stamp, StampError, STAMP_BYTES};
 pub use workload::{Fsync, Mode, Preset, Rate, Stop, Workload, WorkloadError, PRESETS};

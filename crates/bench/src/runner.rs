@@ -180,6 +180,37 @@ struct Names {
     topics: Vec<String>,
 }
 
+/// Where the benchmark connects: a node's address and how to connect to it (TLS, a
+/// login). Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct Target(Arc<(std::net::SocketAddr, braid_client::ConnectOptions)>);
+
+impl Target {
+    /// The node at `addr`, reached with `options`.
+    pub fn new(addr: std::net::SocketAddr, options: braid_client::ConnectOptions) -> Self {
+        Self(Arc::new((addr, options)))
+    }
+
+    /// A plain connection to `addr`.
+    pub fn plain(addr: std::net::SocketAddr) -> Self {
+        Self::new(addr, braid_client::ConnectOptions::default())
+    }
+
+    pub(crate) async fn connect(&self) -> Result<Client, braid_client::ClientError> {
+        let (addr, options) = &*self.0;
+        if options.tls.is_none() && options.credentials.is_none() {
+            return Client::connect(*addr).await;
+        }
+        Client::connect_with(&addr.to_string(), options).await
+    }
+}
+
+impl std::fmt::Display for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0 .0.fmt(f)
+    }
+}
+
 /// Runs `workload` against the node at `addr`, updating `counters` as it goes.
 ///
 /// # Errors
@@ -187,14 +218,15 @@ struct Names {
 /// not read every acknowledged record. Failed produces and fetches during the run are
 /// counted in the report, not returned.
 pub async fn run(
-    addr: std::net::SocketAddr,
+    addr: &Target,
     workload: &Workload,
     options: &RunOptions,
     counters: Arc<Counters>,
 ) -> Result<Report, BenchError> {
     workload.validate()?;
     counters.set_phase(Phase::Setup);
-    let admin = Client::connect(addr)
+    let admin = addr
+        .connect()
         .await
         .map_err(client_error(format!("connecting to {addr}")))?;
     let millis = std::time::SystemTime::now()
@@ -218,7 +250,7 @@ pub async fn run(
 }
 
 async fn run_in_stream(
-    addr: std::net::SocketAddr,
+    addr: &Target,
     admin: &Client,
     stream: &str,
     workload: &Workload,
@@ -289,7 +321,7 @@ async fn create_topics(
 
 /// The unpaced produce rate over [`PROBE`], in records per second.
 async fn probe_max_rate(
-    addr: std::net::SocketAddr,
+    addr: &Target,
     names: &Names,
     workload: &Workload,
 ) -> Result<u64, BenchError> {
@@ -382,7 +414,7 @@ fn spawn_sampler(
 
 /// Produce (and consume) at the same time: `Produce` and `ProduceConsume` modes.
 async fn live(
-    addr: std::net::SocketAddr,
+    addr: &Target,
     names: &Names,
     workload: &Workload,
     rate: Option<NonZeroU64>,
@@ -471,7 +503,7 @@ async fn live(
 
 /// `Consume` mode: preload the data, then read it all back as fast as possible.
 async fn catch_up(
-    addr: std::net::SocketAddr,
+    addr: &Target,
     names: &Names,
     workload: &Workload,
     rate: Option<NonZeroU64>,

@@ -186,7 +186,12 @@ impl BenchArgs {
 
 /// Runs `braid bench`. `json` is the global `--json`: `Some(None)` prints the report as
 /// JSON instead of tables, `Some(Some(file))` also writes it there.
-pub(crate) fn bench(addr: &str, json: Option<Option<PathBuf>>, args: BenchArgs) -> Result<()> {
+pub(crate) fn bench(
+    addr: &str,
+    connect: braid_client::ConnectOptions,
+    json: Option<Option<PathBuf>>,
+    args: BenchArgs,
+) -> Result<()> {
     if args.list {
         let rows = PRESETS
             .iter()
@@ -217,6 +222,7 @@ pub(crate) fn bench(addr: &str, json: Option<Option<PathBuf>>, args: BenchArgs) 
             .parse()
             .with_context(|| format!("--addr {addr:?} is not HOST:PORT with a numeric host"))?,
     };
+    let target = braid_bench::Target::new(target, connect);
     // References first, so their dirty pages are gone before the run starts.
     let references = if args.reference {
         eprintln!("measuring references ({} MiB each)", args.reference_mib);
@@ -232,7 +238,7 @@ pub(crate) fn bench(addr: &str, json: Option<Option<PathBuf>>, args: BenchArgs) 
     let options = RunOptions { keep: args.keep };
     let result = runtime.block_on(async {
         let ticker = tokio::spawn(progress.clone().tick());
-        let result = braid_bench::run(target, &workload, &options, Arc::clone(&counters)).await;
+        let result = braid_bench::run(&target, &workload, &options, Arc::clone(&counters)).await;
         ticker.abort();
         result
     });

@@ -14,6 +14,7 @@ use braid_proto::client::{
 use clap::{Parser, Subcommand, ValueEnum};
 use serde_json::json;
 
+mod access;
 mod bench;
 mod table;
 
@@ -36,6 +37,8 @@ struct Cli {
     /// (the other commands take no file: put `--json` after their arguments).
     #[arg(long, global = true, num_args = 0..=1, value_name = "FILE")]
     json: Option<Option<PathBuf>>,
+    #[command(flatten)]
+    connect: access::ConnectArgs,
     #[command(subcommand)]
     command: Command,
 }
@@ -53,6 +56,12 @@ enum Command {
     /// Inspect consumer groups.
     #[command(subcommand)]
     Group(GroupCommand),
+    /// Manage users (needs the node permission `users`).
+    #[command(subcommand)]
+    User(access::UserCommand),
+    /// Grant, revoke and list permissions (needs the node permission `users`).
+    #[command(subcommand)]
+    Acl(access::AclCommand),
     /// Produce lines from standard input (or a file) as records.
     Produce(ProduceArgs),
     /// Print records.
@@ -203,7 +212,7 @@ fn main() -> Result<()> {
         .init();
     match cli.command {
         Command::Server(args) => server(args),
-        Command::Bench(args) => bench::bench(&cli.addr, cli.json, args),
+        Command::Bench(args) => bench::bench(&cli.addr, cli.connect.options()?, cli.json, args),
         command => {
             if let Some(Some(file)) = &cli.json {
                 bail!(
@@ -215,7 +224,13 @@ fn main() -> Result<()> {
                 .worker_threads(2)
                 .enable_all()
                 .build()?;
-            runtime.block_on(client_command(&cli.addr, cli.json.is_some(), command))
+            let options = cli.connect.options()?;
+            runtime.block_on(client_command(
+                &cli.addr,
+                &options,
+                cli.json.is_some(),
+                command,
+            ))
         }
     }
 }
@@ -287,11 +302,16 @@ fn fsync_name(code: u8) -> &'static str {
     }
 }
 
-async fn client_command(addr: &str, as_json: bool, command: Command) -> Result<()> {
-    let client = Client::connect(addr)
-        .await
-        .with_context(|| format!("connecting to {addr}"))?;
+async fn client_command(
+    addr: &str,
+    options: &braid_client::ConnectOptions,
+    as_json: bool,
+    command: Command,
+) -> Result<()> {
+    let client = access::connect(addr, options).await?;
     match command {
+        Command::User(command) => access::user_command(&client, as_json, command).await?,
+        Command::Acl(command) => access::acl_command(&client, as_json, command).await?,
         Command::Server(_) | Command::Bench(_) => {
             bail!("`server` and `bench` are not client commands")
         }

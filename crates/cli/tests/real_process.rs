@@ -276,6 +276,104 @@ fn readme_tour_runs() {
     assert!(apple < plum);
 }
 
+/// The README's secured tour, as one script against a real `braid server` started with
+/// its `secure.toml` and certificates made here.
+#[test]
+fn readme_secured_tour_runs() {
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md")).unwrap();
+    let block = |tag: &str| -> String {
+        readme
+            .split(tag)
+            .nth(1)
+            .unwrap_or_else(|| panic!("README has a {tag} block"))
+            .split("```")
+            .next()
+            .unwrap()
+            .to_owned()
+    };
+    let config = block("```toml\nauthentication");
+    let script = block("```sh secure-tour\n");
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("secure.toml"),
+        format!("authentication{config}"),
+    )
+    .unwrap();
+    {
+        use rcgen::{BasicConstraints, CertificateParams, IsCa, KeyPair};
+        let ca_key = KeyPair::generate().unwrap();
+        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        let ca = params.self_signed(&ca_key).unwrap();
+        let key = KeyPair::generate().unwrap();
+        let node = CertificateParams::new(vec!["localhost".to_owned()])
+            .unwrap()
+            .signed_by(&key, &ca, &ca_key)
+            .unwrap();
+        std::fs::write(dir.path().join("ca.pem"), ca.pem()).unwrap();
+        std::fs::write(dir.path().join("node.pem"), node.pem()).unwrap();
+        std::fs::write(dir.path().join("node-key.pem"), key.serialize_pem()).unwrap();
+    }
+    let mut child = Command::new(BRAID)
+        .args(["server", "--config", "secure.toml"])
+        .args(["--client-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"])
+        .args(["--shards", "1"])
+        .env("BRAID_LOG", "warn")
+        .current_dir(dir.path())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let client = line
+        .split_whitespace()
+        .nth(3)
+        .expect("the listening line")
+        .to_owned();
+    let bin_dir = Path::new(BRAID).parent().unwrap();
+    let path = format!(
+        "{}:{}",
+        bin_dir.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let output = Command::new("sh")
+        .arg("-ec")
+        .arg(&script)
+        .env("PATH", &path)
+        .env("BRAID_ADDR", &client)
+        .env("BRAID_LOG", "warn")
+        .env_remove("BRAID_PASSWORD")
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let transcript = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(output.status.success(), "the tour failed:\n{transcript}");
+    for expected in [
+        "created stream vault",
+        "created user app",
+        "granted write on stream:vault to app",
+        "stream:vault",
+        "produced 1 records",
+        "PermissionDenied",
+        "app may not read: refused",
+    ] {
+        assert!(
+            transcript.contains(expected),
+            "missing {expected:?} in:\n{transcript}"
+        );
+    }
+}
+
 /// Logs carried ANSI colour codes when standard error was a file or a pipe (journald,
 /// a log file). Colour is for terminals only.
 #[test]

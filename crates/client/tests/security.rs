@@ -70,9 +70,18 @@ async fn nothing_but_ping_and_login_before_authentication_and_a_failed_login_clo
     let node = Node::start(secured_config(dir.path())).unwrap();
     let anonymous = Client::connect(node.client_addr()).await.unwrap();
     anonymous.ping().await.unwrap();
-    assert_eq!(code(anonymous.create_stream("s").await), ErrorCode::NotAuthenticated);
-    assert_eq!(code(anonymous.list_streams().await), ErrorCode::NotAuthenticated);
-    assert_eq!(code(anonymous.list_users().await), ErrorCode::NotAuthenticated);
+    assert_eq!(
+        code(anonymous.create_stream("s").await),
+        ErrorCode::NotAuthenticated
+    );
+    assert_eq!(
+        code(anonymous.list_streams().await),
+        ErrorCode::NotAuthenticated
+    );
+    assert_eq!(
+        code(anonymous.list_users().await),
+        ErrorCode::NotAuthenticated
+    );
 
     // A wrong password and an unknown user get the same answer, and the connection
     // is closed: every guess costs a connection and the guesser's own PBKDF2.
@@ -96,7 +105,9 @@ async fn nothing_but_ping_and_login_before_authentication_and_a_failed_login_clo
         2
     );
 
-    let admin = connect(&node, &login("admin", ADMIN_PASSWORD)).await.unwrap();
+    let admin = connect(&node, &login("admin", ADMIN_PASSWORD))
+        .await
+        .unwrap();
     admin.create_stream("s").await.unwrap();
     // A second login on a logged-in connection is refused (and closes it).
     let again = admin
@@ -107,7 +118,10 @@ async fn nothing_but_ping_and_login_before_authentication_and_a_failed_login_clo
         .await;
     assert_eq!(code(again), ErrorCode::AuthenticationFailed);
     assert!(metric(node.http_addr(), "braid_permission_denials_total").await >= 3);
-    assert_eq!(metric(node.http_addr(), "braid_authentications_total").await, 1);
+    assert_eq!(
+        metric(node.http_addr(), "braid_authentications_total").await,
+        1
+    );
     node.shutdown();
 }
 
@@ -115,11 +129,16 @@ async fn nothing_but_ping_and_login_before_authentication_and_a_failed_login_clo
 async fn every_request_checks_the_permission_it_needs_and_grants_apply_at_once() {
     let dir = tempfile::tempdir().unwrap();
     let node = Node::start(secured_config(dir.path())).unwrap();
-    let admin = connect(&node, &login("admin", ADMIN_PASSWORD)).await.unwrap();
+    let admin = connect(&node, &login("admin", ADMIN_PASSWORD))
+        .await
+        .unwrap();
     for stream in ["orders", "payroll"] {
         common::create_topic(&admin, stream, "t", 1).await;
     }
-    admin.create_user("alice", "alice's password").await.unwrap();
+    admin
+        .create_user("alice", "alice's password")
+        .await
+        .unwrap();
     assert_eq!(
         code(admin.create_user("alice", "again").await),
         ErrorCode::UserExists
@@ -140,9 +159,18 @@ async fn every_request_checks_the_permission_it_needs_and_grants_apply_at_once()
 
     // Nothing granted: alice sees no stream and may do nothing with one.
     assert!(alice.list_streams().await.unwrap().is_empty());
-    assert_eq!(code(produce(&alice, "orders").await), ErrorCode::PermissionDenied);
-    assert_eq!(code(fetch(&alice, "orders").await), ErrorCode::PermissionDenied);
-    assert_eq!(code(alice.create_stream("mine").await), ErrorCode::PermissionDenied);
+    assert_eq!(
+        code(produce(&alice, "orders").await),
+        ErrorCode::PermissionDenied
+    );
+    assert_eq!(
+        code(fetch(&alice, "orders").await),
+        ErrorCode::PermissionDenied
+    );
+    assert_eq!(
+        code(alice.create_stream("mine").await),
+        ErrorCode::PermissionDenied
+    );
     assert_eq!(code(alice.list_users().await), ErrorCode::PermissionDenied);
     let denied = alice.describe_topic("orders", "t").await.unwrap_err();
     assert!(
@@ -158,8 +186,14 @@ async fn every_request_checks_the_permission_it_needs_and_grants_apply_at_once()
     };
     admin.grant("alice", write.clone()).await.unwrap();
     produce(&alice, "orders").await.unwrap();
-    assert_eq!(code(fetch(&alice, "orders").await), ErrorCode::PermissionDenied);
-    assert_eq!(code(produce(&alice, "payroll").await), ErrorCode::PermissionDenied);
+    assert_eq!(
+        code(fetch(&alice, "orders").await),
+        ErrorCode::PermissionDenied
+    );
+    assert_eq!(
+        code(produce(&alice, "payroll").await),
+        ErrorCode::PermissionDenied
+    );
     let names: Vec<String> = alice
         .list_streams()
         .await
@@ -167,7 +201,11 @@ async fn every_request_checks_the_permission_it_needs_and_grants_apply_at_once()
         .into_iter()
         .map(|s| s.name)
         .collect();
-    assert_eq!(names, ["orders"], "only the streams alice may use are listed");
+    assert_eq!(
+        names,
+        ["orders"],
+        "only the streams alice may use are listed"
+    );
     admin
         .grant(
             "alice",
@@ -191,10 +229,16 @@ async fn every_request_checks_the_permission_it_needs_and_grants_apply_at_once()
 
     // Revoked: the next request is refused; deleted: the connection has no user.
     admin.revoke("alice", write).await.unwrap();
-    assert_eq!(code(produce(&alice, "orders").await), ErrorCode::PermissionDenied);
+    assert_eq!(
+        code(produce(&alice, "orders").await),
+        ErrorCode::PermissionDenied
+    );
     fetch(&alice, "orders").await.unwrap();
     admin.delete_user("alice").await.unwrap();
-    assert_eq!(code(fetch(&alice, "orders").await), ErrorCode::NotAuthenticated);
+    assert_eq!(
+        code(fetch(&alice, "orders").await),
+        ErrorCode::NotAuthenticated
+    );
     assert_eq!(
         code(admin.delete_user("alice").await),
         ErrorCode::UserNotFound
@@ -222,8 +266,15 @@ async fn users_and_grants_survive_a_restart_and_a_drawn_admin_password_is_kept_p
     #[cfg(unix)]
     {
         use std::os::unix::fs::PermissionsExt;
-        let mode = std::fs::metadata(&password_file).unwrap().permissions().mode();
-        assert_eq!(mode & 0o777, 0o600, "the password file is readable by others");
+        let mode = std::fs::metadata(&password_file)
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(
+            mode & 0o777,
+            0o600,
+            "the password file is readable by others"
+        );
     }
     let admin = connect(&node, &login("admin", &drawn)).await.unwrap();
     admin.create_stream("s").await.unwrap();
@@ -259,7 +310,10 @@ fn a_node_beyond_loopback_refuses_to_start_without_authentication() {
     };
     let refused = Node::start(open.clone()).unwrap_err();
     assert!(matches!(refused, StartError::Config(_)), "{refused}");
-    assert!(refused.to_string().contains("allow_unauthenticated"), "{refused}");
+    assert!(
+        refused.to_string().contains("allow_unauthenticated"),
+        "{refused}"
+    );
     let node = Node::start(NodeConfig {
         allow_unauthenticated: true,
         ..open.clone()
@@ -352,7 +406,10 @@ async fn tls_serves_a_client_that_trusts_the_node_and_no_one_else() {
     // A client that trusts another CA refuses the node; one that speaks plain TCP to
     // the TLS port is closed by it.
     let untrusted = connect(&node, &options(&certs.other_ca)).await;
-    assert!(matches!(untrusted, Err(ClientError::Io { .. })), "{untrusted:?}");
+    assert!(
+        matches!(untrusted, Err(ClientError::Io { .. })),
+        "{untrusted:?}"
+    );
     let plain = Client::connect(node.client_addr()).await.unwrap();
     let answer = tokio::time::timeout(Duration::from_secs(5), plain.ping()).await;
     assert!(matches!(answer, Ok(Err(_))), "{answer:?}");
@@ -398,7 +455,10 @@ async fn dropping_every_clone_of_a_client_closes_its_connection() {
     let client = Client::connect(node.client_addr()).await.unwrap();
     let clone = client.clone();
     client.ping().await.unwrap();
-    assert_eq!(metric(node.http_addr(), "braid_connections_active").await, 1);
+    assert_eq!(
+        metric(node.http_addr(), "braid_connections_active").await,
+        1
+    );
     drop(client);
     clone.ping().await.unwrap();
     drop(clone);
@@ -419,7 +479,9 @@ async fn topics_with_settings_stay_manageable_by_a_stream_manager() {
     // stream itself, and nothing on another.
     let dir = tempfile::tempdir().unwrap();
     let node = Node::start(secured_config(dir.path())).unwrap();
-    let admin = connect(&node, &login("admin", ADMIN_PASSWORD)).await.unwrap();
+    let admin = connect(&node, &login("admin", ADMIN_PASSWORD))
+        .await
+        .unwrap();
     admin.create_stream("team").await.unwrap();
     admin.create_stream("other").await.unwrap();
     admin.create_user("lead", "lead-pw").await.unwrap();
@@ -439,13 +501,23 @@ async fn topics_with_settings_stay_manageable_by_a_stream_manager() {
         ..TopicSettings::default()
     };
     lead.create_topic("team", "events", settings).await.unwrap();
-    assert_eq!(lead.describe_topic("team", "events").await.unwrap().partitions.len(), 2);
+    assert_eq!(
+        lead.describe_topic("team", "events")
+            .await
+            .unwrap()
+            .partitions
+            .len(),
+        2
+    );
     assert_eq!(
         code(lead.create_topic("other", "events", settings).await),
         ErrorCode::PermissionDenied
     );
     lead.delete_topic("team", "events").await.unwrap();
     lead.delete_stream("team").await.unwrap();
-    assert_eq!(code(lead.delete_stream("other").await), ErrorCode::PermissionDenied);
+    assert_eq!(
+        code(lead.delete_stream("other").await),
+        ErrorCode::PermissionDenied
+    );
     node.shutdown();
 }

@@ -27,13 +27,14 @@ pub(super) struct ConsumerShared {
 
 /// One consumer task: a consumer per topic, each a group member or plain.
 async fn consume(
-    addr: std::net::SocketAddr,
+    addr: Target,
     shared: Arc<ConsumerShared>,
     unit: Arc<ReadingUnit>,
     group: Option<String>,
     member: u32,
 ) -> Result<Recorder, BenchError> {
-    let client = Client::connect(addr)
+    let client = addr
+        .connect()
         .await
         .map_err(client_error(format!("connecting consumer {member}")))?;
     let config = ConsumerConfig {
@@ -122,7 +123,7 @@ async fn consume(
 /// Starts the consumer tasks: `consumer_groups` groups sharing the consumers, or with
 /// no groups, each consumer reading every partition on its own.
 pub(super) fn spawn_consumers(
-    addr: std::net::SocketAddr,
+    addr: &Target,
     shared: &Arc<ConsumerShared>,
     workload: &Workload,
 ) -> (Vec<Arc<ReadingUnit>>, Vec<ConsumerTask>) {
@@ -139,7 +140,7 @@ pub(super) fn spawn_consumers(
         let u = (c % units_count) as usize;
         let group = (workload.consumer_groups > 0).then(|| format!("bench-group-{u}"));
         tasks.push(tokio::spawn(consume(
-            addr,
+            addr.clone(),
             Arc::clone(shared),
             Arc::clone(&units[u]),
             group,

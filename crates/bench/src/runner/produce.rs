@@ -13,7 +13,7 @@ pub(super) struct ProducerPlan {
 
 /// Starts one task per producer; each returns its acknowledgement latencies.
 pub(super) async fn spawn_producers(
-    addr: std::net::SocketAddr,
+    addr: &Target,
     plan: &ProducerPlan,
     counters: &Arc<Counters>,
 ) -> Result<Vec<Task<Recorder>>, BenchError> {
@@ -28,7 +28,8 @@ pub(super) async fn spawn_producers(
         })
     };
     for p in 0..producers {
-        let client = Client::connect(addr)
+        let client = addr
+            .connect()
             .await
             .map_err(client_error(format!("connecting producer {p}")))?;
         let mut routers = Vec::new();
