@@ -521,3 +521,73 @@ async fn topics_with_settings_stay_manageable_by_a_stream_manager() {
     );
     node.shutdown();
 }
+
+/// Reads until the node closes the socket (or `within` passes): the bytes read, and
+/// how long the close took (`None`: still open).
+async fn read_until_closed(
+    stream: &mut tokio::net::TcpStream,
+    within: Duration,
+) -> (Vec<u8>, Option<Duration>) {
+    let started = std::time::Instant::now();
+    let mut bytes = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        let left = within.saturating_sub(started.elapsed());
+        match tokio::time::timeout(left, stream.read(&mut chunk)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => return (bytes, Some(started.elapsed())),
+            Ok(Ok(n)) => bytes.extend_from_slice(&chunk[..n]),
+            Err(_) => return (bytes, None),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stranger_cannot_hold_a_connection_or_send_large_frames() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start(NodeConfig {
+        connection_login_ms: 300,
+        ..secured_config(dir.path())
+    })
+    .unwrap();
+    // Pings keep a connection busy but do not log it in: closed at the login deadline.
+    let mut stranger = tokio::net::TcpStream::connect(node.client_addr())
+        .await
+        .unwrap();
+    let mut ping = Vec::new();
+    braid_proto::client::Request::Ping.encode(1, &mut ping);
+    stranger.write_all(&ping).await.unwrap();
+    let (answers, closed) = read_until_closed(&mut stranger, Duration::from_secs(5)).await;
+    assert!(!answers.is_empty(), "the ping was answered");
+    let closed = closed.expect("a connection that never logged in stayed open");
+    assert!(
+        closed >= Duration::from_millis(200),
+        "closed after {closed:?}"
+    );
+
+    // Before the login, a frame over 64 KiB is refused and the connection closed...
+    let mut stranger = tokio::net::TcpStream::connect(node.client_addr())
+        .await
+        .unwrap();
+    let mut header = Vec::new();
+    header.extend_from_slice(&(1u32 << 20).to_be_bytes());
+    header.extend_from_slice(&7u64.to_be_bytes());
+    header.extend_from_slice(&(braid_proto::client::Command::Produce as u16).to_be_bytes());
+    stranger.write_all(&header).await.unwrap();
+    let (answer, closed) = read_until_closed(&mut stranger, Duration::from_secs(5)).await;
+    assert!(closed.is_some(), "the stranger's connection stayed open");
+    let status = u16::from_be_bytes([answer[14], answer[15]]);
+    assert_eq!(status, ErrorCode::FrameTooLarge as u16);
+
+    // ...while a logged-in client sends a 1 MiB batch, and stays past the deadline.
+    let admin = connect(&node, &login("admin", ADMIN_PASSWORD))
+        .await
+        .unwrap();
+    common::create_topic(&admin, "s", "t", 1).await;
+    admin
+        .produce("s", "t", 0, &one_record_batch(&[1u8; 1 << 20]))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    admin.ping().await.unwrap();
+    node.shutdown();
+}

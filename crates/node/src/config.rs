@@ -50,6 +50,11 @@ pub struct NodeConfig {
     /// A connection with nothing in flight is closed after this long without a frame
     /// (ms).
     pub connection_idle_ms: u64,
+    /// With authentication on, a connection must have logged in within this (ms).
+    pub connection_login_ms: u64,
+    /// With authentication on, the largest frame a connection may send before it
+    /// logged in (bytes): a stranger cannot make the node buffer `frame_bytes_max`.
+    pub connection_login_frame_bytes_max: u32,
     /// Client connections the node serves at once; more are closed at accept.
     pub connections_max: u32,
     /// A connection whose answers make no progress for this long (its client reads
@@ -194,6 +199,8 @@ impl Default for NodeConfig {
             connection_frame_ms: 30_000,
             connection_idle_ms: 600_000,
             connections_max: 10_000,
+            connection_login_ms: 10_000,
+            connection_login_frame_bytes_max: 64 * 1024,
             authentication: false,
             allow_unauthenticated: false,
             admin_password_file: None,
@@ -303,6 +310,10 @@ impl NodeConfig {
                 "CONNECTION_FRAME_MS" => self.connection_frame_ms = parse(&value).map_err(bad)?,
                 "CONNECTION_IDLE_MS" => self.connection_idle_ms = parse(&value).map_err(bad)?,
                 "CONNECTIONS_MAX" => self.connections_max = parse(&value).map_err(bad)?,
+                "CONNECTION_LOGIN_MS" => self.connection_login_ms = parse(&value).map_err(bad)?,
+                "CONNECTION_LOGIN_FRAME_BYTES_MAX" => {
+                    self.connection_login_frame_bytes_max = parse(&value).map_err(bad)?
+                }
                 "CONNECTION_WAITING_FETCHES_MAX" => {
                     self.connection_waiting_fetches_max = parse(&value).map_err(bad)?
                 }
@@ -401,6 +412,11 @@ impl NodeConfig {
                  to accept any client that reaches the port",
                 self.client_addr
             )));
+        }
+        if self.connection_login_frame_bytes_max < 1024 {
+            return Err(ConfigError::Invalid(
+                "connection_login_frame_bytes_max must be at least 1024".into(),
+            ));
         }
         if self.tls.cert_file.is_some() != self.tls.key_file.is_some() {
             return Err(ConfigError::Invalid(

@@ -6,8 +6,13 @@ use std::time::Duration;
 /// come within `connection_first_frame_ms` of the connect, a frame once begun must be
 /// whole within `connection_frame_ms` (a client sending a byte every 100 ms holds
 /// nothing for long), and with nothing in flight a connection may go
-/// `connection_idle_ms` without a frame.
+/// `connection_idle_ms` without a frame. On a node that requires authentication, a
+/// connection must also have logged in within `connection_login_ms`: one that only
+/// pings would otherwise hold a connection slot for the idle time.
 pub(super) struct Deadlines {
+    /// When a connection not yet logged in is closed (`None`: logged in, or no
+    /// authentication).
+    login_by: Option<tokio::time::Instant>,
     first_frame: Duration,
     frame: Duration,
     idle: Duration,
@@ -29,14 +34,35 @@ pub(super) struct Deadline {
 impl Deadlines {
     pub(super) fn new(config: &crate::config::NodeConfig) -> Self {
         let ms = |v: u64| Duration::from_millis(v.max(1));
+        let connected = tokio::time::Instant::now();
         Self {
+            login_by: config
+                .authentication
+                .then(|| connected + ms(config.connection_login_ms)),
             first_frame: ms(config.connection_first_frame_ms),
             frame: ms(config.connection_frame_ms),
             idle: ms(config.connection_idle_ms),
-            connected: tokio::time::Instant::now(),
+            connected,
             last_frame: None,
             frame_started: None,
             last_busy: None,
+        }
+    }
+
+    /// The connection logged in: the login deadline no longer applies.
+    pub(super) fn logged_in(&mut self) {
+        self.login_by = None;
+    }
+
+    /// The next deadline: the sooner of the frame deadlines and the login deadline.
+    pub(super) fn next(&mut self, partial_frame: bool, busy: bool) -> Deadline {
+        let deadline = self.next_frame_deadline(partial_frame, busy);
+        match self.login_by {
+            Some(at) if at <= deadline.at => Deadline {
+                at,
+                reason: Some("not logged in in time"),
+            },
+            _ => deadline,
         }
     }
 
@@ -45,7 +71,7 @@ impl Deadlines {
         self.frame_started = None;
     }
 
-    pub(super) fn next(&mut self, partial_frame: bool, busy: bool) -> Deadline {
+    fn next_frame_deadline(&mut self, partial_frame: bool, busy: bool) -> Deadline {
         let now = tokio::time::Instant::now();
         if partial_frame {
             let started = *self.frame_started.get_or_insert(now);

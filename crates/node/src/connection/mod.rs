@@ -233,17 +233,28 @@ async fn serve<R, W>(
         waiting: Rc::new(Cell::new(0)),
         login: std::cell::RefCell::default(),
     };
-    let max = env.shared.config.frame_bytes_max;
+    let login_needed = env.shared.config.authentication;
     let mut buf = BytesMut::with_capacity(READ_CHUNK_BYTES);
     let mut deadlines = Deadlines::new(&env.shared.config);
     'read: loop {
         loop {
+            // Until the connection logs in, frames are small: a stranger cannot make
+            // the node hold `frame_bytes_max` per connection.
+            let logged_in = !login_needed || env.login.borrow().user().is_some();
+            let max = if logged_in {
+                env.shared.config.frame_bytes_max
+            } else {
+                env.shared.config.connection_login_frame_bytes_max
+            };
             match frame_length(&buf, REQUEST_HEADER_BYTES, max) {
                 Ok(Some(total)) => {
                     let frame = buf.split_to(total);
                     deadlines.frame_done();
                     if handle_frame(&env, frame).await == Flow::Close {
                         break 'read;
+                    }
+                    if !logged_in && env.login.borrow().user().is_some() {
+                        deadlines.logged_in();
                     }
                 }
                 Ok(None) => break,
