@@ -9,7 +9,6 @@ use braid_proto::scram::{ScramCredential, KEY_BYTES};
 pub(crate) enum AdminRequest {
     CreateStream(String),
     DeleteStream(String),
-    ListStreams,
     CreateTopic {
         stream: String,
         topic: String,
@@ -79,18 +78,20 @@ fn key(bytes: &[u8]) -> Option<[u8; KEY_BYTES]> {
     bytes.try_into().ok()
 }
 
-/// The admin form of a request, or `None` for the data-path requests (ping, produce,
-/// fetch, list offsets) that the connection routes itself.
+/// The admin form of a request, or `None` for the requests the connection serves
+/// itself.
 pub(crate) fn admin_request(request: &Request<'_>) -> Option<AdminRequest> {
     let own = |s: &str| s.to_owned();
     Some(match request {
+        // Served by the connection itself: the data path, and the stream list, which
+        // the shard's layout holds and which is filtered by what the user may see.
         Request::Ping
         | Request::Produce { .. }
         | Request::Fetch { .. }
-        | Request::ListOffsets { .. } => return None,
+        | Request::ListOffsets { .. }
+        | Request::ListStreams => return None,
         Request::CreateStream { name } => AdminRequest::CreateStream(own(name)),
         Request::DeleteStream { name } => AdminRequest::DeleteStream(own(name)),
-        Request::ListStreams => AdminRequest::ListStreams,
         Request::CreateTopic {
             stream,
             topic,

@@ -8,8 +8,8 @@ use std::sync::Arc;
 
 use braid_proto::client::{
     ErrorCode, Grant, GroupDescription, GroupMember, GroupSummary, PartitionInfo, PartitionOffsets,
-    Response, StreamSummary, TopicInfo, TopicSettings, TopicSummary, UserSummary, FSYNC_ALWAYS,
-    FSYNC_DEFAULT, FSYNC_INTERVAL, FSYNC_NEVER,
+    Response, TopicInfo, TopicSettings, TopicSummary, UserSummary, FSYNC_ALWAYS, FSYNC_DEFAULT,
+    FSYNC_INTERVAL, FSYNC_NEVER,
 };
 use tokio::sync::oneshot;
 
@@ -249,19 +249,6 @@ impl MetaService {
                     })
                     .collect();
                 let _ = reply.send(Ok(Response::Users(users)));
-            }
-            AdminRequest::ListStreams => {
-                let list = self
-                    .store
-                    .state()
-                    .streams
-                    .iter()
-                    .map(|(name, s)| StreamSummary {
-                        name: name.clone(),
-                        topics: s.topics.len() as u32,
-                    })
-                    .collect();
-                let _ = reply.send(Ok(Response::Streams(list)));
             }
             AdminRequest::ListTopics(stream) => {
                 let result = self.store.state().stream(&stream).map(|s| {
