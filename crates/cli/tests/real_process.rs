@@ -33,6 +33,20 @@ fn server_command(data_dir: &Path, shards: u32) -> Command {
     command
 }
 
+/// The client address a starting `braid server` child prints on standard output:
+/// "braid listening: client ADDR http ADDR".
+fn listening_addr(child: &mut Child) -> SocketAddr {
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    line.split_whitespace()
+        .nth(3)
+        .expect("the listening line")
+        .parse()
+        .unwrap()
+}
+
 /// A `braid server` child process on ephemeral ports.
 struct Server {
     child: Child,
@@ -52,17 +66,7 @@ impl Server {
             .stderr(stderr)
             .spawn()
             .unwrap();
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        // "braid listening: client ADDR http ADDR"
-        let client = line
-            .split_whitespace()
-            .nth(3)
-            .expect("the listening line")
-            .parse()
-            .unwrap();
+        let client = listening_addr(&mut child);
         Self { child, client }
     }
 
@@ -325,15 +329,7 @@ fn readme_secured_tour_runs() {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let client = line
-        .split_whitespace()
-        .nth(3)
-        .expect("the listening line")
-        .to_owned();
+    let client = listening_addr(&mut child).to_string();
     let bin_dir = Path::new(BRAID).parent().unwrap();
     let path = format!(
         "{}:{}",

@@ -64,3 +64,20 @@ pub(crate) async fn create_topic(
     };
     client.create_topic(stream, topic, settings).await.unwrap();
 }
+
+/// One value from the node's `/metrics` (the line `NAME VALUE`).
+pub(crate) async fn metric(http: std::net::SocketAddr, name: &str) -> u64 {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(http).await.unwrap();
+    stream
+        .write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut text = String::new();
+    stream.read_to_string(&mut text).await.unwrap();
+    text.lines()
+        .find(|l| l.split_whitespace().next() == Some(name))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in /metrics"))
+}

@@ -220,19 +220,7 @@ fn cpu_time() -> Duration {
 
 /// `braid_connections_active` from the node's `/metrics`.
 async fn active_connections(http: std::net::SocketAddr) -> u64 {
-    use tokio::io::AsyncReadExt;
-    let mut stream = TcpStream::connect(http).await.unwrap();
-    stream
-        .write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-        .await
-        .unwrap();
-    let mut text = String::new();
-    stream.read_to_string(&mut text).await.unwrap();
-    text.lines()
-        .find(|l| l.starts_with("braid_connections_active "))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|v| v.parse().ok())
-        .unwrap()
+    common::metric(http, "braid_connections_active").await
 }
 
 /// A client that went away while its fetch waited kept its connection open until the

@@ -38,22 +38,6 @@ async fn connect(node: &Node, options: &ConnectOptions) -> Result<Client, Client
     Client::connect_with(&node.client_addr().to_string(), options).await
 }
 
-/// One counter from the node's `/metrics`.
-async fn metric(http: std::net::SocketAddr, name: &str) -> u64 {
-    let mut stream = tokio::net::TcpStream::connect(http).await.unwrap();
-    stream
-        .write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-        .await
-        .unwrap();
-    let mut text = String::new();
-    stream.read_to_string(&mut text).await.unwrap();
-    text.lines()
-        .find(|l| l.split_whitespace().next() == Some(name))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| panic!("no {name} in /metrics"))
-}
-
 fn one_record_batch(value: &[u8]) -> Vec<u8> {
     let mut builder = braid_proto::BatchBuilder::new(1_000);
     builder.push(None, Some(value), &[], 1_000);
@@ -101,7 +85,7 @@ async fn nothing_but_ping_and_login_before_authentication_and_a_failed_login_clo
         );
     }
     assert_eq!(
-        metric(node.http_addr(), "braid_authentication_failures_total").await,
+        common::metric(node.http_addr(), "braid_authentication_failures_total").await,
         2
     );
 
@@ -117,9 +101,9 @@ async fn nothing_but_ping_and_login_before_authentication_and_a_failed_login_clo
         })
         .await;
     assert_eq!(code(again), ErrorCode::AuthenticationFailed);
-    assert!(metric(node.http_addr(), "braid_permission_denials_total").await >= 3);
+    assert!(common::metric(node.http_addr(), "braid_permission_denials_total").await >= 3);
     assert_eq!(
-        metric(node.http_addr(), "braid_authentications_total").await,
+        common::metric(node.http_addr(), "braid_authentications_total").await,
         1
     );
     node.shutdown();
@@ -413,7 +397,7 @@ async fn tls_serves_a_client_that_trusts_the_node_and_no_one_else() {
     let plain = Client::connect(node.client_addr()).await.unwrap();
     let answer = tokio::time::timeout(Duration::from_secs(5), plain.ping()).await;
     assert!(matches!(answer, Ok(Err(_))), "{answer:?}");
-    let failures = metric(node.http_addr(), "braid_tls_handshake_failures_total").await;
+    let failures = common::metric(node.http_addr(), "braid_tls_handshake_failures_total").await;
     assert!(failures >= 1, "no handshake failure counted");
     node.shutdown();
 }
@@ -456,14 +440,14 @@ async fn dropping_every_clone_of_a_client_closes_its_connection() {
     let clone = client.clone();
     client.ping().await.unwrap();
     assert_eq!(
-        metric(node.http_addr(), "braid_connections_active").await,
+        common::metric(node.http_addr(), "braid_connections_active").await,
         1
     );
     drop(client);
     clone.ping().await.unwrap();
     drop(clone);
     let started = std::time::Instant::now();
-    while metric(node.http_addr(), "braid_connections_active").await != 0 {
+    while common::metric(node.http_addr(), "braid_connections_active").await != 0 {
         assert!(
             started.elapsed() < Duration::from_secs(5),
             "the dropped client's connection stayed open"

@@ -90,45 +90,22 @@ pub(crate) fn spawn(shard: &Shard, stream: std::net::TcpStream) {
         let _ = stream.set_nodelay(true);
         add(&metrics.connections_total, 1);
         add(&metrics.connections_active, 1);
-        match shared.tls.clone() {
+        let tls = shared.tls.clone();
+        let context = ServeContext {
+            shared,
+            layout,
+            metrics: Arc::clone(&metrics),
+            draining,
+        };
+        match tls {
             None => {
                 let (reader, writer) = stream.into_split();
-                serve(
-                    reader,
-                    writer,
-                    shared,
-                    layout,
-                    Arc::clone(&metrics),
-                    draining,
-                )
-                .await;
+                serve(reader, writer, context).await;
             }
             Some(tls) => {
-                // The handshake counts against the first-frame deadline: a client that
-                // opens a socket and says nothing holds it no longer than one that
-                // sends no frame.
-                let limit = Duration::from_millis(shared.config.connection_first_frame_ms.max(1));
-                match tokio::time::timeout(limit, tls.0.accept(stream)).await {
-                    Ok(Ok(stream)) => {
-                        let (reader, writer) = tokio::io::split(stream);
-                        serve(
-                            reader,
-                            writer,
-                            shared,
-                            layout,
-                            Arc::clone(&metrics),
-                            draining,
-                        )
-                        .await;
-                    }
-                    Ok(Err(err)) => {
-                        add(&metrics.tls_handshake_failures, 1);
-                        tracing::info!(?peer, %err, "client TLS handshake failed");
-                    }
-                    Err(_) => {
-                        add(&metrics.tls_handshake_failures, 1);
-                        tracing::info!(?peer, "client TLS handshake not finished in time");
-                    }
+                if let Some(stream) = handshake(&tls, stream, &context, peer).await {
+                    let (reader, writer) = tokio::io::split(stream);
+                    serve(reader, writer, context).await;
                 }
             }
         }
@@ -137,6 +114,34 @@ pub(crate) fn spawn(shard: &Shard, stream: std::net::TcpStream) {
             .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
         tracing::debug!(?peer, "connection closed");
     });
+}
+
+/// What serving a connection needs from its shard.
+struct ServeContext {
+    shared: Arc<NodeShared>,
+    layout: Rc<std::cell::RefCell<Arc<Layout>>>,
+    metrics: Arc<ShardMetrics>,
+    draining: watch::Receiver<bool>,
+}
+
+/// The TLS handshake of a new connection, or `None` (counted and logged) if it failed
+/// or did not finish within the first-frame deadline: a client that opens a socket and
+/// says nothing holds it no longer than one that sends no frame.
+async fn handshake(
+    tls: &crate::tls::ClientTls,
+    stream: tokio::net::TcpStream,
+    context: &ServeContext,
+    peer: Option<std::net::SocketAddr>,
+) -> Option<tokio_rustls::server::TlsStream<tokio::net::TcpStream>> {
+    let limit = Duration::from_millis(context.shared.config.connection_first_frame_ms.max(1));
+    let failure = match tokio::time::timeout(limit, tls.0.accept(stream)).await {
+        Ok(Ok(stream)) => return Some(stream),
+        Ok(Err(err)) => err.to_string(),
+        Err(_) => "not finished in time".to_owned(),
+    };
+    add(&context.metrics.tls_handshake_failures, 1);
+    tracing::info!(?peer, failure, "client TLS handshake failed");
+    None
 }
 
 /// Accepts connections on shard 0 and hands them out round robin.
@@ -195,17 +200,17 @@ pub(crate) fn spawn_acceptor(shard: &mut Shard, listener: std::net::TcpListener)
     });
 }
 
-async fn serve<R, W>(
-    mut reader: R,
-    writer: W,
-    shared: Arc<NodeShared>,
-    layout: Rc<std::cell::RefCell<Arc<Layout>>>,
-    metrics: Arc<ShardMetrics>,
-    mut draining: watch::Receiver<bool>,
-) where
+async fn serve<R, W>(mut reader: R, writer: W, context: ServeContext)
+where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin + 'static,
 {
+    let ServeContext {
+        shared,
+        layout,
+        metrics,
+        mut draining,
+    } = context;
     let (out, outgoing) = mpsc::channel(OUTGOING_FRAMES_MAX);
     let mut writer_task = tokio::task::spawn_local(write_loop(
         writer,
