@@ -18,9 +18,9 @@ use crate::config::{FsyncSetting, TopicDefaults};
 use crate::error::NodeError;
 use crate::groups::GroupCoordinator;
 use crate::layout::{Layout, PartitionKey};
+use crate::mailbox::{now_ms, Control, NodeShared, ShardRequest};
 use crate::meta_store::MetaStore;
 use crate::metadata::{MetaOp, TopicMeta};
-use crate::shard::{now_ms, Control, NodeShared, Shard, ShardRequest};
 
 type Reply = oneshot::Sender<Result<Response, NodeError>>;
 
@@ -131,7 +131,7 @@ impl MetaService {
 
     /// Logs an op, then publishes the new layout to every shard and answers once all
     /// have applied it.
-    fn change(&mut self, shard: &Shard, op: MetaOp, reply: Reply) {
+    fn change(&mut self, shared: &Arc<NodeShared>, op: MetaOp, reply: Reply) {
         if let Err(err) = self.store.apply(&op) {
             let _ = reply.send(Err(err.into()));
             return;
@@ -143,7 +143,7 @@ impl MetaService {
         }
         let layout = Arc::new(self.layout());
         let mut waits = Vec::new();
-        for control in &shard.shared.controls {
+        for control in &shared.controls {
             let (done, wait) = oneshot::channel();
             let message = Control::Layout {
                 layout: Arc::clone(&layout),
@@ -174,14 +174,14 @@ impl MetaService {
         });
     }
 
-    pub(crate) fn handle(&mut self, shard: &Shard, request: AdminRequest, reply: Reply) {
-        let defaults = shard.shared.config.topic_defaults;
+    pub(crate) fn handle(&mut self, shared: &Arc<NodeShared>, request: AdminRequest, reply: Reply) {
+        let defaults = shared.config.topic_defaults;
         match request {
             AdminRequest::CreateStream(name) => {
-                self.change(shard, MetaOp::CreateStream { name }, reply)
+                self.change(shared, MetaOp::CreateStream { name }, reply)
             }
             AdminRequest::DeleteStream(name) => {
-                self.change(shard, MetaOp::DeleteStream { name }, reply)
+                self.change(shared, MetaOp::DeleteStream { name }, reply)
             }
             AdminRequest::CreateTopic {
                 stream,
@@ -189,8 +189,7 @@ impl MetaService {
                 settings,
             } => {
                 let settings = resolve_settings(settings, &defaults);
-                if settings.max_batch_bytes as u64 + 1024
-                    > u64::from(shard.shared.config.frame_bytes_max)
+                if settings.max_batch_bytes as u64 + 1024 > u64::from(shared.config.frame_bytes_max)
                     || !(braid_storage::SEGMENT_BYTES_MIN..=braid_storage::SEGMENT_BYTES_MAX)
                         .contains(&settings.segment_bytes)
                     || settings.max_batch_bytes > settings.segment_bytes
@@ -206,11 +205,11 @@ impl MetaService {
                     name: topic,
                     settings,
                 };
-                self.change(shard, op, reply);
+                self.change(shared, op, reply);
             }
             AdminRequest::DeleteTopic { stream, topic } => {
                 self.change(
-                    shard,
+                    shared,
                     MetaOp::DeleteTopic {
                         stream,
                         name: topic,
@@ -219,16 +218,16 @@ impl MetaService {
                 );
             }
             AdminRequest::CreateUser { name, credential } => {
-                self.change(shard, MetaOp::CreateUser { name, credential }, reply)
+                self.change(shared, MetaOp::CreateUser { name, credential }, reply)
             }
             AdminRequest::DeleteUser(name) => {
-                self.change(shard, MetaOp::DeleteUser { name }, reply)
+                self.change(shared, MetaOp::DeleteUser { name }, reply)
             }
             AdminRequest::Grant { user, grant } => {
-                self.change(shard, MetaOp::Grant { user, grant }, reply)
+                self.change(shared, MetaOp::Grant { user, grant }, reply)
             }
             AdminRequest::Revoke { user, grant } => {
-                self.change(shard, MetaOp::Revoke { user, grant }, reply)
+                self.change(shared, MetaOp::Revoke { user, grant }, reply)
             }
             AdminRequest::ListUsers => {
                 let users = self
@@ -272,7 +271,7 @@ impl MetaService {
                         return;
                     }
                 };
-                let shared = Arc::clone(&shard.shared);
+                let shared = Arc::clone(shared);
                 tokio::task::spawn_local(async move {
                     let offsets = gather_offsets(shared, topic_keys(&meta)).await;
                     let partitions = meta
@@ -352,14 +351,14 @@ impl MetaService {
                 generation,
                 offsets,
             } => {
-                let result = self.commit(shard, &stream, &group, member_id, generation, offsets);
+                let result = self.commit(shared, &stream, &group, member_id, generation, offsets);
                 let _ = reply.send(result);
             }
             AdminRequest::FetchOffsets { stream, group } => {
-                self.describe_group(shard, stream, group, true, reply);
+                self.describe_group(shared, stream, group, true, reply);
             }
             AdminRequest::DescribeGroup { stream, group } => {
-                self.describe_group(shard, stream, group, false, reply);
+                self.describe_group(shared, stream, group, false, reply);
             }
             AdminRequest::ListGroups(stream) => {
                 let result = self.list_groups(&stream);
@@ -419,7 +418,7 @@ impl MetaService {
 
     fn commit(
         &mut self,
-        shard: &Shard,
+        shared: &Arc<NodeShared>,
         stream: &str,
         group: &str,
         member_id: u64,
@@ -438,7 +437,7 @@ impl MetaService {
         // A position beyond what was committed to the log would make lag negative and
         // skip records that later arrive: refused.
         let topic_id = self.store.state().topic(stream, &topic)?.id;
-        if let Ok(published) = shard.shared.high_watermarks.read() {
+        if let Ok(published) = shared.high_watermarks.read() {
             for (partition, offset) in &offsets {
                 let key = crate::layout::PartitionKey {
                     topic_id,
@@ -501,7 +500,7 @@ impl MetaService {
     /// Answers DescribeGroup, or with `offsets_only` FetchOffsets.
     fn describe_group(
         &self,
-        shard: &Shard,
+        shared: &Arc<NodeShared>,
         stream: String,
         group: String,
         offsets_only: bool,
@@ -533,7 +532,7 @@ impl MetaService {
             }
         };
         let committed = durable.map(|d| d.offsets).unwrap_or_default();
-        let shared = Arc::clone(&shard.shared);
+        let shared = Arc::clone(shared);
         tokio::task::spawn_local(async move {
             let marks = gather_offsets(shared, topic_keys(&topic)).await;
             let offsets = topic

@@ -26,6 +26,7 @@ pub mod groups;
 mod http;
 mod layout;
 mod login;
+mod mailbox;
 pub mod meta_store;
 pub mod metadata;
 mod metrics;

@@ -9,9 +9,10 @@ use tokio::sync::mpsc;
 use crate::config::{ConfigError, NodeConfig};
 use crate::coordinator::MetaService;
 use crate::http::HttpServer;
+use crate::mailbox::{Control, NodeShared, INBOX_REQUESTS_MAX};
 use crate::meta_store::{MetaStore, StoreError};
 use crate::metrics::ShardMetrics;
-use crate::shard::{Control, NodeShared, Shard, INBOX_REQUESTS_MAX};
+use crate::shard::Shard;
 
 /// Why a node could not start.
 #[derive(Debug, thiserror::Error)]

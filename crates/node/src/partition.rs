@@ -12,18 +12,12 @@ use std::collections::VecDeque;
 use braid_proto::client::{ErrorCode, OffsetSpec};
 use braid_proto::ValidatedBatch;
 use braid_storage::{FsyncPolicy, LogError, LogRead, PartitionLog, SyncError, SyncRequest};
-use tokio::sync::oneshot;
 
 use crate::error::NodeError;
-
-/// Offsets a produce got: (base, last).
-pub(crate) type ProduceReply = oneshot::Sender<Result<(u64, u64), NodeError>>;
+use crate::mailbox::{FetchReply, ProduceReply};
 
 /// The partition leader epoch a single node writes into every batch it appends.
 pub(crate) const LEADER_EPOCH_SINGLE_NODE: i32 = 0;
-
-/// Where a fetch's answer goes.
-pub(crate) type FetchReply = oneshot::Sender<Result<crate::shard::FetchOutcome, NodeError>>;
 
 /// A fetch parked at the high watermark until records commit.
 #[derive(Debug)]
@@ -320,6 +314,7 @@ mod tests {
     use braid_storage::disk::hook::{self, Plan};
     use braid_storage::disk::DiskOp;
     use braid_storage::LogConfig;
+    use tokio::sync::oneshot;
 
     fn batch() -> ValidatedBatch {
         let mut builder = braid_proto::BatchBuilder::new(1_000);

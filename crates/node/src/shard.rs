@@ -6,128 +6,29 @@
 
 use std::cell::RefCell;
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::path::PathBuf;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Duration;
 
-use braid_proto::client::{ErrorCode, OffsetSpec, Response};
-use braid_proto::ValidatedBatch;
-use braid_storage::{LogRead, OpenLogLru, PartitionLog, SyncError, SyncRequest, Syncer};
-use tokio::sync::{mpsc, oneshot, watch};
+use braid_proto::client::ErrorCode;
+use braid_storage::{OpenLogLru, PartitionLog, SyncRequest};
+use tokio::sync::{mpsc, watch};
 
-use crate::config::NodeConfig;
 use crate::error::NodeError;
 use crate::layout::{Layout, PartitionKey};
+use crate::mailbox::{now_ms, Control, FetchOutcome, NodeShared, ShardRequest};
 use crate::metrics::{add, ShardMetrics};
-use crate::partition::{Partition, ProduceReply};
+use crate::partition::Partition;
 
-/// Capacity of a shard's request inbox.
-pub(crate) const INBOX_REQUESTS_MAX: usize = 1024;
 /// How often a shard runs its timers (interval syncs, group expiry).
 const TICK_MS: u64 = 10;
+
 /// How often retention runs.
 const RETENTION_EVERY_MS: u64 = 60_000;
-
-/// What a fetch found.
-#[derive(Debug)]
-pub(crate) struct FetchOutcome {
-    pub(crate) high_watermark: u64,
-    pub(crate) start_offset: u64,
-    pub(crate) read: LogRead,
-}
 
 /// Woken waiting fetches a shard answers per turn of its loop, between its other
 /// requests.
 const WOKEN_FETCHES_PER_TURN: usize = 64;
-
-/// A request to the shard that owns a partition (or, for `Admin`, to shard 0).
-#[derive(Debug)]
-pub(crate) enum ShardRequest {
-    Produce {
-        key: PartitionKey,
-        batch: ValidatedBatch,
-        reply: ProduceReply,
-    },
-    /// Answered at once, or (with `wait`, at the high watermark) parked until the next
-    /// commit; the asker stops waiting by dropping its receiver.
-    Fetch {
-        key: PartitionKey,
-        offset: u64,
-        max_bytes: u32,
-        wait: bool,
-        reply: crate::partition::FetchReply,
-    },
-    ListOffsets {
-        key: PartitionKey,
-        spec: OffsetSpec,
-        reply: oneshot::Sender<Result<Option<u64>, NodeError>>,
-    },
-    /// (start offset, high watermark) of each partition this shard owns among `keys`.
-    Offsets {
-        keys: Vec<PartitionKey>,
-        reply: oneshot::Sender<Vec<(PartitionKey, u64, u64)>>,
-    },
-    Admin {
-        request: crate::admin::AdminRequest,
-        reply: oneshot::Sender<Result<Response, NodeError>>,
-    },
-}
-
-/// Messages that must not wait behind requests or block their sender.
-#[derive(Debug)]
-pub(crate) enum Control {
-    Connection(std::net::TcpStream),
-    Listener(std::net::TcpListener),
-    Layout {
-        layout: Arc<Layout>,
-        done: Option<oneshot::Sender<Result<(), String>>>,
-    },
-    Synced {
-        key: PartitionKey,
-        request: SyncRequest,
-        result: Result<(), SyncError>,
-    },
-    Drain,
-    Shutdown {
-        done: std::sync::mpsc::Sender<()>,
-    },
-}
-
-/// What every shard knows of the node.
-#[derive(Debug)]
-pub(crate) struct NodeShared {
-    pub(crate) config: NodeConfig,
-    pub(crate) inboxes: Vec<mpsc::Sender<ShardRequest>>,
-    pub(crate) controls: Vec<mpsc::UnboundedSender<Control>>,
-    pub(crate) metrics: Vec<Arc<ShardMetrics>>,
-    pub(crate) syncer: Syncer,
-    /// Buffers fetches read into, handed back once the answer is written.
-    pub(crate) read_buffers: crate::buffers::ReadBuffers,
-    /// Fetch-response bytes in flight over the node (`fetch_bytes_max`).
-    pub(crate) fetch_bytes: Arc<tokio::sync::Semaphore>,
-    /// Client connections served now, over every shard (`connections_max`).
-    pub(crate) connections: std::sync::atomic::AtomicUsize,
-    /// Each open partition's high watermark, published by its owner for the group
-    /// coordinator (a commit beyond it is refused). Written when partitions open or
-    /// go, read per commit; never on the produce or fetch path.
-    pub(crate) high_watermarks:
-        std::sync::RwLock<HashMap<PartitionKey, Arc<std::sync::atomic::AtomicU64>>>,
-    /// TLS on the client port, if configured.
-    pub(crate) tls: Option<crate::tls::ClientTls>,
-    /// Derives the stand-in credential shown for unknown users (drawn at start).
-    pub(crate) stand_in_secret: [u8; 32],
-}
-
-impl NodeShared {
-    pub(crate) fn shards(&self) -> usize {
-        self.inboxes.len()
-    }
-
-    pub(crate) fn data_dir(&self) -> &PathBuf {
-        &self.config.data_dir
-    }
-}
 
 /// State of one shard, owned by its loop.
 pub(crate) struct Shard {
@@ -145,12 +46,6 @@ pub(crate) struct Shard {
     /// the same as a set, so queueing one is O(1).
     woken: VecDeque<PartitionKey>,
     woken_queued: HashSet<PartitionKey>,
-}
-
-pub(crate) fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
 }
 
 impl Shard {
@@ -399,7 +294,7 @@ impl Shard {
             }
             ShardRequest::Admin { request, reply } => match self.meta.take() {
                 Some(mut meta) => {
-                    meta.handle(self, request, reply);
+                    meta.handle(&self.shared, request, reply);
                     self.meta = Some(meta);
                 }
                 None => {
@@ -416,10 +311,20 @@ impl Shard {
     pub(crate) fn handle_control(&mut self, control: Control) -> bool {
         match control {
             Control::Connection(stream) => {
-                crate::connection::spawn(self, stream);
+                let context = crate::connection::ServeContext {
+                    shared: Arc::clone(&self.shared),
+                    layout: Rc::clone(&self.layout),
+                    metrics: Arc::clone(&self.shared.metrics[self.id]),
+                    draining: self.draining.subscribe(),
+                };
+                crate::connection::spawn(context, stream);
             }
             Control::Listener(listener) => {
-                crate::connection::spawn_acceptor(self, listener);
+                crate::connection::spawn_acceptor(
+                    Arc::clone(&self.shared),
+                    self.draining.subscribe(),
+                    listener,
+                );
             }
             Control::Layout { layout, done } => {
                 let result = self.apply_layout(layout);

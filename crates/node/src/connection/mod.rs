@@ -30,8 +30,8 @@ use writer::{write_loop, FetchBudget, Outgoing};
 use crate::admin::admin_request;
 use crate::error::NodeError;
 use crate::layout::{Layout, PartitionKey, TopicRoute};
+use crate::mailbox::{Control, FetchOutcome, NodeShared, ShardRequest};
 use crate::metrics::{add, ShardMetrics};
-use crate::shard::{FetchOutcome, NodeShared, Shard, ShardRequest};
 
 /// Responses queued for the writer of one connection before the reader waits.
 const OUTGOING_FRAMES_MAX: usize = 256;
@@ -67,12 +67,14 @@ enum Flow {
     Close,
 }
 
-/// Starts serving a connection on the current shard.
-pub(crate) fn spawn(shard: &Shard, stream: std::net::TcpStream) {
-    let metrics = Arc::clone(&shard.shared.metrics[shard.id]);
-    let shared = Arc::clone(&shard.shared);
-    let layout = Rc::clone(&shard.layout);
-    let draining = shard.draining.subscribe();
+/// Starts serving a connection on the current shard, with what `context` gives of it.
+pub(crate) fn spawn(context: ServeContext, stream: std::net::TcpStream) {
+    let ServeContext {
+        shared,
+        layout,
+        metrics,
+        draining,
+    } = context;
     tokio::task::spawn_local(async move {
         let peer = stream.peer_addr().ok();
         // The slot the acceptor took for this connection goes back however it ends.
@@ -117,11 +119,11 @@ pub(crate) fn spawn(shard: &Shard, stream: std::net::TcpStream) {
 }
 
 /// What serving a connection needs from its shard.
-struct ServeContext {
-    shared: Arc<NodeShared>,
-    layout: Rc<std::cell::RefCell<Arc<Layout>>>,
-    metrics: Arc<ShardMetrics>,
-    draining: watch::Receiver<bool>,
+pub(crate) struct ServeContext {
+    pub(crate) shared: Arc<NodeShared>,
+    pub(crate) layout: Rc<std::cell::RefCell<Arc<Layout>>>,
+    pub(crate) metrics: Arc<ShardMetrics>,
+    pub(crate) draining: watch::Receiver<bool>,
 }
 
 /// The TLS handshake of a new connection, or `None` (counted and logged) if it failed
@@ -145,9 +147,11 @@ async fn handshake(
 }
 
 /// Accepts connections on shard 0 and hands them out round robin.
-pub(crate) fn spawn_acceptor(shard: &mut Shard, listener: std::net::TcpListener) {
-    let shared = Arc::clone(&shard.shared);
-    let mut draining = shard.draining.subscribe();
+pub(crate) fn spawn_acceptor(
+    shared: Arc<NodeShared>,
+    mut draining: watch::Receiver<bool>,
+    listener: std::net::TcpListener,
+) {
     let listener = match listener
         .set_nonblocking(true)
         .and_then(|()| tokio::net::TcpListener::from_std(listener))
@@ -184,7 +188,7 @@ pub(crate) fn spawn_acceptor(shard: &mut Shard, listener: std::net::TcpListener)
                         };
                         let shard = next % shared.shards();
                         next += 1;
-                        if shared.controls[shard].send(crate::shard::Control::Connection(stream)).is_err() {
+                        if shared.controls[shard].send(Control::Connection(stream)).is_err() {
                             shared.connections.fetch_sub(1, Ordering::AcqRel);
                         }
                     }

@@ -7,8 +7,8 @@ use std::time::Duration;
 use tokio::io::{AsyncWrite, AsyncWriteExt, BufWriter};
 use tokio::sync::{mpsc, OwnedSemaphorePermit};
 
+use crate::mailbox::NodeShared;
 use crate::metrics::{add, ShardMetrics};
-use crate::shard::NodeShared;
 
 pub(super) enum Outgoing {
     Frame(Vec<u8>),

@@ -1,0 +1,129 @@
+//! The messages shards exchange and what every shard shares: the one module the
+//! shard loop, the connections, the partitions and the metadata service all import,
+//! and which imports none of them (so no file cycle runs through them).
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use braid_proto::client::{OffsetSpec, Response};
+use braid_proto::ValidatedBatch;
+use braid_storage::{LogRead, SyncError, SyncRequest, Syncer};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::config::NodeConfig;
+use crate::error::NodeError;
+use crate::layout::{Layout, PartitionKey};
+use crate::metrics::ShardMetrics;
+
+/// Offsets a produce got: (base, last).
+pub(crate) type ProduceReply = oneshot::Sender<Result<(u64, u64), NodeError>>;
+
+/// Where a fetch's answer goes.
+pub(crate) type FetchReply = oneshot::Sender<Result<FetchOutcome, NodeError>>;
+
+/// Capacity of a shard's request inbox.
+pub(crate) const INBOX_REQUESTS_MAX: usize = 1024;
+
+/// What a fetch found.
+#[derive(Debug)]
+pub(crate) struct FetchOutcome {
+    pub(crate) high_watermark: u64,
+    pub(crate) start_offset: u64,
+    pub(crate) read: LogRead,
+}
+
+/// A request to the shard that owns a partition (or, for `Admin`, to shard 0).
+#[derive(Debug)]
+pub(crate) enum ShardRequest {
+    Produce {
+        key: PartitionKey,
+        batch: ValidatedBatch,
+        reply: ProduceReply,
+    },
+    /// Answered at once, or (with `wait`, at the high watermark) parked until the next
+    /// commit; the asker stops waiting by dropping its receiver.
+    Fetch {
+        key: PartitionKey,
+        offset: u64,
+        max_bytes: u32,
+        wait: bool,
+        reply: FetchReply,
+    },
+    ListOffsets {
+        key: PartitionKey,
+        spec: OffsetSpec,
+        reply: oneshot::Sender<Result<Option<u64>, NodeError>>,
+    },
+    /// (start offset, high watermark) of each partition this shard owns among `keys`.
+    Offsets {
+        keys: Vec<PartitionKey>,
+        reply: oneshot::Sender<Vec<(PartitionKey, u64, u64)>>,
+    },
+    Admin {
+        request: crate::admin::AdminRequest,
+        reply: oneshot::Sender<Result<Response, NodeError>>,
+    },
+}
+
+/// Messages that must not wait behind requests or block their sender.
+#[derive(Debug)]
+pub(crate) enum Control {
+    Connection(std::net::TcpStream),
+    Listener(std::net::TcpListener),
+    Layout {
+        layout: Arc<Layout>,
+        done: Option<oneshot::Sender<Result<(), String>>>,
+    },
+    Synced {
+        key: PartitionKey,
+        request: SyncRequest,
+        result: Result<(), SyncError>,
+    },
+    Drain,
+    Shutdown {
+        done: std::sync::mpsc::Sender<()>,
+    },
+}
+
+/// What every shard knows of the node.
+#[derive(Debug)]
+pub(crate) struct NodeShared {
+    pub(crate) config: NodeConfig,
+    pub(crate) inboxes: Vec<mpsc::Sender<ShardRequest>>,
+    pub(crate) controls: Vec<mpsc::UnboundedSender<Control>>,
+    pub(crate) metrics: Vec<Arc<ShardMetrics>>,
+    pub(crate) syncer: Syncer,
+    /// Buffers fetches read into, handed back once the answer is written.
+    pub(crate) read_buffers: crate::buffers::ReadBuffers,
+    /// Fetch-response bytes in flight over the node (`fetch_bytes_max`).
+    pub(crate) fetch_bytes: Arc<tokio::sync::Semaphore>,
+    /// Client connections served now, over every shard (`connections_max`).
+    pub(crate) connections: std::sync::atomic::AtomicUsize,
+    /// Each open partition's high watermark, published by its owner for the group
+    /// coordinator (a commit beyond it is refused). Written when partitions open or
+    /// go, read per commit; never on the produce or fetch path.
+    pub(crate) high_watermarks:
+        std::sync::RwLock<HashMap<PartitionKey, Arc<std::sync::atomic::AtomicU64>>>,
+    /// TLS on the client port, if configured.
+    pub(crate) tls: Option<crate::tls::ClientTls>,
+    /// Derives the stand-in credential shown for unknown users (drawn at start).
+    pub(crate) stand_in_secret: [u8; 32],
+}
+
+impl NodeShared {
+    pub(crate) fn shards(&self) -> usize {
+        self.inboxes.len()
+    }
+
+    pub(crate) fn data_dir(&self) -> &PathBuf {
+        &self.config.data_dir
+    }
+}
+
+/// The wall clock in ms (group sessions, retention).
+pub(crate) fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
