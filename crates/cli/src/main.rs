@@ -91,6 +91,19 @@ struct ServerArgs {
     /// Default fsync policy of new topics [default: always].
     #[arg(long)]
     fsync: Option<Fsync>,
+    /// The cluster's name (the `[cluster]` table's `id`).
+    #[arg(long)]
+    cluster_id: Option<String>,
+    /// This node's member id.
+    #[arg(long)]
+    node_id: Option<u8>,
+    /// A member, `ID=REPLICA_ADDR/CLIENT_ADDR`; repeat for each (replaces the table's).
+    #[arg(long = "member", value_name = "ID=REPLICA/CLIENT")]
+    members: Vec<String>,
+    /// A file holding the cluster secret (or BRAID_CLUSTER_SECRET; no flag takes the
+    /// secret itself).
+    #[arg(long, value_name = "FILE")]
+    cluster_secret_file: Option<PathBuf>,
 }
 
 #[derive(Copy, Clone, Debug, ValueEnum)]
@@ -259,6 +272,20 @@ fn server(args: ServerArgs) -> Result<()> {
             Fsync::Interval => FsyncSetting::Interval,
             Fsync::Never => FsyncSetting::Never,
         };
+    }
+    if let Some(id) = args.cluster_id {
+        config.cluster_mut().id = id;
+    }
+    if let Some(node_id) = args.node_id {
+        config.cluster_mut().node_id = node_id;
+    }
+    if !args.members.is_empty() {
+        let members = braid_node::config::cluster::parse_members(&args.members.join(","))
+            .map_err(|e| anyhow::anyhow!("--member: {e}"))?;
+        config.cluster_mut().members = members;
+    }
+    if let Some(file) = args.cluster_secret_file {
+        config.cluster_mut().secret_file = Some(file);
     }
     let node = Node::start(config).context("starting the node")?;
     // Scripts and tests read this line to learn the bound ports.

@@ -24,6 +24,7 @@ mod data_dir;
 mod error;
 pub mod groups;
 mod http;
+mod identity;
 mod layout;
 mod login;
 mod mailbox;
@@ -37,8 +38,10 @@ mod tls;
 
 pub use admin_bootstrap::BootstrapError;
 pub use config::{
-    ConfigError, FsyncSetting, NodeConfig, RecoverySetting, Secret, TlsSettings, TopicDefaults,
+    ClusterSettings, ConfigError, FsyncSetting, MemberSettings, NodeConfig, RecoverySetting,
+    Secret, TlsSettings, TopicDefaults,
 };
 pub use error::NodeError;
+pub use identity::{IdentityError, DATA_DIR_FORMAT};
 pub use node::{Node, StartError};
 pub use tls::TlsError;

@@ -41,6 +41,9 @@ pub enum StartError {
         /// What failed.
         message: String,
     },
+    /// The data directory is another cluster's, another member's or in another format.
+    #[error(transparent)]
+    DataDir(#[from] crate::identity::IdentityError),
     /// The bootstrap admin could not be created.
     #[error("bootstrap admin: {0}")]
     Bootstrap(#[from] crate::admin_bootstrap::BootstrapError),
@@ -70,7 +73,29 @@ impl Node {
     /// A [`StartError`]; nothing keeps running after one.
     pub fn start(config: NodeConfig) -> Result<Self, StartError> {
         let config = config.resolve()?;
+        if let Some(cluster) = config.cluster.as_ref().filter(|c| c.members.len() > 1) {
+            // Until the replication host runs, members would serve as unrelated single
+            // nodes while their operator believes the data replicated: refuse.
+            return Err(StartError::Config(ConfigError::Invalid(format!(
+                "cluster {:?} has {} members, but this build does not replicate yet: \
+                 run one member, or no [cluster] table",
+                cluster.id,
+                cluster.members.len()
+            ))));
+        }
         let topic_id_floor = crate::data_dir::prepare(&config.data_dir)?;
+        let configured = config.cluster.as_ref().map(|c| (c.id.as_str(), c.node_id));
+        let identity = crate::identity::claim(&config.data_dir, configured, || {
+            let mut bytes = [0u8; 8];
+            // A single node's cluster name only has to differ from others'.
+            let _ = crate::admin_bootstrap::random_bytes(&mut bytes);
+            format!("local-{:016x}", u64::from_be_bytes(bytes))
+        })?;
+        tracing::debug!(
+            cluster = identity.cluster_id,
+            node = identity.node_id,
+            "data directory claimed"
+        );
         let mut store = MetaStore::open(config.data_dir.join("metadata"))?;
         if topic_id_floor > store.state().next_topic_id() {
             // The metadata forgot topics whose partitions are still on disk (its log

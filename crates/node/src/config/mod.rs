@@ -7,6 +7,10 @@ use std::path::PathBuf;
 
 use serde::Deserialize;
 
+pub mod cluster;
+
+pub use cluster::{ClusterSettings, MemberSettings};
+
 /// Settings of one node.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -79,6 +83,9 @@ pub struct NodeConfig {
     pub admin_password: Option<Secret>,
     /// TLS on the client port.
     pub tls: TlsSettings,
+    /// The cluster this node is a member of; `None` (no `[cluster]` table): a cluster
+    /// of one.
+    pub cluster: Option<ClusterSettings>,
     /// Defaults for new topics.
     pub topic_defaults: TopicDefaults,
 }
@@ -206,6 +213,7 @@ impl Default for NodeConfig {
             admin_password_file: None,
             admin_password: None,
             tls: TlsSettings::default(),
+            cluster: None,
             topic_defaults: TopicDefaults::default(),
         }
     }
@@ -329,6 +337,21 @@ impl NodeConfig {
                 "TLS_CERT_FILE" => self.tls.cert_file = Some(PathBuf::from(&value)),
                 "TLS_KEY_FILE" => self.tls.key_file = Some(PathBuf::from(&value)),
                 "TLS_CLIENT_CA_FILE" => self.tls.client_ca_file = Some(PathBuf::from(&value)),
+                "CLUSTER_ID" => self.cluster_mut().id = value.clone(),
+                "NODE_ID" => self.cluster_mut().node_id = parse(&value).map_err(bad)?,
+                "CLUSTER_MEMBERS" => {
+                    self.cluster_mut().members = cluster::parse_members(&value).map_err(bad)?
+                }
+                "CLUSTER_SECRET" => self.cluster_mut().secret = Some(Secret(value.clone())),
+                "CLUSTER_SECRET_FILE" => {
+                    self.cluster_mut().secret_file = Some(PathBuf::from(&value))
+                }
+                "LINKS_PER_PEER" => {
+                    self.cluster_mut().links_per_peer = parse(&value).map_err(bad)?
+                }
+                "HEARTBEAT_TIMEOUT_MS" => {
+                    self.cluster_mut().heartbeat_timeout_ms = parse(&value).map_err(bad)?
+                }
                 "RECOVERY" => {
                     self.recovery = match value.as_str() {
                         "strict" => RecoverySetting::Strict,
@@ -362,6 +385,11 @@ impl NodeConfig {
             }
         }
         Ok(())
+    }
+
+    /// The `[cluster]` table, made (with its defaults) if it was not there.
+    pub fn cluster_mut(&mut self) -> &mut ClusterSettings {
+        self.cluster.get_or_insert_with(ClusterSettings::default)
     }
 
     /// Checks ranges and resolves `shards = 0` to the core count.
@@ -412,6 +440,10 @@ impl NodeConfig {
                  to accept any client that reaches the port",
                 self.client_addr
             )));
+        }
+        if let Some(cluster) = &self.cluster {
+            cluster.check()?;
+            cluster.read_secret()?;
         }
         if self.connection_login_frame_bytes_max < 1024 {
             return Err(ConfigError::Invalid(
@@ -487,6 +519,58 @@ mod tests {
             Err(ConfigError::Parse { .. })
         ));
         assert!(NodeConfig::default().resolve().unwrap().shards >= 1);
+    }
+
+    #[test]
+    fn a_cluster_table_reads_from_toml_and_the_environment() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("braid.toml");
+        let secret = dir.path().join("secret");
+        std::fs::write(&secret, "a secret of at least sixteen bytes\n").unwrap();
+        let members: String = (0..3)
+            .map(|i| {
+                format!(
+                    "[[cluster.members]]\nid = {i}\nreplica_addr = \"127.0.0.1:{}\"\nclient_addr = \"127.0.0.1:{}\"\n",
+                    7090 + i,
+                    7070 + i
+                )
+            })
+            .collect();
+        std::fs::write(
+            &path,
+            format!(
+                "[cluster]\nid = \"prod\"\nnode_id = 2\nsecret_file = {:?}\n{members}",
+                secret.display().to_string()
+            ),
+        )
+        .unwrap();
+        let config = NodeConfig::from_file(&path).unwrap();
+        let cluster = config.cluster.clone().unwrap();
+        assert_eq!((cluster.members.len(), cluster.node_id), (3, 2));
+        assert_eq!(cluster.links_per_peer, 1, "the default k");
+        assert_eq!(cluster.read_secret().unwrap().unwrap().len(), 34);
+        config.clone().resolve().unwrap();
+        let mut moved = config;
+        moved
+            .apply_env([("BRAID_NODE_ID".to_owned(), "7".to_owned())])
+            .unwrap();
+        assert!(moved.resolve().is_err(), "node 7 is not a member");
+        let mut from_env = NodeConfig::default();
+        from_env
+            .apply_env([
+                ("BRAID_CLUSTER_ID".to_owned(), "one".to_owned()),
+                (
+                    "BRAID_CLUSTER_MEMBERS".to_owned(),
+                    "0=127.0.0.1:7090/127.0.0.1:7070".to_owned(),
+                ),
+            ])
+            .unwrap();
+        assert_eq!(from_env.cluster.as_ref().unwrap().members.len(), 1);
+        from_env.resolve().unwrap();
+        assert!(
+            NodeConfig::default().cluster.is_none(),
+            "no table: a cluster of one"
+        );
     }
 
     #[test]

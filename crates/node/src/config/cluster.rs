@@ -1,0 +1,240 @@
+//! The `[cluster]` settings: who the members are and how they reach each other.
+//! Membership is static: every member's config lists the same members.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use serde::Deserialize;
+
+use super::{ConfigError, Secret};
+
+/// Most members a cluster may have (one consensus group spans all of them).
+pub const MEMBERS_MAX: usize = 16;
+/// Fewest bytes of a cluster secret.
+pub const SECRET_BYTES_MIN: usize = 16;
+
+/// One member of the cluster.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MemberSettings {
+    /// Its id: members are numbered 0 to n-1.
+    pub id: u8,
+    /// Where the other members reach its replica bus.
+    pub replica_addr: SocketAddr,
+    /// Where clients reach it (what `ClusterInfo` and `NotLeader` tell them).
+    pub client_addr: SocketAddr,
+}
+
+/// The `[cluster]` table. Without it a node is a cluster of one.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ClusterSettings {
+    /// The cluster's name, recorded in every member's data directory: a node refuses a
+    /// data directory of another cluster.
+    pub id: String,
+    /// This node's member id.
+    pub node_id: u8,
+    /// Every member, this one included (`[[cluster.members]]`).
+    pub members: Vec<MemberSettings>,
+    /// Links of the replica bus to each peer (k).
+    pub links_per_peer: u16,
+    /// A peer that stops acknowledging is cut off after this long (TCP_USER_TIMEOUT of
+    /// replica sockets) and its primaries are replaced after missed heartbeats (ms).
+    pub heartbeat_timeout_ms: u64,
+    /// A file holding the cluster secret that authenticates the replica hello (first
+    /// line). Or `BRAID_CLUSTER_SECRET`; never a flag, which would show in `ps`.
+    pub secret_file: Option<PathBuf>,
+    /// The secret from `BRAID_CLUSTER_SECRET`.
+    #[serde(skip)]
+    pub secret: Option<Secret>,
+}
+
+impl Default for ClusterSettings {
+    fn default() -> Self {
+        Self {
+            id: String::new(),
+            node_id: 0,
+            members: Vec::new(),
+            links_per_peer: 1,
+            heartbeat_timeout_ms: 2_000,
+            secret_file: None,
+            secret: None,
+        }
+    }
+}
+
+impl ClusterSettings {
+    /// This node's own entry.
+    pub fn this_member(&self) -> Option<&MemberSettings> {
+        self.members.iter().find(|m| m.id == self.node_id)
+    }
+
+    /// The bus's 64-bit cluster id: FNV-1a of the name, the same on every member.
+    pub fn bus_cluster_id(&self) -> u64 {
+        self.id.bytes().fold(0xcbf2_9ce4_8422_2325, |hash, byte| {
+            (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3)
+        })
+    }
+
+    /// The cluster secret, from the environment or the file.
+    ///
+    /// # Errors
+    /// [`ConfigError`] if the file cannot be read, neither source is set for a cluster
+    /// of more than one, or the secret is shorter than [`SECRET_BYTES_MIN`].
+    pub fn read_secret(&self) -> Result<Option<Vec<u8>>, ConfigError> {
+        let secret = match (&self.secret, &self.secret_file) {
+            (Some(secret), _) => Some(secret.0.clone()),
+            (None, Some(path)) => {
+                let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+                    path: path.clone(),
+                    source,
+                })?;
+                Some(text.lines().next().unwrap_or_default().to_owned())
+            }
+            (None, None) => None,
+        };
+        match secret {
+            None if self.members.len() > 1 => Err(ConfigError::Invalid(
+                "a cluster of more than one needs a secret: cluster.secret_file or \
+                 BRAID_CLUSTER_SECRET"
+                    .into(),
+            )),
+            None => Ok(None),
+            Some(secret) if secret.len() < SECRET_BYTES_MIN => Err(ConfigError::Invalid(format!(
+                "the cluster secret must be at least {SECRET_BYTES_MIN} bytes"
+            ))),
+            Some(secret) => Ok(Some(secret.into_bytes())),
+        }
+    }
+
+    /// Checks the table on its own: a name, members numbered 0 to n-1 with distinct
+    /// addresses, this node among them, k and the heartbeat in range.
+    ///
+    /// # Errors
+    /// [`ConfigError::Invalid`] naming what is wrong.
+    pub fn check(&self) -> Result<(), ConfigError> {
+        let bad = |m: String| Err(ConfigError::Invalid(format!("cluster: {m}")));
+        let name_ok = !self.id.is_empty()
+            && self.id.len() <= 64
+            && self
+                .id
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
+        if !name_ok {
+            return bad(format!(
+                "id {:?} must be 1 to 64 characters of a-z, A-Z, 0-9, '-', '_', '.'",
+                self.id
+            ));
+        }
+        let n = self.members.len();
+        if n == 0 || n > MEMBERS_MAX {
+            return bad(format!("1 to {MEMBERS_MAX} members, not {n}"));
+        }
+        let mut ids: Vec<u8> = self.members.iter().map(|m| m.id).collect();
+        ids.sort_unstable();
+        if ids.iter().enumerate().any(|(i, id)| usize::from(*id) != i) {
+            return bad(format!(
+                "member ids must be 0 to {} once each, not {ids:?}",
+                n - 1
+            ));
+        }
+        for (i, a) in self.members.iter().enumerate() {
+            for b in &self.members[i + 1..] {
+                if a.replica_addr == b.replica_addr || a.client_addr == b.client_addr {
+                    return bad(format!("members {} and {} share an address", a.id, b.id));
+                }
+            }
+        }
+        if self.this_member().is_none() {
+            return bad(format!("node_id {} is not a member", self.node_id));
+        }
+        if !(1..=16).contains(&self.links_per_peer) {
+            return bad(format!("links_per_peer {} (1 to 16)", self.links_per_peer));
+        }
+        if self.heartbeat_timeout_ms < 100 {
+            return bad("heartbeat_timeout_ms must be at least 100".into());
+        }
+        Ok(())
+    }
+}
+
+/// Parses `BRAID_CLUSTER_MEMBERS`: `ID=REPLICA_ADDR/CLIENT_ADDR` entries separated by
+/// commas, e.g. `0=10.0.0.1:7090/10.0.0.1:7070,1=...`.
+///
+/// # Errors
+/// What is wrong with the first bad entry.
+pub fn parse_members(text: &str) -> Result<Vec<MemberSettings>, String> {
+    text.split(',')
+        .map(str::trim)
+        .filter(|entry| !entry.is_empty())
+        .map(|entry| {
+            let (id, addrs) = entry
+                .split_once('=')
+                .ok_or_else(|| format!("{entry:?} is not ID=REPLICA_ADDR/CLIENT_ADDR"))?;
+            let (replica, client) = addrs
+                .split_once('/')
+                .ok_or_else(|| format!("{entry:?} is not ID=REPLICA_ADDR/CLIENT_ADDR"))?;
+            let parse_addr = |a: &str| {
+                a.parse::<SocketAddr>()
+                    .map_err(|e| format!("{a:?} in {entry:?}: {e}"))
+            };
+            Ok(MemberSettings {
+                id: id.parse().map_err(|e| format!("member id {id:?}: {e}"))?,
+                replica_addr: parse_addr(replica)?,
+                client_addr: parse_addr(client)?,
+            })
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn three() -> ClusterSettings {
+        ClusterSettings {
+            id: "test".into(),
+            node_id: 1,
+            members: parse_members(
+                "0=127.0.0.1:7090/127.0.0.1:7070, 1=127.0.0.1:7091/127.0.0.1:7071,2=127.0.0.1:7092/127.0.0.1:7072",
+            )
+            .unwrap(),
+            secret: Some(Secret("0123456789abcdef".into())),
+            ..ClusterSettings::default()
+        }
+    }
+
+    #[test]
+    fn a_cluster_table_is_checked_whole() {
+        let ok = three();
+        ok.check().unwrap();
+        assert_eq!(ok.this_member().unwrap().client_addr.port(), 7071);
+        assert_eq!(ok.read_secret().unwrap().unwrap().len(), 16);
+        let broken = |change: &dyn Fn(&mut ClusterSettings)| {
+            let mut c = three();
+            change(&mut c);
+            c.check().is_err() || c.read_secret().is_err()
+        };
+        assert!(broken(&|c| c.id = String::new()));
+        assert!(broken(&|c| c.id = "a b".into()));
+        assert!(broken(&|c| c.node_id = 3), "not a member");
+        assert!(broken(&|c| c.members[2].id = 5), "ids not 0..n");
+        assert!(broken(&|c| c.members[2].id = 1), "an id twice");
+        assert!(broken(
+            &|c| c.members[2].replica_addr = c.members[0].replica_addr
+        ));
+        assert!(broken(&|c| c.links_per_peer = 0));
+        assert!(broken(&|c| c.heartbeat_timeout_ms = 10));
+        assert!(
+            broken(&|c| c.secret = None),
+            "three members without a secret"
+        );
+        assert!(broken(&|c| c.secret = Some(Secret("short".into()))));
+        assert!(parse_members("0=127.0.0.1:1").is_err());
+        assert!(parse_members("x=127.0.0.1:1/127.0.0.1:2").is_err());
+        assert_ne!(
+            three().bus_cluster_id(),
+            ClusterSettings::default().bus_cluster_id()
+        );
+    }
+}

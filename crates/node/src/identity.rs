@@ -1,0 +1,219 @@
+//! The data directory's identity: which format it is written in and which cluster
+//! and member it belongs to. Claimed on the first start, checked on every later one,
+//! so a node never serves (or replicates) a directory of another cluster, another
+//! member or a format it does not read.
+
+use std::path::Path;
+
+use serde::Deserialize;
+
+/// The data directory format this build reads and writes.
+pub const DATA_DIR_FORMAT: u32 = 1;
+/// The identity file, in the data directory.
+pub(crate) const IDENTITY_FILE: &str = "identity";
+
+/// Why the data directory cannot be used by this node.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum IdentityError {
+    /// The identity file could not be read or written.
+    #[error("data directory identity {path}: {source}")]
+    Io {
+        /// The file.
+        path: std::path::PathBuf,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The identity file is damaged.
+    #[error("data directory identity {path} is damaged: {reason}")]
+    Damaged {
+        /// The file.
+        path: std::path::PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
+    /// Written by another build, in a format this one does not read.
+    #[error(
+        "the data directory is in format {found}, this braid reads format {DATA_DIR_FORMAT} \
+         ({}); use a data directory made by this version",
+        if *found > DATA_DIR_FORMAT { "it is newer: upgrade braid" } else { "it is older" }
+    )]
+    Format {
+        /// The directory's format.
+        found: u32,
+    },
+    /// The directory belongs to another cluster.
+    #[error(
+        "the data directory belongs to cluster {found:?}, not {configured:?}: a node never \
+         joins a cluster with another cluster's data (use an empty data directory)"
+    )]
+    OtherCluster {
+        /// Recorded in the directory.
+        found: String,
+        /// In the config.
+        configured: String,
+    },
+    /// The directory is another member's.
+    #[error(
+        "the data directory is member {found}'s of cluster {cluster:?}, but this node is \
+         configured as member {configured}"
+    )]
+    OtherMember {
+        /// The cluster.
+        cluster: String,
+        /// Recorded in the directory.
+        found: u8,
+        /// In the config.
+        configured: u8,
+    },
+}
+
+/// The identity file's contents.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct Identity {
+    pub(crate) format: u32,
+    pub(crate) cluster_id: String,
+    pub(crate) node_id: u8,
+}
+
+impl Identity {
+    fn render(&self) -> String {
+        format!(
+            "# The identity of a Braid data directory; braid checks it at every start.\n\
+             format = {}\ncluster_id = {:?}\nnode_id = {}\n",
+            self.format, self.cluster_id, self.node_id
+        )
+    }
+}
+
+/// Checks `data_dir`'s identity against the configured cluster (`None`: a cluster of
+/// one, which takes any single-node directory), writing it on the first start. A
+/// directory from before identities existed is format 1 and is claimed. Returns the
+/// identity in force.
+///
+/// # Errors
+/// An [`IdentityError`] saying why the directory is not this node's.
+pub(crate) fn claim(
+    data_dir: &Path,
+    configured: Option<(&str, u8)>,
+    draw_single_id: impl FnOnce() -> String,
+) -> Result<Identity, IdentityError> {
+    let path = data_dir.join(IDENTITY_FILE);
+    let io = |source| IdentityError::Io {
+        path: path.clone(),
+        source,
+    };
+    match std::fs::read_to_string(&path) {
+        Ok(text) => {
+            let found: Identity = toml::from_str(&text).map_err(|e| IdentityError::Damaged {
+                path: path.clone(),
+                reason: e.to_string(),
+            })?;
+            if found.format != DATA_DIR_FORMAT {
+                return Err(IdentityError::Format {
+                    found: found.format,
+                });
+            }
+            if let Some((cluster, node)) = configured {
+                if found.cluster_id != cluster {
+                    return Err(IdentityError::OtherCluster {
+                        found: found.cluster_id,
+                        configured: cluster.to_owned(),
+                    });
+                }
+                if found.node_id != node {
+                    return Err(IdentityError::OtherMember {
+                        cluster: found.cluster_id,
+                        found: found.node_id,
+                        configured: node,
+                    });
+                }
+            }
+            Ok(found)
+        }
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => {
+            let (cluster_id, node_id) = match configured {
+                Some((cluster, node)) => (cluster.to_owned(), node),
+                None => (draw_single_id(), 0),
+            };
+            let identity = Identity {
+                format: DATA_DIR_FORMAT,
+                cluster_id,
+                node_id,
+            };
+            let tmp = data_dir.join(format!("{IDENTITY_FILE}.tmp"));
+            let tmp_io = |source| IdentityError::Io {
+                path: tmp.clone(),
+                source,
+            };
+            write_synced(&tmp, identity.render().as_bytes()).map_err(tmp_io)?;
+            std::fs::rename(&tmp, &path).map_err(io)?;
+            braid_storage::sync_dir(data_dir).map_err(io)?;
+            Ok(identity)
+        }
+        Err(err) => Err(io(err)),
+    }
+}
+
+fn write_synced(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    let mut file = std::fs::File::create(path)?;
+    file.write_all(bytes)?;
+    file.sync_all()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_directory_is_claimed_once_and_refused_to_strangers() {
+        let dir = tempfile::tempdir().unwrap();
+        let single = claim(dir.path(), None, || "local-1".into()).unwrap();
+        assert_eq!((single.cluster_id.as_str(), single.node_id), ("local-1", 0));
+        // Later starts keep it, whatever they would draw.
+        let again = claim(dir.path(), None, || "local-2".into()).unwrap();
+        assert_eq!(again, single);
+        let other = claim(dir.path(), Some(("prod", 0)), String::new).unwrap_err();
+        assert!(
+            matches!(other, IdentityError::OtherCluster { .. }),
+            "{other}"
+        );
+        assert!(other.to_string().contains("local-1") && other.to_string().contains("prod"));
+
+        let member = tempfile::tempdir().unwrap();
+        claim(member.path(), Some(("prod", 2)), String::new).unwrap();
+        claim(member.path(), Some(("prod", 2)), String::new).unwrap();
+        let swapped = claim(member.path(), Some(("prod", 1)), String::new).unwrap_err();
+        assert!(
+            matches!(swapped, IdentityError::OtherMember { found: 2, .. }),
+            "{swapped}"
+        );
+
+        let path = member.path().join(IDENTITY_FILE);
+        for (format, word) in [(0, "older"), (99, "newer")] {
+            let text = std::fs::read_to_string(&path).unwrap();
+            let text = text
+                .lines()
+                .map(|l| {
+                    if l.starts_with("format") {
+                        format!("format = {format}")
+                    } else {
+                        l.to_owned()
+                    }
+                })
+                .collect::<Vec<_>>()
+                .join("\n");
+            std::fs::write(&path, text).unwrap();
+            let refused = claim(member.path(), Some(("prod", 2)), String::new).unwrap_err();
+            assert!(refused.to_string().contains(word), "{refused}");
+        }
+        std::fs::write(&path, "format = \"one\"").unwrap();
+        assert!(matches!(
+            claim(member.path(), None, String::new),
+            Err(IdentityError::Damaged { .. })
+        ));
+    }
+}
