@@ -33,6 +33,7 @@ pub mod metadata;
 mod metrics;
 mod node;
 mod partition;
+mod replication;
 mod shard;
 mod tls;
 

@@ -1,0 +1,5 @@
+//! Replication of the node's groups with `braid_vsr`: the state machines the groups
+//! apply. The host that feeds each shard's replicas, and the glue to the replica bus,
+//! join here as the cluster work lands.
+
+pub(crate) mod machine;
