@@ -1,5 +1,6 @@
 //! Replication of the node's groups with `braid_vsr`: the state machines the groups
-//! apply. The host that feeds each shard's replicas, and the glue to the replica bus,
+//! apply, and the store of their durable states. The host that feeds each shard's replicas, and the glue to the replica bus,
 //! join here as the cluster work lands.
 
 pub(crate) mod machine;
+pub(crate) mod states;

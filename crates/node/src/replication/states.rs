@@ -1,0 +1,462 @@
+//! The durable states (view, log view, commit) of every group a shard hosts, in one
+//! pair of files, written whole and synced once per batch: a thousand groups whose
+//! view changes at once cost one `fdatasync`, not a thousand.
+//!
+//! Each write replaces the older of two copies (`shard-N.0`, `shard-N.1`) with the
+//! whole table: magic, batch number, the groups and their `DurableState` slots, and a
+//! CRC32C over all of it. A crash can tear only the copy being written; the other holds
+//! the previous batch, whose states are all a replica may resume from (the torn batch
+//! was never reported written, so nothing was sent on its behalf). On open the intact
+//! copy with the higher batch number wins; if no copy is intact the shard refuses to
+//! start rather than let replicas forget views they voted in.
+
+// The replication host writes through this once it runs; until then only the tests do.
+#![cfg_attr(not(test), allow(dead_code))]
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use braid_storage::disk;
+use braid_vsr::DurableState;
+
+const MAGIC: &[u8; 8] = b"BRDVST01";
+/// Bytes of one group's entry: its id and its slot.
+const ENTRY_BYTES: usize = 8 + DurableState::ENCODED_BYTES;
+/// Bytes around the entries: magic, batch number, count, and the CRC32C at the end.
+const FRAME_BYTES: usize = MAGIC.len() + 8 + 4 + 4;
+
+/// Why the states could not be read or written.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub(crate) enum StatesError {
+    /// A disk operation failed.
+    #[error("replica states {path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Neither copy is intact.
+    #[error(
+        "replica states in {dir}: no intact copy ({reason}); the replicas' views cannot \
+         be recovered, so the node does not start"
+    )]
+    NoIntactCopy {
+        /// The directory.
+        dir: PathBuf,
+        /// What was wrong with each copy.
+        reason: String,
+    },
+    /// A write failed earlier: what reached the disk is unknown until a restart.
+    #[error("replica states are poisoned by an earlier failed write; restart the node")]
+    Poisoned,
+}
+
+/// One shard's group states.
+#[derive(Debug)]
+pub(crate) struct GroupStates {
+    dir: PathBuf,
+    shard: usize,
+    /// The states as of the last write, and those staged since.
+    states: BTreeMap<u64, DurableState>,
+    /// Groups whose state changed since the last write, in the order staged.
+    staged: Vec<u64>,
+    /// The batch number of the newest copy on disk.
+    batch: u64,
+    poisoned: bool,
+}
+
+fn copy_path(dir: &Path, shard: usize, copy: u64) -> PathBuf {
+    dir.join(format!("shard-{shard}.{copy}"))
+}
+
+fn encode(batch: u64, states: &BTreeMap<u64, DurableState>) -> Vec<u8> {
+    let mut out = Vec::with_capacity(FRAME_BYTES + states.len() * ENTRY_BYTES);
+    out.extend_from_slice(MAGIC);
+    out.extend_from_slice(&batch.to_be_bytes());
+    out.extend_from_slice(&(states.len() as u32).to_be_bytes());
+    for (group, state) in states {
+        out.extend_from_slice(&group.to_be_bytes());
+        out.extend_from_slice(&state.encode(batch));
+    }
+    let crc = crc32c::crc32c(&out);
+    out.extend_from_slice(&crc.to_be_bytes());
+    out
+}
+
+/// A copy's batch number and table, or why it is not intact.
+fn decode(bytes: &[u8]) -> Result<(u64, BTreeMap<u64, DurableState>), String> {
+    if bytes.len() < FRAME_BYTES || &bytes[..MAGIC.len()] != MAGIC {
+        return Err(format!("{} bytes without the magic", bytes.len()));
+    }
+    let (body, crc) = bytes.split_at(bytes.len() - 4);
+    if crc32c::crc32c(body) != u32::from_be_bytes([crc[0], crc[1], crc[2], crc[3]]) {
+        return Err("checksum mismatch".into());
+    }
+    let word = |at: usize| {
+        let mut b = [0u8; 8];
+        b.copy_from_slice(&body[at..at + 8]);
+        u64::from_be_bytes(b)
+    };
+    let batch = word(8);
+    let count = u32::from_be_bytes([body[16], body[17], body[18], body[19]]) as usize;
+    let entries = &body[20..];
+    if entries.len() != count * ENTRY_BYTES {
+        return Err(format!("{count} groups in {} bytes", entries.len()));
+    }
+    let mut states = BTreeMap::new();
+    for entry in entries.chunks_exact(ENTRY_BYTES) {
+        let mut id = [0u8; 8];
+        id.copy_from_slice(&entry[..8]);
+        let (_, state) = DurableState::decode(&entry[8..]).map_err(|e| e.to_string())?;
+        states.insert(u64::from_be_bytes(id), state);
+    }
+    Ok((batch, states))
+}
+
+fn io(path: &Path) -> impl Fn(std::io::Error) -> StatesError + '_ {
+    move |source| StatesError::Io {
+        path: path.to_owned(),
+        source,
+    }
+}
+
+/// Reads a copy: `None` if it does not exist.
+fn read_copy(path: &Path) -> Result<Option<Vec<u8>>, StatesError> {
+    match std::fs::read(path) {
+        Ok(bytes) => Ok(Some(bytes)),
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(err) => Err(io(path)(err)),
+    }
+}
+
+impl GroupStates {
+    /// Opens shard `shard`'s states in `dir` (made durable if new), choosing the intact
+    /// copy with the higher batch number.
+    ///
+    /// # Errors
+    /// [`StatesError::NoIntactCopy`] when copies exist and none is intact, or an IO
+    /// error.
+    pub(crate) fn open(dir: &Path, shard: usize) -> Result<Self, StatesError> {
+        braid_storage::create_dir_durable(dir).map_err(io(dir))?;
+        let paths = [copy_path(dir, shard, 0), copy_path(dir, shard, 1)];
+        let copies = [read_copy(&paths[0])?, read_copy(&paths[1])?];
+        let mut store = Self {
+            dir: dir.to_owned(),
+            shard,
+            states: BTreeMap::new(),
+            staged: Vec::new(),
+            batch: 0,
+            poisoned: false,
+        };
+        if copies.iter().all(Option::is_none) {
+            // A new shard: an empty table as copy 0, put in place whole (written,
+            // synced, renamed, the rename synced), so that from here on a copy that
+            // does not decode is damage, never "not written yet".
+            let tmp = dir.join(format!("shard-{shard}.tmp"));
+            disk::write_file(&tmp, &encode(0, &store.states)).map_err(io(&tmp))?;
+            let file = std::fs::File::open(&tmp).map_err(io(&tmp))?;
+            disk::sync_data(&file, &tmp).map_err(io(&tmp))?;
+            disk::rename(&tmp, &paths[0]).map_err(io(&paths[0]))?;
+            disk::sync_dir(dir).map_err(io(dir))?;
+            return Ok(store);
+        }
+        let mut reasons = Vec::new();
+        let mut best: Option<(u64, BTreeMap<u64, DurableState>)> = None;
+        for (path, copy) in paths.iter().zip(copies) {
+            let Some(bytes) = copy else {
+                reasons.push(format!("{}: absent", path.display()));
+                continue;
+            };
+            match decode(&bytes) {
+                Ok((batch, states)) if best.as_ref().is_none_or(|(b, _)| batch > *b) => {
+                    best = Some((batch, states));
+                }
+                Ok(_) => {}
+                Err(reason) => reasons.push(format!("{}: {reason}", path.display())),
+            }
+        }
+        let Some((batch, states)) = best else {
+            return Err(StatesError::NoIntactCopy {
+                dir: dir.to_owned(),
+                reason: reasons.join("; "),
+            });
+        };
+        store.batch = batch;
+        store.states = states;
+        Ok(store)
+    }
+
+    /// The durable state of `group`, if it has one.
+    pub(crate) fn get(&self, group: u64) -> Option<DurableState> {
+        self.states.get(&group).copied()
+    }
+
+    /// Every group with a state.
+    pub(crate) fn groups(&self) -> impl Iterator<Item = (u64, DurableState)> + '_ {
+        self.states.iter().map(|(g, s)| (*g, *s))
+    }
+
+    /// Stages `state` for `group` (a replica's `WriteState`); written by the next
+    /// [`GroupStates::write_staged`].
+    pub(crate) fn stage(&mut self, group: u64, state: DurableState) {
+        self.states.insert(group, state);
+        if !self.staged.contains(&group) {
+            self.staged.push(group);
+        }
+    }
+
+    /// Forgets a deleted group (written with the next batch).
+    pub(crate) fn remove(&mut self, group: u64) {
+        if self.states.remove(&group).is_some() && !self.staged.contains(&group) {
+            self.staged.push(group);
+        }
+    }
+
+    /// Whether anything waits to be written.
+    pub(crate) fn has_staged(&self) -> bool {
+        !self.staged.is_empty()
+    }
+
+    /// Writes the whole table over the older copy and syncs it: one `fdatasync` for
+    /// every state staged since the last write. Returns the staged groups with the
+    /// states now durable (each replica gets its `StateWritten`); still present groups
+    /// only.
+    ///
+    /// # Errors
+    /// An IO error poisons the store: every later write is refused
+    /// ([`StatesError::Poisoned`]) until a restart reads what reached the disk.
+    pub(crate) fn write_staged(&mut self) -> Result<Vec<(u64, DurableState)>, StatesError> {
+        if self.poisoned {
+            return Err(StatesError::Poisoned);
+        }
+        if self.staged.is_empty() {
+            return Ok(Vec::new());
+        }
+        let batch = self.batch + 1;
+        let path = copy_path(&self.dir, self.shard, batch % 2);
+        let bytes = encode(batch, &self.states);
+        let written = (|| {
+            let (file, created) = disk::open_or_create(&path)?;
+            disk::write_at(&file, &path, &bytes, 0)?;
+            disk::set_len(&file, &path, bytes.len() as u64)?;
+            disk::sync_data(&file, &path)?;
+            if created {
+                disk::sync_dir(&self.dir)?;
+            }
+            Ok(())
+        })();
+        if let Err(err) = written {
+            self.poisoned = true;
+            return Err(io(&path)(err));
+        }
+        self.batch = batch;
+        let staged = std::mem::take(&mut self.staged);
+        Ok(staged
+            .into_iter()
+            .filter_map(|g| self.states.get(&g).map(|s| (g, *s)))
+            .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use braid_storage::disk::hook::{self, Plan};
+
+    fn state(view: u64, commit: u64) -> DurableState {
+        DurableState {
+            view,
+            log_view: view,
+            commit,
+            journal_trusted_through: u64::MAX,
+        }
+    }
+
+    #[test]
+    fn a_batch_is_one_write_and_the_newest_intact_copy_wins() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut states = GroupStates::open(dir.path(), 3).unwrap();
+        assert_eq!(states.groups().count(), 0);
+        for group in 0..1000 {
+            states.stage(group, state(1, group));
+        }
+        hook::install(Plan::default());
+        let durable = states.write_staged().unwrap();
+        let syncs = hook::take().unwrap().seen;
+        assert_eq!(durable.len(), 1000);
+        assert!(
+            syncs <= 6,
+            "{syncs} disk operations for a batch of 1000 groups"
+        );
+        assert!(!states.has_staged());
+        states.stage(7, state(2, 9));
+        states.remove(8);
+        assert!(states.has_staged());
+        assert_eq!(states.write_staged().unwrap(), vec![(7, state(2, 9))]);
+        assert!(states.write_staged().unwrap().is_empty(), "nothing staged");
+        let reopened = GroupStates::open(dir.path(), 3).unwrap();
+        assert_eq!(reopened.get(7), Some(state(2, 9)));
+        assert_eq!(reopened.get(8), None);
+        assert_eq!(reopened.groups().count(), 999);
+
+        // The newest copy (batch 2, in shard-3.0) torn: batch 1's table is used.
+        let newest = dir.path().join("shard-3.0");
+        let mut bytes = std::fs::read(&newest).unwrap();
+        bytes[100] ^= 1;
+        std::fs::write(&newest, &bytes).unwrap();
+        let older = GroupStates::open(dir.path(), 3).unwrap();
+        assert_eq!(older.get(7), Some(state(1, 7)));
+        assert_eq!(older.get(8), Some(state(1, 8)));
+        // Both damaged: refused, naming each copy.
+        std::fs::write(dir.path().join("shard-3.1"), b"BRDVST01garbage").unwrap();
+        let refused = GroupStates::open(dir.path(), 3).unwrap_err();
+        assert!(refused.to_string().contains("shard-3.0"), "{refused}");
+        assert!(refused.to_string().contains("shard-3.1"), "{refused}");
+    }
+
+    /// One batch: groups' new states, and groups removed.
+    type Batch = (Vec<(u64, DurableState)>, Vec<u64>);
+
+    /// The batches of a workload: each a few groups' new states, some removals.
+    fn workload() -> Vec<Batch> {
+        (1..=6u64)
+            .map(|b| {
+                let staged = (0..3)
+                    .map(|g| ((b + g) % 5, state(b, b * 10 + g)))
+                    .collect();
+                let removed = if b % 3 == 0 { vec![b % 5] } else { Vec::new() };
+                (staged, removed)
+            })
+            .collect()
+    }
+
+    fn table_after(batches: usize) -> BTreeMap<u64, DurableState> {
+        let mut table = BTreeMap::new();
+        for (staged, removed) in workload().into_iter().take(batches) {
+            table.extend(staged);
+            for g in removed {
+                table.remove(&g);
+            }
+        }
+        table
+    }
+
+    fn stage_batch(states: &mut GroupStates, (staged, removed): Batch) {
+        for (g, s) in staged {
+            states.stage(g, s);
+        }
+        for g in removed {
+            states.remove(g);
+        }
+    }
+
+    fn run(dir: &Path) -> Result<usize, StatesError> {
+        let mut states = GroupStates::open(dir, 0)?;
+        let mut written = 0;
+        for batch in workload() {
+            stage_batch(&mut states, batch);
+            states.write_staged()?;
+            written += 1;
+        }
+        Ok(written)
+    }
+
+    /// Cut at every sync boundary, every way the POSIX model allows: the states open,
+    /// and are those of the last batch whose write returned, or of the one in flight.
+    #[test]
+    fn every_crash_state_opens_to_the_last_written_batch_or_the_next() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("replication");
+        hook::install(Plan {
+            tracing: true,
+            ..Plan::default()
+        });
+        let trace_len = || {
+            hook::take().map_or(0, |plan| {
+                let len = plan.trace.len();
+                hook::install(plan);
+                len
+            })
+        };
+        let mut acks = Vec::new();
+        {
+            // Record where in the trace each batch's write returned.
+            let mut states = GroupStates::open(&dir, 0).unwrap();
+            acks.push(trace_len());
+            for batch in workload() {
+                stage_batch(&mut states, batch);
+                states.write_staged().unwrap();
+                acks.push(trace_len());
+            }
+        }
+        let trace = hook::take().unwrap().trace;
+        let checked =
+            braid_storage::crash::for_each_crash_state(&trace, root.path(), |at, how, out| {
+                let written = acks.iter().filter(|&&events| events <= at).count();
+                let dir = out.join("replication");
+                if written == 0 {
+                    // Cut before the first open returned: anything but damage passes.
+                    if let Ok(states) = GroupStates::open(&dir, 0) {
+                        assert_eq!(states.groups().count(), 0, "cut at {at}, {how}");
+                    }
+                    return;
+                }
+                let states = GroupStates::open(&dir, 0)
+                    .unwrap_or_else(|e| panic!("cut at {at}, {how}: {e}"));
+                let found: BTreeMap<u64, DurableState> = states.groups().collect();
+                let batches = written - 1;
+                assert!(
+                    found == table_after(batches) || found == table_after(batches + 1),
+                    "cut at {at}, {how}: {found:?} after {batches} batches"
+                );
+            });
+        assert!(checked > 50, "{checked} crash states");
+    }
+
+    /// Each disk operation failed in turn: the failing call errors, later writes are
+    /// refused, and a reopen finds the last written batch or the one that failed.
+    #[test]
+    fn a_failed_write_poisons_and_a_reopen_finds_a_written_batch() {
+        hook::install(Plan::default());
+        let root = tempfile::tempdir().unwrap();
+        run(&root.path().join("r")).unwrap();
+        let operations = hook::take().unwrap().seen;
+        for at in 0..operations {
+            let root = tempfile::tempdir().unwrap();
+            let dir = root.path().join("r");
+            hook::install(Plan {
+                fail_at: Some((at, std::io::ErrorKind::Other)),
+                ..Plan::default()
+            });
+            let mut states = GroupStates::open(&dir, 0);
+            let mut written = 0;
+            if let Ok(states) = states.as_mut() {
+                for batch in workload() {
+                    stage_batch(states, batch);
+                    if states.write_staged().is_err() {
+                        states.stage(0, state(99, 99));
+                        assert!(matches!(states.write_staged(), Err(StatesError::Poisoned)));
+                        break;
+                    }
+                    written += 1;
+                }
+            }
+            hook::take();
+            let Ok(reopened) = GroupStates::open(&dir, 0) else {
+                assert!(
+                    states.is_err(),
+                    "failure at {at}: a reopen after a good open failed"
+                );
+                continue;
+            };
+            let found: BTreeMap<u64, DurableState> = reopened.groups().collect();
+            assert!(
+                found == table_after(written) || found == table_after(written + 1),
+                "failure at {at}: {found:?} after {written} batches"
+            );
+        }
+    }
+}
