@@ -1,0 +1,426 @@
+//! A VSR journal in one append-only file, for a small group (the metadata, group 0):
+//! every journal output of the replica is one CRC-framed record, and replaying the
+//! records rebuilds the slots the replica restarts from.
+//!
+//! Records are `length: u32, crc32c: u32, kind: u8, payload`, the CRC over length,
+//! kind and payload (so zero-filled extents never pass). Kinds: 1 a prepare (encoded
+//! header, body), 2 a header whose body must be repaired, 3 a truncation (entries above
+//! an op go), 4 a prune (entries at or below an op go), 5 an op whose entry was lost to
+//! damage (so it is reported damaged, never absent, until it is written again). Writes are appended unsynced;
+//! [`JournalFile::sync`] makes them durable, and only then does the host report them
+//! written, so one `fdatasync` covers every write of a turn.
+//!
+//! Opening cuts a torn tail (a bad record that no intact record follows). Damage that
+//! intact records follow is not cut and not trusted: a lost truncation could bring a
+//! stale prepare back, so every op above the prune point is reported damaged (and the
+//! file rewritten so), and the replica repairs them from its peers. The file is rewritten with only its live
+//! slots when it grows past [`COMPACT_BYTES`].
+
+// Group 0's host writes through this once it runs; until then only the tests do.
+#![cfg_attr(not(test), allow(dead_code))]
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use braid_storage::disk;
+use braid_vsr::{Header, JournalSlot, Prepare};
+
+const MAGIC: &[u8; 8] = b"BRDJNL01";
+/// Bytes before a record's payload: length, CRC, kind.
+const RECORD_HEAD: usize = 4 + 4 + 1;
+/// Largest record accepted on replay (a metadata op is far smaller).
+const RECORD_BYTES_MAX: usize = 64 << 20;
+/// The file is rewritten with its live slots when it grows past this.
+pub(crate) const COMPACT_BYTES: u64 = 4 << 20;
+
+const KIND_PREPARE: u8 = 1;
+const KIND_HEADER: u8 = 2;
+const KIND_TRUNCATE: u8 = 3;
+const KIND_PRUNE: u8 = 4;
+const KIND_DAMAGED: u8 = 5;
+
+/// Why the journal could not be read or written.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub(crate) enum JournalError {
+    /// A disk operation failed.
+    #[error("journal {path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The file is not a journal.
+    #[error("journal {path}: not a journal file (bad magic)")]
+    NotAJournal {
+        /// The file.
+        path: PathBuf,
+    },
+    /// A write failed earlier: what reached the disk is unknown until a restart.
+    #[error("journal {0} is poisoned by an earlier failed write; restart the node")]
+    Poisoned(PathBuf),
+}
+
+/// What opening found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Recovered {
+    /// The slots, by op, for `Persisted::journal`.
+    pub(crate) slots: Vec<(u64, JournalSlot)>,
+    /// Bytes cut from a torn tail.
+    pub(crate) torn_tail_bytes: u64,
+    /// Entries at or below this op were pruned (a checkpoint covers them).
+    pub(crate) pruned_through: u64,
+    /// Damage with intact records after it was found at this byte: every slot above
+    /// the prune point is reported damaged.
+    pub(crate) damaged_at: Option<u64>,
+}
+
+/// An entry in memory: a whole prepare, a header alone, or an op known to have been
+/// written whose bytes were lost to damage (kept so it is never reported absent).
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Entry {
+    Prepare(Prepare),
+    Header(Header),
+    Damaged(u64),
+}
+
+/// One group's journal file.
+#[derive(Debug)]
+pub(crate) struct JournalFile {
+    path: PathBuf,
+    file: File,
+    len: u64,
+    entries: BTreeMap<u64, Entry>,
+    /// Entries at or below this op were pruned.
+    pruned_through: u64,
+    poisoned: bool,
+}
+
+fn record(kind: u8, payload: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(RECORD_HEAD + payload.len());
+    out.extend_from_slice(&(payload.len() as u32).to_be_bytes());
+    out.extend_from_slice(&[0; 4]);
+    out.push(kind);
+    out.extend_from_slice(payload);
+    let crc = record_crc(&out[..4], kind, payload);
+    out[4..8].copy_from_slice(&crc.to_be_bytes());
+    out
+}
+
+fn record_crc(len: &[u8], kind: u8, payload: &[u8]) -> u32 {
+    let crc = crc32c::crc32c(len);
+    let crc = crc32c::crc32c_append(crc, &[kind]);
+    crc32c::crc32c_append(crc, payload)
+}
+
+/// A record's meaning.
+#[derive(Debug)]
+enum Decoded {
+    Entry(Entry),
+    Truncate(u64),
+    Prune(u64),
+}
+
+/// The record at the start of `bytes` and its length, if its frame is intact and its
+/// payload decodes (an intact frame around a payload that does not is damage too).
+fn parse(bytes: &[u8]) -> Option<(Decoded, usize)> {
+    let head = bytes.get(..RECORD_HEAD)?;
+    let len = u32::from_be_bytes([head[0], head[1], head[2], head[3]]) as usize;
+    if len > RECORD_BYTES_MAX {
+        return None;
+    }
+    let crc = u32::from_be_bytes([head[4], head[5], head[6], head[7]]);
+    let kind = head[8];
+    let payload = bytes.get(RECORD_HEAD..RECORD_HEAD + len)?;
+    if record_crc(&head[..4], kind, payload) != crc {
+        return None;
+    }
+    let op = || payload.try_into().ok().map(u64::from_be_bytes);
+    let decoded = match kind {
+        KIND_PREPARE | KIND_HEADER => {
+            let header = Header::decode(payload.get(..Header::ENCODED_BYTES)?).ok()?;
+            let body = &payload[Header::ENCODED_BYTES..];
+            if kind == KIND_HEADER {
+                if !body.is_empty() {
+                    return None;
+                }
+                Decoded::Entry(Entry::Header(header))
+            } else {
+                let prepare = Prepare {
+                    header,
+                    body: body.to_vec(),
+                };
+                if !prepare.valid() {
+                    return None;
+                }
+                Decoded::Entry(Entry::Prepare(prepare))
+            }
+        }
+        KIND_TRUNCATE => Decoded::Truncate(op()?),
+        KIND_PRUNE => Decoded::Prune(op()?),
+        KIND_DAMAGED => Decoded::Entry(Entry::Damaged(op()?)),
+        _ => return None,
+    };
+    Some((decoded, RECORD_HEAD + len))
+}
+
+impl Entry {
+    fn op(&self) -> u64 {
+        match self {
+            Self::Prepare(p) => p.header.op,
+            Self::Header(h) => h.op,
+            Self::Damaged(op) => *op,
+        }
+    }
+
+    fn slot(&self) -> JournalSlot {
+        match self {
+            Self::Prepare(p) => JournalSlot::Prepare(p.clone()),
+            Self::Header(h) => JournalSlot::Header(*h),
+            Self::Damaged(_) => JournalSlot::Damaged,
+        }
+    }
+
+    fn record(&self) -> Vec<u8> {
+        match self {
+            Self::Prepare(p) => {
+                let mut payload = p.header.encode().to_vec();
+                payload.extend_from_slice(&p.body);
+                record(KIND_PREPARE, &payload)
+            }
+            Self::Header(h) => record(KIND_HEADER, &h.encode()),
+            Self::Damaged(op) => record(KIND_DAMAGED, &op.to_be_bytes()),
+        }
+    }
+}
+
+fn replay(entries: &mut BTreeMap<u64, Entry>, pruned: &mut u64, decoded: Decoded) {
+    match decoded {
+        Decoded::Entry(entry) => {
+            if entry.op() > *pruned {
+                entries.insert(entry.op(), entry);
+            }
+        }
+        Decoded::Truncate(op) => entries.retain(|o, _| *o <= op),
+        Decoded::Prune(op) => {
+            *pruned = (*pruned).max(op);
+            entries.retain(|o, _| *o > op);
+        }
+    }
+}
+
+fn io(path: &Path) -> impl Fn(std::io::Error) -> JournalError + '_ {
+    move |source| JournalError::Io {
+        path: path.to_owned(),
+        source,
+    }
+}
+
+impl JournalFile {
+    /// Opens (or creates, durably) the journal at `path`.
+    ///
+    /// # Errors
+    /// IO errors, or a file that is not a journal.
+    pub(crate) fn open(path: &Path) -> Result<(Self, Recovered), JournalError> {
+        let dir = path.parent().unwrap_or(Path::new("."));
+        braid_storage::create_dir_durable(dir).map_err(io(dir))?;
+        let (file, created) = disk::open_or_create(path).map_err(io(path))?;
+        let bytes = if created {
+            disk::write_at(&file, path, MAGIC, 0).map_err(io(path))?;
+            disk::sync_data(&file, path).map_err(io(path))?;
+            disk::sync_dir(dir).map_err(io(dir))?;
+            MAGIC.to_vec()
+        } else {
+            std::fs::read(path).map_err(io(path))?
+        };
+        if bytes.len() < MAGIC.len() || &bytes[..MAGIC.len()] != MAGIC {
+            // A magic torn at creation leaves a file shorter than it: nothing was
+            // ever written into it.
+            if bytes.len() < MAGIC.len() && MAGIC.starts_with(&bytes) {
+                disk::write_at(&file, path, MAGIC, 0).map_err(io(path))?;
+                disk::sync_data(&file, path).map_err(io(path))?;
+                return Self::open(path);
+            }
+            return Err(JournalError::NotAJournal {
+                path: path.to_owned(),
+            });
+        }
+        let mut entries = BTreeMap::new();
+        let mut pruned = 0u64;
+        let mut at = MAGIC.len();
+        let mut damaged_at = None;
+        let mut highest_op = 0u64;
+        while at < bytes.len() {
+            match parse(&bytes[at..]) {
+                Some((decoded, total)) => {
+                    if let Decoded::Entry(entry) = &decoded {
+                        highest_op = highest_op.max(entry.op());
+                    }
+                    replay(&mut entries, &mut pruned, decoded);
+                    at += total;
+                }
+                None => {
+                    // Damage, or the torn tail: intact records after it tell which.
+                    let next = (at + 1..bytes.len()).find(|&o| parse(&bytes[o..]).is_some());
+                    match next {
+                        None => break,
+                        Some(next) => {
+                            damaged_at.get_or_insert(at as u64);
+                            at = next;
+                        }
+                    }
+                }
+            }
+        }
+        let torn_tail_bytes = (bytes.len() - at) as u64;
+        if torn_tail_bytes > 0 {
+            tracing::warn!(
+                path = %path.display(),
+                at,
+                bytes = torn_tail_bytes,
+                "cutting the journal's torn tail"
+            );
+            disk::set_len(&file, path, at as u64).map_err(io(path))?;
+            disk::sync_data(&file, path).map_err(io(path))?;
+        }
+        if let Some(damage) = damaged_at {
+            tracing::warn!(
+                path = %path.display(),
+                at = damage,
+                "journal damaged with intact records after it: every op above the prune \
+                 point is marked damaged and will be repaired from peers"
+            );
+            // Nothing read is trusted (a lost truncation could bring a stale prepare
+            // back), but every op written must stay known.
+            entries = (pruned + 1..=highest_op.max(pruned))
+                .map(|op| (op, Entry::Damaged(op)))
+                .collect();
+        }
+        let slots = entries.iter().map(|(op, e)| (*op, e.slot())).collect();
+        let journal = Self {
+            path: path.to_owned(),
+            file,
+            len: at as u64,
+            entries,
+            pruned_through: pruned,
+            poisoned: false,
+        };
+        let mut journal = journal;
+        if damaged_at.is_some() {
+            // Rewritten now, so the damage is not found again at every start.
+            journal.compact()?;
+        }
+        let recovered = Recovered {
+            slots,
+            torn_tail_bytes,
+            pruned_through: journal.pruned_through,
+            damaged_at,
+        };
+        Ok((journal, recovered))
+    }
+
+    fn append_record(&mut self, bytes: Vec<u8>) -> Result<(), JournalError> {
+        if self.poisoned {
+            return Err(JournalError::Poisoned(self.path.clone()));
+        }
+        if let Err(err) = disk::write_at(&self.file, &self.path, &bytes, self.len) {
+            self.poisoned = true;
+            return Err(io(&self.path)(err));
+        }
+        self.len += bytes.len() as u64;
+        Ok(())
+    }
+
+    /// Appends a prepare (replacing any entry at its op); durable at the next sync.
+    pub(crate) fn write_prepare(&mut self, prepare: &Prepare) -> Result<(), JournalError> {
+        self.write_entry(Entry::Prepare(prepare.clone()))
+    }
+
+    /// Appends a header without its body.
+    pub(crate) fn write_header(&mut self, header: &Header) -> Result<(), JournalError> {
+        self.write_entry(Entry::Header(*header))
+    }
+
+    fn write_entry(&mut self, entry: Entry) -> Result<(), JournalError> {
+        self.append_record(entry.record())?;
+        self.entries.insert(entry.op(), entry);
+        Ok(())
+    }
+
+    /// Removes entries above `op`.
+    pub(crate) fn truncate(&mut self, op: u64) -> Result<(), JournalError> {
+        self.append_record(record(KIND_TRUNCATE, &op.to_be_bytes()))?;
+        self.entries.retain(|o, _| *o <= op);
+        Ok(())
+    }
+
+    /// Removes entries at or below `op` (a checkpoint covers them).
+    pub(crate) fn prune(&mut self, op: u64) -> Result<(), JournalError> {
+        self.append_record(record(KIND_PRUNE, &op.to_be_bytes()))?;
+        self.pruned_through = self.pruned_through.max(op);
+        self.entries.retain(|o, _| *o > op);
+        Ok(())
+    }
+
+    /// The prepare at `op`, if held whole with `checksum` (a repair answer).
+    pub(crate) fn prepare(&self, op: u64, checksum: braid_vsr::Checksum) -> Option<&Prepare> {
+        match self.entries.get(&op) {
+            Some(Entry::Prepare(p)) if p.header.checksum == checksum => Some(p),
+            _ => None,
+        }
+    }
+
+    /// Makes every write so far durable (then the host reports them written), and
+    /// rewrites the file with its live entries when it has grown past
+    /// [`COMPACT_BYTES`].
+    ///
+    /// # Errors
+    /// An IO error poisons the journal.
+    pub(crate) fn sync(&mut self) -> Result<(), JournalError> {
+        if self.poisoned {
+            return Err(JournalError::Poisoned(self.path.clone()));
+        }
+        if let Err(err) = disk::sync_data(&self.file, &self.path) {
+            self.poisoned = true;
+            return Err(io(&self.path)(err));
+        }
+        if self.len > COMPACT_BYTES {
+            if let Err(err) = self.compact() {
+                self.poisoned = true;
+                return Err(err);
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes the live entries to a new file, syncs it and renames it over this one.
+    fn compact(&mut self) -> Result<(), JournalError> {
+        let tmp = self.path.with_extension("compact");
+        let mut bytes = MAGIC.to_vec();
+        if self.pruned_through > 0 {
+            bytes.extend(record(KIND_PRUNE, &self.pruned_through.to_be_bytes()));
+        }
+        for entry in self.entries.values() {
+            bytes.extend(entry.record());
+        }
+        disk::write_file(&tmp, &bytes).map_err(io(&tmp))?;
+        let file = File::options()
+            .read(true)
+            .write(true)
+            .open(&tmp)
+            .map_err(io(&tmp))?;
+        disk::sync_data(&file, &tmp).map_err(io(&tmp))?;
+        disk::rename(&tmp, &self.path).map_err(io(&self.path))?;
+        let dir = self.path.parent().unwrap_or(Path::new("."));
+        disk::sync_dir(dir).map_err(io(dir))?;
+        self.file = file;
+        self.len = bytes.len() as u64;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,331 @@
+use super::*;
+use braid_storage::disk::hook::{self, Plan};
+use braid_vsr::{checksum, Operation};
+
+/// The prepare at `op` whose body is `body`, chained to `parent`.
+fn prepare(op: u64, view: u64, parent: braid_vsr::Checksum, body: &[u8]) -> Prepare {
+    let header = Header {
+        group: 0,
+        view,
+        op,
+        commit: op.saturating_sub(1),
+        parent,
+        body_checksum: checksum(body),
+        session: 1,
+        request: op,
+        operation: Operation::Request,
+        checksum: 0,
+    }
+    .seal();
+    Prepare {
+        header,
+        body: body.to_vec(),
+    }
+}
+
+/// A chain of prepares 1..=n in `view`.
+fn chain(n: u64, view: u64) -> Vec<Prepare> {
+    let mut parent = Header::root(0).checksum;
+    (1..=n)
+        .map(|op| {
+            let p = prepare(op, view, parent, format!("op {op} view {view}").as_bytes());
+            parent = p.header.checksum;
+            p
+        })
+        .collect()
+}
+
+fn slot_ops(recovered: &Recovered) -> Vec<u64> {
+    recovered.slots.iter().map(|(op, _)| *op).collect()
+}
+
+#[test]
+fn writes_truncations_and_prunes_replay_to_the_same_slots() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("meta.journal");
+    let (mut journal, recovered) = JournalFile::open(&path).unwrap();
+    assert!(recovered.slots.is_empty());
+    let first = chain(6, 1);
+    for p in &first {
+        journal.write_prepare(p).unwrap();
+    }
+    journal.write_header(&chain(7, 1)[6].header).unwrap();
+    // A new view replaces ops 5.. with its own.
+    journal.truncate(4).unwrap();
+    let replacement = prepare(5, 2, first[3].header.checksum, b"op 5 view 2");
+    journal.write_prepare(&replacement).unwrap();
+    journal.prune(2).unwrap();
+    journal.sync().unwrap();
+    assert!(journal.prepare(5, replacement.header.checksum).is_some());
+    assert!(
+        journal.prepare(5, first[4].header.checksum).is_none(),
+        "the old op 5"
+    );
+    drop(journal);
+    let (journal, recovered) = JournalFile::open(&path).unwrap();
+    assert_eq!(slot_ops(&recovered), [3, 4, 5]);
+    assert_eq!(
+        recovered.slots[2].1,
+        JournalSlot::Prepare(replacement.clone())
+    );
+    assert_eq!(recovered.torn_tail_bytes, 0);
+    assert!(journal.prepare(3, first[2].header.checksum).is_some());
+}
+
+#[test]
+fn a_torn_tail_is_cut_and_damage_inside_marks_every_op_damaged_until_rewritten() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("meta.journal");
+    let (mut journal, _) = JournalFile::open(&path).unwrap();
+    for p in chain(5, 1) {
+        journal.write_prepare(&p).unwrap();
+    }
+    journal.sync().unwrap();
+    drop(journal);
+    let whole = std::fs::read(&path).unwrap();
+
+    // A record cut short at the end: a torn tail, cut; the rest is whole.
+    std::fs::write(&path, &whole[..whole.len() - 7]).unwrap();
+    let (_, recovered) = JournalFile::open(&path).unwrap();
+    assert_eq!(slot_ops(&recovered), [1, 2, 3, 4]);
+    assert!(recovered.torn_tail_bytes > 0 && recovered.damaged_at.is_none());
+    let (_, again) = JournalFile::open(&path).unwrap();
+    assert_eq!(again.torn_tail_bytes, 0, "the cut was made durable");
+
+    // A bit flipped in the second record, intact records after it: every op above the
+    // prune point is damaged, none absent, and stays so across restarts until written.
+    let mut flipped = whole.clone();
+    flipped[MAGIC.len() + 200] ^= 0x10;
+    std::fs::write(&path, &flipped).unwrap();
+    let (mut journal, recovered) = JournalFile::open(&path).unwrap();
+    assert!(recovered.damaged_at.is_some());
+    assert_eq!(slot_ops(&recovered), [1, 2, 3, 4, 5]);
+    assert!(recovered
+        .slots
+        .iter()
+        .all(|(_, s)| *s == JournalSlot::Damaged));
+    let repaired = chain(5, 1)[2].clone();
+    journal.write_prepare(&repaired).unwrap();
+    journal.sync().unwrap();
+    drop(journal);
+    let (_, recovered) = JournalFile::open(&path).unwrap();
+    assert!(
+        recovered.damaged_at.is_none(),
+        "the damage was rewritten away"
+    );
+    assert_eq!(slot_ops(&recovered), [1, 2, 3, 4, 5]);
+    assert_eq!(recovered.slots[2].1, JournalSlot::Prepare(repaired));
+    assert_eq!(recovered.slots[0].1, JournalSlot::Damaged);
+
+    std::fs::write(&path, b"not a journal at all").unwrap();
+    assert!(matches!(
+        JournalFile::open(&path),
+        Err(JournalError::NotAJournal { .. })
+    ));
+}
+
+#[test]
+fn a_large_journal_is_compacted_to_its_live_entries() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("meta.journal");
+    let (mut journal, _) = JournalFile::open(&path).unwrap();
+    let body = vec![7u8; 64 * 1024];
+    let mut parent = Header::root(0).checksum;
+    for op in 1..=80u64 {
+        let p = prepare(op, 1, parent, &body);
+        parent = p.header.checksum;
+        journal.write_prepare(&p).unwrap();
+        if op % 8 == 0 {
+            journal.prune(op - 4).unwrap();
+            journal.sync().unwrap();
+        }
+    }
+    journal.sync().unwrap();
+    let len = std::fs::metadata(&path).unwrap().len();
+    assert!(len < COMPACT_BYTES, "{len} bytes after compaction");
+    drop(journal);
+    let (_, recovered) = JournalFile::open(&path).unwrap();
+    assert_eq!(slot_ops(&recovered), [77, 78, 79, 80]);
+}
+
+/// One step of the crash workload.
+#[derive(Debug, Clone)]
+enum Step {
+    Prepare(Prepare),
+    Header(Header),
+    Truncate(u64),
+    Prune(u64),
+    Sync,
+}
+
+fn workload() -> Vec<Step> {
+    let first = chain(6, 1);
+    let second = prepare(4, 2, first[2].header.checksum, b"op 4 view 2");
+    let mut steps: Vec<Step> = first[..3].iter().cloned().map(Step::Prepare).collect();
+    steps.push(Step::Sync);
+    steps.extend(first[3..].iter().cloned().map(Step::Prepare));
+    steps.push(Step::Header(chain(7, 1)[6].header));
+    steps.push(Step::Sync);
+    steps.push(Step::Truncate(3));
+    steps.push(Step::Prepare(second));
+    steps.push(Step::Prune(1));
+    steps.push(Step::Sync);
+    steps
+}
+
+/// The slots after the first `records` writes of the workload.
+fn model(records: usize) -> Vec<(u64, JournalSlot)> {
+    let mut entries = BTreeMap::new();
+    let mut pruned = 0;
+    for step in workload()
+        .into_iter()
+        .filter(|s| !matches!(s, Step::Sync))
+        .take(records)
+    {
+        let decoded = match step {
+            Step::Prepare(p) => Decoded::Entry(Entry::Prepare(p)),
+            Step::Header(h) => Decoded::Entry(Entry::Header(h)),
+            Step::Truncate(op) => Decoded::Truncate(op),
+            Step::Prune(op) => Decoded::Prune(op),
+            Step::Sync => continue,
+        };
+        replay(&mut entries, &mut pruned, decoded);
+    }
+    entries.iter().map(|(op, e)| (*op, e.slot())).collect()
+}
+
+/// What a reopen may find after `synced` records were synced and up to `written` were
+/// written: the slots after some prefix between the two, or, where damage hid what
+/// landed, every op of the synced slots still known (damaged), bar those a landed
+/// prune removed.
+fn check_recovered(recovered: &Recovered, synced: usize, written: usize, context: &str) {
+    let damaged = recovered
+        .slots
+        .iter()
+        .any(|(_, s)| *s == JournalSlot::Damaged);
+    if damaged {
+        let held = slot_ops(recovered);
+        for (op, _) in model(synced) {
+            assert!(
+                op <= recovered.pruned_through || held.contains(&op),
+                "{context}: op {op} absent"
+            );
+        }
+    } else {
+        assert!(
+            (synced..=written).any(|records| model(records) == recovered.slots),
+            "{context}: {:?} is no prefix after {synced} synced records",
+            slot_ops(recovered)
+        );
+    }
+}
+
+/// Cut at every sync boundary, every way the POSIX model allows: the journal opens to
+/// the slots of the last sync plus a prefix of the writes after it, or, where damage
+/// hid what landed, to every op of the last sync reported damaged, never absent.
+#[test]
+fn every_crash_state_keeps_every_synced_write_or_marks_it_damaged() {
+    let root = tempfile::tempdir().unwrap();
+    let path = root.path().join("replication").join("meta.journal");
+    hook::install(Plan {
+        tracing: true,
+        ..Plan::default()
+    });
+    let trace_len = || {
+        hook::take().map_or(0, |plan| {
+            let len = plan.trace.len();
+            hook::install(plan);
+            len
+        })
+    };
+    // (trace length when a sync returned, records written by then)
+    let mut acks = Vec::new();
+    let total = {
+        let (mut journal, _) = JournalFile::open(&path).unwrap();
+        acks.push((trace_len(), 0));
+        let mut records = 0;
+        for step in workload() {
+            match step {
+                Step::Prepare(p) => journal.write_prepare(&p).unwrap(),
+                Step::Header(h) => journal.write_header(&h).unwrap(),
+                Step::Truncate(op) => journal.truncate(op).unwrap(),
+                Step::Prune(op) => journal.prune(op).unwrap(),
+                Step::Sync => {
+                    journal.sync().unwrap();
+                    acks.push((trace_len(), records));
+                    continue;
+                }
+            }
+            records += 1;
+        }
+        records
+    };
+    let trace = hook::take().unwrap().trace;
+    let checked =
+        braid_storage::crash::for_each_crash_state(&trace, root.path(), |at, how, out| {
+            let Some(&(_, synced)) = acks.iter().rev().find(|(events, _)| *events <= at) else {
+                return; // cut inside the first open: nothing was written
+            };
+            let path = out.join("replication").join("meta.journal");
+            let (_, recovered) =
+                JournalFile::open(&path).unwrap_or_else(|e| panic!("cut at {at}, {how}: {e}"));
+            check_recovered(&recovered, synced, total, &format!("cut at {at}, {how}"));
+        });
+    assert!(checked > 30, "{checked} crash states");
+}
+
+/// Each disk operation of the workload failed in turn: the failing call errors, every
+/// later write is refused, and a reopen holds every op synced before the failure (or
+/// marks it damaged).
+#[test]
+fn a_failed_write_or_sync_poisons_and_keeps_what_was_synced() {
+    hook::install(Plan::default());
+    let scratch = tempfile::tempdir().unwrap();
+    {
+        let (mut journal, _) = JournalFile::open(&scratch.path().join("j")).unwrap();
+        for step in workload() {
+            match step {
+                Step::Prepare(p) => journal.write_prepare(&p).unwrap(),
+                Step::Header(h) => journal.write_header(&h).unwrap(),
+                Step::Truncate(op) => journal.truncate(op).unwrap(),
+                Step::Prune(op) => journal.prune(op).unwrap(),
+                Step::Sync => journal.sync().unwrap(),
+            }
+        }
+    }
+    let operations = hook::take().unwrap().seen;
+    for at in 0..operations {
+        let root = tempfile::tempdir().unwrap();
+        let path = root.path().join("j");
+        hook::install(Plan {
+            fail_at: Some((at, std::io::ErrorKind::Other)),
+            ..Plan::default()
+        });
+        let (mut synced, mut records) = (0, 0);
+        if let Ok((mut journal, _)) = JournalFile::open(&path) {
+            for step in workload() {
+                let is_sync = matches!(step, Step::Sync);
+                let result = match step {
+                    Step::Prepare(p) => journal.write_prepare(&p),
+                    Step::Header(h) => journal.write_header(&h),
+                    Step::Truncate(op) => journal.truncate(op),
+                    Step::Prune(op) => journal.prune(op),
+                    Step::Sync => journal.sync().map(|()| synced = records),
+                };
+                if result.is_err() {
+                    let again = journal.truncate(0);
+                    assert!(matches!(again, Err(JournalError::Poisoned(_))), "at {at}");
+                    break;
+                }
+                if !is_sync {
+                    records += 1;
+                }
+            }
+        }
+        hook::take();
+        let Ok((_, recovered)) = JournalFile::open(&path) else {
+            continue; // the failure was in creating the file: nothing was written
+        };
+        check_recovered(&recovered, synced, records, &format!("failure at {at}"));
+    }
+}
