@@ -16,6 +16,7 @@ use serde_json::json;
 
 mod access;
 mod bench;
+mod cluster;
 mod table;
 
 #[derive(Parser, Debug)]
@@ -56,6 +57,9 @@ enum Command {
     /// Inspect consumer groups.
     #[command(subcommand)]
     Group(GroupCommand),
+    /// The cluster's members and who leads what.
+    #[command(subcommand)]
+    Cluster(cluster::ClusterCommand),
     /// Manage users (needs the node permission `users`).
     #[command(subcommand)]
     User(access::UserCommand),
@@ -399,6 +403,7 @@ async fn client_command(
         }
         Command::Topic(command) => topic_command(&client, as_json, command).await?,
         Command::Group(command) => group_command(&client, as_json, command).await?,
+        Command::Cluster(command) => cluster::cluster_command(&client, as_json, command).await?,
         Command::Produce(args) => produce(&client, args).await?,
         Command::Consume(args) => consume(&client, as_json, args).await?,
     }

@@ -416,6 +416,20 @@ impl Client {
     }
 }
 
+impl Client {
+    /// The cluster's members and each partition's primary, as the node connected to
+    /// knows them (only topics of streams the user may see).
+    ///
+    /// # Errors
+    /// As [`Client::call`].
+    pub async fn cluster_info(&self) -> Result<braid_proto::client::ClusterInfo, ClientError> {
+        match self.call(&Request::ClusterInfo).await? {
+            Response::Cluster(info) => Ok(info),
+            other => Err(unexpected(&other)),
+        }
+    }
+}
+
 /// Users and permissions (the node permission `users` is needed for each).
 impl Client {
     /// Creates `name` with `password`. The SCRAM credential is derived here, with a

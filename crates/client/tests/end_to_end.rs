@@ -346,3 +346,33 @@ async fn fetch_long_polls_until_data_commits() {
         Some(ErrorCode::OffsetOutOfRange)
     );
 }
+
+/// A node that does not replicate is a cluster of one: it names itself the only member,
+/// at the address it listens on, and the primary of every partition.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_info_of_a_single_node_names_it_the_primary_of_everything() {
+    let node = common::TestNode::start(braid_node::FsyncSetting::Never);
+    let client = braid_client::Client::connect(node.addr()).await.unwrap();
+    common::create_topic(&client, "s", "t", 3).await;
+    common::create_topic(&client, "r", "u", 1).await;
+    let info = client.cluster_info().await.unwrap();
+    assert!(info.cluster_id.starts_with("local-"), "{}", info.cluster_id);
+    assert_eq!(info.node_id, 0);
+    assert_eq!(info.members.len(), 1);
+    assert_eq!(info.members[0].client_addr, node.addr().to_string());
+    let topics: Vec<(&str, &str, usize)> = info
+        .topics
+        .iter()
+        .map(|t| (t.stream.as_str(), t.topic.as_str(), t.partitions.len()))
+        .collect();
+    assert_eq!(topics, [("r", "u", 1), ("s", "t", 3)]);
+    assert!(info
+        .topics
+        .iter()
+        .all(|t| t.partitions.iter().all(|(_, primary)| *primary == 0)));
+    // The same cluster id on every answer: it is the data directory's.
+    assert_eq!(
+        client.cluster_info().await.unwrap().cluster_id,
+        info.cluster_id
+    );
+}

@@ -190,6 +190,19 @@ async fn every_request_checks_the_permission_it_needs_and_grants_apply_at_once()
         ["orders"],
         "only the streams alice may use are listed"
     );
+    let visible: Vec<String> = alice
+        .cluster_info()
+        .await
+        .unwrap()
+        .topics
+        .into_iter()
+        .map(|t| t.stream)
+        .collect();
+    assert_eq!(
+        visible,
+        ["orders"],
+        "the cluster map shows only alice's streams"
+    );
     admin
         .grant(
             "alice",

@@ -89,7 +89,8 @@ pub(crate) fn admin_request(request: &Request<'_>) -> Option<AdminRequest> {
         | Request::Produce { .. }
         | Request::Fetch { .. }
         | Request::ListOffsets { .. }
-        | Request::ListStreams => return None,
+        | Request::ListStreams
+        | Request::ClusterInfo => return None,
         Request::CreateStream { name } => AdminRequest::CreateStream(own(name)),
         Request::DeleteStream { name } => AdminRequest::DeleteStream(own(name)),
         Request::CreateTopic {

@@ -109,6 +109,16 @@ pub(crate) struct NodeShared {
     pub(crate) tls: Option<crate::tls::ClientTls>,
     /// Derives the stand-in credential shown for unknown users (drawn at start).
     pub(crate) stand_in_secret: [u8; 32],
+    /// The cluster as this node knows it.
+    pub(crate) cluster: ClusterView,
+}
+
+/// The cluster's name, this node's member id and every member's client address.
+#[derive(Debug, Clone)]
+pub(crate) struct ClusterView {
+    pub(crate) cluster_id: String,
+    pub(crate) node_id: u8,
+    pub(crate) members: Vec<braid_proto::client::ClusterMember>,
 }
 
 impl NodeShared {

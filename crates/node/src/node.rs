@@ -125,6 +125,25 @@ impl Node {
             })?;
         let client_addr = client.local_addr()?;
         let http_addr = http.local_addr()?;
+        let members = match &config.cluster {
+            Some(cluster) => cluster
+                .members
+                .iter()
+                .map(|m| braid_proto::client::ClusterMember {
+                    id: m.id,
+                    client_addr: m.client_addr.to_string(),
+                })
+                .collect(),
+            None => vec![braid_proto::client::ClusterMember {
+                id: 0,
+                client_addr: client_addr.to_string(),
+            }],
+        };
+        let cluster = crate::mailbox::ClusterView {
+            cluster_id: identity.cluster_id.clone(),
+            node_id: identity.node_id,
+            members,
+        };
         let shards = config.shards;
         let mut inboxes = Vec::new();
         let mut inbox_receivers = Vec::new();
@@ -154,6 +173,7 @@ impl Node {
             high_watermarks: std::sync::RwLock::default(),
             tls,
             stand_in_secret,
+            cluster,
         });
         let meta = MetaService::new(store);
         let layout = Arc::new(meta.layout());

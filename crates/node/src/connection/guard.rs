@@ -1,7 +1,7 @@
 //! The connection's door: its login (`Authenticate`) and the permission check every
 //! other request passes before it is served.
 
-use braid_proto::client::{Command, ErrorCode, Response, StreamSummary};
+use braid_proto::client::{Command, ErrorCode, Response};
 use braid_proto::scram::nonce_from;
 
 use super::{send_error, Env, Flow, Outgoing};
@@ -92,25 +92,4 @@ pub(super) async fn authenticate(
             Flow::Close
         }
     }
-}
-
-/// The streams this connection may see, by name, from the shard's layout.
-pub(super) fn list_streams(env: &Env) -> Response {
-    let layout = env.layout.borrow();
-    let login = env.login.borrow();
-    let user = login.user();
-    let mut list: Vec<StreamSummary> = layout
-        .streams
-        .iter()
-        .filter(|(name, _)| {
-            !env.shared.config.authentication
-                || user.is_some_and(|user| layout.access.sees_stream(user, name))
-        })
-        .map(|(name, topics)| StreamSummary {
-            name: name.clone(),
-            topics: topics.len() as u32,
-        })
-        .collect();
-    list.sort_by(|a, b| a.name.cmp(&b.name));
-    Response::Streams(list)
 }

@@ -22,6 +22,7 @@ use tokio::sync::{mpsc, oneshot, watch, Semaphore};
 
 mod deadlines;
 mod guard;
+mod listing;
 mod writer;
 
 use deadlines::Deadlines;
@@ -495,9 +496,15 @@ async fn handle_frame(env: &Env, mut frame: BytesMut) -> Flow {
         Request::Authenticate { mechanism, message } => {
             return guard::authenticate(env, request_id, mechanism, message).await;
         }
+        Request::ClusterInfo => {
+            let mut out = Vec::new();
+            listing::cluster_info(env).encode(request_id, command, &mut out);
+            let _ = env.out.send(Outgoing::Frame(out)).await;
+            return Flow::Continue;
+        }
         Request::ListStreams => {
             let mut out = Vec::new();
-            guard::list_streams(env).encode(request_id, command, &mut out);
+            listing::list_streams(env).encode(request_id, command, &mut out);
             let _ = env.out.send(Outgoing::Frame(out)).await;
             return Flow::Continue;
         }

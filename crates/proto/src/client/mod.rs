@@ -37,9 +37,9 @@ pub use request::{
     FSYNC_INTERVAL, FSYNC_NEVER,
 };
 pub use response::{
-    decode_error_message, encode_fetch_prefix, error_code, GroupDescription, GroupMember,
-    GroupSummary, PartitionInfo, PartitionOffsets, Response, StreamSummary, TopicInfo,
-    TopicSummary,
+    decode_error_message, encode_fetch_prefix, error_code, ClusterInfo, ClusterMember,
+    GroupDescription, GroupMember, GroupSummary, PartitionInfo, PartitionOffsets, Response,
+    StreamSummary, TopicInfo, TopicPrimaries, TopicSummary,
 };
 
 use crate::wire::{WireError, WireReader};
@@ -137,6 +137,8 @@ codes! {
         GrantPermissions = 53,
         /// Take permissions on a resource from a user.
         RevokePermissions = 54,
+        /// The cluster's members and each partition's primary (any node answers).
+        ClusterInfo = 60,
     }
 }
 

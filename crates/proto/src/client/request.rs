@@ -129,6 +129,8 @@ pub enum Request<'a> {
     },
     /// See [`Command::ListUsers`].
     ListUsers,
+    /// See [`Command::ClusterInfo`].
+    ClusterInfo,
     /// See [`Command::GrantPermissions`].
     GrantPermissions {
         /// User name.
@@ -347,6 +349,7 @@ impl<'a> Request<'a> {
             Self::CreateUser { .. } => Command::CreateUser,
             Self::DeleteUser { .. } => Command::DeleteUser,
             Self::ListUsers => Command::ListUsers,
+            Self::ClusterInfo => Command::ClusterInfo,
             Self::GrantPermissions { .. } => Command::GrantPermissions,
             Self::RevokePermissions { .. } => Command::RevokePermissions,
             Self::CreateStream { .. } => Command::CreateStream,
@@ -378,7 +381,7 @@ impl<'a> Request<'a> {
 
     fn encode_body(&self, out: &mut Vec<u8>) {
         match self {
-            Self::Ping | Self::ListStreams | Self::ListUsers => {}
+            Self::Ping | Self::ListStreams | Self::ListUsers | Self::ClusterInfo => {}
             Self::Authenticate { mechanism, message } => {
                 out.put_string(mechanism);
                 out.put_bytes(message);
@@ -514,6 +517,7 @@ impl<'a> Request<'a> {
             Command::Ping => Self::Ping,
             Command::ListStreams => Self::ListStreams,
             Command::ListUsers => Self::ListUsers,
+            Command::ClusterInfo => Self::ClusterInfo,
             Command::Authenticate => Self::Authenticate {
                 mechanism: r.string("mechanism")?,
                 message: r.bytes("message")?,

@@ -107,6 +107,40 @@ pub struct GroupDescription {
     pub offsets: Vec<PartitionOffsets>,
 }
 
+/// A member in [`ClusterInfo`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClusterMember {
+    /// Its member id.
+    pub id: u8,
+    /// Where clients reach it (`HOST:PORT`).
+    pub client_addr: String,
+}
+
+/// The primaries of one topic's partitions in [`ClusterInfo`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TopicPrimaries {
+    /// Stream name.
+    pub stream: String,
+    /// Topic name.
+    pub topic: String,
+    /// `(partition id, member id of its primary)`.
+    pub partitions: Vec<(u32, u8)>,
+}
+
+/// [`Response::Cluster`]: who is in the cluster and who leads what, as the answering
+/// node knows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClusterInfo {
+    /// The cluster's name.
+    pub cluster_id: String,
+    /// The member that answered.
+    pub node_id: u8,
+    /// Every member.
+    pub members: Vec<ClusterMember>,
+    /// Each partition's primary, for the topics the caller may see.
+    pub topics: Vec<TopicPrimaries>,
+}
+
 /// A successful response.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -158,6 +192,8 @@ pub enum Response {
     Authenticated(Vec<u8>),
     /// ListUsers.
     Users(Vec<super::UserSummary>),
+    /// ClusterInfo.
+    Cluster(ClusterInfo),
 }
 
 fn put_offsets(out: &mut Vec<u8>, offsets: &[PartitionOffsets]) {
@@ -249,6 +285,25 @@ impl Response {
         match self {
             Self::Empty => {}
             Self::Authenticated(message) => out.put_bytes(message),
+            Self::Cluster(info) => {
+                out.put_string(&info.cluster_id);
+                out.put_u8_be(info.node_id);
+                out.put_u32_be(info.members.len() as u32);
+                for m in &info.members {
+                    out.put_u8_be(m.id);
+                    out.put_string(&m.client_addr);
+                }
+                out.put_u32_be(info.topics.len() as u32);
+                for t in &info.topics {
+                    out.put_string(&t.stream);
+                    out.put_string(&t.topic);
+                    out.put_u32_be(t.partitions.len() as u32);
+                    for (partition, primary) in &t.partitions {
+                        out.put_u32_be(*partition);
+                        out.put_u8_be(*primary);
+                    }
+                }
+            }
             Self::Users(users) => {
                 out.put_u32_be(users.len() as u32);
                 for user in users {
@@ -381,6 +436,38 @@ impl Response {
             | Command::GrantPermissions
             | Command::RevokePermissions => Self::Empty,
             Command::Authenticate => Self::Authenticated(r.bytes("message")?.to_vec()),
+            Command::ClusterInfo => {
+                let cluster_id = string(&mut r, "cluster_id")?;
+                let node_id = r.u8("node_id")?;
+                let members = (0..r.count("members", 3)?)
+                    .map(|_| {
+                        Ok(ClusterMember {
+                            id: r.u8("member")?,
+                            client_addr: string(&mut r, "client_addr")?,
+                        })
+                    })
+                    .collect::<Result<_, WireError>>()?;
+                let topics = (0..r.count("topics", 8)?)
+                    .map(|_| {
+                        let stream = string(&mut r, "stream")?;
+                        let topic = string(&mut r, "topic")?;
+                        let partitions = (0..r.count("partitions", 5)?)
+                            .map(|_| Ok((r.u32("partition")?, r.u8("primary")?)))
+                            .collect::<Result<_, WireError>>()?;
+                        Ok(TopicPrimaries {
+                            stream,
+                            topic,
+                            partitions,
+                        })
+                    })
+                    .collect::<Result<_, WireError>>()?;
+                Self::Cluster(ClusterInfo {
+                    cluster_id,
+                    node_id,
+                    members,
+                    topics,
+                })
+            }
             Command::ListUsers => {
                 let count = r.count("users", 6)?;
                 let users = (0..count)

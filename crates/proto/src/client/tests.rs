@@ -135,6 +135,7 @@ fn requests_round_trip() {
         },
         Request::DeleteUser { name: "alice" },
         Request::ListUsers,
+        Request::ClusterInfo,
         Request::GrantPermissions {
             user: "alice",
             grant: Grant {
@@ -161,6 +162,22 @@ fn responses_round_trip() {
         (
             Command::Authenticate,
             Response::Authenticated(b"r=abc,s=c2FsdA==,i=4096".to_vec()),
+        ),
+        (
+            Command::ClusterInfo,
+            Response::Cluster(ClusterInfo {
+                cluster_id: "prod".into(),
+                node_id: 1,
+                members: vec![ClusterMember {
+                    id: 1,
+                    client_addr: "10.0.0.2:7070".into(),
+                }],
+                topics: vec![TopicPrimaries {
+                    stream: "s".into(),
+                    topic: "t".into(),
+                    partitions: vec![(0, 1), (1, 0)],
+                }],
+            }),
         ),
         (
             Command::ListUsers,

@@ -1,0 +1,64 @@
+//! Answers the connection gives from its shard's own view, filtered by what the user
+//! may see: the stream list and the cluster map.
+
+use braid_proto::client::{ClusterInfo, Response, StreamSummary, TopicPrimaries};
+
+use super::Env;
+
+/// Whether the connection's user may see `stream` (everything, without
+/// authentication).
+fn sees(env: &Env, layout: &crate::layout::Layout, stream: &str) -> bool {
+    if !env.shared.config.authentication {
+        return true;
+    }
+    let login = env.login.borrow();
+    login
+        .user()
+        .is_some_and(|user| layout.access.sees_stream(user, stream))
+}
+
+/// The streams this connection may see, by name, from the shard's layout.
+pub(super) fn list_streams(env: &Env) -> Response {
+    let layout = env.layout.borrow();
+    let mut list: Vec<StreamSummary> = layout
+        .streams
+        .iter()
+        .filter(|(name, _)| sees(env, &layout, name))
+        .map(|(name, topics)| StreamSummary {
+            name: name.clone(),
+            topics: topics.len() as u32,
+        })
+        .collect();
+    list.sort_by(|a, b| a.name.cmp(&b.name));
+    Response::Streams(list)
+}
+
+/// The members and each visible partition's primary. A node that does not replicate
+/// yet leads every partition itself.
+pub(super) fn cluster_info(env: &Env) -> Response {
+    let layout = env.layout.borrow();
+    let cluster = &env.shared.cluster;
+    let mut topics: Vec<TopicPrimaries> = layout
+        .streams
+        .iter()
+        .filter(|(stream, _)| sees(env, &layout, stream))
+        .flat_map(|(stream, topics)| {
+            topics.iter().map(move |(topic, route)| TopicPrimaries {
+                stream: stream.clone(),
+                topic: topic.clone(),
+                partitions: route
+                    .partitions
+                    .iter()
+                    .map(|p| (p.id, cluster.node_id))
+                    .collect(),
+            })
+        })
+        .collect();
+    topics.sort_by(|a, b| (&a.stream, &a.topic).cmp(&(&b.stream, &b.topic)));
+    Response::Cluster(ClusterInfo {
+        cluster_id: cluster.cluster_id.clone(),
+        node_id: cluster.node_id,
+        members: cluster.members.clone(),
+        topics,
+    })
+}
