@@ -37,6 +37,15 @@ struct Inner {
     frames: mpsc::UnboundedSender<Vec<u8>>,
     pending: Arc<Mutex<Pending>>,
     next_id: AtomicU64,
+    /// Where and how this connection was made, so it can be made again.
+    origin: Origin,
+}
+
+/// The address and options a connection was made with.
+#[derive(Debug, Clone)]
+struct Origin {
+    addr: String,
+    options: ConnectOptions,
 }
 
 /// A connection to a Braid node. Cheap to clone; clones share the connection.
@@ -64,8 +73,30 @@ impl Client {
     pub async fn connect(addr: impl tokio::net::ToSocketAddrs) -> Result<Self, ClientError> {
         let stream = tokio::net::TcpStream::connect(addr).await?;
         stream.set_nodelay(true)?;
+        let origin = Origin {
+            addr: stream.peer_addr()?.to_string(),
+            options: ConnectOptions::default(),
+        };
         let (reader, writer) = stream.into_split();
-        Ok(Self::start(reader, writer))
+        Ok(Self::start(reader, writer, origin))
+    }
+
+    /// A new connection made as this one was (same address, TLS and login), for a
+    /// caller whose connection failed.
+    ///
+    /// # Errors
+    /// As [`Client::connect_with`].
+    pub async fn reconnect(&self) -> Result<Self, ClientError> {
+        let origin = &self.inner.origin;
+        Self::connect_with(&origin.addr, &origin.options).await
+    }
+
+    /// Whether the connection has failed (every call on it fails at once).
+    pub fn is_closed(&self) -> bool {
+        self.inner
+            .pending
+            .lock()
+            .map_or(true, |pending| pending.failed.is_some())
     }
 
     /// Connects to the node at `addr` (`HOST:PORT`) with TLS and a login as
@@ -78,16 +109,20 @@ impl Client {
     pub async fn connect_with(addr: &str, options: &ConnectOptions) -> Result<Self, ClientError> {
         let stream = tokio::net::TcpStream::connect(addr).await?;
         stream.set_nodelay(true)?;
+        let origin = Origin {
+            addr: addr.to_owned(),
+            options: options.clone(),
+        };
         let client = match &options.tls {
             None => {
                 let (reader, writer) = stream.into_split();
-                Self::start(reader, writer)
+                Self::start(reader, writer, origin)
             }
             Some(tls) => {
                 let name = tls.server_name_for(addr)?;
                 let stream = tls.connector().connect(name, stream).await?;
                 let (reader, writer) = tokio::io::split(stream);
-                Self::start(reader, writer)
+                Self::start(reader, writer, origin)
             }
         };
         if let Some(credentials) = &options.credentials {
@@ -96,7 +131,7 @@ impl Client {
         Ok(client)
     }
 
-    fn start<R, W>(mut reader: R, mut writer: W) -> Self
+    fn start<R, W>(mut reader: R, mut writer: W, origin: Origin) -> Self
     where
         R: AsyncRead + Unpin + Send + 'static,
         W: AsyncWrite + Unpin + Send + 'static,
@@ -107,6 +142,7 @@ impl Client {
             frames,
             pending: Arc::clone(&pending),
             next_id: AtomicU64::new(1),
+            origin,
         });
         tokio::spawn(async move {
             while let Some(frame) = outgoing.recv().await {

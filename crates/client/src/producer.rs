@@ -10,15 +10,22 @@
 //! Batches are handed to one dispatcher task in the order they close, and it sends them
 //! on the connection in that order, so the records of a key reach their partition in
 //! the order they were sent.
+//!
+//! When the connection fails (or the node answers `ShuttingDown`, `NotLeader` or
+//! `Busy`), the dispatcher reconnects with a doubling backoff for up to
+//! [`ProducerConfig::retry_for`] and sends again, in order, every batch in flight whose
+//! answer it did not get. Such a batch may have been stored already: until producer
+//! sessions exist it may then be stored twice, and [`Producer::retried_batches`]
+//! counts every batch sent again.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use braid_proto::client::TopicInfo;
+use braid_proto::client::{ErrorCode, Response, TopicInfo};
 use braid_proto::hash::key_hash;
 use braid_proto::BatchBuilder;
-use tokio::sync::{mpsc, oneshot, Semaphore};
+use tokio::sync::{mpsc, oneshot};
 
 use crate::connection::{unexpected, Client};
 use crate::error::ClientError;
@@ -41,6 +48,12 @@ pub struct ProducerConfig {
     pub linger: Duration,
     /// Batches sent and not yet answered, per producer.
     pub max_in_flight: usize,
+    /// How long after a connection failure the producer keeps reconnecting and
+    /// sending again before failing the batches in flight; zero fails them at once.
+    pub retry_for: Duration,
+    /// The longest wait between reconnection attempts (they start at 50 ms and
+    /// double).
+    pub retry_backoff_max: Duration,
 }
 
 impl Default for ProducerConfig {
@@ -49,6 +62,8 @@ impl Default for ProducerConfig {
             batch_bytes: 256 * 1024,
             linger: Duration::from_millis(5),
             max_in_flight: 8,
+            retry_for: Duration::from_secs(30),
+            retry_backoff_max: Duration::from_secs(1),
         }
     }
 }
@@ -79,6 +94,8 @@ struct Shared {
     state: Mutex<State>,
     closed: mpsc::UnboundedSender<ClosedBatch>,
     config: ProducerConfig,
+    /// Batches sent again after a failure (each possibly stored twice).
+    retried: Arc<std::sync::atomic::AtomicU64>,
 }
 
 /// Produces records to one topic. Cheap to clone; clones share batches.
@@ -168,6 +185,7 @@ impl Producer {
         let info = client.describe_topic(stream, topic).await?;
         let ranges = Router::new(&info)?.ranges;
         let (closed, batches) = mpsc::unbounded_channel();
+        let retried = Arc::new(std::sync::atomic::AtomicU64::new(0));
         let shared = Arc::new(Shared {
             state: Mutex::new(State {
                 open: HashMap::new(),
@@ -177,14 +195,17 @@ impl Producer {
             }),
             closed,
             config,
+            retried: Arc::clone(&retried),
         });
-        tokio::spawn(dispatch(
-            client.clone(),
-            stream.to_owned(),
-            topic.to_owned(),
-            batches,
-            config.max_in_flight,
-        ));
+        let dispatcher = Dispatcher {
+            client: client.clone(),
+            stream: stream.to_owned(),
+            topic: topic.to_owned(),
+            config,
+            retried,
+            in_flight: VecDeque::new(),
+        };
+        tokio::spawn(dispatcher.run(batches));
         tokio::spawn(linger(Arc::downgrade(&shared)));
         Ok(Self { shared })
     }
@@ -265,6 +286,14 @@ impl Producer {
         }
     }
 
+    /// Batches sent again after a connection failure or a node's refusal to take them
+    /// then (each possibly stored twice until producer sessions exist).
+    pub fn retried_batches(&self) -> u64 {
+        self.shared
+            .retried
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// Sends every open batch now.
     pub fn flush(&self) {
         if let Ok(mut state) = self.shared.state.lock() {
@@ -299,42 +328,172 @@ async fn linger(shared: std::sync::Weak<Shared>) {
     }
 }
 
-async fn dispatch(
+/// A batch sent and not yet answered.
+struct InFlight {
+    batch: ClosedBatch,
+    answer: Answer,
+}
+
+type Answer = std::pin::Pin<
+    Box<dyn std::future::Future<Output = Result<Response, ClientError>> + Send + 'static>,
+>;
+
+/// Sends batches in order and answers their records; reconnects and resends on
+/// failure.
+struct Dispatcher {
     client: Client,
     stream: String,
     topic: String,
-    mut batches: mpsc::UnboundedReceiver<ClosedBatch>,
-    max_in_flight: usize,
-) {
-    let permits = Arc::new(Semaphore::new(max_in_flight.max(1)));
-    while let Some(batch) = batches.recv().await {
-        let Ok(permit) = Arc::clone(&permits).acquire_owned().await else {
-            return;
-        };
+    config: ProducerConfig,
+    retried: Arc<std::sync::atomic::AtomicU64>,
+    in_flight: VecDeque<InFlight>,
+}
+
+/// What woke the dispatcher.
+enum Event {
+    Answer(Result<Response, ClientError>),
+    Batch(Option<ClosedBatch>),
+}
+
+/// Whether a failure may pass with a new connection or a moment's wait.
+fn retriable(err: &ClientError) -> bool {
+    match err {
+        ClientError::Io { .. } | ClientError::Closed => true,
+        ClientError::Server { code, .. } => matches!(
+            code,
+            ErrorCode::ShuttingDown | ErrorCode::NotLeader | ErrorCode::Busy
+        ),
+        _ => false,
+    }
+}
+
+/// The answer of `future` if it is ready now.
+fn ready_now(future: &mut Answer) -> Option<Result<Response, ClientError>> {
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    match future.as_mut().poll(&mut cx) {
+        std::task::Poll::Ready(result) => Some(result),
+        std::task::Poll::Pending => None,
+    }
+}
+
+impl Dispatcher {
+    fn send(&self, batch: ClosedBatch) -> InFlight {
         let request = braid_proto::client::Request::Produce {
-            stream: &stream,
-            topic: &topic,
+            stream: &self.stream,
+            topic: &self.topic,
             partition: batch.partition,
             batch: &batch.bytes,
         };
         // Sent now, in order; answered whenever.
-        let answer = client.start_call(&request);
-        let partition = batch.partition;
-        let replies = batch.replies;
-        tokio::spawn(async move {
-            let result = match answer.await {
-                Ok(braid_proto::client::Response::Produced { base_offset, .. }) => Ok(base_offset),
-                Ok(other) => Err(unexpected(&other)),
-                Err(err) => Err(err),
+        let answer = Box::pin(self.client.start_call(&request));
+        InFlight { batch, answer }
+    }
+
+    async fn run(mut self, mut batches: mpsc::UnboundedReceiver<ClosedBatch>) {
+        let window = self.config.max_in_flight.max(1);
+        let mut open = true;
+        loop {
+            let room = self.in_flight.len() < window;
+            let event = match self.in_flight.front_mut() {
+                None if !open => return,
+                None => Event::Batch(batches.recv().await),
+                Some(front) => {
+                    tokio::select! {
+                        biased;
+                        result = &mut front.answer => Event::Answer(result),
+                        next = batches.recv(), if room && open => Event::Batch(next),
+                    }
+                }
             };
-            drop(permit);
-            for (i, reply) in replies.into_iter().enumerate() {
-                let _ = reply.send(result.clone().map(|base| RecordMetadata {
-                    partition,
-                    offset: base + i as u64,
-                }));
+            match event {
+                Event::Batch(Some(batch)) => {
+                    let sent = self.send(batch);
+                    self.in_flight.push_back(sent);
+                }
+                Event::Batch(None) => open = false,
+                Event::Answer(Err(err)) if retriable(&err) && !self.config.retry_for.is_zero() => {
+                    self.recover(err).await;
+                }
+                Event::Answer(result) => {
+                    if let Some(done) = self.in_flight.pop_front() {
+                        answer(done.batch, result);
+                    }
+                }
             }
-        });
+        }
+    }
+
+    /// The front batch failed with `err`: answer every batch whose answer already
+    /// came, reconnect with backoff, and send the rest again in order; past
+    /// `retry_for`, fail them all with the last error.
+    async fn recover(&mut self, mut err: ClientError) {
+        let started = Instant::now();
+        let mut backoff = Duration::from_millis(50);
+        loop {
+            // Keep what was answered; only the rest goes again.
+            let mut pending = VecDeque::new();
+            for (i, mut sent) in std::mem::take(&mut self.in_flight).into_iter().enumerate() {
+                let ready = if i == 0 {
+                    None
+                } else {
+                    ready_now(&mut sent.answer)
+                };
+                match ready {
+                    Some(Ok(response)) => answer(sent.batch, Ok(response)),
+                    _ => pending.push_back(sent),
+                }
+            }
+            self.in_flight = pending;
+            if started.elapsed() >= self.config.retry_for {
+                tracing::warn!(%err, batches = self.in_flight.len(), "giving up resending produce batches");
+                for sent in std::mem::take(&mut self.in_flight) {
+                    answer(sent.batch, Err(err.clone()));
+                }
+                return;
+            }
+            tokio::time::sleep(backoff).await;
+            backoff =
+                (backoff * 2).min(self.config.retry_backoff_max.max(Duration::from_millis(1)));
+            let client = if self.client.is_closed() {
+                self.client.reconnect().await
+            } else {
+                Ok(self.client.clone())
+            };
+            match client {
+                Ok(client) => {
+                    self.client = client;
+                    let batches: Vec<ClosedBatch> = std::mem::take(&mut self.in_flight)
+                        .into_iter()
+                        .map(|sent| sent.batch)
+                        .collect();
+                    self.retried
+                        .fetch_add(batches.len() as u64, std::sync::atomic::Ordering::Relaxed);
+                    tracing::info!(batches = batches.len(), %err, "sending produce batches again");
+                    for batch in batches {
+                        let sent = self.send(batch);
+                        self.in_flight.push_back(sent);
+                    }
+                    return;
+                }
+                Err(next) => err = next,
+            }
+        }
+    }
+}
+
+/// Answers each record of `batch` with its offset, or the batch's error.
+fn answer(batch: ClosedBatch, result: Result<Response, ClientError>) {
+    let result = match result {
+        Ok(Response::Produced { base_offset, .. }) => Ok(base_offset),
+        Ok(other) => Err(unexpected(&other)),
+        Err(err) => Err(err),
+    };
+    let partition = batch.partition;
+    for (i, reply) in batch.replies.into_iter().enumerate() {
+        let _ = reply.send(result.clone().map(|base| RecordMetadata {
+            partition,
+            offset: base + i as u64,
+        }));
     }
 }
 

@@ -1,0 +1,136 @@
+//! A producer rides through a restart of its node: it reconnects, sends again what was
+//! not answered, and every acknowledged record is there afterwards, each key's records
+//! in order (a resent batch may be stored twice until producer sessions exist; it is
+//! counted).
+
+// A panic in a test is a failed assertion, not a crash on outside data.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::collections::{BTreeMap, HashSet};
+use std::time::Duration;
+
+use braid_client::{Client, Consumer, ConsumerConfig, Producer, ProducerConfig, StartFrom};
+use braid_node::{FsyncSetting, Node};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_producer_rides_through_a_restart_of_its_node() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = common::config(dir.path(), FsyncSetting::Always);
+    let node = Node::start(config.clone()).unwrap();
+    let addr = node.client_addr();
+    let client = Client::connect(addr).await.unwrap();
+    common::create_topic(&client, "s", "t", 4).await;
+    let producer = Producer::new(
+        &client,
+        "s",
+        "t",
+        ProducerConfig {
+            linger: Duration::from_millis(1),
+            ..ProducerConfig::default()
+        },
+    )
+    .await
+    .unwrap();
+
+    // Keys k0..k15, values counting up per key; sent while the node restarts.
+    let sender = {
+        let producer = producer.clone();
+        tokio::spawn(async move {
+            let mut acked = Vec::new();
+            let mut pending = Vec::new();
+            for i in 0..20_000u32 {
+                let key = format!("k{}", i % 16);
+                let value = format!("{}:{}", key, i / 16);
+                pending.push((
+                    value.clone(),
+                    producer.send(Some(key.as_bytes()), value.as_bytes()),
+                ));
+                if pending.len() == 200 {
+                    for (value, answer) in pending.drain(..) {
+                        answer
+                            .await
+                            .expect("a record acknowledged after the restart");
+                        acked.push(value);
+                    }
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                }
+            }
+            producer.flush();
+            for (value, answer) in pending {
+                answer
+                    .await
+                    .expect("a record acknowledged after the restart");
+                acked.push(value);
+            }
+            acked
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // A restart on the same address, while records are in flight.
+    node.shutdown();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let node = Node::start(braid_node::NodeConfig {
+        client_addr: addr,
+        ..config
+    })
+    .unwrap();
+    let acked = tokio::time::timeout(Duration::from_secs(60), sender)
+        .await
+        .expect("the producer resumed")
+        .unwrap();
+    assert_eq!(acked.len(), 20_000);
+    assert!(
+        producer.retried_batches() > 0,
+        "the restart never made the producer resend (the test tested nothing)"
+    );
+
+    // Read everything back: every acknowledged value is there, each key's values in
+    // order once duplicates (counted) are set aside.
+    let reader = Client::connect(addr).await.unwrap();
+    let mut consumer = Consumer::assigned(
+        &reader,
+        "s",
+        "t",
+        &[0, 1, 2, 3],
+        ConsumerConfig {
+            start_from: StartFrom::Earliest,
+            ..ConsumerConfig::default()
+        },
+    )
+    .await
+    .unwrap();
+    let mut seen = HashSet::new();
+    let mut duplicates = 0usize;
+    let mut last_per_key: BTreeMap<String, u32> = BTreeMap::new();
+    while seen.len() < acked.len() {
+        let records = consumer.poll(Duration::from_secs(2)).await.unwrap();
+        assert!(
+            !records.is_empty(),
+            "{} of {} read back",
+            seen.len(),
+            acked.len()
+        );
+        for record in records {
+            let value = String::from_utf8(record.value.unwrap()).unwrap();
+            if !seen.insert(value.clone()) {
+                duplicates += 1;
+                continue;
+            }
+            let (key, n) = value.split_once(':').unwrap();
+            let n: u32 = n.parse().unwrap();
+            if let Some(last) = last_per_key.insert(key.to_owned(), n) {
+                assert!(n > last, "{key}: {n} after {last}");
+            }
+        }
+    }
+    for value in &acked {
+        assert!(seen.contains(value), "acknowledged {value} is missing");
+    }
+    eprintln!(
+        "resent {} batches; {duplicates} records stored twice",
+        producer.retried_batches()
+    );
+    node.shutdown();
+}
