@@ -77,6 +77,9 @@ pub struct ConsumerConfig {
     pub session_timeout: Duration,
     /// How often a group member heartbeats.
     pub heartbeat_interval: Duration,
+    /// How long `poll` rides through a lost connection (reconnecting within each
+    /// poll's timeout and returning no records) before it returns the error.
+    pub retry_for: Duration,
 }
 
 impl Default for ConsumerConfig {
@@ -87,6 +90,7 @@ impl Default for ConsumerConfig {
             auto_commit: Some(Duration::from_secs(5)),
             session_timeout: Duration::from_secs(10),
             heartbeat_interval: Duration::from_secs(1),
+            retry_for: Duration::from_secs(30),
         }
     }
 }
@@ -116,6 +120,8 @@ pub struct Consumer {
     buffered: VecDeque<ConsumerRecord>,
     group: Option<Membership>,
     last_commit: Instant,
+    /// Since when polls have failed for want of a connection.
+    disconnected_since: Option<Instant>,
 }
 
 impl Consumer {
@@ -189,6 +195,7 @@ impl Consumer {
             buffered: VecDeque::new(),
             group: None,
             last_commit: Instant::now(),
+            disconnected_since: None,
         }
     }
 
@@ -347,6 +354,61 @@ impl Consumer {
     /// # Errors
     /// Connection and server errors; [`ClientError::Corrupt`] for a damaged batch.
     pub async fn poll(&mut self, timeout: Duration) -> Result<Vec<ConsumerRecord>, ClientError> {
+        match self.poll_connected(timeout).await {
+            Err(err) if connection_lost(&err) => {
+                self.ride_through(err, timeout).await.map(|()| Vec::new())
+            }
+            other => {
+                self.disconnected_since = None;
+                other
+            }
+        }
+    }
+
+    /// A lost connection: reconnect (the same address, TLS and login) with backoff
+    /// within `timeout`; a group member then heartbeats on the new connection, and
+    /// joins again if the node forgot it (reading on from the committed offsets).
+    /// Returns the error once polls have failed for `retry_for`.
+    async fn ride_through(
+        &mut self,
+        err: ClientError,
+        timeout: Duration,
+    ) -> Result<(), ClientError> {
+        let since = *self.disconnected_since.get_or_insert_with(Instant::now);
+        if since.elapsed() >= self.config.retry_for {
+            return Err(err);
+        }
+        let until = Instant::now() + timeout;
+        let mut backoff = Duration::from_millis(50);
+        loop {
+            if self.client.is_closed() {
+                if let Ok(client) = self.client.reconnect().await {
+                    tracing::info!(%err, "consumer reconnected");
+                    self.client = client;
+                    if let Some(group) = self.group.as_mut() {
+                        group.heartbeat_now = true;
+                    }
+                    return Ok(());
+                }
+            } else {
+                // The node refused for now (shutting down): wait and poll again.
+                tokio::time::sleep(backoff.min(until.saturating_duration_since(Instant::now())))
+                    .await;
+                return Ok(());
+            }
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Ok(());
+            }
+            tokio::time::sleep(backoff.min(left)).await;
+            backoff = (backoff * 2).min(Duration::from_secs(1));
+        }
+    }
+
+    async fn poll_connected(
+        &mut self,
+        timeout: Duration,
+    ) -> Result<Vec<ConsumerRecord>, ClientError> {
         self.keep_up().await?;
         if self.buffered.is_empty() {
             for (partition, offset, batches) in self.fetch_raw(timeout).await? {
@@ -365,7 +427,8 @@ impl Consumer {
     /// the way to read at full speed. Returns how many records were visited.
     ///
     /// # Errors
-    /// As [`Consumer::poll`]. A damaged batch stops the walk; records visited before it
+    /// As [`Consumer::poll`], except that a lost connection is returned at once (no
+    /// riding through). A damaged batch stops the walk; records visited before it
     /// count as read.
     pub async fn poll_each<F>(
         &mut self,
@@ -630,4 +693,11 @@ fn for_each_record(
         bytes = &bytes[used..];
     }
     Ok(())
+}
+
+/// Whether `err` means the connection is gone or the node is going (a new connection
+/// may do).
+fn connection_lost(err: &ClientError) -> bool {
+    matches!(err, ClientError::Io { .. } | ClientError::Closed)
+        || err.code() == Some(ErrorCode::ShuttingDown)
 }

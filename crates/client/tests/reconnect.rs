@@ -134,3 +134,93 @@ async fn a_producer_rides_through_a_restart_of_its_node() {
     );
     node.shutdown();
 }
+
+/// A group consumer rides through a restart of its node: its polls return nothing
+/// while the node is away, it reconnects, joins again (the node forgot the group's
+/// members) and reads on from the committed offsets: every record is read, each key's
+/// records in order (those after the last commit are read again, at least once).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_consumer_rides_through_a_restart_of_its_node() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = common::config(dir.path(), FsyncSetting::Always);
+    let node = Node::start(config.clone()).unwrap();
+    let addr = node.client_addr();
+    let client = Client::connect(addr).await.unwrap();
+    common::create_topic(&client, "s", "t", 4).await;
+    // Small batches, so the consumer needs many fetches and the restart falls among them.
+    let small = ProducerConfig {
+        batch_bytes: 1024,
+        ..ProducerConfig::default()
+    };
+    let producer = Producer::new(&client, "s", "t", small).await.unwrap();
+    let total = 5_000u32;
+    let mut answers = Vec::new();
+    for i in 0..total {
+        let key = format!("k{}", i % 8);
+        answers.push(producer.send(Some(key.as_bytes()), format!("{key}:{}", i / 8).as_bytes()));
+    }
+    producer.flush();
+    for answer in answers {
+        answer.await.unwrap();
+    }
+    let reader = Client::connect(addr).await.unwrap();
+    let mut consumer = Consumer::join_group(
+        &reader,
+        "s",
+        "t",
+        "g",
+        "member-1",
+        ConsumerConfig {
+            auto_commit: Some(Duration::from_millis(100)),
+            fetch_bytes_max: 4096,
+            heartbeat_interval: Duration::from_millis(100),
+            ..ConsumerConfig::default()
+        },
+    )
+    .await
+    .unwrap();
+    let mut seen = HashSet::new();
+    let mut again = 0usize;
+    let mut last_per_key: BTreeMap<String, u32> = BTreeMap::new();
+    let mut restarted = None;
+    let mut node = Some(node);
+    let started = std::time::Instant::now();
+    while seen.len() < total as usize {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "{} of {total} read",
+            seen.len()
+        );
+        if restarted.is_none() && !seen.is_empty() {
+            node.take().unwrap().shutdown();
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            restarted = Some(
+                Node::start(braid_node::NodeConfig {
+                    client_addr: addr,
+                    ..config.clone()
+                })
+                .unwrap(),
+            );
+        }
+        let records = consumer
+            .poll(Duration::from_millis(500))
+            .await
+            .expect("a poll rides through the restart");
+        for record in records {
+            let value = String::from_utf8(record.value.unwrap()).unwrap();
+            let (key, n) = value.split_once(':').unwrap();
+            let n: u32 = n.parse().unwrap();
+            if !seen.insert(value.clone()) {
+                again += 1;
+                continue;
+            }
+            if let Some(last) = last_per_key.insert(key.to_owned(), n) {
+                assert!(n > last, "{key}: {n} after {last}");
+            }
+        }
+    }
+    assert!(restarted.is_some(), "the node never restarted");
+    eprintln!("{again} records read again after the restart");
+    drop(consumer);
+    restarted.unwrap().shutdown();
+}
