@@ -588,3 +588,29 @@ async fn a_stranger_cannot_hold_a_connection_or_send_large_frames() {
     admin.ping().await.unwrap();
     node.shutdown();
 }
+
+/// A client that opens a TLS port and never finishes the handshake holds its socket no
+/// longer than the first-frame deadline, however it stalls: silent, or mid-hello.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_tls_handshake_is_closed_at_the_first_frame_deadline() {
+    let dir = tempfile::tempdir().unwrap();
+    let certs = make_certificates(dir.path());
+    let mut config = tls_config(&dir.path().join("data"), &certs, false);
+    config.connection_first_frame_ms = 300;
+    let node = Node::start(config).unwrap();
+    // Silent, then a TLS record header announcing a hello that never comes.
+    for opening in [&[][..], &[0x16, 0x03, 0x01, 0x02, 0x00, 0x01][..]] {
+        let mut stalled = tokio::net::TcpStream::connect(node.client_addr())
+            .await
+            .unwrap();
+        stalled.write_all(opening).await.unwrap();
+        let (_, closed) = read_until_closed(&mut stalled, Duration::from_secs(5)).await;
+        let closed = closed.expect("a stalled handshake kept its socket");
+        assert!(
+            closed >= Duration::from_millis(250),
+            "closed after {closed:?}"
+        );
+    }
+    assert!(common::metric(node.http_addr(), "braid_tls_handshake_failures_total").await >= 2);
+    node.shutdown();
+}
