@@ -2,6 +2,8 @@
 //! apply, and the store of their durable states. The host that feeds each shard's replicas, and the glue to the replica bus,
 //! join here as the cluster work lands.
 
+pub(crate) mod checkpoints;
+pub(crate) mod copies;
 pub(crate) mod journal_file;
 pub(crate) mod machine;
 pub(crate) mod states;

@@ -16,8 +16,9 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use braid_storage::disk;
 use braid_vsr::DurableState;
+
+use super::copies::{CopyError, Newest, TwoCopies};
 
 const MAGIC: &[u8; 8] = b"BRDVST01";
 /// Bytes of one group's entry: its id and its slot.
@@ -57,8 +58,7 @@ pub(crate) enum StatesError {
 /// One shard's group states.
 #[derive(Debug)]
 pub(crate) struct GroupStates {
-    dir: PathBuf,
-    shard: usize,
+    copies: TwoCopies,
     /// The states as of the last write, and those staged since.
     states: BTreeMap<u64, DurableState>,
     /// Groups whose state changed since the last write, in the order staged.
@@ -66,10 +66,6 @@ pub(crate) struct GroupStates {
     /// The batch number of the newest copy on disk.
     batch: u64,
     poisoned: bool,
-}
-
-fn copy_path(dir: &Path, shard: usize, copy: u64) -> PathBuf {
-    dir.join(format!("shard-{shard}.{copy}"))
 }
 
 fn encode(batch: u64, states: &BTreeMap<u64, DurableState>) -> Vec<u8> {
@@ -123,15 +119,6 @@ fn io(path: &Path) -> impl Fn(std::io::Error) -> StatesError + '_ {
     }
 }
 
-/// Reads a copy: `None` if it does not exist.
-fn read_copy(path: &Path) -> Result<Option<Vec<u8>>, StatesError> {
-    match std::fs::read(path) {
-        Ok(bytes) => Ok(Some(bytes)),
-        Err(err) if err.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(err) => Err(io(path)(err)),
-    }
-}
-
 impl GroupStates {
     /// Opens shard `shard`'s states in `dir` (made durable if new), choosing the intact
     /// copy with the higher batch number.
@@ -141,51 +128,34 @@ impl GroupStates {
     /// error.
     pub(crate) fn open(dir: &Path, shard: usize) -> Result<Self, StatesError> {
         braid_storage::create_dir_durable(dir).map_err(io(dir))?;
-        let paths = [copy_path(dir, shard, 0), copy_path(dir, shard, 1)];
-        let copies = [read_copy(&paths[0])?, read_copy(&paths[1])?];
+        let copies = TwoCopies::new(dir, &format!("shard-{shard}"));
+        let from_copy = |(path, source): CopyError| StatesError::Io { path, source };
         let mut store = Self {
-            dir: dir.to_owned(),
-            shard,
+            copies: copies.clone(),
             states: BTreeMap::new(),
             staged: Vec::new(),
             batch: 0,
             poisoned: false,
         };
-        if copies.iter().all(Option::is_none) {
-            // A new shard: an empty table as copy 0, put in place whole (written,
-            // synced, renamed, the rename synced), so that from here on a copy that
-            // does not decode is damage, never "not written yet".
-            let tmp = dir.join(format!("shard-{shard}.tmp"));
-            disk::write_file(&tmp, &encode(0, &store.states)).map_err(io(&tmp))?;
-            let file = std::fs::File::open(&tmp).map_err(io(&tmp))?;
-            disk::sync_data(&file, &tmp).map_err(io(&tmp))?;
-            disk::rename(&tmp, &paths[0]).map_err(io(&paths[0]))?;
-            disk::sync_dir(dir).map_err(io(dir))?;
-            return Ok(store);
-        }
-        let mut reasons = Vec::new();
-        let mut best: Option<(u64, BTreeMap<u64, DurableState>)> = None;
-        for (path, copy) in paths.iter().zip(copies) {
-            let Some(bytes) = copy else {
-                reasons.push(format!("{}: absent", path.display()));
-                continue;
-            };
-            match decode(&bytes) {
-                Ok((batch, states)) if best.as_ref().is_none_or(|(b, _)| batch > *b) => {
-                    best = Some((batch, states));
-                }
-                Ok(_) => {}
-                Err(reason) => reasons.push(format!("{}: {reason}", path.display())),
+        match copies.newest(decode).map_err(from_copy)? {
+            Newest::Absent => {
+                // A new shard: an empty table put in place whole, so that from here on
+                // a copy that does not decode is damage, never "not written yet".
+                copies
+                    .install_first(&encode(0, &store.states))
+                    .map_err(from_copy)?;
+            }
+            Newest::Found(batch, states) => {
+                store.batch = batch;
+                store.states = states;
+            }
+            Newest::Damaged(reason) => {
+                return Err(StatesError::NoIntactCopy {
+                    dir: dir.to_owned(),
+                    reason,
+                })
             }
         }
-        let Some((batch, states)) = best else {
-            return Err(StatesError::NoIntactCopy {
-                dir: dir.to_owned(),
-                reason: reasons.join("; "),
-            });
-        };
-        store.batch = batch;
-        store.states = states;
         Ok(store)
     }
 
@@ -236,21 +206,9 @@ impl GroupStates {
             return Ok(Vec::new());
         }
         let batch = self.batch + 1;
-        let path = copy_path(&self.dir, self.shard, batch % 2);
-        let bytes = encode(batch, &self.states);
-        let written = (|| {
-            let (file, created) = disk::open_or_create(&path)?;
-            disk::write_at(&file, &path, &bytes, 0)?;
-            disk::set_len(&file, &path, bytes.len() as u64)?;
-            disk::sync_data(&file, &path)?;
-            if created {
-                disk::sync_dir(&self.dir)?;
-            }
-            Ok(())
-        })();
-        if let Err(err) = written {
+        if let Err((path, source)) = self.copies.write(batch, &encode(batch, &self.states)) {
             self.poisoned = true;
-            return Err(io(&path)(err));
+            return Err(StatesError::Io { path, source });
         }
         self.batch = batch;
         let staged = std::mem::take(&mut self.staged);
