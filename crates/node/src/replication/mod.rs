@@ -4,6 +4,7 @@
 
 pub(crate) mod checkpoints;
 pub(crate) mod copies;
+pub(crate) mod group_host;
 pub(crate) mod journal_file;
 pub(crate) mod machine;
 pub(crate) mod states;
