@@ -313,18 +313,18 @@ fn exact_len(what: &'static str, bytes: &[u8], needed: usize) -> Result<(), Deco
     }
 }
 
-struct Reader<'a> {
+pub(crate) struct Reader<'a> {
     what: &'static str,
     bytes: &'a [u8],
     at: usize,
 }
 
 impl<'a> Reader<'a> {
-    fn new(what: &'static str, bytes: &'a [u8]) -> Self {
+    pub(crate) fn new(what: &'static str, bytes: &'a [u8]) -> Self {
         Self { what, bytes, at: 0 }
     }
 
-    fn take(&mut self, len: usize) -> Result<&'a [u8], DecodeError> {
+    pub(crate) fn take(&mut self, len: usize) -> Result<&'a [u8], DecodeError> {
         let end = self
             .at
             .checked_add(len)
@@ -341,25 +341,34 @@ impl<'a> Reader<'a> {
         Ok(slice)
     }
 
-    fn u32(&mut self) -> Result<u32, DecodeError> {
+    pub(crate) fn u8(&mut self) -> Result<u8, DecodeError> {
+        Ok(self.take(1)?[0])
+    }
+
+    /// Bytes not read yet.
+    pub(crate) fn remaining(&self) -> usize {
+        self.bytes.len() - self.at
+    }
+
+    pub(crate) fn u32(&mut self) -> Result<u32, DecodeError> {
         let mut raw = [0u8; 4];
         raw.copy_from_slice(self.take(4)?);
         Ok(u32::from_be_bytes(raw))
     }
 
-    fn u64(&mut self) -> Result<u64, DecodeError> {
+    pub(crate) fn u64(&mut self) -> Result<u64, DecodeError> {
         let mut raw = [0u8; 8];
         raw.copy_from_slice(self.take(8)?);
         Ok(u64::from_be_bytes(raw))
     }
 
-    fn u128(&mut self) -> Result<u128, DecodeError> {
+    pub(crate) fn u128(&mut self) -> Result<u128, DecodeError> {
         let mut raw = [0u8; 16];
         raw.copy_from_slice(self.take(16)?);
         Ok(u128::from_be_bytes(raw))
     }
 
-    fn finish(&self) -> Result<(), DecodeError> {
+    pub(crate) fn finish(&self) -> Result<(), DecodeError> {
         match self.bytes.len() - self.at {
             0 => Ok(()),
             extra => Err(DecodeError::TrailingBytes {

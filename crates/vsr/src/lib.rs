@@ -24,6 +24,7 @@ macro_rules! invariant {
     };
 }
 
+mod codec;
 mod durable;
 mod message;
 mod node;

@@ -1,0 +1,495 @@
+//! The wire form of [`Message`]: what replicas send each other over the replica bus
+//! (the bus frame carries the group). Fixed-width big-endian fields; a message is a
+//! kind byte and its fields, and decoding is strict (every header's checksum checked,
+//! every count bounded by the bytes left, nothing left over), so a peer's bytes are
+//! either a whole message or a typed error, never a panic.
+
+use crate::durable::{Checkpoint, DecodeError, Reader};
+use crate::message::{Header, Message, Prepare, Request, SuffixEntry};
+
+const WHAT: &str = "message";
+
+const REQUEST: u8 = 1;
+const PREPARE: u8 = 2;
+const PREPARE_OK: u8 = 3;
+const COMMIT: u8 = 4;
+const START_VIEW_CHANGE: u8 = 5;
+const DO_VIEW_CHANGE: u8 = 6;
+const START_VIEW: u8 = 7;
+const REQUEST_PREPARE: u8 = 8;
+const REQUEST_START_VIEW: u8 = 9;
+const COMMITTED: u8 = 10;
+const REQUEST_SNAPSHOT: u8 = 11;
+const SNAPSHOT: u8 = 12;
+
+fn put_u64(out: &mut Vec<u8>, v: u64) {
+    out.extend_from_slice(&v.to_be_bytes());
+}
+
+fn put_u128(out: &mut Vec<u8>, v: u128) {
+    out.extend_from_slice(&v.to_be_bytes());
+}
+
+fn put_bytes(out: &mut Vec<u8>, bytes: &[u8]) {
+    out.extend_from_slice(&(bytes.len() as u32).to_be_bytes());
+    out.extend_from_slice(bytes);
+}
+
+fn put_suffix(out: &mut Vec<u8>, suffix: &[SuffixEntry]) {
+    out.extend_from_slice(&(suffix.len() as u32).to_be_bytes());
+    for entry in suffix {
+        out.extend_from_slice(&entry.header.encode());
+        match &entry.body {
+            Some(body) => {
+                out.push(1);
+                put_bytes(out, body);
+            }
+            None => out.push(0),
+        }
+    }
+}
+
+fn bytes<'a>(r: &mut Reader<'a>) -> Result<&'a [u8], DecodeError> {
+    let len = r.u32()? as usize;
+    r.take(len)
+}
+
+fn header(r: &mut Reader<'_>) -> Result<Header, DecodeError> {
+    Header::decode(r.take(Header::ENCODED_BYTES)?)
+}
+
+/// A count of items of at least `item_bytes` each, refused if they cannot fit.
+fn count(r: &mut Reader<'_>, item_bytes: usize) -> Result<usize, DecodeError> {
+    let count = r.u32()? as usize;
+    if count.saturating_mul(item_bytes) > r.remaining() {
+        return Err(DecodeError::InvalidField {
+            what: WHAT,
+            field: "count",
+        });
+    }
+    Ok(count)
+}
+
+fn suffix(r: &mut Reader<'_>) -> Result<Vec<SuffixEntry>, DecodeError> {
+    (0..count(r, Header::ENCODED_BYTES + 1)?)
+        .map(|_| {
+            let header = header(r)?;
+            let body = match r.u8()? {
+                0 => None,
+                1 => Some(bytes(r)?.to_vec()),
+                _ => {
+                    return Err(DecodeError::InvalidField {
+                        what: WHAT,
+                        field: "body flag",
+                    })
+                }
+            };
+            Ok(SuffixEntry { header, body })
+        })
+        .collect()
+}
+
+impl Message {
+    /// Appends the message's wire form.
+    pub fn encode(&self, out: &mut Vec<u8>) {
+        match self {
+            Self::Request(request) => {
+                out.push(REQUEST);
+                put_u64(out, request.client);
+                put_u64(out, request.session);
+                put_u64(out, request.request);
+                put_bytes(out, &request.body);
+            }
+            Self::Prepare(prepare) => {
+                out.push(PREPARE);
+                out.extend_from_slice(&prepare.header.encode());
+                put_bytes(out, &prepare.body);
+            }
+            Self::PrepareOk {
+                view,
+                op,
+                checksum,
+                from,
+            } => {
+                out.push(PREPARE_OK);
+                put_u64(out, *view);
+                put_u64(out, *op);
+                put_u128(out, *checksum);
+                out.push(*from);
+            }
+            Self::Commit {
+                view,
+                commit,
+                checksum,
+                from,
+            }
+            | Self::Committed {
+                view,
+                commit,
+                checksum,
+                from,
+            } => {
+                out.push(if matches!(self, Self::Commit { .. }) {
+                    COMMIT
+                } else {
+                    COMMITTED
+                });
+                put_u64(out, *view);
+                put_u64(out, *commit);
+                put_u128(out, *checksum);
+                out.push(*from);
+            }
+            Self::StartViewChange { view, from } | Self::RequestStartView { view, from } => {
+                out.push(if matches!(self, Self::StartViewChange { .. }) {
+                    START_VIEW_CHANGE
+                } else {
+                    REQUEST_START_VIEW
+                });
+                put_u64(out, *view);
+                out.push(*from);
+            }
+            Self::DoViewChange {
+                view,
+                log_view,
+                op,
+                commit,
+                commit_checksum,
+                suffix,
+                faulty,
+                trusted_through,
+                from,
+            } => {
+                out.push(DO_VIEW_CHANGE);
+                for v in [*view, *log_view, *op, *commit] {
+                    put_u64(out, v);
+                }
+                match commit_checksum {
+                    Some(checksum) => {
+                        out.push(1);
+                        put_u128(out, *checksum);
+                    }
+                    None => out.push(0),
+                }
+                put_suffix(out, suffix);
+                out.extend_from_slice(&(faulty.len() as u32).to_be_bytes());
+                for op in faulty {
+                    put_u64(out, *op);
+                }
+                put_u64(out, *trusted_through);
+                out.push(*from);
+            }
+            Self::StartView {
+                view,
+                op,
+                commit,
+                suffix,
+                from,
+            } => {
+                out.push(START_VIEW);
+                for v in [*view, *op, *commit] {
+                    put_u64(out, v);
+                }
+                put_suffix(out, suffix);
+                out.push(*from);
+            }
+            Self::RequestPrepare { op, checksum, from } => {
+                out.push(REQUEST_PREPARE);
+                put_u64(out, *op);
+                put_u128(out, *checksum);
+                out.push(*from);
+            }
+            Self::RequestSnapshot { from } => {
+                out.push(REQUEST_SNAPSHOT);
+                out.push(*from);
+            }
+            Self::Snapshot { checkpoint, from } => {
+                out.push(SNAPSHOT);
+                put_bytes(out, &checkpoint.encode());
+                out.push(*from);
+            }
+        }
+    }
+
+    /// Reads a message written by [`Message::encode`] that fills `bytes` exactly.
+    ///
+    /// # Errors
+    /// A [`DecodeError`]: cut, trailing bytes, an unknown kind, a header or checkpoint
+    /// whose checksum fails, a count larger than the bytes could hold.
+    pub fn decode(wire: &[u8]) -> Result<Self, DecodeError> {
+        let mut r = Reader::new(WHAT, wire);
+        let message = match r.u8()? {
+            REQUEST => Self::Request(Request {
+                client: r.u64()?,
+                session: r.u64()?,
+                request: r.u64()?,
+                body: bytes_owned(&mut r)?,
+            }),
+            PREPARE => Self::Prepare(Prepare {
+                header: header(&mut r)?,
+                body: bytes_owned(&mut r)?,
+            }),
+            PREPARE_OK => Self::PrepareOk {
+                view: r.u64()?,
+                op: r.u64()?,
+                checksum: r.u128()?,
+                from: r.u8()?,
+            },
+            kind @ (COMMIT | COMMITTED) => {
+                let (view, commit, checksum, from) = (r.u64()?, r.u64()?, r.u128()?, r.u8()?);
+                if kind == COMMIT {
+                    Self::Commit {
+                        view,
+                        commit,
+                        checksum,
+                        from,
+                    }
+                } else {
+                    Self::Committed {
+                        view,
+                        commit,
+                        checksum,
+                        from,
+                    }
+                }
+            }
+            kind @ (START_VIEW_CHANGE | REQUEST_START_VIEW) => {
+                let (view, from) = (r.u64()?, r.u8()?);
+                if kind == START_VIEW_CHANGE {
+                    Self::StartViewChange { view, from }
+                } else {
+                    Self::RequestStartView { view, from }
+                }
+            }
+            DO_VIEW_CHANGE => {
+                let (view, log_view, op, commit) = (r.u64()?, r.u64()?, r.u64()?, r.u64()?);
+                let commit_checksum = match r.u8()? {
+                    0 => None,
+                    1 => Some(r.u128()?),
+                    _ => {
+                        return Err(DecodeError::InvalidField {
+                            what: WHAT,
+                            field: "commit checksum flag",
+                        })
+                    }
+                };
+                let suffix = suffix(&mut r)?;
+                let faulty = (0..count(&mut r, 8)?)
+                    .map(|_| r.u64())
+                    .collect::<Result<_, _>>()?;
+                Self::DoViewChange {
+                    view,
+                    log_view,
+                    op,
+                    commit,
+                    commit_checksum,
+                    suffix,
+                    faulty,
+                    trusted_through: r.u64()?,
+                    from: r.u8()?,
+                }
+            }
+            START_VIEW => Self::StartView {
+                view: r.u64()?,
+                op: r.u64()?,
+                commit: r.u64()?,
+                suffix: suffix(&mut r)?,
+                from: r.u8()?,
+            },
+            REQUEST_PREPARE => Self::RequestPrepare {
+                op: r.u64()?,
+                checksum: r.u128()?,
+                from: r.u8()?,
+            },
+            REQUEST_SNAPSHOT => Self::RequestSnapshot { from: r.u8()? },
+            SNAPSHOT => Self::Snapshot {
+                checkpoint: Checkpoint::decode(bytes(&mut r)?)?,
+                from: r.u8()?,
+            },
+            _ => {
+                return Err(DecodeError::InvalidField {
+                    what: WHAT,
+                    field: "kind",
+                })
+            }
+        };
+        r.finish()?;
+        Ok(message)
+    }
+}
+
+fn bytes_owned(r: &mut Reader<'_>) -> Result<Vec<u8>, DecodeError> {
+    bytes(r).map(<[u8]>::to_vec)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::message::{checksum, Operation};
+    use proptest::prelude::*;
+
+    fn header(op: u64, view: u64) -> Header {
+        Header {
+            group: 3,
+            view,
+            op,
+            commit: op.saturating_sub(1),
+            parent: u128::from(op) * 7,
+            body_checksum: checksum(&op.to_be_bytes()),
+            session: 1,
+            request: op,
+            operation: Operation::Request,
+            checksum: 0,
+        }
+        .seal()
+    }
+
+    fn suffix_entry() -> impl Strategy<Value = SuffixEntry> {
+        (
+            0u64..100,
+            0u64..5,
+            prop::option::of(prop::collection::vec(any::<u8>(), 0..20)),
+        )
+            .prop_map(|(op, view, body)| SuffixEntry {
+                header: header(op, view),
+                body,
+            })
+    }
+
+    fn message() -> impl Strategy<Value = Message> {
+        let small = prop::collection::vec(any::<u8>(), 0..40);
+        prop_oneof![
+            (any::<u64>(), any::<u64>(), any::<u64>(), small.clone()).prop_map(
+                |(client, session, request, body)| Message::Request(Request {
+                    client,
+                    session,
+                    request,
+                    body
+                })
+            ),
+            (0u64..100, small.clone()).prop_map(|(op, body)| Message::Prepare(Prepare {
+                header: header(op, 1),
+                body
+            })),
+            (any::<u64>(), any::<u64>(), any::<u128>(), any::<u8>()).prop_map(
+                |(view, op, checksum, from)| Message::PrepareOk {
+                    view,
+                    op,
+                    checksum,
+                    from
+                }
+            ),
+            (any::<u64>(), any::<u64>(), any::<u128>(), any::<u8>()).prop_map(
+                |(view, commit, checksum, from)| Message::Commit {
+                    view,
+                    commit,
+                    checksum,
+                    from
+                }
+            ),
+            (any::<u64>(), any::<u64>(), any::<u128>(), any::<u8>()).prop_map(
+                |(view, commit, checksum, from)| Message::Committed {
+                    view,
+                    commit,
+                    checksum,
+                    from
+                }
+            ),
+            (any::<u64>(), any::<u8>())
+                .prop_map(|(view, from)| Message::StartViewChange { view, from }),
+            (any::<u64>(), any::<u8>())
+                .prop_map(|(view, from)| Message::RequestStartView { view, from }),
+            (
+                (any::<u64>(), any::<u64>(), any::<u64>(), any::<u64>()),
+                prop::option::of(any::<u128>()),
+                prop::collection::vec(suffix_entry(), 0..4),
+                prop::collection::vec(any::<u64>(), 0..4),
+                any::<u64>(),
+                any::<u8>()
+            )
+                .prop_map(
+                    |(
+                        (view, log_view, op, commit),
+                        commit_checksum,
+                        suffix,
+                        faulty,
+                        trusted_through,
+                        from,
+                    )| {
+                        Message::DoViewChange {
+                            view,
+                            log_view,
+                            op,
+                            commit,
+                            commit_checksum,
+                            suffix,
+                            faulty,
+                            trusted_through,
+                            from,
+                        }
+                    }
+                ),
+            (
+                any::<u64>(),
+                any::<u64>(),
+                any::<u64>(),
+                prop::collection::vec(suffix_entry(), 0..4),
+                any::<u8>()
+            )
+                .prop_map(|(view, op, commit, suffix, from)| Message::StartView {
+                    view,
+                    op,
+                    commit,
+                    suffix,
+                    from
+                }),
+            (any::<u64>(), any::<u128>(), any::<u8>())
+                .prop_map(|(op, checksum, from)| Message::RequestPrepare { op, checksum, from }),
+            any::<u8>().prop_map(|from| Message::RequestSnapshot { from }),
+            (0u64..100, small, any::<u8>()).prop_map(|(op, state, from)| Message::Snapshot {
+                checkpoint: Checkpoint::new(header(op, 1), state),
+                from
+            }),
+        ]
+    }
+
+    proptest! {
+        /// Every message comes back whole, and every cut of it is an error.
+        #[test]
+        fn messages_round_trip_and_every_cut_is_refused(message in message()) {
+            let mut bytes = Vec::new();
+            message.encode(&mut bytes);
+            prop_assert_eq!(Message::decode(&bytes).unwrap(), message);
+            for cut in 0..bytes.len() {
+                prop_assert!(Message::decode(&bytes[..cut]).is_err());
+            }
+            bytes.push(0);
+            prop_assert!(Message::decode(&bytes).is_err(), "a trailing byte");
+        }
+
+        /// Bytes from a hostile peer decode or are refused; they never panic.
+        #[test]
+        fn arbitrary_bytes_never_panic(bytes in prop::collection::vec(any::<u8>(), 0..300)) {
+            let _ = Message::decode(&bytes);
+        }
+    }
+
+    #[test]
+    fn a_header_whose_checksum_fails_is_refused() {
+        let mut bytes = Vec::new();
+        Message::Prepare(Prepare {
+            header: header(4, 1),
+            body: b"body".to_vec(),
+        })
+        .encode(&mut bytes);
+        bytes[10] ^= 1;
+        assert!(matches!(
+            Message::decode(&bytes),
+            Err(DecodeError::Checksum { .. })
+        ));
+        // A count that cannot fit is refused before anything is allocated.
+        let mut huge = vec![START_VIEW];
+        huge.extend_from_slice(&[0; 24]);
+        huge.extend_from_slice(&u32::MAX.to_be_bytes());
+        assert!(Message::decode(&huge).is_err());
+    }
+}
