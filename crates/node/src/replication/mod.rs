@@ -8,3 +8,7 @@ pub(crate) mod group_host;
 pub(crate) mod journal_file;
 pub(crate) mod machine;
 pub(crate) mod states;
+pub(crate) mod wire;
+
+#[cfg(test)]
+mod over_bus_tests;
