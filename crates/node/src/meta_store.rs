@@ -606,21 +606,12 @@ mod tests {
     /// acknowledged op and nothing that is not a prefix of the ops.
     #[test]
     fn every_crash_state_keeps_the_acknowledged_ops() {
-        use braid_storage::disk::hook::{self, Plan};
+        use braid_storage::disk::hook;
         let ops = workload_ops(24);
         let states = states_after(&ops);
         let root = tempfile::tempdir().unwrap();
-        hook::install(Plan {
-            tracing: true,
-            ..Plan::default()
-        });
-        let trace_len = || {
-            hook::take().map_or(0, |plan| {
-                let len = plan.trace.len();
-                hook::install(plan);
-                len
-            })
-        };
+        hook::start_tracing();
+        let trace_len = hook::trace_len;
         let acks = run_ops(&root.path().join("metadata"), &ops, &trace_len);
         assert_eq!(acks.len(), ops.len());
         let trace = hook::take().unwrap().trace;

@@ -251,6 +251,20 @@ pub mod hook {
         PLAN.with(|p| p.borrow_mut().take())
     }
 
+    /// Starts tracing this thread's disk operations (a plan that fails nothing).
+    pub fn start_tracing() {
+        install(Plan {
+            tracing: true,
+            ..Plan::default()
+        });
+    }
+
+    /// Operations traced so far on this thread (0 without a plan): where a workload
+    /// stood when a write returned, for the crash-state harness.
+    pub fn trace_len() -> usize {
+        PLAN.with(|p| p.borrow().as_ref().map_or(0, |plan| plan.trace.len()))
+    }
+
     pub(super) fn before(op: DiskOp, path: &Path) -> std::io::Result<()> {
         PLAN.with(|p| {
             let mut plan = p.borrow_mut();

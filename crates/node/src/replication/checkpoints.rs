@@ -124,7 +124,7 @@ impl CheckpointStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use braid_storage::disk::hook::{self, Plan};
+    use braid_storage::disk::hook;
     use braid_vsr::Header;
 
     fn checkpoint(op: u64) -> Checkpoint {
@@ -170,17 +170,8 @@ mod tests {
     fn every_crash_state_holds_the_last_written_checkpoint_or_the_next() {
         let root = tempfile::tempdir().unwrap();
         let dir = root.path().join("replication");
-        hook::install(Plan {
-            tracing: true,
-            ..Plan::default()
-        });
-        let trace_len = || {
-            hook::take().map_or(0, |plan| {
-                let len = plan.trace.len();
-                hook::install(plan);
-                len
-            })
-        };
+        hook::start_tracing();
+        let trace_len = hook::trace_len;
         let ops = [64u64, 128, 192, 256];
         let mut acks = Vec::new();
         {

@@ -328,17 +328,8 @@ mod tests {
     fn every_crash_state_opens_to_the_last_written_batch_or_the_next() {
         let root = tempfile::tempdir().unwrap();
         let dir = root.path().join("replication");
-        hook::install(Plan {
-            tracing: true,
-            ..Plan::default()
-        });
-        let trace_len = || {
-            hook::take().map_or(0, |plan| {
-                let len = plan.trace.len();
-                hook::install(plan);
-                len
-            })
-        };
+        hook::start_tracing();
+        let trace_len = hook::trace_len;
         let mut acks = Vec::new();
         {
             // Record where in the trace each batch's write returned.

@@ -227,17 +227,8 @@ fn check_recovered(recovered: &Recovered, synced: usize, written: usize, context
 fn every_crash_state_keeps_every_synced_write_or_marks_it_damaged() {
     let root = tempfile::tempdir().unwrap();
     let path = root.path().join("replication").join("meta.journal");
-    hook::install(Plan {
-        tracing: true,
-        ..Plan::default()
-    });
-    let trace_len = || {
-        hook::take().map_or(0, |plan| {
-            let len = plan.trace.len();
-            hook::install(plan);
-            len
-        })
-    };
+    hook::start_tracing();
+    let trace_len = hook::trace_len;
     // (trace length when a sync returned, records written by then)
     let mut acks = Vec::new();
     let total = {
