@@ -19,7 +19,7 @@ use std::path::Path;
 
 use super::*;
 use crate::config::{FsyncPolicy, LogConfig};
-use crate::disk::hook::{self, Event, Plan};
+use crate::disk::hook::{self, Event};
 use braid_proto::{BatchBuilder, ValidatedBatch};
 
 fn config(fsync: FsyncPolicy) -> LogConfig {
@@ -56,17 +56,7 @@ struct Ack {
 /// Under `Always` the workload syncs now and then; under `Never` it never does, and
 /// only sealing a segment (which syncs it) makes records durable.
 fn traced_workload(root: &Path, seed: u64, fsync: FsyncPolicy) -> (Vec<Event>, Vec<Ack>) {
-    hook::install(Plan {
-        tracing: true,
-        ..Plan::default()
-    });
-    let events = || {
-        hook::take().map(|plan| {
-            let len = plan.trace.len();
-            hook::install(plan);
-            len
-        })
-    };
+    hook::start_tracing();
     let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
     let mut rng = move |n: u64| {
         state ^= state << 13;
@@ -112,7 +102,7 @@ fn traced_workload(root: &Path, seed: u64, fsync: FsyncPolicy) -> (Vec<Event>, V
         let acked = log.durable_offset() as usize;
         if acks.last().is_some_and(|ack| ack.values.len() != acked) {
             acks.push(Ack {
-                events: events().unwrap_or(0),
+                events: hook::trace_len(),
                 values: values[..acked].to_vec(),
             });
         }
