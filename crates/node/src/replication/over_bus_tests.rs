@@ -10,7 +10,7 @@ use braid_bus::{Bus, BusConfig};
 use braid_vsr::{Config, Input, Message, Reply, Request, Status};
 use tokio::sync::{mpsc, oneshot, watch};
 
-use super::group_host::{Effects, GroupHost};
+use super::group_host::{Effects, ShardHost};
 use super::machine::MetadataMachine;
 use super::wire;
 use crate::metadata::{MetaOp, Metadata};
@@ -62,7 +62,8 @@ async fn start(
     };
     let (bus, mut deliveries) = Bus::start(bus_config(replica, &addresses), listener).unwrap();
     let config = Config::new(0, replica, 3, u64::from(replica) + 1);
-    let mut host = GroupHost::open(&dir, config, MetadataMachine::default()).unwrap();
+    let mut host = ShardHost::open(&dir, 0).unwrap();
+    host.add_group(config, MetadataMachine::default()).unwrap();
     let (asks, mut asked) = mpsc::channel::<Ask>(64);
     let (stop, mut stopped) = watch::channel(false);
     let task = tokio::spawn(async move {
@@ -71,11 +72,11 @@ async fn start(
         let mut now = 0u64;
         let carry =
             |effects: Effects, waiting: &mut HashMap<(u64, u64), oneshot::Sender<Reply>>| {
-                for (to, message) in effects.sends {
+                for (group, to, message) in effects.sends {
                     // A full or down link drops the frame: consensus retransmits.
-                    let _ = bus.send(0, to, wire::frame(0, &message));
+                    let _ = bus.send(0, to, wire::frame(group, &message));
                 }
-                for reply in effects.replies {
+                for (_, reply) in effects.replies {
                     // Matched by (register?, request number): one client per test.
                     if let Some(waiter) =
                         waiting.remove(&(u64::from(reply.register), reply.request))
@@ -103,14 +104,17 @@ async fn start(
                         Input::Message(message)
                     }
                     Ask::Status(answer) => {
-                        let replica = host.replica();
+                        let Some(replica) = host.replica(0) else { continue };
                         let state = replica.state().machine().state().clone();
                         let _ = answer.send((replica.status(), replica.is_primary(), state, replica.view()));
                         continue;
                     }
                 },
             };
-            let effects = host.step(now, input).unwrap();
+            let effects = match input {
+                Input::Tick => host.tick(now).unwrap(),
+                input => host.step(now, vec![(0, input)]).unwrap(),
+            };
             carry(effects, &mut waiting);
         }
     });

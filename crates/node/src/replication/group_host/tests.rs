@@ -47,14 +47,32 @@ fn config(replica: u8, count: u8) -> Config {
     Config::new(0, replica, count, 7)
 }
 
+type Host = ShardHost<MetadataMachine>;
+
+/// A shard host holding only the metadata group.
+fn open(dir: &std::path::Path, replica: u8, count: u8) -> Result<Host, HostError> {
+    let mut host = ShardHost::open(dir, 0)?;
+    host.add_group(config(replica, count), MetadataMachine::default())?;
+    Ok(host)
+}
+
+/// One input to group 0.
+fn step(host: &mut Host, now: u64, input: Input) -> Effects {
+    host.step(now, vec![(0, input)]).unwrap()
+}
+
+fn replies(effects: &Effects) -> Vec<&Reply> {
+    effects.replies.iter().map(|(_, r)| r).collect()
+}
+
 /// Ticks a lone replica until it is normal (a restarted one recovers by itself).
-fn tick_until_normal(host: &mut GroupHost<MetadataMachine>, now: &mut u64) {
+fn tick_until_normal(host: &mut Host, now: &mut u64) {
     for _ in 0..1_000 {
-        if host.replica().status() == Status::Normal {
+        if host.replica(0).unwrap().status() == Status::Normal {
             return;
         }
         *now += 1;
-        host.step(*now, Input::Tick).unwrap();
+        host.tick(*now).unwrap();
     }
     panic!("the replica never became normal");
 }
@@ -63,43 +81,62 @@ fn tick_until_normal(host: &mut GroupHost<MetadataMachine>, now: &mut u64) {
 fn a_lone_replica_commits_to_disk_and_restarts_with_every_op() {
     let dir = tempfile::tempdir().unwrap();
     let mut now = 0;
-    let mut host = GroupHost::open(dir.path(), config(0, 1), MetadataMachine::default()).unwrap();
+    let mut host = open(dir.path(), 0, 1).unwrap();
     tick_until_normal(&mut host, &mut now);
     let (mut client, register) = MetaClient::register(9);
-    let effects = host.step(now, Input::Message(register)).unwrap();
-    client.session = effects.replies[0].session;
+    let effects = step(&mut host, now, Input::Message(register));
+    client.session = replies(&effects)[0].session;
     // Enough ops to pass a checkpoint (every 64) and prune the journal below it.
     for i in 0..100 {
         let message = client.propose(&stream(&format!("s{i}")));
-        let effects = host.step(now, Input::Message(message)).unwrap();
+        let effects = step(&mut host, now, Input::Message(message));
         assert_eq!(effects.replies.len(), 1, "op {i} answered");
-        let result = effects.replies[0].result.clone().unwrap();
+        let result = replies(&effects)[0].result.clone().unwrap();
         MetadataMachine::outcome(&result).unwrap();
     }
     let again = client.propose(&stream("s0"));
-    let refused = host.step(now, Input::Message(again)).unwrap();
-    let result = refused.replies[0].result.clone().unwrap();
+    let refused = step(&mut host, now, Input::Message(again));
+    let result = replies(&refused)[0].result.clone().unwrap();
     assert!(
         MetadataMachine::outcome(&result).is_err(),
         "a second s0 is refused"
     );
-    let before = host.replica().state().machine().state().clone();
+    let before = host.replica(0).unwrap().state().machine().state().clone();
     drop(host);
 
-    let mut host = GroupHost::open(dir.path(), config(0, 1), MetadataMachine::default()).unwrap();
+    let mut host = open(dir.path(), 0, 1).unwrap();
     tick_until_normal(&mut host, &mut now);
-    assert_eq!(host.replica().state().machine().state(), &before);
-    assert_eq!(host.replica().state().machine().state().streams.len(), 100);
+    assert_eq!(host.replica(0).unwrap().state().machine().state(), &before);
+    assert_eq!(
+        host.replica(0)
+            .unwrap()
+            .state()
+            .machine()
+            .state()
+            .streams
+            .len(),
+        100
+    );
     // The session survives the restart: its next request is served, once.
     let message = client.propose(&stream("after"));
-    let effects = host.step(now, Input::Message(message.clone())).unwrap();
-    MetadataMachine::outcome(&effects.replies[0].result.clone().unwrap()).unwrap();
-    let retried = host.step(now, Input::Message(message)).unwrap();
+    let effects = step(&mut host, now, Input::Message(message.clone()));
+    MetadataMachine::outcome(&replies(&effects)[0].result.clone().unwrap()).unwrap();
+    let retried = step(&mut host, now, Input::Message(message));
     assert_eq!(
-        retried.replies[0].result, effects.replies[0].result,
+        replies(&retried)[0].result,
+        replies(&effects)[0].result,
         "a retry is answered from the session"
     );
-    assert_eq!(host.replica().state().machine().state().streams.len(), 101);
+    assert_eq!(
+        host.replica(0)
+            .unwrap()
+            .state()
+            .machine()
+            .state()
+            .streams
+            .len(),
+        101
+    );
     assert!(
         std::fs::read_dir(dir.path()).unwrap().any(|e| e
             .unwrap()
@@ -114,23 +151,20 @@ fn a_lone_replica_commits_to_disk_and_restarts_with_every_op() {
 fn a_lone_replica_with_a_damaged_journal_refuses_to_start() {
     let dir = tempfile::tempdir().unwrap();
     let mut now = 0;
-    let mut host = GroupHost::open(dir.path(), config(0, 1), MetadataMachine::default()).unwrap();
+    let mut host = open(dir.path(), 0, 1).unwrap();
     tick_until_normal(&mut host, &mut now);
     let (mut client, register) = MetaClient::register(1);
-    client.session = host.step(now, Input::Message(register)).unwrap().replies[0].session;
+    client.session = replies(&step(&mut host, now, Input::Message(register)))[0].session;
     for i in 0..5 {
-        host.step(
-            now,
-            Input::Message(client.propose(&stream(&format!("s{i}")))),
-        )
-        .unwrap();
+        let message = client.propose(&stream(&format!("s{i}")));
+        step(&mut host, now, Input::Message(message));
     }
     drop(host);
     let path = dir.path().join("group-0.journal");
     let mut bytes = std::fs::read(&path).unwrap();
     bytes[40] ^= 0xff;
     std::fs::write(&path, &bytes).unwrap();
-    let refused = GroupHost::open(dir.path(), config(0, 1), MetadataMachine::default());
+    let refused = open(dir.path(), 0, 1);
     let err = refused.expect_err("a damaged lone journal was accepted");
     assert!(err.to_string().contains("no peer"), "{err}");
 }
@@ -138,7 +172,7 @@ fn a_lone_replica_with_a_damaged_journal_refuses_to_start() {
 /// Three hosts on three directories, messages moved between them in memory.
 struct Trio {
     dirs: Vec<tempfile::TempDir>,
-    hosts: Vec<Option<GroupHost<MetadataMachine>>>,
+    hosts: Vec<Option<Host>>,
     wire: VecDeque<(ReplicaId, Message)>,
     replies: Vec<Reply>,
     now: u64,
@@ -148,16 +182,7 @@ impl Trio {
     fn new() -> Self {
         let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
         let hosts = (0..3u8)
-            .map(|r| {
-                Some(
-                    GroupHost::open(
-                        dirs[r as usize].path(),
-                        config(r, 3),
-                        MetadataMachine::default(),
-                    )
-                    .unwrap(),
-                )
-            })
+            .map(|r| Some(open(dirs[r as usize].path(), r, 3).unwrap()))
             .collect();
         Self {
             dirs,
@@ -171,9 +196,14 @@ impl Trio {
     fn deliver(&mut self, to: ReplicaId, input: Input) {
         let now = self.now;
         if let Some(host) = self.hosts[to as usize].as_mut() {
-            let effects = host.step(now, input).unwrap();
-            self.wire.extend(effects.sends);
-            self.replies.extend(effects.replies);
+            let effects = match input {
+                Input::Tick => host.tick(now).unwrap(),
+                input => host.step(now, vec![(0, input)]).unwrap(),
+            };
+            self.wire
+                .extend(effects.sends.into_iter().map(|(_, to, m)| (to, m)));
+            self.replies
+                .extend(effects.replies.into_iter().map(|(_, r)| r));
         }
     }
 
@@ -194,8 +224,9 @@ impl Trio {
         self.hosts
             .iter()
             .flatten()
-            .find(|h| h.replica().is_primary() && h.replica().status() == Status::Normal)
-            .map(|h| h.replica().config().replica)
+            .filter_map(|h| h.replica(0))
+            .find(|r| r.is_primary() && r.status() == Status::Normal)
+            .map(|r| r.config().replica)
             .expect("a normal primary")
     }
 
@@ -214,14 +245,7 @@ impl Trio {
 
     fn restart(&mut self, r: ReplicaId) {
         self.hosts[r as usize] = None;
-        self.hosts[r as usize] = Some(
-            GroupHost::open(
-                self.dirs[r as usize].path(),
-                config(r, 3),
-                MetadataMachine::default(),
-            )
-            .unwrap(),
-        );
+        self.hosts[r as usize] = Some(open(self.dirs[r as usize].path(), r, 3).unwrap());
     }
 }
 
@@ -251,11 +275,14 @@ fn three_replicas_on_real_disks_agree_through_restarts() {
         .hosts
         .iter()
         .flatten()
-        .map(|h| h.replica().state().machine().state().clone())
+        .map(|h| h.replica(0).unwrap().state().machine().state().clone())
         .collect();
     assert_eq!(states.len(), 3);
     assert!(
-        trio.hosts.iter().flatten().all(|h| h.replica().view() > 0),
+        trio.hosts
+            .iter()
+            .flatten()
+            .all(|h| h.replica(0).unwrap().view() > 0),
         "the primary's restart moved the group to a new view"
     );
     assert_eq!(
@@ -267,4 +294,129 @@ fn three_replicas_on_real_disks_agree_through_restarts() {
         states.iter().all(|s| s == &states[0]),
         "the replicas disagree"
     );
+}
+
+/// Many groups on each of three shard hosts: each turn delivers a host every message
+/// waiting for it, across groups, in one step (one states write for all of them); a
+/// host restarts in the middle; every group ends with its ops on all three.
+#[test]
+fn many_groups_share_each_hosts_turns_and_agree_through_a_restart() {
+    const GROUPS: u64 = 12;
+    let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+    let open_all = |r: u8| {
+        let mut host = ShardHost::open(dirs[r as usize].path(), 0).unwrap();
+        for group in 0..GROUPS {
+            let config = Config::new(group, r, 3, group * 3 + u64::from(r));
+            host.add_group(config, MetadataMachine::default()).unwrap();
+        }
+        host
+    };
+    let mut hosts: Vec<Host> = (0..3).map(open_all).collect();
+    let mut wire: Vec<(u8, u64, Message)> = Vec::new();
+    let mut replies: Vec<(u64, Reply)> = Vec::new();
+    let mut now = 0u64;
+    // One turn: every host ticks, then takes all messages for it in one step.
+    let mut turn = |hosts: &mut Vec<Host>,
+                    wire: &mut Vec<(u8, u64, Message)>,
+                    replies: &mut Vec<(u64, Reply)>,
+                    extra: Vec<(u8, u64, Message)>| {
+        now += 1;
+        wire.extend(extra);
+        for (r, host) in hosts.iter_mut().enumerate() {
+            let mine: Vec<(u64, Input)> = wire
+                .iter()
+                .filter(|(to, _, _)| *to as usize == r)
+                .map(|(_, g, m)| (*g, Input::Message(m.clone())))
+                .collect();
+            wire.retain(|(to, _, _)| *to as usize != r);
+            let mut effects = host.tick(now).unwrap();
+            let stepped = host.step(now, mine).unwrap();
+            effects.sends.extend(stepped.sends);
+            effects.replies.extend(stepped.replies);
+            wire.extend(effects.sends.into_iter().map(|(g, to, m)| (to, g, m)));
+            replies.extend(effects.replies);
+        }
+    };
+    for _ in 0..100 {
+        turn(&mut hosts, &mut wire, &mut replies, Vec::new());
+    }
+    let primary_of = |hosts: &Vec<Host>, group: u64| -> u8 {
+        hosts
+            .iter()
+            .filter_map(|h| h.replica(group))
+            .find(|r| r.is_primary() && r.status() == Status::Normal)
+            .map(|r| r.config().replica)
+            .expect("a primary")
+    };
+    // Register a session in every group, then three ops per group.
+    let mut sessions = vec![0u64; GROUPS as usize];
+    for group in 0..GROUPS {
+        let (_, register) = MetaClient::register(group + 100);
+        let to = primary_of(&hosts, group);
+        turn(
+            &mut hosts,
+            &mut wire,
+            &mut replies,
+            vec![(to, group, register)],
+        );
+        for _ in 0..50 {
+            if let Some(i) = replies.iter().position(|(g, r)| *g == group && r.register) {
+                sessions[group as usize] = replies.remove(i).1.session;
+                break;
+            }
+            turn(&mut hosts, &mut wire, &mut replies, Vec::new());
+        }
+        assert_ne!(sessions[group as usize], 0, "group {group} registered");
+    }
+    for round in 0..3u64 {
+        if round == 1 {
+            hosts[2] = ShardHost::open(dirs[2].path(), 0).unwrap();
+            for group in 0..GROUPS {
+                let config = Config::new(group, 2, 3, group * 3 + 2);
+                hosts[2]
+                    .add_group(config, MetadataMachine::default())
+                    .unwrap();
+            }
+            for _ in 0..300 {
+                turn(&mut hosts, &mut wire, &mut replies, Vec::new());
+            }
+        }
+        let mut requests = Vec::new();
+        for group in 0..GROUPS {
+            let message = Message::Request(Request {
+                client: group + 100,
+                session: sessions[group as usize],
+                request: round + 1,
+                body: MetadataMachine::input(&stream(&format!("g{group}r{round}"))),
+            });
+            requests.push((primary_of(&hosts, group), group, message));
+        }
+        replies.clear();
+        turn(&mut hosts, &mut wire, &mut replies, requests);
+        for _ in 0..200 {
+            if replies.iter().filter(|(_, r)| !r.register).count() >= GROUPS as usize {
+                break;
+            }
+            turn(&mut hosts, &mut wire, &mut replies, Vec::new());
+        }
+        assert_eq!(
+            replies.len(),
+            GROUPS as usize,
+            "round {round}: every group answered"
+        );
+    }
+    for _ in 0..300 {
+        turn(&mut hosts, &mut wire, &mut replies, Vec::new());
+    }
+    for group in 0..GROUPS {
+        let states: Vec<_> = hosts
+            .iter()
+            .map(|h| h.replica(group).unwrap().state().machine().state().clone())
+            .collect();
+        assert_eq!(states[0].streams.len(), 3, "group {group}");
+        assert!(
+            states.iter().all(|s| s == &states[0]),
+            "group {group} disagrees"
+        );
+    }
 }
