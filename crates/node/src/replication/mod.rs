@@ -4,9 +4,9 @@
 
 pub(crate) mod checkpoints;
 pub(crate) mod copies;
-pub(crate) mod group_host;
 pub(crate) mod journal_file;
 pub(crate) mod machine;
+pub(crate) mod shard_host;
 pub(crate) mod states;
 pub(crate) mod wire;
 

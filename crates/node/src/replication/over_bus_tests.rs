@@ -10,8 +10,8 @@ use braid_bus::{Bus, BusConfig};
 use braid_vsr::{Config, Input, Message, Reply, Request, Status};
 use tokio::sync::{mpsc, oneshot, watch};
 
-use super::group_host::{Effects, ShardHost};
 use super::machine::MetadataMachine;
+use super::shard_host::{Effects, ShardHost};
 use super::wire;
 use crate::metadata::{MetaOp, Metadata};
 
