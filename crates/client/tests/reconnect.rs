@@ -9,6 +9,8 @@
 mod common;
 
 use std::collections::{BTreeMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use braid_client::{Client, Consumer, ConsumerConfig, Producer, ProducerConfig, StartFrom};
@@ -34,9 +36,14 @@ async fn a_producer_rides_through_a_restart_of_its_node() {
     .await
     .unwrap();
 
-    // Keys k0..k15, values counting up per key; sent while the node restarts.
+    // Keys k0..k15, values counting up per key. Halfway the sender tells the test and
+    // waits until the restart has begun, then sends on while the node goes and comes
+    // back: whatever the machine's speed, records are in flight across the restart.
+    let halfway = Arc::new(tokio::sync::Notify::new());
+    let restarting = Arc::new(AtomicBool::new(false));
     let sender = {
         let producer = producer.clone();
+        let (halfway, restarting) = (Arc::clone(&halfway), Arc::clone(&restarting));
         tokio::spawn(async move {
             let mut acked = Vec::new();
             let mut pending = Vec::new();
@@ -56,6 +63,12 @@ async fn a_producer_rides_through_a_restart_of_its_node() {
                     }
                     tokio::time::sleep(Duration::from_millis(2)).await;
                 }
+                if i == 10_000 {
+                    halfway.notify_one();
+                    while !restarting.load(Ordering::Acquire) {
+                        tokio::time::sleep(Duration::from_millis(1)).await;
+                    }
+                }
             }
             producer.flush();
             for (value, answer) in pending {
@@ -67,8 +80,9 @@ async fn a_producer_rides_through_a_restart_of_its_node() {
             acked
         })
     };
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    halfway.notified().await;
     // A restart on the same address, while records are in flight.
+    restarting.store(true, Ordering::Release);
     node.shutdown();
     tokio::time::sleep(Duration::from_millis(200)).await;
     let node = Node::start(braid_node::NodeConfig {
