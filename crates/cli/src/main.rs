@@ -292,6 +292,19 @@ fn server(args: ServerArgs) -> Result<()> {
         config.cluster_mut().secret_file = Some(file);
     }
     let node = Node::start(config).context("starting the node")?;
+    // The handlers go in before the listening line: a supervisor (or a test) that
+    // sends SIGTERM as soon as it reads the line must get a graceful stop, not the
+    // default action's kill.
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let (mut term, mut interrupt) = runtime.block_on(async {
+        use tokio::signal::unix::{signal, SignalKind};
+        Ok::<_, std::io::Error>((
+            signal(SignalKind::terminate())?,
+            signal(SignalKind::interrupt())?,
+        ))
+    })?;
     // Scripts and tests read this line to learn the bound ports.
     println!(
         "braid listening: client {} http {}",
@@ -299,17 +312,12 @@ fn server(args: ServerArgs) -> Result<()> {
         node.http_addr()
     );
     std::io::stdout().flush()?;
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
     runtime.block_on(async {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
         tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
+            _ = interrupt.recv() => {}
             _ = term.recv() => {}
         }
-        Ok::<(), anyhow::Error>(())
-    })?;
+    });
     tracing::info!("shutting down");
     node.shutdown();
     Ok(())
