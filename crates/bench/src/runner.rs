@@ -450,21 +450,27 @@ async fn live(
     let stop_sampler = Arc::new(tokio::sync::Notify::new());
     let sampler = spawn_sampler(Arc::clone(counters), clock, Arc::clone(&stop_sampler));
     // Exact marks of the measured window: counters at the end of warm-up and at the end.
-    let warmup_mark = {
+    // Without a warm-up the mark is taken here, before any producer runs: a task woken
+    // "at once" may run only after the first acknowledgements on a loaded machine, and
+    // would then leave them out of the window.
+    let start_mark = (clock.now(), counters.snapshot());
+    let warmup_mark = (workload.warmup_seconds > 0).then(|| {
         let counters = Arc::clone(counters);
         tokio::spawn(async move {
             tokio::time::sleep_until((clock.start + clock.warmup).into()).await;
             (clock.now(), counters.snapshot())
         })
-    };
+    });
     let ack = join_producers(spawn_producers(addr, &plan, counters).await?).await;
     let end = (clock.now(), counters.snapshot());
-    let (warm_at, warm) = if warmup_mark.is_finished() {
-        warmup_mark.await.unwrap_or((Duration::ZERO, [0; 4]))
-    } else {
-        // The run ended inside its warm-up (a small record count): measure it all.
-        warmup_mark.abort();
-        (Duration::ZERO, [0; 4])
+    let (warm_at, warm) = match warmup_mark {
+        Some(mark) if mark.is_finished() => mark.await.unwrap_or(start_mark),
+        Some(mark) => {
+            // The run ended inside its warm-up (a small record count): measure it all.
+            mark.abort();
+            start_mark
+        }
+        None => start_mark,
     };
     let window = end.0.saturating_sub(warm_at);
     let produce = Throughput::new(end.1[0] - warm[0], end.1[1] - warm[1], window);
