@@ -16,14 +16,32 @@ use std::time::Duration;
 use braid_client::{Client, Consumer, ConsumerConfig, Producer, ProducerConfig, StartFrom};
 use braid_node::{FsyncSetting, Node};
 
+/// A node (fsync always) in `dir` with topic `s/t` of 4 partitions, and a client.
+async fn node_with_topic(dir: &std::path::Path) -> (braid_node::NodeConfig, Node, Client) {
+    let config = common::config(dir, FsyncSetting::Always);
+    let node = Node::start(config.clone()).unwrap();
+    let client = Client::connect(node.client_addr()).await.unwrap();
+    common::create_topic(&client, "s", "t", 4).await;
+    (config, node, client)
+}
+
+/// Stops `node` gracefully and starts it again on the same address and directory.
+async fn restart(node: Node, config: &braid_node::NodeConfig) -> Node {
+    let addr = node.client_addr();
+    node.shutdown();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    Node::start(braid_node::NodeConfig {
+        client_addr: addr,
+        ..config.clone()
+    })
+    .unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_producer_rides_through_a_restart_of_its_node() {
     let dir = tempfile::tempdir().unwrap();
-    let config = common::config(dir.path(), FsyncSetting::Always);
-    let node = Node::start(config.clone()).unwrap();
+    let (config, node, client) = node_with_topic(dir.path()).await;
     let addr = node.client_addr();
-    let client = Client::connect(addr).await.unwrap();
-    common::create_topic(&client, "s", "t", 4).await;
     let producer = Producer::new(
         &client,
         "s",
@@ -83,13 +101,7 @@ async fn a_producer_rides_through_a_restart_of_its_node() {
     halfway.notified().await;
     // A restart on the same address, while records are in flight.
     restarting.store(true, Ordering::Release);
-    node.shutdown();
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    let node = Node::start(braid_node::NodeConfig {
-        client_addr: addr,
-        ..config
-    })
-    .unwrap();
+    let node = restart(node, &config).await;
     let acked = tokio::time::timeout(Duration::from_secs(60), sender)
         .await
         .expect("the producer resumed")
@@ -156,11 +168,8 @@ async fn a_producer_rides_through_a_restart_of_its_node() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_group_consumer_rides_through_a_restart_of_its_node() {
     let dir = tempfile::tempdir().unwrap();
-    let config = common::config(dir.path(), FsyncSetting::Always);
-    let node = Node::start(config.clone()).unwrap();
+    let (config, node, client) = node_with_topic(dir.path()).await;
     let addr = node.client_addr();
-    let client = Client::connect(addr).await.unwrap();
-    common::create_topic(&client, "s", "t", 4).await;
     // Small batches, so the consumer needs many fetches and the restart falls among them.
     let small = ProducerConfig {
         batch_bytes: 1024,
@@ -206,15 +215,7 @@ async fn a_group_consumer_rides_through_a_restart_of_its_node() {
             seen.len()
         );
         if restarted.is_none() && !seen.is_empty() {
-            node.take().unwrap().shutdown();
-            tokio::time::sleep(Duration::from_millis(200)).await;
-            restarted = Some(
-                Node::start(braid_node::NodeConfig {
-                    client_addr: addr,
-                    ..config.clone()
-                })
-                .unwrap(),
-            );
+            restarted = Some(restart(node.take().unwrap(), &config).await);
         }
         let records = consumer
             .poll(Duration::from_millis(500))

@@ -61,6 +61,11 @@ fn step(host: &mut Host, now: u64, input: Input) -> Effects {
     host.step(now, vec![(0, input)]).unwrap()
 }
 
+/// The metadata group 0 holds on `host`.
+fn metadata(host: &Host) -> &crate::metadata::Metadata {
+    host.replica(0).unwrap().state().machine().state()
+}
+
 fn replies(effects: &Effects) -> Vec<&Reply> {
     effects.replies.iter().map(|(_, r)| r).collect()
 }
@@ -101,22 +106,13 @@ fn a_lone_replica_commits_to_disk_and_restarts_with_every_op() {
         MetadataMachine::outcome(&result).is_err(),
         "a second s0 is refused"
     );
-    let before = host.replica(0).unwrap().state().machine().state().clone();
+    let before = metadata(&host).clone();
     drop(host);
 
     let mut host = open(dir.path(), 0, 1).unwrap();
     tick_until_normal(&mut host, &mut now);
-    assert_eq!(host.replica(0).unwrap().state().machine().state(), &before);
-    assert_eq!(
-        host.replica(0)
-            .unwrap()
-            .state()
-            .machine()
-            .state()
-            .streams
-            .len(),
-        100
-    );
+    assert_eq!(metadata(&host), &before);
+    assert_eq!(metadata(&host).streams.len(), 100);
     // The session survives the restart: its next request is served, once.
     let message = client.propose(&stream("after"));
     let effects = step(&mut host, now, Input::Message(message.clone()));
@@ -127,16 +123,7 @@ fn a_lone_replica_commits_to_disk_and_restarts_with_every_op() {
         replies(&effects)[0].result,
         "a retry is answered from the session"
     );
-    assert_eq!(
-        host.replica(0)
-            .unwrap()
-            .state()
-            .machine()
-            .state()
-            .streams
-            .len(),
-        101
-    );
+    assert_eq!(metadata(&host).streams.len(), 101);
     assert!(
         std::fs::read_dir(dir.path()).unwrap().any(|e| e
             .unwrap()
