@@ -12,8 +12,7 @@ use braid_proto::client::{Grant, Resource, NODE_PERMISSIONS, STREAM_PERMISSIONS}
 use braid_proto::scram::{nonce_from, ScramCredential, ITERATIONS_DEFAULT, SALT_BYTES};
 
 use crate::config::NodeConfig;
-use crate::meta_store::{MetaStore, StoreError};
-use crate::metadata::MetaOp;
+use crate::metadata::{MetaOp, Metadata};
 
 /// The bootstrap admin's name.
 pub(crate) const ADMIN_USER: &str = "admin";
@@ -39,8 +38,8 @@ pub enum BootstrapError {
     #[error("drawing random bytes: {0}")]
     Random(String),
     /// The metadata refused the user.
-    #[error(transparent)]
-    Store(#[from] StoreError),
+    #[error("{0}")]
+    Refused(String),
 }
 
 /// Fills `out` from the OS's random source.
@@ -48,21 +47,29 @@ pub(crate) fn random_bytes(out: &mut [u8]) -> Result<(), BootstrapError> {
     getrandom::getrandom(out).map_err(|e| BootstrapError::Random(e.to_string()))
 }
 
-/// Creates `admin` if authentication is on and no user exists.
-pub(crate) fn ensure_admin(
-    store: &mut MetaStore,
+/// The ops that create `admin` with every permission, if authentication is on and no
+/// user exists. A drawn password is written to its file before the ops are proposed (a
+/// crash between leaves a file and no user); a file left by an earlier start is read
+/// again rather than drawn anew, so a start that proposes again never leaves a file
+/// whose password the user does not have.
+pub(crate) fn admin_ops(
+    state: &Metadata,
     config: &NodeConfig,
-) -> Result<(), BootstrapError> {
-    if !config.authentication || !store.state().users.is_empty() {
-        return Ok(());
+) -> Result<Vec<MetaOp>, BootstrapError> {
+    if !config.authentication || !state.users.is_empty() {
+        return Ok(Vec::new());
     }
+    let drawn_path = config.data_dir.join(ADMIN_PASSWORD_FILE);
     let (password, drawn) = match (&config.admin_password, &config.admin_password_file) {
         (Some(secret), _) => (secret.0.clone(), false),
         (None, Some(path)) => (read_password(path)?, false),
+        (None, None) if drawn_path.exists() => (read_password(&drawn_path)?, true),
         (None, None) => {
             let mut bytes = [0u8; 18];
             random_bytes(&mut bytes)?;
-            (nonce_from(&bytes).replace(['+', '/'], "x"), true)
+            let password = nonce_from(&bytes).replace(['+', '/'], "x");
+            write_password(&drawn_path, &password)?;
+            (password, true)
         }
     };
     if password.is_empty() {
@@ -71,39 +78,34 @@ pub(crate) fn ensure_admin(
     let mut salt = [0u8; SALT_BYTES];
     random_bytes(&mut salt)?;
     let credential = ScramCredential::derive(&password, &salt, ITERATIONS_DEFAULT);
-    if drawn {
-        // Written before the user exists: a crash between the two leaves a file and
-        // no user, and the next start draws again.
-        write_password(&config.data_dir.join(ADMIN_PASSWORD_FILE), &password)?;
-    }
     let name = ADMIN_USER.to_owned();
-    store.apply(&MetaOp::CreateUser {
+    let mut ops = vec![MetaOp::CreateUser {
         name: name.clone(),
         credential,
-    })?;
+    }];
     for (resource, permissions) in [
         (Resource::Node, NODE_PERMISSIONS),
         (Resource::AllStreams, STREAM_PERMISSIONS),
     ] {
-        store.apply(&MetaOp::Grant {
+        ops.push(MetaOp::Grant {
             user: name.clone(),
             grant: Grant {
                 resource,
                 permissions,
             },
-        })?;
+        });
     }
     if drawn {
         tracing::warn!(
             user = ADMIN_USER,
-            password_file = %config.data_dir.join(ADMIN_PASSWORD_FILE).display(),
-            "created the bootstrap admin with a random password; read it from the file, \
+            password_file = %drawn_path.display(),
+            "creating the bootstrap admin with a random password; read it from the file, \
              then delete the file"
         );
     } else {
-        tracing::info!(user = ADMIN_USER, "created the bootstrap admin");
+        tracing::info!(user = ADMIN_USER, "creating the bootstrap admin");
     }
-    Ok(())
+    Ok(ops)
 }
 
 fn read_password(path: &Path) -> Result<String, BootstrapError> {

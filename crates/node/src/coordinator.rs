@@ -1,7 +1,9 @@
-//! Shard 0's metadata service: the durable metadata store and the consumer group
-//! coordinator. Changes are logged (synced) before they are acknowledged, then the new
-//! topic layout goes to every shard, and the reply waits until all have applied it, so a
-//! client that created a topic can produce to it at once on any connection.
+//! Shard 0's metadata service: the metadata group (group 0, replicated with VSR) and
+//! the consumer group coordinator. A change is proposed to the group and acknowledged
+//! once committed (on a quorum's disks) and applied here; every node applies every
+//! committed op and publishes the new topic layout to its shards, and a reply waits
+//! until all of this node's shards have it, so a client that created a topic can
+//! produce to it at once on any connection to this node.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -19,8 +21,8 @@ use crate::error::NodeError;
 use crate::groups::GroupCoordinator;
 use crate::layout::{Layout, PartitionKey};
 use crate::mailbox::{now_ms, Control, NodeShared, ShardRequest};
-use crate::meta_store::MetaStore;
 use crate::metadata::{MetaOp, TopicMeta};
+use crate::replication::meta_group::{MetaGroup, Turn};
 
 type Reply = oneshot::Sender<Result<Response, NodeError>>;
 
@@ -28,10 +30,10 @@ type Reply = oneshot::Sender<Result<Response, NodeError>>;
 const SESSION_TIMEOUT_MS_MIN: u32 = 100;
 const SESSION_TIMEOUT_MS_MAX: u32 = 300_000;
 
-/// The metadata store and group coordinator, owned by shard 0.
+/// The metadata group and group coordinator, owned by shard 0.
 #[derive(Debug)]
 pub(crate) struct MetaService {
-    store: MetaStore,
+    group: MetaGroup<Reply>,
     groups: GroupCoordinator,
 }
 
@@ -57,6 +59,10 @@ pub(crate) fn resolve_settings(settings: TopicSettings, defaults: &TopicDefaults
         ) as u32,
         segment_bytes: or(settings.segment_bytes.into(), defaults.segment_bytes.into()) as u32,
     }
+}
+
+fn shutting_down() -> NodeError {
+    NodeError::new(ErrorCode::ShuttingDown, "node is shutting down")
 }
 
 /// Asks every shard for (start offset, high watermark) of `keys`.
@@ -106,71 +112,126 @@ fn topic_keys(topic: &TopicMeta) -> Vec<PartitionKey> {
 }
 
 impl MetaService {
-    pub(crate) fn new(store: MetaStore) -> Self {
+    pub(crate) fn new(group: MetaGroup<Reply>) -> Self {
         Self {
-            store,
+            group,
             groups: GroupCoordinator::default(),
         }
     }
 
     pub(crate) fn layout(&self) -> Layout {
-        Layout::from_metadata(self.store.state())
+        Layout::from_metadata(self.group.state())
     }
 
-    pub(crate) fn close(mut self) {
-        if let Err(err) = self.store.snapshot() {
-            tracing::error!(%err, "writing the metadata snapshot at shutdown");
+    /// Proposes an op the start needs, before the shards run: the outcome if the group
+    /// answered at once (a lone replica does), else `None` (it goes out once the group
+    /// has a primary, and its outcome is only logged).
+    pub(crate) fn propose_at_start(&mut self, op: MetaOp) -> Option<Result<(), NodeError>> {
+        let (reply, mut answer) = oneshot::channel();
+        let turn = self.group.propose(op, reply);
+        for (reply, outcome) in turn.answered {
+            let _ = reply.send(outcome.map(|()| Response::Empty));
         }
+        answer.try_recv().ok().map(|r| r.map(|_| ()))
     }
 
-    pub(crate) fn expire_members(&mut self, now: u64) {
+    /// Sends and receives the group's frames through `bus` from now on.
+    pub(crate) fn attach_bus(&mut self, bus: braid_bus::Bus) {
+        self.group.attach_bus(bus);
+    }
+
+    /// The metadata group (for the node's start and its observers).
+    pub(crate) fn group(&self) -> &MetaGroup<Reply> {
+        &self.group
+    }
+
+    pub(crate) fn close(self) {
+        // Every committed op is in the group's journal, synced: nothing to write.
+        drop(self);
+    }
+
+    /// A tick of the shard's timer: the group's time, and member expiry.
+    pub(crate) fn tick(&mut self, shared: &Arc<NodeShared>, now: u64) {
         for (stream, group, member) in self.groups.expire(now) {
             tracing::info!(stream, group, member, "group member session expired");
         }
+        let turn = self.group.tick();
+        self.finish(shared, turn);
     }
 
-    /// Logs an op, then publishes the new layout to every shard and answers once all
-    /// have applied it.
-    fn change(&mut self, shared: &Arc<NodeShared>, op: MetaOp, reply: Reply) {
-        if let Err(err) = self.store.apply(&op) {
-            let _ = reply.send(Err(err.into()));
+    /// A frame from a peer for the metadata group.
+    pub(crate) fn deliver(&mut self, shared: &Arc<NodeShared>, delivery: &braid_bus::Delivery) {
+        let turn = self.group.deliver(delivery);
+        self.finish(shared, turn);
+    }
+
+    /// Proposes `op` to the metadata group; `reply` is answered once it is committed
+    /// and in place on this node's shards.
+    pub(crate) fn change(&mut self, shared: &Arc<NodeShared>, op: MetaOp, reply: Reply) {
+        let turn = self.group.propose(op, reply);
+        self.finish(shared, turn);
+    }
+
+    /// Publishes a changed layout to every shard, and sends the answers of a turn once
+    /// every shard has the layout they may depend on.
+    fn finish(&mut self, shared: &Arc<NodeShared>, turn: Turn<Reply>) {
+        let mut waits = Vec::new();
+        if turn.layout_changed {
+            let state = self.group.state();
+            self.groups
+                .retain_topics(|stream, topic| state.topic(stream, topic).is_ok());
+            let layout = Arc::new(self.layout());
+            for control in &shared.controls {
+                let (done, wait) = oneshot::channel();
+                let message = Control::Layout {
+                    layout: Arc::clone(&layout),
+                    done: Some(done),
+                };
+                if control.send(message).is_ok() {
+                    waits.push(wait);
+                }
+            }
+        }
+        if turn.answered.is_empty() {
             return;
         }
-        match &op {
-            MetaOp::DeleteStream { name } => self.groups.forget(name, None),
-            MetaOp::DeleteTopic { stream, name } => self.groups.forget(stream, Some(name)),
-            _ => {}
-        }
-        let layout = Arc::new(self.layout());
-        let mut waits = Vec::new();
-        for control in &shared.controls {
-            let (done, wait) = oneshot::channel();
-            let message = Control::Layout {
-                layout: Arc::clone(&layout),
-                done: Some(done),
-            };
-            if control.send(message).is_ok() {
-                waits.push(wait);
+        let mut barriers = Vec::new();
+        if waits.is_empty() {
+            // The layout an answer depends on may have gone out in an earlier turn:
+            // wait until every shard has handled what was sent before now.
+            for control in &shared.controls {
+                let (done, wait) = oneshot::channel();
+                if control.send(Control::Barrier(done)).is_ok() {
+                    barriers.push(wait);
+                }
             }
         }
         tokio::task::spawn_local(async move {
+            let mut failure = None;
             for wait in waits {
                 match wait.await {
                     Ok(Ok(())) => {}
                     Ok(Err(err)) => {
-                        let _ = reply.send(Err(NodeError::new(ErrorCode::StorageError, err)));
-                        return;
+                        failure.get_or_insert(NodeError::new(ErrorCode::StorageError, err));
                     }
                     Err(_) => {
-                        let _ = reply.send(Err(NodeError::new(
-                            ErrorCode::ShuttingDown,
-                            "node is shutting down",
-                        )));
-                        return;
+                        failure.get_or_insert(shutting_down());
                     }
                 }
             }
-            let _ = reply.send(Ok(Response::Empty));
+            for wait in barriers {
+                if wait.await.is_err() {
+                    failure.get_or_insert(shutting_down());
+                }
+            }
+            for (reply, outcome) in turn.answered {
+                let answer = match (&failure, outcome) {
+                    (_, Err(err)) => Err(err),
+                    (Some(err), Ok(())) => Err(err.clone()),
+                    (None, Ok(())) => Ok(Response::Empty),
+                };
+                let _ = reply.send(answer);
+            }
         });
     }
 
@@ -231,7 +292,7 @@ impl MetaService {
             }
             AdminRequest::ListUsers => {
                 let users = self
-                    .store
+                    .group
                     .state()
                     .users
                     .iter()
@@ -250,7 +311,7 @@ impl MetaService {
                 let _ = reply.send(Ok(Response::Users(users)));
             }
             AdminRequest::ListTopics(stream) => {
-                let result = self.store.state().stream(&stream).map(|s| {
+                let result = self.group.state().stream(&stream).map(|s| {
                     Response::Topics(
                         s.topics
                             .iter()
@@ -264,7 +325,7 @@ impl MetaService {
                 let _ = reply.send(result.map_err(NodeError::from));
             }
             AdminRequest::DescribeTopic { stream, topic } => {
-                let meta = match self.store.state().topic(&stream, &topic) {
+                let meta = match self.group.state().topic(&stream, &topic) {
                     Ok(meta) => meta.clone(),
                     Err(err) => {
                         let _ = reply.send(Err(err.into()));
@@ -350,10 +411,12 @@ impl MetaService {
                 member_id,
                 generation,
                 offsets,
-            } => {
-                let result = self.commit(shared, &stream, &group, member_id, generation, offsets);
-                let _ = reply.send(result);
-            }
+            } => match self.commit_op(shared, &stream, &group, member_id, generation, offsets) {
+                Ok(op) => self.change(shared, op, reply),
+                Err(err) => {
+                    let _ = reply.send(Err(err));
+                }
+            },
             AdminRequest::FetchOffsets { stream, group } => {
                 self.describe_group(shared, stream, group, true, reply);
             }
@@ -375,14 +438,14 @@ impl MetaService {
         member_name: &str,
         timeout_ms: u32,
     ) -> Result<Response, NodeError> {
-        let meta = self.store.state().topic(stream, topic)?;
+        let meta = self.group.state().topic(stream, topic)?;
         if !(SESSION_TIMEOUT_MS_MIN..=SESSION_TIMEOUT_MS_MAX).contains(&timeout_ms) {
             return Err(NodeError::new(
                 ErrorCode::InvalidArgument,
                 format!("session timeout must be {SESSION_TIMEOUT_MS_MIN} to {SESSION_TIMEOUT_MS_MAX} ms"),
             ));
         }
-        if let Some(durable) = self.store.state().stream(stream)?.groups.get(group) {
+        if let Some(durable) = self.group.state().stream(stream)?.groups.get(group) {
             let live = self
                 .groups
                 .describe(stream, group)
@@ -416,7 +479,8 @@ impl MetaService {
         })
     }
 
-    fn commit(
+    /// The op that commits `offsets` for a member, if the member may.
+    fn commit_op(
         &mut self,
         shared: &Arc<NodeShared>,
         stream: &str,
@@ -424,7 +488,7 @@ impl MetaService {
         member_id: u64,
         generation: u32,
         offsets: Vec<(u32, u64)>,
-    ) -> Result<Response, NodeError> {
+    ) -> Result<MetaOp, NodeError> {
         for (partition, _) in &offsets {
             self.groups
                 .check_commit(stream, group, member_id, generation, *partition)?;
@@ -436,7 +500,7 @@ impl MetaService {
             .ok_or_else(|| NodeError::new(ErrorCode::UnknownMember, "no such live group"))?;
         // A position beyond what was committed to the log would make lag negative and
         // skip records that later arrive: refused.
-        let topic_id = self.store.state().topic(stream, &topic)?.id;
+        let topic_id = self.group.state().topic(stream, &topic)?.id;
         if let Ok(published) = shared.high_watermarks.read() {
             for (partition, offset) in &offsets {
                 let key = crate::layout::PartitionKey {
@@ -459,18 +523,16 @@ impl MetaService {
                 }
             }
         }
-        let op = MetaOp::CommitOffsets {
+        Ok(MetaOp::CommitOffsets {
             stream: stream.to_owned(),
             group: group.to_owned(),
             topic,
             offsets,
-        };
-        self.store.apply(&op)?;
-        Ok(Response::Empty)
+        })
     }
 
     fn list_groups(&self, stream: &str) -> Result<Response, NodeError> {
-        let durable = &self.store.state().stream(stream)?.groups;
+        let durable = &self.group.state().stream(stream)?.groups;
         let mut all: BTreeMap<String, GroupSummary> = durable
             .iter()
             .map(|(name, g)| {
@@ -506,7 +568,7 @@ impl MetaService {
         offsets_only: bool,
         reply: Reply,
     ) {
-        let state = self.store.state();
+        let state = self.group.state();
         let live = self.groups.describe(&stream, &group);
         let durable = state
             .stream(&stream)

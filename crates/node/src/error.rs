@@ -38,15 +38,6 @@ impl From<crate::metadata::MetaError> for NodeError {
     }
 }
 
-impl From<crate::meta_store::StoreError> for NodeError {
-    fn from(err: crate::meta_store::StoreError) -> Self {
-        match err {
-            crate::meta_store::StoreError::Refused(e) => e.into(),
-            other => Self::new(ErrorCode::StorageError, other.to_string()),
-        }
-    }
-}
-
 impl From<crate::groups::GroupError> for NodeError {
     fn from(err: crate::groups::GroupError) -> Self {
         use crate::groups::GroupError;

@@ -340,10 +340,11 @@ impl GroupCoordinator {
         removed
     }
 
-    /// Forgets the groups of a deleted topic (or of a deleted stream, with `topic` None).
-    pub fn forget(&mut self, stream: &str, topic: Option<&str>) {
+    /// Keeps only the groups whose (stream, topic) `exists` says still exist: the
+    /// rest were deleted with their topic, on whichever node the deletion came in.
+    pub fn retain_topics(&mut self, exists: impl Fn(&str, &str) -> bool) {
         self.groups
-            .retain(|(s, _), g| s != stream || topic.is_some_and(|t| g.topic != t));
+            .retain(|(stream, _), g| exists(stream, &g.topic));
     }
 
     /// A group's live state, if it has any.

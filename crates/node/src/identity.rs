@@ -8,7 +8,14 @@ use std::path::Path;
 use serde::Deserialize;
 
 /// The data directory format this build reads and writes.
-pub const DATA_DIR_FORMAT: u32 = 1;
+///
+/// Format 2 keeps the metadata as the metadata group's journal, checkpoints and
+/// durable state (`metadata/group-0.*`, `metadata/shard-0.*`); format 1 kept it as an
+/// op log (`metadata/ops.log`) and a snapshot.
+pub const DATA_DIR_FORMAT: u32 = 2;
+
+/// What a format-1 directory holds that a later one does not.
+const FORMAT_1_OP_LOG: &str = "metadata/ops.log";
 /// The identity file, in the data directory.
 pub(crate) const IDENTITY_FILE: &str = "identity";
 
@@ -90,8 +97,8 @@ impl Identity {
 
 /// Checks `data_dir`'s identity against the configured cluster (`None`: a cluster of
 /// one, which takes any single-node directory), writing it on the first start. A
-/// directory from before identities existed is format 1 and is claimed. Returns the
-/// identity in force.
+/// directory from before identities existed is format 1 (its metadata op log shows it)
+/// and is refused like any older format. Returns the identity in force.
 ///
 /// # Errors
 /// An [`IdentityError`] saying why the directory is not this node's.
@@ -134,6 +141,9 @@ pub(crate) fn claim(
             Ok(found)
         }
         Err(err) if err.kind() == std::io::ErrorKind::NotFound => {
+            if data_dir.join(FORMAT_1_OP_LOG).exists() {
+                return Err(IdentityError::Format { found: 1 });
+            }
             let (cluster_id, node_id) = match configured {
                 Some((cluster, node)) => (cluster.to_owned(), node),
                 None => (draw_single_id(), 0),
@@ -215,5 +225,18 @@ mod tests {
             claim(member.path(), None, String::new),
             Err(IdentityError::Damaged { .. })
         ));
+
+        // A directory from before identities (format 1: a metadata op log) is refused,
+        // and left as it was.
+        let old = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(old.path().join("metadata")).unwrap();
+        std::fs::write(old.path().join(FORMAT_1_OP_LOG), b"BRDOPS01").unwrap();
+        let refused = claim(old.path(), None, String::new).unwrap_err();
+        assert!(
+            matches!(refused, IdentityError::Format { found: 1 }),
+            "{refused}"
+        );
+        assert!(refused.to_string().contains("older"), "{refused}");
+        assert!(!old.path().join(IDENTITY_FILE).exists());
     }
 }

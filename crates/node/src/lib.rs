@@ -4,8 +4,8 @@
 //! A node runs one thread per shard, each with its own single-threaded tokio runtime.
 //! Partitions belong to shards by a fixed hash; a connection's requests are forwarded to
 //! the owning shard through bounded channels, so no lock is taken on the produce or
-//! fetch path. Shard 0 also hosts the client listener and the metadata (streams,
-//! topics, consumer groups, committed offsets), which is logged durably.
+//! fetch path. Shard 0 also hosts the client listener, the replica bus and the
+//! metadata group (streams, topics, users, committed offsets), replicated with VSR.
 //!
 //! ```no_run
 //! let node = braid_node::Node::start(braid_node::NodeConfig::default()).unwrap();
@@ -28,7 +28,6 @@ mod identity;
 mod layout;
 mod login;
 mod mailbox;
-pub mod meta_store;
 pub mod metadata;
 mod metrics;
 mod node;

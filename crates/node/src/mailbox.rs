@@ -80,6 +80,9 @@ pub(crate) enum Control {
         request: SyncRequest,
         result: Result<(), SyncError>,
     },
+    /// Answered once every control sent before it is handled: a metadata reply waits
+    /// on it so the layout published before it is in place on every shard.
+    Barrier(oneshot::Sender<()>),
     Drain,
     Shutdown {
         done: std::sync::mpsc::Sender<()>,

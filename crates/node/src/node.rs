@@ -10,8 +10,9 @@ use crate::config::{ConfigError, NodeConfig};
 use crate::coordinator::MetaService;
 use crate::http::HttpServer;
 use crate::mailbox::{Control, NodeShared, INBOX_REQUESTS_MAX};
-use crate::meta_store::{MetaStore, StoreError};
+use crate::metadata::MetaOp;
 use crate::metrics::ShardMetrics;
+use crate::replication::meta_group::{MetaGroup, Timing};
 use crate::shard::Shard;
 
 /// Why a node could not start.
@@ -21,9 +22,12 @@ pub enum StartError {
     /// The configuration is invalid.
     #[error(transparent)]
     Config(#[from] ConfigError),
-    /// The metadata could not be opened.
+    /// The metadata group could not be opened, or refused an op the start needs.
     #[error("metadata: {0}")]
-    Metadata(#[from] StoreError),
+    Metadata(String),
+    /// The replica bus could not start.
+    #[error("replica bus: {0}")]
+    Bus(String),
     /// A listener could not be bound.
     #[error("binding {addr}: {source}")]
     Bind {
@@ -73,7 +77,11 @@ impl Node {
     /// A [`StartError`]; nothing keeps running after one.
     pub fn start(config: NodeConfig) -> Result<Self, StartError> {
         let config = config.resolve()?;
-        if let Some(cluster) = config.cluster.as_ref().filter(|c| c.members.len() > 1) {
+        if let Some(cluster) = config
+            .cluster
+            .as_ref()
+            .filter(|c| c.members.len() > 1 && !c.unreplicated_partitions)
+        {
             // Until the replication host runs, members would serve as unrelated single
             // nodes while their operator believes the data replicated: refuse.
             return Err(StartError::Config(ConfigError::Invalid(format!(
@@ -96,20 +104,11 @@ impl Node {
             node = identity.node_id,
             "data directory claimed"
         );
-        let mut store = MetaStore::open(config.data_dir.join("metadata"))?;
-        if topic_id_floor > store.state().next_topic_id() {
-            // The metadata forgot topics whose partitions are still on disk (its log
-            // was lost): never hand their ids, and so their records, to new topics.
-            tracing::warn!(
-                next_topic_id = store.state().next_topic_id(),
-                floor = topic_id_floor,
-                "partition directories exist for topic ids the metadata does not know"
-            );
-            store.apply(&crate::metadata::MetaOp::RaiseTopicIdFloor {
-                floor: topic_id_floor,
-            })?;
-        }
-        crate::admin_bootstrap::ensure_admin(&mut store, &config)?;
+        let meta = open_metadata(&config, identity.node_id, topic_id_floor)?;
+        let bus_start = match &config.cluster {
+            Some(cluster) if cluster.members.len() > 1 => Some(bus_start(&config, cluster)?),
+            _ => None,
+        };
         let tls = crate::tls::acceptor(&config.tls)?;
         let mut stand_in_secret = [0u8; 32];
         crate::admin_bootstrap::random_bytes(&mut stand_in_secret)?;
@@ -175,9 +174,9 @@ impl Node {
             stand_in_secret,
             cluster,
         });
-        let meta = MetaService::new(store);
         let layout = Arc::new(meta.layout());
         let mut meta = Some(meta);
+        let mut bus_start = bus_start;
         let (ready_tx, ready_rx) = std::sync::mpsc::channel::<(usize, Result<(), String>)>();
         let mut threads = Vec::new();
         for (id, (inbox, control)) in inbox_receivers
@@ -188,6 +187,7 @@ impl Node {
             let shared = Arc::clone(&shared);
             let layout = Arc::clone(&layout);
             let meta = if id == 0 { meta.take() } else { None };
+            let bus = if id == 0 { bus_start.take() } else { None };
             let ready = ready_tx.clone();
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
@@ -198,7 +198,10 @@ impl Node {
                     let local = tokio::task::LocalSet::new();
                     local.block_on(&runtime, async move {
                         let mut shard = Shard::new(id, shared, meta);
-                        let opened = shard.apply_layout(layout);
+                        let mut opened = shard.apply_layout(layout);
+                        if let (Ok(()), Some((config, listener))) = (&opened, bus) {
+                            opened = shard.start_bus(config, listener);
+                        }
                         let failed = opened.is_err();
                         let _ = ready.send((id, opened));
                         if !failed {
@@ -253,7 +256,7 @@ impl Node {
 
     /// Stops gracefully: no new connections or requests, in-flight requests finish
     /// (within `shutdown_grace_ms`), every partition is synced and closed cleanly, and
-    /// the metadata snapshot is written.
+    /// and the metadata group stops (its journal holds every committed op, synced).
     pub fn shutdown(mut self) {
         self.stop();
     }
@@ -304,6 +307,93 @@ impl Node {
             let _ = thread.join();
         }
     }
+}
+
+/// Opens the metadata group and proposes what the start needs: a topic id floor above
+/// the partitions on disk, and the bootstrap admin. A lone replica answers at once; a
+/// cluster member's proposals go out once the group has a primary.
+fn open_metadata(
+    config: &NodeConfig,
+    node_id: u8,
+    topic_id_floor: u32,
+) -> Result<MetaService, StartError> {
+    let members = config.cluster.as_ref().map_or(1, |c| c.members.len() as u8);
+    let timing = Timing::from_heartbeat_timeout_ms(
+        config
+            .cluster
+            .as_ref()
+            .map_or(2_000, |c| c.heartbeat_timeout_ms),
+    );
+    let mut nonce = [0u8; 8];
+    crate::admin_bootstrap::random_bytes(&mut nonce)?;
+    let dir = config.data_dir.join("metadata");
+    braid_storage::create_dir_durable(&dir)?;
+    let group = MetaGroup::open(&dir, node_id, members, timing, u64::from_be_bytes(nonce))
+        .map_err(|e| StartError::Metadata(e.to_string()))?;
+    let mut meta = MetaService::new(group);
+    let mut ops = Vec::new();
+    let next_topic_id = meta.group().state().next_topic_id();
+    if topic_id_floor > next_topic_id {
+        // The metadata forgot topics whose partitions are still on disk (its files were
+        // lost): never hand their ids, and so their records, to new topics.
+        tracing::warn!(
+            next_topic_id,
+            floor = topic_id_floor,
+            "partition directories exist for topic ids the metadata does not know"
+        );
+        ops.push(MetaOp::RaiseTopicIdFloor {
+            floor: topic_id_floor,
+        });
+    }
+    // In a cluster one member bootstraps the admin, so one password stands.
+    if node_id == 0 {
+        ops.extend(crate::admin_bootstrap::admin_ops(
+            meta.group().state(),
+            config,
+        )?);
+    }
+    for op in ops {
+        if let Some(Err(err)) = meta.propose_at_start(op) {
+            return Err(StartError::Metadata(err.to_string()));
+        }
+    }
+    Ok(meta)
+}
+
+/// The replica bus's settings and its bound listener (bound here, so a taken port
+/// fails the start).
+fn bus_start(
+    config: &NodeConfig,
+    cluster: &crate::config::ClusterSettings,
+) -> Result<(braid_bus::BusConfig, std::net::TcpListener), StartError> {
+    let mut members = cluster.members.clone();
+    members.sort_by_key(|m| m.id);
+    let this = cluster
+        .this_member()
+        .ok_or_else(|| StartError::Bus("this node is not a member".into()))?;
+    let listener =
+        std::net::TcpListener::bind(this.replica_addr).map_err(|source| StartError::Bind {
+            addr: this.replica_addr,
+            source,
+        })?;
+    let bus = braid_bus::BusConfig {
+        cluster: cluster.bus_cluster_id(),
+        replica: cluster.node_id,
+        addresses: members.iter().map(|m| m.replica_addr).collect(),
+        shards: config.shards as u16,
+        links: cluster.links_per_peer,
+        skip_shard_zero: false,
+        secret: cluster.read_secret()?,
+        handshake_grace: Duration::from_millis(cluster.heartbeat_timeout_ms.max(1_000)),
+        heartbeat_timeout: Duration::from_millis(cluster.heartbeat_timeout_ms),
+        queue_frames_max: 4_096,
+        frame_bytes_max: config.frame_bytes_max.saturating_add(4_096),
+        delivery_bytes_max: 64 << 20,
+        backoff: Duration::from_millis(50),
+        tls: None,
+        incarnation: 0,
+    };
+    Ok((bus, listener))
 }
 
 impl Drop for Node {

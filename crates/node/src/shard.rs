@@ -21,7 +21,7 @@ use crate::metrics::{add, ShardMetrics};
 use crate::partition::Partition;
 
 /// How often a shard runs its timers (interval syncs, group expiry).
-const TICK_MS: u64 = 10;
+const TICK_MS: u64 = crate::replication::meta_group::TICK_MS;
 
 /// How often retention runs.
 const RETENTION_EVERY_MS: u64 = 60_000;
@@ -46,6 +46,8 @@ pub(crate) struct Shard {
     /// the same as a set, so queueing one is O(1).
     woken: VecDeque<PartitionKey>,
     woken_queued: HashSet<PartitionKey>,
+    /// Frames from peers for the groups of this shard (the bus delivers them here).
+    deliveries: Option<mpsc::UnboundedReceiver<braid_bus::Delivery>>,
 }
 
 impl Shard {
@@ -67,6 +69,36 @@ impl Shard {
             last_retention_ms: now_ms(),
             woken: VecDeque::new(),
             woken_queued: HashSet::new(),
+            deliveries: None,
+        }
+    }
+
+    /// Starts the replica bus on this shard's runtime (shard 0 runs it: the metadata
+    /// group's frames are its own) and takes its deliveries.
+    pub(crate) fn start_bus(
+        &mut self,
+        config: braid_bus::BusConfig,
+        listener: std::net::TcpListener,
+    ) -> Result<(), String> {
+        let Some(meta) = self.meta.as_mut() else {
+            return Err("the replica bus runs on the shard that holds the metadata".into());
+        };
+        listener
+            .set_nonblocking(true)
+            .map_err(|e| format!("replica listener: {e}"))?;
+        let listener = tokio::net::TcpListener::from_std(listener)
+            .map_err(|e| format!("replica listener: {e}"))?;
+        let (bus, deliveries) =
+            braid_bus::Bus::start(config, listener).map_err(|e| format!("replica bus: {e}"))?;
+        meta.attach_bus(bus);
+        self.deliveries = Some(deliveries);
+        Ok(())
+    }
+
+    /// A frame from a peer: shard 0 holds only the metadata group so far.
+    fn handle_delivery(&mut self, delivery: braid_bus::Delivery) {
+        if let Some(meta) = self.meta.as_mut() {
+            meta.deliver(&self.shared, &delivery);
         }
     }
 
@@ -353,6 +385,9 @@ impl Shard {
                     }
                 }
             }
+            Control::Barrier(done) => {
+                let _ = done.send(());
+            }
             Control::Drain => {
                 let _ = self.draining.send(true);
             }
@@ -388,7 +423,7 @@ impl Shard {
             self.apply_retention(now);
         }
         if let Some(meta) = self.meta.as_mut() {
-            meta.expire_members(now);
+            meta.tick(&self.shared, now);
         }
     }
 
@@ -456,9 +491,22 @@ impl Shard {
                 () = std::future::ready(()), if !self.woken.is_empty() => {
                     self.answer_woken(WOKEN_FETCHES_PER_TURN);
                 }
+                Some(delivery) = next_delivery(&mut self.deliveries) => {
+                    self.handle_delivery(delivery);
+                }
                 _ = ticker.tick() => self.tick(),
             }
         }
+    }
+}
+
+/// The next frame from a peer; pending forever on a shard without a bus.
+async fn next_delivery(
+    deliveries: &mut Option<mpsc::UnboundedReceiver<braid_bus::Delivery>>,
+) -> Option<braid_bus::Delivery> {
+    match deliveries {
+        Some(deliveries) => deliveries.recv().await,
+        None => std::future::pending().await,
     }
 }
 

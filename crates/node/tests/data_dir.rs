@@ -35,7 +35,7 @@ fn a_data_directory_of_another_cluster_is_refused_by_name() {
     let dir = tempfile::tempdir().unwrap();
     Node::start(config(dir.path())).unwrap().shutdown();
     let identity = std::fs::read_to_string(dir.path().join("identity")).unwrap();
-    assert!(identity.contains("format = 1"), "{identity}");
+    assert!(identity.contains("format = 2"), "{identity}");
     // The single node's directory restarts as itself...
     Node::start(config(dir.path())).unwrap().shutdown();
     // ...and is refused to a member of a named cluster, naming both.

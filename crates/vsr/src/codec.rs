@@ -5,7 +5,7 @@
 //! either a whole message or a typed error, never a panic.
 
 use crate::durable::{Checkpoint, DecodeError, Reader};
-use crate::message::{Header, Message, Prepare, Request, SuffixEntry};
+use crate::message::{Header, Message, Prepare, Refusal, Reply, Request, SuffixEntry};
 
 const WHAT: &str = "message";
 
@@ -321,6 +321,72 @@ fn bytes_owned(r: &mut Reader<'_>) -> Result<Vec<u8>, DecodeError> {
     bytes(r).map(<[u8]>::to_vec)
 }
 
+/// A reply's result: 0 and the bytes, or 1 and a refusal (1 session unknown, 2 request
+/// too old).
+const RESULT_OK: u8 = 0;
+const RESULT_REFUSED: u8 = 1;
+
+impl Reply {
+    /// Appends the reply's wire form (a primary answering a client on another node).
+    pub fn encode(&self, out: &mut Vec<u8>) {
+        put_u64(out, self.client);
+        put_u64(out, self.session);
+        put_u64(out, self.request);
+        out.push(u8::from(self.register));
+        put_u64(out, self.view);
+        match &self.result {
+            Ok(bytes) => {
+                out.push(RESULT_OK);
+                put_bytes(out, bytes);
+            }
+            Err(refusal) => {
+                out.push(RESULT_REFUSED);
+                out.push(match refusal {
+                    Refusal::SessionUnknown => 1,
+                    Refusal::RequestTooOld => 2,
+                });
+            }
+        }
+    }
+
+    /// Reads a reply written by [`Reply::encode`] that fills `wire` exactly.
+    ///
+    /// # Errors
+    /// A [`DecodeError`]: cut, trailing bytes, an unknown flag.
+    pub fn decode(wire: &[u8]) -> Result<Self, DecodeError> {
+        let mut r = Reader::new("reply", wire);
+        let invalid = |field| DecodeError::InvalidField {
+            what: "reply",
+            field,
+        };
+        let (client, session, request) = (r.u64()?, r.u64()?, r.u64()?);
+        let register = match r.u8()? {
+            0 => false,
+            1 => true,
+            _ => return Err(invalid("register flag")),
+        };
+        let view = r.u64()?;
+        let result = match r.u8()? {
+            RESULT_OK => Ok(bytes_owned(&mut r)?),
+            RESULT_REFUSED => Err(match r.u8()? {
+                1 => Refusal::SessionUnknown,
+                2 => Refusal::RequestTooOld,
+                _ => return Err(invalid("refusal")),
+            }),
+            _ => return Err(invalid("result flag")),
+        };
+        r.finish()?;
+        Ok(Self {
+            client,
+            session,
+            request,
+            register,
+            view,
+            result,
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -470,6 +536,29 @@ mod tests {
         #[test]
         fn arbitrary_bytes_never_panic(bytes in prop::collection::vec(any::<u8>(), 0..300)) {
             let _ = Message::decode(&bytes);
+            let _ = Reply::decode(&bytes);
+        }
+
+        /// Every reply comes back whole, and every cut of it is an error.
+        #[test]
+        fn replies_round_trip_and_every_cut_is_refused(
+            (client, session, request, view) in (any::<u64>(), any::<u64>(), any::<u64>(), any::<u64>()),
+            register in any::<bool>(),
+            result in prop_oneof![
+                prop::collection::vec(any::<u8>(), 0..40).prop_map(Ok),
+                Just(Err(Refusal::SessionUnknown)),
+                Just(Err(Refusal::RequestTooOld)),
+            ],
+        ) {
+            let reply = Reply { client, session, request, register, view, result };
+            let mut bytes = Vec::new();
+            reply.encode(&mut bytes);
+            prop_assert_eq!(Reply::decode(&bytes).unwrap(), reply);
+            for cut in 0..bytes.len() {
+                prop_assert!(Reply::decode(&bytes[..cut]).is_err());
+            }
+            bytes.push(0);
+            prop_assert!(Reply::decode(&bytes).is_err(), "a trailing byte");
         }
     }
 

@@ -72,6 +72,8 @@ impl StateMachine for CounterMachine {
 /// A registered session's last request and its reply.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Session {
+    /// The client that registered it: replies to its requests go there.
+    client: u64,
     request: u64,
     reply: Vec<u8>,
     /// The op that last touched it: the oldest is evicted first.
@@ -138,6 +140,11 @@ impl<S: StateMachine> ReplicatedState<S> {
         }
     }
 
+    /// The client that registered `session`, while it is registered.
+    pub fn client_of(&self, session: u64) -> Option<u64> {
+        self.sessions.get(&session).map(|s| s.client)
+    }
+
     /// Whether a session is registered.
     pub fn has_session(&self, session: u64) -> bool {
         self.sessions.contains_key(&session)
@@ -187,6 +194,7 @@ impl<S: StateMachine> ReplicatedState<S> {
                 self.sessions.insert(
                     op,
                     Session {
+                        client,
                         request: 0,
                         reply: op.to_be_bytes().to_vec(),
                         last_op: op,
@@ -244,6 +252,7 @@ impl<S: StateMachine> ReplicatedState<S> {
         out.extend_from_slice(&(self.sessions.len() as u64).to_be_bytes());
         for (id, s) in self.sessions.iter() {
             out.extend_from_slice(&id.to_be_bytes());
+            out.extend_from_slice(&s.client.to_be_bytes());
             out.extend_from_slice(&s.request.to_be_bytes());
             out.extend_from_slice(&s.last_op.to_be_bytes());
             out.extend_from_slice(&(s.reply.len() as u64).to_be_bytes());
@@ -269,6 +278,7 @@ impl<S: StateMachine> ReplicatedState<S> {
         let mut sessions = VecMap::default();
         for _ in 0..count {
             let id = reader.word()?;
+            let client = reader.word()?;
             let request = reader.word()?;
             let last_op = reader.word()?;
             let len = reader.word()? as usize;
@@ -276,6 +286,7 @@ impl<S: StateMachine> ReplicatedState<S> {
             sessions.insert(
                 id,
                 Session {
+                    client,
                     request,
                     reply,
                     last_op,

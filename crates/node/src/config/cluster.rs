@@ -47,6 +47,12 @@ pub struct ClusterSettings {
     /// The secret from `BRAID_CLUSTER_SECRET`.
     #[serde(skip)]
     pub secret: Option<Secret>,
+    /// Lets a cluster of more than one start while its partitions do not replicate yet
+    /// (only the metadata does): for the in-process tests of the metadata group, never
+    /// for users, so not in any file, variable or flag.
+    #[doc(hidden)]
+    #[serde(skip)]
+    pub unreplicated_partitions: bool,
 }
 
 impl Default for ClusterSettings {
@@ -59,6 +65,7 @@ impl Default for ClusterSettings {
             heartbeat_timeout_ms: 2_000,
             secret_file: None,
             secret: None,
+            unreplicated_partitions: false,
         }
     }
 }

@@ -8,9 +8,6 @@
 //! checkpoint is durable, so a torn write loses nothing: the other copy and the
 //! journal hold what it would have.
 
-// Group 0's host writes through this once it runs; until then only the tests do.
-#![cfg_attr(not(test), allow(dead_code))]
-
 use std::path::{Path, PathBuf};
 
 use braid_vsr::Checkpoint;

@@ -16,9 +16,6 @@
 //! file rewritten so), and the replica repairs them from its peers. The file is rewritten with only its live
 //! slots when it grows past [`COMPACT_BYTES`].
 
-// Group 0's host writes through this once it runs; until then only the tests do.
-#![cfg_attr(not(test), allow(dead_code))]
-
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};

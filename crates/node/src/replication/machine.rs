@@ -3,13 +3,14 @@
 //! committed ops in the same order and holds the same streams, topics, offsets, users
 //! and grants. Checkpoints are the metadata snapshot encoding.
 //!
-//! An op's input is a [`MetaOp`] encoding; its result is `status: u16` (0, or an
-//! `ErrorCode`) then, for an error, the message as a wire string. A refused op (bad
-//! name, missing stream) changes nothing and is refused alike on every replica.
-
-// Group 0's replicas run this once the replication host is in; until then only the
-// tests do.
-#![cfg_attr(not(test), allow(dead_code))]
+//! A request carries a batch of ops (a node sends what queued while its last request
+//! was in flight, so offset commits share one round and one sync): `count: u32`, then
+//! each [`MetaOp`] encoding as a byte string. Its result is the op number it applied at
+//! (`u64`: a node that hears the answer from a remote primary waits until its own
+//! replica has applied that far, so its client then sees the change on this node), then
+//! `count: u32` and one outcome per op, in order: `status: u16` (0, or an `ErrorCode`)
+//! then, for an error, the message as a wire string. A refused op (bad name, missing stream) changes nothing and is refused
+//! alike on every replica; the others in its batch still apply.
 
 use braid_proto::client::ErrorCode;
 use braid_proto::wire::{WireReader, WireWrite};
@@ -18,10 +19,22 @@ use crate::error::NodeError;
 use crate::metadata::{MetaOp, Metadata};
 
 /// The metadata as a replicated state machine.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default)]
 pub(crate) struct MetadataMachine {
     state: Metadata,
+    /// Counts applied ops that may change the topic layout or the access table (every
+    /// op but an offset commit) and restores: the shell republishes the layout when it
+    /// moves. Local to this replica, not part of the replicated state.
+    layout_changes: u64,
 }
+
+impl PartialEq for MetadataMachine {
+    fn eq(&self, other: &Self) -> bool {
+        self.state == other.state
+    }
+}
+
+impl Eq for MetadataMachine {}
 
 impl MetadataMachine {
     /// The metadata now.
@@ -29,32 +42,73 @@ impl MetadataMachine {
         &self.state
     }
 
-    /// The input that proposes `op`.
-    pub(crate) fn input(op: &MetaOp) -> Vec<u8> {
+    /// Moves whenever the layout may have changed.
+    pub(crate) fn layout_changes(&self) -> u64 {
+        self.layout_changes
+    }
+
+    /// The input that proposes `ops`, in order.
+    pub(crate) fn input(ops: &[MetaOp]) -> Vec<u8> {
         let mut out = Vec::new();
-        op.encode(&mut out);
+        out.put_u32_be(ops.len() as u32);
+        let mut op_bytes = Vec::new();
+        for op in ops {
+            op_bytes.clear();
+            op.encode(&mut op_bytes);
+            out.put_bytes(&op_bytes);
+        }
         out
     }
 
-    /// The outcome of an op from its result bytes.
-    pub(crate) fn outcome(result: &[u8]) -> Result<(), NodeError> {
-        let mut r = WireReader::new(result);
+    /// The op a batch applied at and the outcome of each of its ops, from its result
+    /// bytes.
+    ///
+    /// # Errors
+    /// The result does not decode (a bug or a damaged reply).
+    pub(crate) fn outcomes(result: &[u8]) -> Result<(u64, Vec<Result<(), NodeError>>), NodeError> {
         let malformed = |e: braid_proto::wire::WireError| {
             NodeError::new(ErrorCode::Internal, format!("metadata result: {e}"))
         };
-        let status = r.u16("status").map_err(malformed)?;
-        if status == 0 {
-            return r.finish().map_err(malformed);
+        let mut r = WireReader::new(result);
+        let op = r.u64("op").map_err(malformed)?;
+        let count = r.count("outcomes", 2).map_err(malformed)?;
+        let mut outcomes = Vec::with_capacity(count as usize);
+        for _ in 0..count {
+            let status = r.u16("status").map_err(malformed)?;
+            if status == 0 {
+                outcomes.push(Ok(()));
+                continue;
+            }
+            let message = r.string("message").map_err(malformed)?.to_owned();
+            let code = ErrorCode::from_u16(status).unwrap_or(ErrorCode::Internal);
+            outcomes.push(Err(NodeError::new(code, message)));
         }
-        let message = r.string("message").map_err(malformed)?.to_owned();
         r.finish().map_err(malformed)?;
-        let code = ErrorCode::from_u16(status).unwrap_or(ErrorCode::Internal);
-        Err(NodeError::new(code, message))
+        Ok((op, outcomes))
+    }
+
+    /// The outcome of a batch of one op.
+    #[cfg(test)]
+    pub(crate) fn outcome(result: &[u8]) -> Result<(), NodeError> {
+        let (_, mut outcomes) = Self::outcomes(result)?;
+        match (outcomes.pop(), outcomes.is_empty()) {
+            (Some(outcome), true) => outcome,
+            _ => Err(NodeError::new(ErrorCode::Internal, "not one outcome")),
+        }
+    }
+
+    fn apply_one(&mut self, bytes: &[u8]) -> Result<(), NodeError> {
+        let op = MetaOp::decode(bytes).map_err(|err| {
+            NodeError::new(ErrorCode::MalformedRequest, format!("metadata op: {err}"))
+        })?;
+        if !matches!(op, MetaOp::CommitOffsets { .. }) {
+            self.layout_changes += 1;
+        }
+        self.state.apply(&op).map_err(NodeError::from)
     }
 }
 
-fn result(outcome: Result<(), NodeError>) -> Vec<u8> {
-    let mut out = Vec::new();
+fn put_outcome(out: &mut Vec<u8>, outcome: Result<(), NodeError>) {
     match outcome {
         Ok(()) => out.put_u16_be(0),
         Err(err) => {
@@ -62,19 +116,38 @@ fn result(outcome: Result<(), NodeError>) -> Vec<u8> {
             out.put_string(&err.message);
         }
     }
-    out
 }
 
 impl braid_vsr::StateMachine for MetadataMachine {
-    fn apply(&mut self, _op: u64, input: &[u8]) -> Vec<u8> {
-        let outcome = match MetaOp::decode(input) {
-            Ok(op) => self.state.apply(&op).map_err(NodeError::from),
-            Err(err) => Err(NodeError::new(
+    fn apply(&mut self, op: u64, input: &[u8]) -> Vec<u8> {
+        let mut out = Vec::new();
+        out.put_u64_be(op);
+        let mut r = WireReader::new(input);
+        let mut outcomes = Vec::new();
+        // A batch that does not decode whole applies nothing: one malformed outcome.
+        let batch: Result<Vec<&[u8]>, _> = r.count("ops", 4).and_then(|count| {
+            let ops = (0..count)
+                .map(|_| r.bytes("op"))
+                .collect::<Result<Vec<_>, _>>()?;
+            r.finish()?;
+            Ok(ops)
+        });
+        match batch {
+            Ok(ops) => {
+                for op in ops {
+                    outcomes.push(self.apply_one(op));
+                }
+            }
+            Err(err) => outcomes.push(Err(NodeError::new(
                 ErrorCode::MalformedRequest,
-                format!("metadata op: {err}"),
-            )),
-        };
-        result(outcome)
+                format!("metadata batch: {err}"),
+            ))),
+        }
+        out.put_u32_be(outcomes.len() as u32);
+        for outcome in outcomes {
+            put_outcome(&mut out, outcome);
+        }
+        out
     }
 
     fn snapshot(&self) -> Vec<u8> {
@@ -85,6 +158,7 @@ impl braid_vsr::StateMachine for MetadataMachine {
 
     fn restore(&mut self, snapshot: &[u8]) -> Result<(), String> {
         self.state = Metadata::decode(snapshot).map_err(|e| e.to_string())?;
+        self.layout_changes += 1;
         Ok(())
     }
 }
@@ -153,8 +227,8 @@ mod tests {
             cut in 0usize..60,
             garbage in prop::collection::vec(any::<u8>(), 0..40),
         ) {
-            let cut = cut.min(ops.len() - 1);
-            let mut inputs: Vec<Vec<u8>> = ops.iter().map(MetadataMachine::input).collect();
+            let mut inputs: Vec<Vec<u8>> = ops.chunks(2).map(MetadataMachine::input).collect();
+            let cut = cut.min(inputs.len() - 1);
             inputs.insert(cut, garbage);
             let (mut first, mut second) = (MetadataMachine::default(), MetadataMachine::default());
             let mut restored = None;
@@ -179,17 +253,31 @@ mod tests {
     #[test]
     fn results_carry_the_client_error_code() {
         let mut machine = MetadataMachine::default();
-        let create = MetadataMachine::input(&MetaOp::CreateStream { name: "s".into() });
+        let create = MetadataMachine::input(&[MetaOp::CreateStream { name: "s".into() }]);
         assert_eq!(MetadataMachine::outcome(&machine.apply(1, &create)), Ok(()));
         let again = MetadataMachine::outcome(&machine.apply(2, &create)).unwrap_err();
         assert_eq!(again.code, ErrorCode::StreamExists);
         let garbage = MetadataMachine::outcome(&machine.apply(3, &[0xff])).unwrap_err();
         assert_eq!(garbage.code, ErrorCode::MalformedRequest);
         assert!(MetadataMachine::outcome(&[0]).is_err(), "a cut result");
+        // In a batch each op has its own outcome; a refused one does not stop the rest.
+        let batch = MetadataMachine::input(&[
+            MetaOp::CreateStream { name: "s".into() },
+            MetaOp::CreateStream { name: "t".into() },
+        ]);
+        let (at, outcomes) = MetadataMachine::outcomes(&machine.apply(4, &batch)).unwrap();
+        assert_eq!(at, 4, "the result names the op it applied at");
+        assert_eq!(outcomes.len(), 2);
+        assert_eq!(
+            outcomes[0].as_ref().unwrap_err().code,
+            ErrorCode::StreamExists
+        );
+        assert_eq!(outcomes[1], Ok(()));
+        machine.restore(&machine.snapshot()).unwrap();
         assert!(machine.restore(b"not a snapshot").is_err());
         assert_eq!(
             machine.state().streams.len(),
-            1,
+            2,
             "a failed restore kept the state"
         );
     }

@@ -1,11 +1,13 @@
 //! Replication of the node's groups with `braid_vsr`: the state machines the groups
-//! apply, and the store of their durable states. The host that feeds each shard's replicas, and the glue to the replica bus,
-//! join here as the cluster work lands.
+//! apply, the files of their replicas, the host that feeds a shard's replicas, the
+//! metadata group with this node's session in it, and their frames on the replica bus.
 
 pub(crate) mod checkpoints;
 pub(crate) mod copies;
 pub(crate) mod journal_file;
 pub(crate) mod machine;
+pub(crate) mod meta_client;
+pub(crate) mod meta_group;
 pub(crate) mod shard_host;
 pub(crate) mod states;
 pub(crate) mod wire;

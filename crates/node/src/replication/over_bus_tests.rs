@@ -185,8 +185,12 @@ impl Cluster {
     async fn propose(&mut self, op: &MetaOp) -> Reply {
         let request = self.next;
         self.next += 1;
-        self.request(self.session, request, MetadataMachine::input(op))
-            .await
+        self.request(
+            self.session,
+            request,
+            MetadataMachine::input(std::slice::from_ref(op)),
+        )
+        .await
     }
 
     async fn restart(&mut self, i: usize) {

@@ -15,9 +15,6 @@
 //! No sockets and no clock: the caller moves [`Effects::sends`] to peers, answers
 //! [`Effects::replies`], and passes time as `now` (in replica ticks).
 
-// Group 0's shard runs this once the node is wired to it; until then only the tests do.
-#![cfg_attr(not(test), allow(dead_code))]
-
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 

@@ -10,9 +10,6 @@
 //! copy with the higher batch number wins; if no copy is intact the shard refuses to
 //! start rather than let replicas forget views they voted in.
 
-// The replication host writes through this once it runs; until then only the tests do.
-#![cfg_attr(not(test), allow(dead_code))]
-
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -165,6 +162,7 @@ impl GroupStates {
     }
 
     /// Every group with a state.
+    #[cfg(test)]
     pub(crate) fn groups(&self) -> impl Iterator<Item = (u64, DurableState)> + '_ {
         self.states.iter().map(|(g, s)| (*g, *s))
     }
@@ -178,7 +176,9 @@ impl GroupStates {
         }
     }
 
-    /// Forgets a deleted group (written with the next batch).
+    /// Forgets a deleted group (written with the next batch). Partition groups use it
+    /// when their topic is deleted; the metadata group is never removed.
+    #[cfg_attr(not(test), allow(dead_code))]
     pub(crate) fn remove(&mut self, group: u64) {
         if self.states.remove(&group).is_some() && !self.staged.contains(&group) {
             self.staged.push(group);
@@ -186,6 +186,7 @@ impl GroupStates {
     }
 
     /// Whether anything waits to be written.
+    #[cfg(test)]
     pub(crate) fn has_staged(&self) -> bool {
         !self.staged.is_empty()
     }

@@ -1,14 +1,24 @@
-//! VSR messages on the replica bus: one frame per message, of kind [`KIND_VSR`], the
-//! frame's group the consensus group, the payload the message's wire form.
-
-// The replication host sends through this once it runs; until then only the tests do.
-#![cfg_attr(not(test), allow(dead_code))]
+//! VSR traffic on the replica bus: one frame per message, the frame's group the
+//! consensus group. A [`KIND_VSR`] frame carries a message between replicas (or a
+//! node's request to a primary); a [`KIND_REPLY`] frame carries a primary's answer to a
+//! request another node sent.
 
 use braid_bus::{Delivery, Frame};
-use braid_vsr::{DecodeError, Message};
+use braid_vsr::{DecodeError, Message, Reply};
 
 /// The frame kind of a VSR message.
 pub(crate) const KIND_VSR: u8 = 1;
+/// The frame kind of a reply to a node's request.
+pub(crate) const KIND_REPLY: u8 = 2;
+
+/// What a delivered frame carries.
+#[derive(Debug)]
+pub(crate) enum Received {
+    /// A message for a replica of the group.
+    Message(u64, Message),
+    /// A reply for this node's client of the group.
+    Reply(u64, Reply),
+}
 
 /// Why a delivered frame is not a VSR message.
 #[derive(Debug, thiserror::Error)]
@@ -26,6 +36,23 @@ pub(crate) fn frame(group: u64, message: &Message) -> Frame {
     let mut payload = Vec::new();
     message.encode(&mut payload);
     Frame::new(group, KIND_VSR, payload)
+}
+
+/// The frame that carries `reply` of `group`.
+pub(crate) fn reply_frame(group: u64, reply: &Reply) -> Frame {
+    let mut payload = Vec::new();
+    reply.encode(&mut payload);
+    Frame::new(group, KIND_REPLY, payload)
+}
+
+/// What a delivery carries: a message or a reply.
+pub(crate) fn received(delivery: &Delivery) -> Result<Received, WireError> {
+    if delivery.frame.kind == KIND_REPLY {
+        let reply = Reply::decode(&delivery.frame.payload)?;
+        return Ok(Received::Reply(delivery.frame.group, reply));
+    }
+    let (group, message) = message(delivery)?;
+    Ok(Received::Message(group, message))
 }
 
 /// The group and message a delivery carries. A replica message must come from the

@@ -352,7 +352,9 @@ impl<S: StateMachine> Replica<S> {
                         raw.copy_from_slice(body.get(..8).unwrap_or(&[0; 8]));
                         u64::from_be_bytes(raw)
                     }
-                    _ => header.session,
+                    // The session's client; none (0) if it was evicted before the op
+                    // applied: that client's retry is refused by the request path.
+                    _ => self.state.client_of(header.session).unwrap_or(0),
                 };
                 out.push(Output::Reply(Reply {
                     client,

@@ -63,7 +63,7 @@ impl Harness {
 
     fn request(&mut self, to: ReplicaId, session: u64, request: u64, body: &[u8]) {
         let message = Message::Request(Request {
-            client: 1,
+            client: 7,
             session,
             request,
             body: body.to_vec(),
@@ -326,6 +326,9 @@ fn a_request_runs_once_and_its_retry_gets_the_same_reply() {
     assert_eq!(answers.len(), 2);
     assert_eq!(answers[0].result, Ok(b"5".to_vec()));
     assert_eq!(answers[1].result, Ok(b"5".to_vec()));
+    // Both go to the client that registered the session (the first once went to a
+    // client numbered like the session, so only retries ever reached the sender).
+    assert!(answers.iter().all(|a| a.client == 7), "{answers:?}");
     for r in 0..3 {
         assert_eq!(
             h.replica(r).state().machine().get("k"),

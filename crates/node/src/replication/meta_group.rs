@@ -1,0 +1,386 @@
+//! Group 0 on shard 0: the metadata group's replica with its files
+//! ([`ShardHost`]), this node's client session with the group ([`MetaClient`]), and
+//! their traffic on the replica bus. Every node applies the committed ops; changes are
+//! proposed through the client, which reaches the primary wherever it is.
+//!
+//! Time is counted in shard ticks ([`TICK_MS`]); the caller ticks it with the shard.
+//! A disk failure stops the group for good (what reached the disk is unknown until a
+//! restart reads it): every pending and later proposal is answered with the error.
+
+use std::path::Path;
+
+use braid_bus::{Bus, Delivery};
+use braid_proto::client::ErrorCode;
+use braid_vsr::{Config, Input, Message, Replica, ReplicaId, Reply, Status};
+
+use super::machine::MetadataMachine;
+use super::meta_client::{node_of_client, MetaClient, Send};
+use super::shard_host::{Effects, HostError, ShardHost};
+use super::wire::{self, Received};
+use crate::error::NodeError;
+use crate::metadata::{MetaOp, Metadata};
+
+/// The metadata group's id.
+pub(crate) const METADATA_GROUP: u64 = 0;
+
+/// How long a replica tick is: the shard's timer period.
+pub(crate) const TICK_MS: u64 = 10;
+
+/// The bus link metadata frames take (seed 000: link 0).
+const METADATA_SHARD: u16 = 0;
+
+/// The group's timings, in ticks, from the cluster's heartbeat timeout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Timing {
+    pub(crate) heartbeat_ticks: u64,
+    pub(crate) view_change_ticks: u64,
+    pub(crate) retry_ticks: u64,
+}
+
+impl Timing {
+    /// A backup gives up on a silent primary after half the heartbeat timeout (plus up
+    /// to as much jitter), so a dead primary is replaced before TCP gives up on it; the
+    /// primary beats four times in that window.
+    pub(crate) fn from_heartbeat_timeout_ms(timeout_ms: u64) -> Self {
+        let view_change_ticks = (timeout_ms / 2 / TICK_MS).max(8);
+        Self {
+            heartbeat_ticks: (view_change_ticks / 4).max(1),
+            view_change_ticks,
+            retry_ticks: (view_change_ticks / 5).max(2),
+        }
+    }
+}
+
+/// What a turn of the group produced for the metadata service.
+#[derive(Debug)]
+pub(crate) struct Turn<T> {
+    /// Outcomes of this node's proposals.
+    pub(crate) answered: Vec<(T, Result<(), NodeError>)>,
+    /// Whether committed ops may have changed the topic layout or the access table.
+    pub(crate) layout_changed: bool,
+}
+
+impl<T> Default for Turn<T> {
+    fn default() -> Self {
+        Self {
+            answered: Vec::new(),
+            layout_changed: false,
+        }
+    }
+}
+
+/// The metadata group as this node runs it.
+#[derive(Debug)]
+pub(crate) struct MetaGroup<T> {
+    host: ShardHost<MetadataMachine>,
+    client: MetaClient<T>,
+    bus: Option<Bus>,
+    node: ReplicaId,
+    members: u8,
+    now: u64,
+    layout_changes: u64,
+    /// Answers from a remote primary, held until the local replica has applied the op
+    /// they name: a client told "created" must find the topic on this node.
+    held: Vec<(u64, T, Result<(), NodeError>)>,
+    failed: Option<String>,
+}
+
+impl<T> MetaGroup<T> {
+    /// Opens group 0's files in `dir` for member `node` of `members`.
+    ///
+    /// # Errors
+    /// The files cannot be read or cannot restart the replica.
+    pub(crate) fn open(
+        dir: &Path,
+        node: ReplicaId,
+        members: u8,
+        timing: Timing,
+        nonce: u64,
+    ) -> Result<Self, HostError> {
+        let mut host = ShardHost::open(dir, 0)?;
+        let config = Config {
+            pipeline_max: 8,
+            checkpoint_interval: 256,
+            journal_keep: 512,
+            sessions_max: 64,
+            heartbeat_ticks: timing.heartbeat_ticks,
+            view_change_ticks: timing.view_change_ticks,
+            retry_ticks: timing.retry_ticks,
+            // One group: its heartbeats are what tells a backup the primary is gone.
+            quiesce: false,
+            ..Config::new(METADATA_GROUP, node, members, nonce | 1)
+        };
+        host.add_group(config, MetadataMachine::default())?;
+        let mut group = Self {
+            host,
+            client: MetaClient::new(node, nonce, timing.retry_ticks * 2),
+            bus: None,
+            node,
+            members,
+            now: 0,
+            layout_changes: 0,
+            held: Vec::new(),
+            failed: None,
+        };
+        if members == 1 {
+            // A lone replica recovers by itself: bring it to normal (and its state to
+            // every committed op) before the node serves.
+            for _ in 0..10_000 {
+                if group.primary().is_some() {
+                    break;
+                }
+                group.now += 1;
+                let effects = group.host.tick(group.now)?;
+                drop(effects);
+            }
+        }
+        group.layout_changes = group.layout_changes_now();
+        Ok(group)
+    }
+
+    /// Sends and receives through `bus` from now on.
+    pub(crate) fn attach_bus(&mut self, bus: Bus) {
+        self.bus = Some(bus);
+    }
+
+    /// The local replica (added at open, so always there).
+    fn replica(&self) -> Option<&Replica<MetadataMachine>> {
+        self.host.replica(METADATA_GROUP)
+    }
+
+    fn layout_changes_now(&self) -> u64 {
+        self.replica()
+            .map_or(0, |r| r.state().machine().layout_changes())
+    }
+
+    fn commit_min(&self) -> u64 {
+        self.replica().map_or(0, Replica::commit_min)
+    }
+
+    /// The committed metadata this node has applied.
+    pub(crate) fn state(&self) -> &Metadata {
+        static NONE: std::sync::OnceLock<Metadata> = std::sync::OnceLock::new();
+        match self.replica() {
+            Some(replica) => replica.state().machine().state(),
+            None => NONE.get_or_init(Metadata::default),
+        }
+    }
+
+    /// The member that leads the group, if this replica knows one in normal status.
+    pub(crate) fn primary(&self) -> Option<ReplicaId> {
+        let replica = self.replica()?;
+        (replica.status() == Status::Normal).then(|| replica.primary_of(replica.view()))
+    }
+
+    /// Proposes `op`; its outcome comes back in a turn with `token`.
+    pub(crate) fn propose(&mut self, op: MetaOp, token: T) -> Turn<T> {
+        let mut turn = Turn::default();
+        if let Some(reason) = &self.failed {
+            turn.answered.push((token, Err(stopped(reason))));
+            return turn;
+        }
+        self.client.propose(op, token);
+        self.run(&mut turn, Vec::new());
+        turn
+    }
+
+    /// One tick of time.
+    pub(crate) fn tick(&mut self) -> Turn<T> {
+        let mut turn = Turn::default();
+        if self.failed.is_some() {
+            return turn;
+        }
+        self.now += 1;
+        match self.host.tick(self.now) {
+            Ok(effects) => self.run(&mut turn, vec![effects]),
+            Err(err) => self.fail(&mut turn, err),
+        }
+        turn
+    }
+
+    /// A frame from a peer.
+    pub(crate) fn deliver(&mut self, delivery: &Delivery) -> Turn<T> {
+        let mut turn = Turn::default();
+        if self.failed.is_some() {
+            return turn;
+        }
+        match wire::received(delivery) {
+            Ok(Received::Message(METADATA_GROUP, message)) => {
+                match self
+                    .host
+                    .step(self.now, vec![(METADATA_GROUP, Input::Message(message))])
+                {
+                    Ok(effects) => self.run(&mut turn, vec![effects]),
+                    Err(err) => self.fail(&mut turn, err),
+                }
+            }
+            Ok(Received::Reply(METADATA_GROUP, reply)) => {
+                let answered = self.client.on_reply(&reply);
+                self.held.extend(answered);
+                self.run(&mut turn, Vec::new());
+            }
+            Ok(Received::Message(group, _) | Received::Reply(group, _)) => {
+                tracing::debug!(
+                    group,
+                    peer = delivery.peer,
+                    "a frame for a group shard 0 does not hold"
+                );
+            }
+            Err(err) => {
+                tracing::warn!(peer = delivery.peer, %err, "a replica frame that does not decode");
+            }
+        }
+        turn
+    }
+
+    /// Sends what the client has due and carries out `pending` effects and what
+    /// follows from them, until nothing is left.
+    fn run(&mut self, turn: &mut Turn<T>, mut pending: Vec<Effects>) {
+        loop {
+            if let Some(effects) = pending.pop() {
+                self.carry(effects);
+                continue;
+            }
+            let Some(send) = self.client.poll(self.now) else {
+                break;
+            };
+            let (request, to_all) = match send {
+                Send::Primary(request) => (request, false),
+                Send::All(request) => (request, true),
+            };
+            let local = to_all || self.primary() == Some(self.node) || self.members == 1;
+            if !local || to_all {
+                let targets: Vec<ReplicaId> = match (to_all, self.primary()) {
+                    (false, Some(primary)) => vec![primary],
+                    _ => (0..self.members).filter(|m| *m != self.node).collect(),
+                };
+                let message = Message::Request(request.clone());
+                for to in targets {
+                    self.send(to, &message);
+                }
+            }
+            if local {
+                let input = Input::Message(Message::Request(request));
+                match self.host.step(self.now, vec![(METADATA_GROUP, input)]) {
+                    Ok(effects) => pending.push(effects),
+                    Err(err) => {
+                        self.fail(turn, err);
+                        return;
+                    }
+                }
+            }
+        }
+        let changes = self.layout_changes_now();
+        if changes != self.layout_changes {
+            self.layout_changes = changes;
+            turn.layout_changed = true;
+        }
+        let applied = self.commit_min();
+        let (ready, waiting): (Vec<_>, Vec<_>) = std::mem::take(&mut self.held)
+            .into_iter()
+            .partition(|(op, _, _)| *op <= applied);
+        self.held = waiting;
+        turn.answered.extend(
+            ready
+                .into_iter()
+                .map(|(_, token, outcome)| (token, outcome)),
+        );
+    }
+
+    fn carry(&mut self, effects: Effects) {
+        for (_, to, message) in effects.sends {
+            self.send(to, &message);
+        }
+        for (_, reply) in effects.replies {
+            self.answer(reply);
+        }
+    }
+
+    /// Routes a reply of the local primary to the client it answers.
+    fn answer(&mut self, reply: Reply) {
+        if reply.client == self.client.id() {
+            let answered = self.client.on_reply(&reply);
+            self.held.extend(answered);
+            return;
+        }
+        match node_of_client(reply.client) {
+            Some(node) if node != self.node && node < self.members => {
+                if let Some(bus) = &self.bus {
+                    // A lost reply is sent again when the client retries.
+                    let _ = bus.send(
+                        METADATA_SHARD,
+                        node,
+                        wire::reply_frame(METADATA_GROUP, &reply),
+                    );
+                }
+            }
+            _ => tracing::debug!(client = reply.client, "a reply for no node"),
+        }
+    }
+
+    fn send(&self, to: ReplicaId, message: &Message) {
+        if let Some(bus) = &self.bus {
+            // A full or down link drops the frame: consensus retransmits.
+            let _ = bus.send(METADATA_SHARD, to, wire::frame(METADATA_GROUP, message));
+        }
+    }
+
+    fn fail(&mut self, turn: &mut Turn<T>, err: HostError) {
+        let reason = err.to_string();
+        tracing::error!(%reason, "the metadata group stopped: restart the node");
+        // Answers already in are the group's: they stand.
+        turn.answered.extend(
+            self.held
+                .drain(..)
+                .map(|(_, token, outcome)| (token, outcome)),
+        );
+        for token in self.client.drain() {
+            turn.answered.push((token, Err(stopped(&reason))));
+        }
+        self.failed = Some(reason);
+    }
+}
+
+fn stopped(reason: &str) -> NodeError {
+    NodeError::new(
+        ErrorCode::StorageError,
+        format!("the metadata group stopped after a disk failure ({reason}); restart the node"),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stream(name: &str) -> MetaOp {
+        MetaOp::CreateStream { name: name.into() }
+    }
+
+    fn lone(dir: &Path) -> MetaGroup<u32> {
+        MetaGroup::open(dir, 0, 1, Timing::from_heartbeat_timeout_ms(2_000), 7).unwrap()
+    }
+
+    #[test]
+    fn a_lone_group_answers_each_proposal_at_once_and_restarts_with_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut group = lone(dir.path());
+        assert_eq!(group.primary(), Some(0));
+        for i in 0..3 {
+            let turn = group.propose(stream(&format!("s{i}")), i);
+            assert_eq!(turn.answered, vec![(i, Ok(()))], "proposal {i}");
+            assert!(turn.layout_changed);
+        }
+        let refused = group.propose(stream("s1"), 9);
+        assert_eq!(refused.answered.len(), 1);
+        assert!(refused.answered[0].1.is_err(), "a second s1 is refused");
+        assert_eq!(group.state().streams.len(), 3);
+        drop(group);
+        let group = lone(dir.path());
+        assert_eq!(
+            group.state().streams.len(),
+            3,
+            "every op back after a restart"
+        );
+        assert_eq!(group.primary(), Some(0));
+    }
+}
