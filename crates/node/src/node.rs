@@ -256,7 +256,7 @@ impl Node {
 
     /// Stops gracefully: no new connections or requests, in-flight requests finish
     /// (within `shutdown_grace_ms`), every partition is synced and closed cleanly, and
-    /// and the metadata group stops (its journal holds every committed op, synced).
+    /// the metadata group stops (its journal holds every committed op, synced).
     pub fn shutdown(mut self) {
         self.stop();
     }
