@@ -1,12 +1,17 @@
-//! A VSR journal in one append-only file, for a small group (the metadata, group 0):
-//! every journal output of the replica is one CRC-framed record, and replaying the
-//! records rebuilds the slots the replica restarts from.
+//! A VSR journal in one append-only file: every journal output of the replica is one
+//! CRC-framed record, and replaying the records rebuilds the slots the replica restarts
+//! from. The metadata group keeps whole prepares in it; a partition group keeps only
+//! headers in it, each with where its body (a record batch) sits in the partition log
+//! (see `partition_journal`).
 //!
 //! Records are `length: u32, crc32c: u32, kind: u8, payload`, the CRC over length,
 //! kind and payload (so zero-filled extents never pass). Kinds: 1 a prepare (encoded
 //! header, body), 2 a header whose body must be repaired, 3 a truncation (entries above
 //! an op go), 4 a prune (entries at or below an op go), 5 an op whose entry was lost to
-//! damage (so it is reported damaged, never absent, until it is written again). Writes are appended unsynced;
+//! damage (so it is reported damaged, never absent, until it is written again), 6 a
+//! prepare whose body is elsewhere (encoded header, then the body's base offset in the
+//! partition log, `u64`), 7 a prune that also records where the partition log ends
+//! after the pruned op (`op: u64, log_end: u64`). Writes are appended unsynced;
 //! [`JournalFile::sync`] makes them durable, and only then does the host report them
 //! written, so one `fdatasync` covers every write of a turn.
 //!
@@ -36,6 +41,8 @@ const KIND_HEADER: u8 = 2;
 const KIND_TRUNCATE: u8 = 3;
 const KIND_PRUNE: u8 = 4;
 const KIND_DAMAGED: u8 = 5;
+const KIND_EXTERNAL: u8 = 6;
+const KIND_PRUNE_AT: u8 = 7;
 
 /// Why the journal could not be read or written.
 #[derive(Debug, thiserror::Error)]
@@ -73,6 +80,11 @@ pub(crate) struct Recovered {
     /// Damage with intact records after it was found at this byte: every slot above
     /// the prune point is reported damaged.
     pub(crate) damaged_at: Option<u64>,
+    /// The ops whose body is elsewhere, with its base offset (their slot is the
+    /// header: the holder of the bodies reads them in).
+    pub(crate) external: Vec<(u64, u64)>,
+    /// Where the partition log ends after the pruned op, if the prune recorded it.
+    pub(crate) pruned_log_end: Option<u64>,
 }
 
 /// An entry in memory: a whole prepare, a header alone, or an op known to have been
@@ -82,6 +94,7 @@ enum Entry {
     Prepare(Prepare),
     Header(Header),
     Damaged(u64),
+    External { header: Header, base_offset: u64 },
 }
 
 /// One group's journal file.
@@ -93,6 +106,8 @@ pub(crate) struct JournalFile {
     entries: BTreeMap<u64, Entry>,
     /// Entries at or below this op were pruned.
     pruned_through: u64,
+    /// Where the partition log ends after `pruned_through`, if known.
+    pruned_log_end: Option<u64>,
     poisoned: bool,
 }
 
@@ -118,7 +133,7 @@ fn record_crc(len: &[u8], kind: u8, payload: &[u8]) -> u32 {
 enum Decoded {
     Entry(Entry),
     Truncate(u64),
-    Prune(u64),
+    Prune(u64, Option<u64>),
 }
 
 /// The record at the start of `bytes` and its length, if its frame is intact and its
@@ -156,8 +171,21 @@ fn parse(bytes: &[u8]) -> Option<(Decoded, usize)> {
                 Decoded::Entry(Entry::Prepare(prepare))
             }
         }
+        KIND_EXTERNAL => {
+            let header = Header::decode(payload.get(..Header::ENCODED_BYTES)?).ok()?;
+            let offset = payload.get(Header::ENCODED_BYTES..)?.try_into().ok()?;
+            Decoded::Entry(Entry::External {
+                header,
+                base_offset: u64::from_be_bytes(offset),
+            })
+        }
         KIND_TRUNCATE => Decoded::Truncate(op()?),
-        KIND_PRUNE => Decoded::Prune(op()?),
+        KIND_PRUNE => Decoded::Prune(op()?, None),
+        KIND_PRUNE_AT => {
+            let op = u64::from_be_bytes(payload.get(..8)?.try_into().ok()?);
+            let end = u64::from_be_bytes(payload.get(8..)?.try_into().ok()?);
+            Decoded::Prune(op, Some(end))
+        }
         KIND_DAMAGED => Decoded::Entry(Entry::Damaged(op()?)),
         _ => return None,
     };
@@ -168,7 +196,7 @@ impl Entry {
     fn op(&self) -> u64 {
         match self {
             Self::Prepare(p) => p.header.op,
-            Self::Header(h) => h.op,
+            Self::Header(h) | Self::External { header: h, .. } => h.op,
             Self::Damaged(op) => *op,
         }
     }
@@ -176,7 +204,7 @@ impl Entry {
     fn slot(&self) -> JournalSlot {
         match self {
             Self::Prepare(p) => JournalSlot::Prepare(p.clone()),
-            Self::Header(h) => JournalSlot::Header(*h),
+            Self::Header(h) | Self::External { header: h, .. } => JournalSlot::Header(*h),
             Self::Damaged(_) => JournalSlot::Damaged,
         }
     }
@@ -190,22 +218,43 @@ impl Entry {
             }
             Self::Header(h) => record(KIND_HEADER, &h.encode()),
             Self::Damaged(op) => record(KIND_DAMAGED, &op.to_be_bytes()),
+            Self::External {
+                header,
+                base_offset,
+            } => {
+                let mut payload = header.encode().to_vec();
+                payload.extend_from_slice(&base_offset.to_be_bytes());
+                record(KIND_EXTERNAL, &payload)
+            }
         }
     }
 }
 
-fn replay(entries: &mut BTreeMap<u64, Entry>, pruned: &mut u64, decoded: Decoded) {
+fn replay(entries: &mut BTreeMap<u64, Entry>, pruned: &mut (u64, Option<u64>), decoded: Decoded) {
     match decoded {
         Decoded::Entry(entry) => {
-            if entry.op() > *pruned {
+            if entry.op() > pruned.0 {
                 entries.insert(entry.op(), entry);
             }
         }
         Decoded::Truncate(op) => entries.retain(|o, _| *o <= op),
-        Decoded::Prune(op) => {
-            *pruned = (*pruned).max(op);
+        Decoded::Prune(op, log_end) => {
+            if op >= pruned.0 {
+                *pruned = (op, log_end.or(if op == pruned.0 { pruned.1 } else { None }));
+            }
             entries.retain(|o, _| *o > op);
         }
+    }
+}
+
+fn prune_record(op: u64, log_end: Option<u64>) -> Vec<u8> {
+    match log_end {
+        Some(end) => {
+            let mut payload = op.to_be_bytes().to_vec();
+            payload.extend_from_slice(&end.to_be_bytes());
+            record(KIND_PRUNE_AT, &payload)
+        }
+        None => record(KIND_PRUNE, &op.to_be_bytes()),
     }
 }
 
@@ -246,7 +295,7 @@ impl JournalFile {
             });
         }
         let mut entries = BTreeMap::new();
-        let mut pruned = 0u64;
+        let mut pruned = (0u64, None);
         let mut at = MAGIC.len();
         let mut damaged_at = None;
         let mut highest_op = 0u64;
@@ -292,17 +341,25 @@ impl JournalFile {
             );
             // Nothing read is trusted (a lost truncation could bring a stale prepare
             // back), but every op written must stay known.
-            entries = (pruned + 1..=highest_op.max(pruned))
+            entries = (pruned.0 + 1..=highest_op.max(pruned.0))
                 .map(|op| (op, Entry::Damaged(op)))
                 .collect();
         }
         let slots = entries.iter().map(|(op, e)| (*op, e.slot())).collect();
+        let external = entries
+            .iter()
+            .filter_map(|(op, e)| match e {
+                Entry::External { base_offset, .. } => Some((*op, *base_offset)),
+                _ => None,
+            })
+            .collect();
         let journal = Self {
             path: path.to_owned(),
             file,
             len: at as u64,
             entries,
-            pruned_through: pruned,
+            pruned_through: pruned.0,
+            pruned_log_end: pruned.1,
             poisoned: false,
         };
         let mut journal = journal;
@@ -315,6 +372,8 @@ impl JournalFile {
             torn_tail_bytes,
             pruned_through: journal.pruned_through,
             damaged_at,
+            external,
+            pruned_log_end: journal.pruned_log_end,
         };
         Ok((journal, recovered))
     }
@@ -341,6 +400,52 @@ impl JournalFile {
         self.write_entry(Entry::Header(*header))
     }
 
+    /// Appends the header of a prepare whose body is at `base_offset` in the partition
+    /// log.
+    pub(crate) fn write_external(
+        &mut self,
+        header: &Header,
+        base_offset: u64,
+    ) -> Result<(), JournalError> {
+        self.write_entry(Entry::External {
+            header: *header,
+            base_offset,
+        })
+    }
+
+    /// The header at `op` and, if its body is in the partition log, its base offset;
+    /// `None` for no entry or a damaged one.
+    pub(crate) fn entry(&self, op: u64) -> Option<(&Header, Option<u64>)> {
+        match self.entries.get(&op)? {
+            Entry::Prepare(p) => Some((&p.header, None)),
+            Entry::Header(h) => Some((h, None)),
+            Entry::External {
+                header,
+                base_offset,
+            } => Some((header, Some(*base_offset))),
+            Entry::Damaged(_) => None,
+        }
+    }
+
+    /// The prune point, and where the partition log ends after it if known.
+    pub(crate) fn pruned(&self) -> (u64, Option<u64>) {
+        (self.pruned_through, self.pruned_log_end)
+    }
+
+    /// The first op above `op` whose body is in the partition log, with its base
+    /// offset.
+    pub(crate) fn next_external(&self, op: u64) -> Option<(u64, u64)> {
+        self.entries.range(op + 1..).find_map(|(o, e)| match e {
+            Entry::External { base_offset, .. } => Some((*o, *base_offset)),
+            _ => None,
+        })
+    }
+
+    /// The whole prepare at `op` if held here with `checksum`, by value.
+    pub(crate) fn inline_prepare(&self, op: u64, checksum: braid_vsr::Checksum) -> Option<Prepare> {
+        self.prepare(op, checksum).cloned()
+    }
+
     fn write_entry(&mut self, entry: Entry) -> Result<(), JournalError> {
         self.append_record(entry.record())?;
         self.entries.insert(entry.op(), entry);
@@ -356,8 +461,20 @@ impl JournalFile {
 
     /// Removes entries at or below `op` (a checkpoint covers them).
     pub(crate) fn prune(&mut self, op: u64) -> Result<(), JournalError> {
-        self.append_record(record(KIND_PRUNE, &op.to_be_bytes()))?;
-        self.pruned_through = self.pruned_through.max(op);
+        self.prune_at(op, None)
+    }
+
+    /// As [`JournalFile::prune`], recording where the partition log ends after `op`.
+    pub(crate) fn prune_at(&mut self, op: u64, log_end: Option<u64>) -> Result<(), JournalError> {
+        self.append_record(prune_record(op, log_end))?;
+        if op >= self.pruned_through {
+            self.pruned_log_end = log_end.or(if op == self.pruned_through {
+                self.pruned_log_end
+            } else {
+                None
+            });
+            self.pruned_through = op;
+        }
         self.entries.retain(|o, _| *o > op);
         Ok(())
     }
@@ -397,8 +514,8 @@ impl JournalFile {
     fn compact(&mut self) -> Result<(), JournalError> {
         let tmp = self.path.with_extension("compact");
         let mut bytes = MAGIC.to_vec();
-        if self.pruned_through > 0 {
-            bytes.extend(record(KIND_PRUNE, &self.pruned_through.to_be_bytes()));
+        if self.pruned_through > 0 || self.pruned_log_end.is_some() {
+            bytes.extend(prune_record(self.pruned_through, self.pruned_log_end));
         }
         for entry in self.entries.values() {
             bytes.extend(entry.record());

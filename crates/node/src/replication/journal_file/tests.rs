@@ -176,7 +176,7 @@ fn workload() -> Vec<Step> {
 /// The slots after the first `records` writes of the workload.
 fn model(records: usize) -> Vec<(u64, JournalSlot)> {
     let mut entries = BTreeMap::new();
-    let mut pruned = 0;
+    let mut pruned = (0, None);
     for step in workload()
         .into_iter()
         .filter(|s| !matches!(s, Step::Sync))
@@ -186,7 +186,7 @@ fn model(records: usize) -> Vec<(u64, JournalSlot)> {
             Step::Prepare(p) => Decoded::Entry(Entry::Prepare(p)),
             Step::Header(h) => Decoded::Entry(Entry::Header(h)),
             Step::Truncate(op) => Decoded::Truncate(op),
-            Step::Prune(op) => Decoded::Prune(op),
+            Step::Prune(op) => Decoded::Prune(op, None),
             Step::Sync => continue,
         };
         replay(&mut entries, &mut pruned, decoded);

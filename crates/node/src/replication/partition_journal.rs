@@ -1,0 +1,379 @@
+//! A partition group's VSR journal whose bodies ARE the partition log: one prepare of a
+//! produce is one record batch, appended to the log at the next offsets, and its header
+//! (op, view, checksum, parent checksum) is kept beside it in `vsr.journal`, a
+//! [`JournalFile`] of headers that names each body's base offset. Ops without a batch
+//! (a session's register) are kept whole in `vsr.journal`.
+//!
+//! The log holds a prefix of the journal: every op from the prune point up to the
+//! *tip* has its body, in op order, and nothing else. A prepare above `tip + 1` (an op
+//! below it is missing) waits in memory until the gap is repaired, and is reported
+//! written only once it is appended and synced. Replacing an entry at or below the tip
+//! (a view change chose another prepare there) cuts the log back to it first: every
+//! entry above chains to the replaced one, so none of them can be in the new log.
+//!
+//! Bodies are stored with the base offset the log assigns and the view as partition
+//! leader epoch; both fields are outside the batch CRC, and a body's VSR checksum is
+//! over its *canonical* form, with both fields zero. So every replica checksums the
+//! same bytes, and a batch read back is canonicalised before it is sent or checked.
+//!
+//! Crash consistency: [`PartitionJournal::sync`] syncs the log, then `vsr.journal`, and
+//! only then are the writes reported. At open, a header whose batch the log lacks was
+//! never reported (the log's sync would have kept it): it and everything above it are
+//! cut. Batches past the last header's were never reported either and are cut. A batch
+//! that is there but does not match its header's checksum is a damaged entry, reported
+//! damaged, never absent.
+
+// Partition groups join the shards next; until then only the tests use this.
+#![cfg_attr(not(test), allow(dead_code))]
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use braid_proto::batch::{field, set_base_offset, set_partition_leader_epoch, HEADER_BYTES};
+use braid_proto::ValidatedBatch;
+use braid_storage::{LogConfig, LogError, PartitionLog};
+use braid_vsr::{checksum, Checksum, Header, JournalSlot, Operation, Prepare};
+
+use super::journal_file::{JournalError, JournalFile};
+
+/// The header journal's file name in the partition directory.
+pub(crate) const JOURNAL_FILE: &str = "vsr.journal";
+
+/// Why the partition journal failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub(crate) enum PartitionJournalError {
+    #[error(transparent)]
+    Journal(#[from] JournalError),
+    #[error("partition log: {0}")]
+    Log(#[from] LogError),
+}
+
+/// What opening found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Recovered {
+    /// The slots above the prune point, for `Persisted::journal`.
+    pub(crate) slots: Vec<(u64, JournalSlot)>,
+    /// The journal file was damaged inside (its slots are reported damaged).
+    pub(crate) damaged: bool,
+    /// Log bytes cut because no header named them (appended, never reported).
+    pub(crate) log_bytes_cut: u64,
+    /// The log ends before what the journal recorded (its batches were lost): it must
+    /// be copied from a peer.
+    pub(crate) log_behind: bool,
+}
+
+/// The canonical form of a stored batch: base offset and leader epoch zero.
+pub(crate) fn canonical(mut batch: Vec<u8>) -> Vec<u8> {
+    if batch.len() >= HEADER_BYTES {
+        set_base_offset(&mut batch, 0);
+        set_partition_leader_epoch(&mut batch, 0);
+    }
+    batch
+}
+
+/// A partition's journal: headers in `vsr.journal`, bodies in the log.
+#[derive(Debug)]
+pub(crate) struct PartitionJournal {
+    index: JournalFile,
+    log: PartitionLog,
+    /// Prepares above `tip + 1`, waiting for the ops below them.
+    pending: BTreeMap<u64, Prepare>,
+    /// Every op from the prune point to here has its body, the batches in the log in
+    /// op order and nothing after them.
+    tip: u64,
+    /// Ops written since the last sync: reported written after it.
+    unsynced: Vec<(u64, Checksum)>,
+}
+
+/// The first batch of `bytes` (a read returns whole batches).
+fn first_batch(bytes: &[u8]) -> Option<&[u8]> {
+    let length = bytes.get(field::BATCH_LENGTH..field::BATCH_LENGTH + 4)?;
+    let length = u32::from_be_bytes(length.try_into().ok()?) as usize;
+    bytes.get(..field::BATCH_LENGTH + 4 + length)
+}
+
+impl PartitionJournal {
+    /// Opens the log in `dir` and its header journal, and brings the two into line.
+    ///
+    /// # Errors
+    /// A file cannot be read or cut.
+    pub(crate) fn open(
+        dir: &Path,
+        config: LogConfig,
+        now_ms: u64,
+    ) -> Result<(Self, Recovered), PartitionJournalError> {
+        let log = PartitionLog::open(dir, config, now_ms)?;
+        let (index, found) = JournalFile::open(&dir.join(JOURNAL_FILE))?;
+        let (pruned, pruned_log_end) = index.pruned();
+        let mut journal = Self {
+            index,
+            log,
+            pending: BTreeMap::new(),
+            tip: pruned,
+            unsynced: Vec::new(),
+        };
+        let external: BTreeMap<u64, u64> = found.external.iter().copied().collect();
+        let mut slots = Vec::with_capacity(found.slots.len());
+        let mut log_end = pruned_log_end;
+        let mut contiguous = true;
+        let mut cut_from = None;
+        let mut log_behind = false;
+        for (op, slot) in found.slots {
+            let (slot, end) = match (external.get(&op), slot) {
+                (Some(&base), JournalSlot::Header(header)) => match journal.read_body(base)? {
+                    None => {
+                        // Its batch never reached the log's synced part, so it was never
+                        // reported written, nor was anything above it.
+                        cut_from = Some(op);
+                        break;
+                    }
+                    Some((body, end)) if checksum(&body) == header.body_checksum => {
+                        (JournalSlot::Prepare(Prepare { header, body }), Some(end))
+                    }
+                    Some(_) => (JournalSlot::Damaged, None),
+                },
+                (_, slot) => (slot, None),
+            };
+            contiguous &= op == journal.tip + 1 && matches!(slot, JournalSlot::Prepare(_));
+            if contiguous {
+                journal.tip = op;
+                log_end = end.or(log_end);
+            }
+            slots.push((op, slot));
+        }
+        if let Some(op) = cut_from {
+            journal.index.truncate(op - 1)?;
+        }
+        let mut log_bytes_cut = 0;
+        match log_end {
+            Some(end) if journal.log.next_offset() > end => {
+                let before = journal.log.size_bytes();
+                journal.log.truncate(end)?;
+                log_bytes_cut = before.saturating_sub(journal.log.size_bytes());
+            }
+            Some(end) if journal.log.next_offset() < end => {
+                // The log lost batches its journal counts as written: it must be
+                // copied back from a peer before this replica can take part.
+                tracing::warn!(
+                    dir = %dir.display(),
+                    log_end = journal.log.next_offset(),
+                    journal_end = end,
+                    "the partition log ends before what its journal recorded"
+                );
+                log_behind = true;
+            }
+            _ => {}
+        }
+        journal.index.sync()?;
+        let recovered = Recovered {
+            slots,
+            damaged: found.damaged_at.is_some(),
+            log_bytes_cut,
+            log_behind,
+        };
+        Ok((journal, recovered))
+    }
+
+    /// The canonical batch at `base` and the offset after it, if the log holds one
+    /// starting there.
+    fn read_body(&mut self, base: u64) -> Result<Option<(Vec<u8>, u64)>, PartitionJournalError> {
+        if base < self.log.start_offset() || base >= self.log.next_offset() {
+            return Ok(None);
+        }
+        let read = match self.log.read(base, 1, u64::MAX) {
+            Ok(read) => read,
+            Err(LogError::NotBatchBoundary { .. }) => return Ok(None),
+            Err(err) => return Err(err.into()),
+        };
+        if read.first_offset != base {
+            return Ok(None);
+        }
+        let Some(batch) = first_batch(read.bytes()) else {
+            return Ok(None);
+        };
+        let batch = batch.to_vec();
+        let end = base + read_records(&batch);
+        Ok(Some((canonical(batch), end)))
+    }
+
+    /// The partition log (reads of committed records go straight to it).
+    pub(crate) fn log(&mut self) -> &mut PartitionLog {
+        &mut self.log
+    }
+
+    /// The highest op whose body is in place with all below it.
+    pub(crate) fn tip(&self) -> u64 {
+        self.tip
+    }
+
+    /// Writes a prepare at its op, replacing what is there. Reported written by a later
+    /// [`PartitionJournal::sync`], once it and every op below it are in place.
+    ///
+    /// # Errors
+    /// A write failed (the journal or the log is poisoned).
+    pub(crate) fn write_prepare(
+        &mut self,
+        prepare: &Prepare,
+        now_ms: u64,
+    ) -> Result<(), PartitionJournalError> {
+        let op = prepare.header.op;
+        let (pruned, _) = self.index.pruned();
+        if op <= pruned {
+            return Ok(());
+        }
+        if op <= self.tip {
+            if self.index.entry(op).map(|(h, _)| h.checksum) == Some(prepare.header.checksum) {
+                // Already in place (a repair answered twice).
+                self.unsynced.push((op, prepare.header.checksum));
+                return Ok(());
+            }
+            self.cut_above(op - 1)?;
+        }
+        self.pending.insert(op, prepare.clone());
+        while let Some(next) = self.pending.remove(&(self.tip + 1)) {
+            self.append(&next, now_ms)?;
+        }
+        Ok(())
+    }
+
+    /// Appends `prepare` at `tip + 1`.
+    fn append(&mut self, prepare: &Prepare, now_ms: u64) -> Result<(), PartitionJournalError> {
+        let batch = (prepare.header.operation == Operation::Request)
+            .then(|| ValidatedBatch::new(prepare.body.clone()).ok())
+            .flatten();
+        match batch {
+            Some(mut batch) => {
+                batch.set_partition_leader_epoch(prepare.header.view as i32);
+                let appended = self.log.append(batch, now_ms)?;
+                self.index
+                    .write_external(&prepare.header, appended.base_offset)?;
+            }
+            // A register, or a body that is not one batch: kept whole with its header.
+            None => self.index.write_prepare(prepare)?,
+        }
+        self.tip = prepare.header.op;
+        self.unsynced
+            .push((prepare.header.op, prepare.header.checksum));
+        Ok(())
+    }
+
+    /// Writes a header whose body is missing at its op, replacing what is there.
+    ///
+    /// # Errors
+    /// A write failed.
+    pub(crate) fn write_header(&mut self, header: &Header) -> Result<(), PartitionJournalError> {
+        let op = header.op;
+        if op <= self.index.pruned().0 {
+            return Ok(());
+        }
+        if op <= self.tip {
+            if self.index.entry(op).map(|(h, _)| h.checksum) == Some(header.checksum) {
+                // The body in place is the one named: keep it.
+                return Ok(());
+            }
+            self.cut_above(op - 1)?;
+        }
+        if self
+            .pending
+            .get(&op)
+            .is_some_and(|p| p.header.checksum != header.checksum)
+        {
+            self.pending.remove(&op);
+        }
+        self.index.write_header(header)?;
+        Ok(())
+    }
+
+    /// Removes every entry above `op`.
+    ///
+    /// # Errors
+    /// A write or the log's truncation failed.
+    pub(crate) fn truncate(&mut self, op: u64) -> Result<(), PartitionJournalError> {
+        self.pending.retain(|o, _| *o <= op);
+        if op < self.tip {
+            self.cut_above(op)
+        } else {
+            self.index.truncate(op)?;
+            Ok(())
+        }
+    }
+
+    /// Cuts the index and the log back to `op` (`op < tip`).
+    fn cut_above(&mut self, op: u64) -> Result<(), PartitionJournalError> {
+        let first_cut = self.index.next_external(op);
+        self.index.truncate(op)?;
+        if let Some((_, base)) = first_cut {
+            // Durable when it returns: a crash after it leaves no batch of a cut op.
+            self.log.truncate(base)?;
+        }
+        self.tip = self.tip.min(op);
+        self.unsynced.retain(|(o, _)| *o <= op);
+        Ok(())
+    }
+
+    /// Removes entries at or below `op` (a checkpoint covers them; their batches stay
+    /// in the log until retention), recording where the log ends after `op`.
+    ///
+    /// # Errors
+    /// A write failed.
+    pub(crate) fn prune(&mut self, op: u64) -> Result<(), PartitionJournalError> {
+        self.pending.retain(|o, _| *o > op);
+        let log_end = (op <= self.tip).then(|| match self.index.next_external(op) {
+            Some((next, base)) if next <= self.tip => base,
+            _ => self.log.next_offset(),
+        });
+        self.index.prune_at(op, log_end)?;
+        Ok(())
+    }
+
+    /// The prepare at `op` with `checksum`, read from the log if need be (a repair
+    /// answer).
+    ///
+    /// # Errors
+    /// The log could not be read.
+    pub(crate) fn prepare(
+        &mut self,
+        op: u64,
+        checksum_wanted: Checksum,
+    ) -> Result<Option<Prepare>, PartitionJournalError> {
+        if let Some(pending) = self.pending.get(&op) {
+            return Ok((pending.header.checksum == checksum_wanted).then(|| pending.clone()));
+        }
+        let Some((header, base)) = self.index.entry(op).map(|(h, b)| (*h, b)) else {
+            return Ok(None);
+        };
+        if header.checksum != checksum_wanted {
+            return Ok(None);
+        }
+        match base {
+            None => Ok(self.index.inline_prepare(op, checksum_wanted)),
+            Some(base) => Ok(self
+                .read_body(base)?
+                .filter(|(body, _)| checksum(body) == header.body_checksum)
+                .map(|(body, _)| Prepare { header, body })),
+        }
+    }
+
+    /// Makes every write so far durable (the log, then the header journal) and returns
+    /// the ops it covers, to report written.
+    ///
+    /// # Errors
+    /// A sync failed: the journal is poisoned and nothing more is reported.
+    pub(crate) fn sync(&mut self) -> Result<Vec<(u64, Checksum)>, PartitionJournalError> {
+        self.log.sync()?;
+        self.index.sync()?;
+        Ok(std::mem::take(&mut self.unsynced))
+    }
+}
+
+/// Records in a batch: its last offset delta plus one.
+fn read_records(batch: &[u8]) -> u64 {
+    batch
+        .get(field::LAST_OFFSET_DELTA..field::LAST_OFFSET_DELTA + 4)
+        .and_then(|b| b.try_into().ok())
+        .map_or(0, |b| u64::from(u32::from_be_bytes(b)) + 1)
+}
+
+#[cfg(test)]
+mod tests;

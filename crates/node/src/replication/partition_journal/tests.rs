@@ -1,0 +1,393 @@
+use super::*;
+use braid_proto::BatchBuilder;
+use braid_storage::disk::hook;
+
+/// A batch of `n` records whose values name `tag`.
+fn batch(tag: &str, n: usize) -> Vec<u8> {
+    let mut builder = BatchBuilder::new(1_000);
+    for i in 0..n {
+        builder.push(
+            Some(tag.as_bytes()),
+            Some(format!("{tag}-{i}").as_bytes()),
+            &[],
+            1_000,
+        );
+    }
+    canonical(builder.finish())
+}
+
+fn prepare(op: u64, view: u64, parent: Checksum, operation: Operation, body: Vec<u8>) -> Prepare {
+    let header = Header {
+        group: 7,
+        view,
+        op,
+        commit: 0,
+        parent,
+        body_checksum: checksum(&body),
+        session: 1,
+        request: op,
+        operation,
+        checksum: 0,
+    }
+    .seal();
+    Prepare { header, body }
+}
+
+/// Op 1 a register (kept whole), then ops 2..=n batches of 1 to 3 records.
+fn chain(n: u64, view: u64, tag: &str) -> Vec<Prepare> {
+    let mut out = Vec::new();
+    let mut parent = Header::root(7).checksum;
+    for op in 1..=n {
+        let p = if op == 1 {
+            prepare(
+                op,
+                view,
+                parent,
+                Operation::Register,
+                9u64.to_be_bytes().to_vec(),
+            )
+        } else {
+            let records = (op % 3 + 1) as usize;
+            prepare(
+                op,
+                view,
+                parent,
+                Operation::Request,
+                batch(&format!("{tag}{op}"), records),
+            )
+        };
+        parent = p.header.checksum;
+        out.push(p);
+    }
+    out
+}
+
+fn open(dir: &Path) -> (PartitionJournal, Recovered) {
+    PartitionJournal::open(dir, LogConfig::default(), 0).unwrap()
+}
+
+fn prepares(recovered: &Recovered) -> Vec<Prepare> {
+    recovered
+        .slots
+        .iter()
+        .filter_map(|(_, s)| match s {
+            JournalSlot::Prepare(p) => Some(p.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The canonical batches the log holds, in order.
+fn log_batches(journal: &mut PartitionJournal) -> Vec<Vec<u8>> {
+    let log = journal.log();
+    let mut out = Vec::new();
+    let mut at = log.start_offset();
+    while at < log.next_offset() {
+        let read = log.read(at, 1, u64::MAX).unwrap();
+        let batch = first_batch(read.bytes()).unwrap().to_vec();
+        at += read_records(&batch);
+        out.push(canonical(batch));
+    }
+    out
+}
+
+fn batch_bodies(prepares: &[Prepare]) -> Vec<Vec<u8>> {
+    prepares
+        .iter()
+        .filter(|p| p.header.operation == Operation::Request)
+        .map(|p| p.body.clone())
+        .collect()
+}
+
+#[test]
+fn batches_are_the_log_and_come_back_with_their_headers_after_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let ops = chain(20, 1, "a");
+    let (mut journal, recovered) = open(dir.path());
+    assert!(recovered.slots.is_empty());
+    for p in &ops {
+        journal.write_prepare(p, 0).unwrap();
+    }
+    let written = journal.sync().unwrap();
+    assert_eq!(
+        written.len(),
+        20,
+        "every op reported written after the sync"
+    );
+    assert_eq!(journal.tip(), 20);
+    // The log holds the batches, with the offsets it assigned and the view as epoch.
+    let log = journal.log();
+    let first = log.read(0, 1, u64::MAX).unwrap();
+    let header = braid_proto::RecordBatch::check_frame(first.bytes())
+        .unwrap()
+        .0;
+    assert_eq!(header.header().partition_leader_epoch, 1);
+    assert_eq!(log_batches(&mut journal), batch_bodies(&ops));
+    // A repair answer is read back from the log, canonical and whole.
+    let asked = &ops[9];
+    assert_eq!(
+        journal.prepare(10, asked.header.checksum).unwrap().as_ref(),
+        Some(asked)
+    );
+    assert_eq!(journal.prepare(10, 1).unwrap(), None, "another checksum");
+    drop(journal);
+    let (mut journal, recovered) = open(dir.path());
+    assert_eq!(
+        prepares(&recovered),
+        ops,
+        "the same prepares, chain and all"
+    );
+    assert_eq!(recovered.log_bytes_cut, 0);
+    assert_eq!(journal.tip(), 20);
+    assert_eq!(log_batches(&mut journal), batch_bodies(&ops));
+}
+
+#[test]
+fn a_prepare_above_a_gap_waits_for_it_and_a_replaced_entry_cuts_the_log_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let ops = chain(10, 1, "a");
+    let (mut journal, _) = open(dir.path());
+    for p in &ops[..5] {
+        journal.write_prepare(p, 0).unwrap();
+    }
+    // Op 7 before op 6: held until 6 arrives.
+    journal.write_prepare(&ops[6], 0).unwrap();
+    let written: Vec<u64> = journal.sync().unwrap().iter().map(|w| w.0).collect();
+    assert_eq!(written, vec![1, 2, 3, 4, 5]);
+    journal.write_prepare(&ops[5], 0).unwrap();
+    let written: Vec<u64> = journal.sync().unwrap().iter().map(|w| w.0).collect();
+    assert_eq!(written, vec![6, 7]);
+    for p in &ops[7..] {
+        journal.write_prepare(p, 0).unwrap();
+    }
+    journal.sync().unwrap();
+    // A new view chose another op 6: 6 and everything above it go, log included.
+    let other = chain(6, 2, "b");
+    let replaced = prepare(
+        6,
+        2,
+        ops[4].header.checksum,
+        Operation::Request,
+        other[5].body.clone(),
+    );
+    journal.write_prepare(&replaced, 0).unwrap();
+    let written: Vec<u64> = journal.sync().unwrap().iter().map(|w| w.0).collect();
+    assert_eq!(written, vec![6]);
+    assert_eq!(journal.tip(), 6);
+    let mut expected: Vec<Prepare> = ops[..5].to_vec();
+    expected.push(replaced.clone());
+    assert_eq!(log_batches(&mut journal), batch_bodies(&expected));
+    drop(journal);
+    let (mut journal, recovered) = open(dir.path());
+    assert_eq!(prepares(&recovered), expected);
+    assert_eq!(log_batches(&mut journal), batch_bodies(&expected));
+}
+
+#[test]
+fn a_header_that_names_another_body_cuts_and_a_prune_keeps_the_log_end() {
+    let dir = tempfile::tempdir().unwrap();
+    let ops = chain(12, 1, "a");
+    let (mut journal, _) = open(dir.path());
+    for p in &ops {
+        journal.write_prepare(p, 0).unwrap();
+    }
+    journal.sync().unwrap();
+    // The same header at op 4 keeps its body; another one cuts 4 and above.
+    journal.write_header(&ops[3].header).unwrap();
+    assert_eq!(journal.tip(), 12);
+    let stranger = prepare(
+        9,
+        2,
+        ops[7].header.checksum,
+        Operation::Request,
+        batch("x", 1),
+    );
+    journal.write_header(&stranger.header).unwrap();
+    assert_eq!(journal.tip(), 8);
+    journal.prune(5).unwrap();
+    journal.sync().unwrap();
+    drop(journal);
+    let (mut journal, recovered) = open(dir.path());
+    let ops_held: Vec<u64> = recovered.slots.iter().map(|(op, _)| *op).collect();
+    assert_eq!(ops_held, vec![6, 7, 8, 9]);
+    assert_eq!(recovered.slots[3].1, JournalSlot::Header(stranger.header));
+    assert_eq!(journal.tip(), 8);
+    assert_eq!(log_batches(&mut journal), batch_bodies(&ops[..8]));
+    // A batch appended without its header (a crash between the two) is cut at open.
+    let stray = ValidatedBatch::new(batch("stray", 2)).unwrap();
+    journal.log().append(stray, 0).unwrap();
+    journal.log().sync().unwrap();
+    drop(journal);
+    let (mut journal, recovered) = open(dir.path());
+    assert!(recovered.log_bytes_cut > 0);
+    assert_eq!(log_batches(&mut journal), batch_bodies(&ops[..8]));
+    // After a prune that took every batch entry, the recorded log end still cuts.
+    journal.prune(8).unwrap();
+    journal.sync().unwrap();
+    let stray = ValidatedBatch::new(batch("stray", 2)).unwrap();
+    journal.log().append(stray, 0).unwrap();
+    journal.log().sync().unwrap();
+    drop(journal);
+    let (mut journal, recovered) = open(dir.path());
+    assert!(recovered.log_bytes_cut > 0, "{recovered:?}");
+    assert_eq!(log_batches(&mut journal), batch_bodies(&ops[..8]));
+}
+
+/// What the journal's steps are in the crash workload.
+#[derive(Debug, Clone)]
+enum Step {
+    Write(Prepare),
+    Header(Header),
+    Truncate(u64),
+    Prune(u64),
+    Sync,
+}
+
+fn workload() -> Vec<Step> {
+    let ops = chain(14, 1, "a");
+    let mut steps = Vec::new();
+    for (i, p) in ops[..10].iter().enumerate() {
+        steps.push(Step::Write(p.clone()));
+        if i % 3 == 2 {
+            steps.push(Step::Sync);
+        }
+    }
+    steps.push(Step::Sync);
+    // A view change replaces op 8, then op 9 comes without its body.
+    let other = chain(9, 2, "b");
+    let replaced = prepare(
+        8,
+        2,
+        ops[6].header.checksum,
+        Operation::Request,
+        other[7].body.clone(),
+    );
+    let headless = prepare(
+        9,
+        2,
+        replaced.header.checksum,
+        Operation::Request,
+        other[8].body.clone(),
+    );
+    steps.push(Step::Write(replaced));
+    steps.push(Step::Header(headless.header));
+    steps.push(Step::Sync);
+    steps.push(Step::Write(headless));
+    steps.push(Step::Prune(4));
+    steps.push(Step::Sync);
+    steps.push(Step::Truncate(8));
+    steps.push(Step::Sync);
+    steps
+}
+
+fn run(journal: &mut PartitionJournal, step: &Step) {
+    match step {
+        Step::Write(p) => journal.write_prepare(p, 0).unwrap(),
+        Step::Header(h) => journal.write_header(h).unwrap(),
+        Step::Truncate(op) => journal.truncate(*op).unwrap(),
+        Step::Prune(op) => journal.prune(*op).unwrap(),
+        Step::Sync => {
+            journal.sync().unwrap();
+        }
+    }
+}
+
+/// The slots a clean run of the first `steps` steps reopens to.
+fn model(steps: usize) -> Vec<(u64, JournalSlot)> {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut journal, _) = open(dir.path());
+    for step in workload().iter().take(steps) {
+        run(&mut journal, step);
+    }
+    journal.sync().unwrap();
+    drop(journal);
+    open(dir.path()).1.slots
+}
+
+/// Cut at every sync boundary every way the POSIX model allows: the journal reopens
+/// to the slots of some state between the last sync and the next (a slot may be
+/// damaged where the cut hid which of the two landed, never absent), and the log holds
+/// exactly the batches of its contiguous prepares.
+#[test]
+fn every_crash_state_reopens_to_a_synced_state_or_a_later_one() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("p");
+    let steps = workload();
+    let models: Vec<_> = (0..=steps.len()).map(model).collect();
+    hook::start_tracing();
+    // (trace length when a sync returned, steps run by then)
+    let mut syncs = Vec::new();
+    {
+        let (mut journal, _) = open(&dir);
+        syncs.push((hook::trace_len(), 0));
+        for (i, step) in steps.iter().enumerate() {
+            run(&mut journal, step);
+            if matches!(step, Step::Sync) {
+                syncs.push((hook::trace_len(), i + 1));
+            }
+        }
+    }
+    let trace = hook::take().unwrap().trace;
+    let checked =
+        braid_storage::crash::for_each_crash_state(&trace, root.path(), |at, how, out| {
+            let Some(index) = syncs.iter().rposition(|(events, _)| *events <= at) else {
+                return;
+            };
+            let synced = syncs[index].1;
+            let next = syncs.get(index + 1).map_or(steps.len(), |s| s.1);
+            let (mut journal, recovered) =
+                PartitionJournal::open(&out.join("p"), LogConfig::default(), 0)
+                    .unwrap_or_else(|e| panic!("cut at {at}, {how}: {e}"));
+            let fits = (synced..=next).any(|r| {
+                let model = &models[r];
+                model.len() >= recovered.slots.len().saturating_sub(1)
+                    && model.iter().all(|(op, slot)| {
+                        recovered
+                            .slots
+                            .iter()
+                            .any(|(o, s)| o == op && (s == slot || *s == JournalSlot::Damaged))
+                            || recovered.slots.iter().all(|(o, _)| o < op)
+                    })
+                    && recovered.slots.iter().all(|(o, s)| {
+                        *s == JournalSlot::Damaged
+                            || models[synced..=next]
+                                .iter()
+                                .any(|m| m.iter().any(|(mo, ms)| mo == o && ms == s))
+                    })
+            });
+            assert!(
+                fits,
+                "cut at {at}, {how}: {:?} fits no state between steps {synced} and {next}",
+                recovered.slots.iter().map(|(o, _)| *o).collect::<Vec<_>>()
+            );
+            // Every op the last sync reported is held, unless a step after it removed it.
+            let removed_later = steps[synced..next]
+                .iter()
+                .any(|s| matches!(s, Step::Write(_) | Step::Header(_) | Step::Truncate(_)));
+            if !removed_later {
+                for (op, _) in &models[synced] {
+                    assert!(
+                        recovered.slots.iter().any(|(o, _)| o == op),
+                        "cut at {at}, {how}: synced op {op} absent"
+                    );
+                }
+            }
+            // The log holds exactly the batches of the prepares up to the tip.
+            let tip = journal.tip();
+            let held: Vec<Prepare> = recovered
+                .slots
+                .iter()
+                .filter(|(o, _)| *o <= tip)
+                .filter_map(|(_, s)| match s {
+                    JournalSlot::Prepare(p) => Some(p.clone()),
+                    _ => None,
+                })
+                .collect();
+            let log = log_batches(&mut journal);
+            assert!(
+                log.ends_with(&batch_bodies(&held)),
+                "cut at {at}, {how}: the log's tail is not the held batches"
+            );
+        });
+    assert!(checked > 30, "{checked} crash states");
+}
