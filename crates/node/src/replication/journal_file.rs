@@ -108,6 +108,8 @@ pub(crate) struct JournalFile {
     pruned_through: u64,
     /// Where the partition log ends after `pruned_through`, if known.
     pruned_log_end: Option<u64>,
+    /// Prepares written since the last sync (op, checksum): reported after it.
+    unsynced: Vec<(u64, braid_vsr::Checksum)>,
     poisoned: bool,
 }
 
@@ -360,6 +362,7 @@ impl JournalFile {
             entries,
             pruned_through: pruned.0,
             pruned_log_end: pruned.1,
+            unsynced: Vec::new(),
             poisoned: false,
         };
         let mut journal = journal;
@@ -392,7 +395,10 @@ impl JournalFile {
 
     /// Appends a prepare (replacing any entry at its op); durable at the next sync.
     pub(crate) fn write_prepare(&mut self, prepare: &Prepare) -> Result<(), JournalError> {
-        self.write_entry(Entry::Prepare(prepare.clone()))
+        self.write_entry(Entry::Prepare(prepare.clone()))?;
+        self.unsynced
+            .push((prepare.header.op, prepare.header.checksum));
+        Ok(())
     }
 
     /// Appends a header without its body.
@@ -456,6 +462,7 @@ impl JournalFile {
     pub(crate) fn truncate(&mut self, op: u64) -> Result<(), JournalError> {
         self.append_record(record(KIND_TRUNCATE, &op.to_be_bytes()))?;
         self.entries.retain(|o, _| *o <= op);
+        self.unsynced.retain(|(o, _)| *o <= op);
         Ok(())
     }
 
@@ -487,13 +494,13 @@ impl JournalFile {
         }
     }
 
-    /// Makes every write so far durable (then the host reports them written), and
-    /// rewrites the file with its live entries when it has grown past
-    /// [`COMPACT_BYTES`].
+    /// Makes every write so far durable and returns the prepares it covers (the host
+    /// reports them written), and rewrites the file with its live entries when it has
+    /// grown past [`COMPACT_BYTES`].
     ///
     /// # Errors
     /// An IO error poisons the journal.
-    pub(crate) fn sync(&mut self) -> Result<(), JournalError> {
+    pub(crate) fn sync(&mut self) -> Result<Vec<(u64, braid_vsr::Checksum)>, JournalError> {
         if self.poisoned {
             return Err(JournalError::Poisoned(self.path.clone()));
         }
@@ -507,7 +514,13 @@ impl JournalFile {
                 return Err(err);
             }
         }
-        Ok(())
+        Ok(std::mem::take(&mut self.unsynced))
+    }
+
+    /// The prepares written since the last sync, without syncing: for a holder that
+    /// reports writes before they are durable (`fsync = interval` or `never`).
+    pub(crate) fn take_unsynced(&mut self) -> Vec<(u64, braid_vsr::Checksum)> {
+        std::mem::take(&mut self.unsynced)
     }
 
     /// Writes the live entries to a new file, syncs it and renames it over this one.

@@ -9,6 +9,7 @@ pub(crate) mod machine;
 pub(crate) mod meta_client;
 pub(crate) mod meta_group;
 pub(crate) mod partition_journal;
+pub(crate) mod partition_machine;
 pub(crate) mod shard_host;
 pub(crate) mod states;
 pub(crate) mod wire;

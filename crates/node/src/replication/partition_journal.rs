@@ -35,6 +35,7 @@ use braid_storage::{LogConfig, LogError, PartitionLog};
 use braid_vsr::{checksum, Checksum, Header, JournalSlot, Operation, Prepare};
 
 use super::journal_file::{JournalError, JournalFile};
+use super::shard_host::{HostError, Journal};
 
 /// The header journal's file name in the partition directory.
 pub(crate) const JOURNAL_FILE: &str = "vsr.journal";
@@ -355,15 +356,61 @@ impl PartitionJournal {
         }
     }
 
-    /// Makes every write so far durable (the log, then the header journal) and returns
-    /// the ops it covers, to report written.
+    /// Returns the ops written since the last call, to report written: under
+    /// `fsync = always` after making them durable (the log, then the header journal);
+    /// under `interval` and `never` at once (they are synced by
+    /// [`PartitionJournal::sync_now`] when due, or never), so the journal restarts
+    /// untrusted.
     ///
     /// # Errors
     /// A sync failed: the journal is poisoned and nothing more is reported.
     pub(crate) fn sync(&mut self) -> Result<Vec<(u64, Checksum)>, PartitionJournalError> {
-        self.log.sync()?;
-        self.index.sync()?;
+        if self.trusted() {
+            self.sync_now()?;
+        } else {
+            drop(self.index.take_unsynced());
+        }
         Ok(std::mem::take(&mut self.unsynced))
+    }
+
+    /// Syncs the log, then the header journal.
+    ///
+    /// # Errors
+    /// A sync failed: the journal is poisoned.
+    pub(crate) fn sync_now(&mut self) -> Result<(), PartitionJournalError> {
+        self.log.sync()?;
+        drop(self.index.sync()?);
+        Ok(())
+    }
+
+    /// Whether every write is synced before it is reported (`fsync = always`).
+    pub(crate) fn trusted(&self) -> bool {
+        self.log.config().fsync == braid_storage::FsyncPolicy::Always
+    }
+}
+
+impl Journal for PartitionJournal {
+    fn write_prepare(&mut self, prepare: &Prepare) -> Result<(), HostError> {
+        Ok(PartitionJournal::write_prepare(
+            self,
+            prepare,
+            crate::mailbox::now_ms(),
+        )?)
+    }
+    fn write_header(&mut self, header: &Header) -> Result<(), HostError> {
+        Ok(PartitionJournal::write_header(self, header)?)
+    }
+    fn truncate(&mut self, op: u64) -> Result<(), HostError> {
+        Ok(PartitionJournal::truncate(self, op)?)
+    }
+    fn prune(&mut self, op: u64) -> Result<(), HostError> {
+        Ok(PartitionJournal::prune(self, op)?)
+    }
+    fn prepare(&mut self, op: u64, checksum: Checksum) -> Result<Option<Prepare>, HostError> {
+        Ok(PartitionJournal::prepare(self, op, checksum)?)
+    }
+    fn sync(&mut self) -> Result<Vec<(u64, Checksum)>, HostError> {
+        Ok(PartitionJournal::sync(self)?)
     }
 }
 

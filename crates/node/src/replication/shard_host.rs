@@ -1,14 +1,17 @@
 //! The shell of a shard's groups on real disks: a `braid_vsr::Node` of replicas, each
-//! group with its [`JournalFile`] and [`CheckpointStore`], all of them with the shard's
-//! one [`GroupStates`]. It feeds the replicas their inputs and carries out their outputs
+//! group with its [`Journal`] (a [`JournalFile`] for the metadata, the partition log
+//! for a partition) and [`CheckpointStore`], all of them with the shard's one
+//! [`GroupStates`]. It feeds the replicas their inputs and carries out their outputs
 //! in the order the simulator checks:
 //!
 //! - disk outputs are done in the order given; journal appends, truncations and
 //!   prunes go to one file in that order, a checkpoint is synced when written (so a
 //!   prune after it never lands without it);
-//! - "written" means synced: after each turn every journal written to is synced and
-//!   the staged durable states of all groups are written once (one `fdatasync` for the
-//!   lot), and only then do the replicas hear `JournalWritten` and `StateWritten`;
+//! - "written" means synced: after each turn every journal written to is synced (a
+//!   partition under `fsync = interval` or `never` reports its writes without a sync,
+//!   and restarts untrusted) and the staged durable states of all groups are written
+//!   once (one `fdatasync` for the lot), and only then do the replicas hear
+//!   `JournalWritten` and `StateWritten`;
 //! - messages to peers leave only after that sync, so a view-scoped message never
 //!   speaks for a view not yet on this disk.
 //!
@@ -19,11 +22,65 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use braid_vsr::StateMachine;
-use braid_vsr::{Config, Input, Message, Node, Output, Persisted, Replica, ReplicaId, Reply};
+use braid_vsr::{
+    Checksum, Config, Header, Input, JournalSlot, Message, Node, Output, Persisted, Prepare,
+    Replica, ReplicaId, Reply,
+};
 
 use super::checkpoints::{CheckpointError, CheckpointStore};
 use super::journal_file::{JournalError, JournalFile};
+use super::partition_journal::PartitionJournalError;
 use super::states::{GroupStates, StatesError};
+
+/// A group's journal as the host drives it.
+pub(crate) trait Journal {
+    /// Writes a prepare at its op (replacing what is there); reported by a later sync.
+    fn write_prepare(&mut self, prepare: &Prepare) -> Result<(), HostError>;
+    /// Writes a header whose body must be repaired.
+    fn write_header(&mut self, header: &Header) -> Result<(), HostError>;
+    /// Removes entries above `op`.
+    fn truncate(&mut self, op: u64) -> Result<(), HostError>;
+    /// Removes entries at or below `op`.
+    fn prune(&mut self, op: u64) -> Result<(), HostError>;
+    /// The prepare at `op` with `checksum`, if held whole.
+    fn prepare(&mut self, op: u64, checksum: Checksum) -> Result<Option<Prepare>, HostError>;
+    /// Makes the writes so far durable as the group's policy says; returns the ops
+    /// to report written.
+    fn sync(&mut self) -> Result<Vec<(u64, Checksum)>, HostError>;
+}
+
+/// What a journal held at open.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Opened {
+    /// The slots above the prune point.
+    pub(crate) slots: Vec<(u64, JournalSlot)>,
+    /// Damage was found inside (its slots are reported damaged).
+    pub(crate) damaged: bool,
+    /// Every write reported was synced first (false under `fsync = interval` or
+    /// `never`: the page cache may have been lost).
+    pub(crate) trusted: bool,
+}
+
+impl Journal for JournalFile {
+    fn write_prepare(&mut self, prepare: &Prepare) -> Result<(), HostError> {
+        Ok(JournalFile::write_prepare(self, prepare)?)
+    }
+    fn write_header(&mut self, header: &Header) -> Result<(), HostError> {
+        Ok(JournalFile::write_header(self, header)?)
+    }
+    fn truncate(&mut self, op: u64) -> Result<(), HostError> {
+        Ok(JournalFile::truncate(self, op)?)
+    }
+    fn prune(&mut self, op: u64) -> Result<(), HostError> {
+        Ok(JournalFile::prune(self, op)?)
+    }
+    fn prepare(&mut self, op: u64, checksum: Checksum) -> Result<Option<Prepare>, HostError> {
+        Ok(self.inline_prepare(op, checksum))
+    }
+    fn sync(&mut self) -> Result<Vec<(u64, Checksum)>, HostError> {
+        Ok(JournalFile::sync(self)?)
+    }
+}
 
 /// Why the shard's groups cannot go on. Every one stops them: after a failed write,
 /// what reached the disk is unknown until a restart reads it.
@@ -36,6 +93,8 @@ pub(crate) enum HostError {
     States(#[from] StatesError),
     #[error(transparent)]
     Checkpoint(#[from] CheckpointError),
+    #[error(transparent)]
+    Partition(#[from] PartitionJournalError),
     #[error("group {group}: {reason}")]
     Start { group: u64, reason: String },
     #[error("no group {0} on this shard")]
@@ -55,21 +114,42 @@ pub(crate) struct Effects {
 
 /// One group's files.
 #[derive(Debug)]
-struct GroupFiles {
-    journal: JournalFile,
+struct GroupFiles<J> {
+    journal: J,
     checkpoints: CheckpointStore,
 }
 
 /// A shard's replicas with their disks.
 #[derive(Debug)]
-pub(crate) struct ShardHost<S> {
+pub(crate) struct ShardHost<S, J = JournalFile> {
     dir: PathBuf,
     node: Node<S>,
-    files: BTreeMap<u64, GroupFiles>,
+    files: BTreeMap<u64, GroupFiles<J>>,
     states: GroupStates,
 }
 
-impl<S: StateMachine> ShardHost<S> {
+impl<S: StateMachine> ShardHost<S, JournalFile> {
+    /// Opens a group whose journal is a [`JournalFile`] in the host's directory
+    /// (`group-G.journal`, `group-G.checkpoint.*`): a new replica if nothing was ever
+    /// written, else a restart from what was.
+    ///
+    /// # Errors
+    /// A file cannot be read, or what it holds cannot restart the replica.
+    pub(crate) fn add_group(&mut self, config: Config, machine: S) -> Result<(), HostError> {
+        let group = config.group;
+        let (journal, recovered) =
+            JournalFile::open(&self.dir.join(format!("group-{group}.journal")))?;
+        let opened = Opened {
+            slots: recovered.slots,
+            damaged: recovered.damaged_at.is_some(),
+            trusted: true,
+        };
+        let dir = self.dir.clone();
+        self.add_group_with(config, machine, journal, opened, &dir)
+    }
+}
+
+impl<S: StateMachine, J: Journal> ShardHost<S, J> {
     /// Opens shard `shard`'s durable states in `dir`; groups are added with
     /// [`ShardHost::add_group`].
     ///
@@ -84,26 +164,32 @@ impl<S: StateMachine> ShardHost<S> {
         })
     }
 
-    /// Opens a group's files (`group-G.journal`, `group-G.checkpoint.*`): a new
-    /// replica if nothing was ever written, else a restart from what was.
+    /// Adds a group with its opened `journal`, its checkpoints in `checkpoint_dir`
+    /// (`group-G.checkpoint.*`): a new replica if nothing was ever written, else a
+    /// restart from what was.
     ///
     /// # Errors
     /// A file cannot be read, or what it holds cannot restart the replica.
-    pub(crate) fn add_group(&mut self, config: Config, machine: S) -> Result<(), HostError> {
+    pub(crate) fn add_group_with(
+        &mut self,
+        config: Config,
+        machine: S,
+        journal: J,
+        opened: Opened,
+        checkpoint_dir: &Path,
+    ) -> Result<(), HostError> {
         let group = config.group;
         let start = |reason: String| HostError::Start { group, reason };
-        let dir = &self.dir;
-        let (journal, recovered) = JournalFile::open(&dir.join(format!("group-{group}.journal")))?;
         let (checkpoints, checkpoint) =
-            CheckpointStore::open(dir, &format!("group-{group}.checkpoint"))?;
+            CheckpointStore::open(checkpoint_dir, &format!("group-{group}.checkpoint"))?;
         let durable = self.states.get(group);
-        if config.replica_count == 1 && recovered.damaged_at.is_some() {
+        if config.replica_count == 1 && opened.damaged {
             // A lone replica's journal holds acknowledged ops no peer can repair.
             return Err(start(
                 "its journal is damaged and it has no peer to repair it from".into(),
             ));
         }
-        let replica = if durable.is_none() && checkpoint.is_none() && recovered.slots.is_empty() {
+        let replica = if durable.is_none() && checkpoint.is_none() && opened.slots.is_empty() {
             Replica::new(config, machine).map_err(|e| start(format!("config: {e}")))?
         } else {
             // A replica that never left view 0 never wrote its state: a new replica's
@@ -111,9 +197,8 @@ impl<S: StateMachine> ShardHost<S> {
             let persisted = Persisted {
                 durable: durable.unwrap_or_default(),
                 checkpoint,
-                journal: recovered.slots,
-                // Every journal write is synced before it is reported written.
-                journal_trusted: true,
+                journal: opened.slots,
+                journal_trusted: opened.trusted,
             };
             Replica::restart(config, machine, persisted).map_err(|e| start(e.to_string()))?
         };
@@ -126,6 +211,12 @@ impl<S: StateMachine> ShardHost<S> {
             },
         );
         Ok(())
+    }
+
+    /// A group's journal.
+    #[allow(dead_code)] // the shards' partition groups read through it next
+    pub(crate) fn journal_mut(&mut self, group: u64) -> Option<&mut J> {
+        self.files.get_mut(&group).map(|f| &mut f.journal)
     }
 
     /// A group's replica.
@@ -180,21 +271,14 @@ impl<S: StateMachine> ShardHost<S> {
                     Output::WriteJournal(prepare) => {
                         files.journal.write_prepare(&prepare)?;
                         touched.push(group);
-                        written.push((
-                            group,
-                            Input::JournalWritten {
-                                op: prepare.header.op,
-                                checksum: prepare.header.checksum,
-                            },
-                        ));
                     }
                     Output::WriteHeader(header) => {
                         files.journal.write_header(&header)?;
                         touched.push(group);
                     }
                     Output::SendFromJournal { to, op, checksum } => {
-                        if let Some(prepare) = files.journal.prepare(op, checksum) {
-                            held.push((group, to, Message::Prepare(prepare.clone())));
+                        if let Some(prepare) = files.journal.prepare(op, checksum)? {
+                            held.push((group, to, Message::Prepare(prepare)));
                         }
                     }
                     Output::TruncateJournal { op } => {
@@ -217,7 +301,9 @@ impl<S: StateMachine> ShardHost<S> {
             touched.dedup();
             for group in touched {
                 if let Some(files) = self.files.get_mut(&group) {
-                    files.journal.sync()?;
+                    for (op, checksum) in files.journal.sync()? {
+                        written.push((group, Input::JournalWritten { op, checksum }));
+                    }
                 }
             }
             for (group, state) in self.states.write_staged()? {

@@ -62,8 +62,16 @@ fn chain(n: u64, view: u64, tag: &str) -> Vec<Prepare> {
     out
 }
 
+/// `fsync = always`: every write reported is synced first.
+fn config() -> LogConfig {
+    LogConfig {
+        fsync: braid_storage::FsyncPolicy::Always,
+        ..LogConfig::default()
+    }
+}
+
 fn open(dir: &Path) -> (PartitionJournal, Recovered) {
-    PartitionJournal::open(dir, LogConfig::default(), 0).unwrap()
+    PartitionJournal::open(dir, config(), 0).unwrap()
 }
 
 fn prepares(recovered: &Recovered) -> Vec<Prepare> {
@@ -335,9 +343,8 @@ fn every_crash_state_reopens_to_a_synced_state_or_a_later_one() {
             };
             let synced = syncs[index].1;
             let next = syncs.get(index + 1).map_or(steps.len(), |s| s.1);
-            let (mut journal, recovered) =
-                PartitionJournal::open(&out.join("p"), LogConfig::default(), 0)
-                    .unwrap_or_else(|e| panic!("cut at {at}, {how}: {e}"));
+            let (mut journal, recovered) = PartitionJournal::open(&out.join("p"), config(), 0)
+                .unwrap_or_else(|e| panic!("cut at {at}, {how}: {e}"));
             let fits = (synced..=next).any(|r| {
                 let model = &models[r];
                 model.len() >= recovered.slots.len().saturating_sub(1)
