@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use braid_proto::client::{OffsetSpec, Response};
 use braid_proto::ValidatedBatch;
-use braid_storage::{LogRead, SyncError, SyncRequest, Syncer};
+use braid_storage::LogRead;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::config::NodeConfig;
@@ -75,10 +75,10 @@ pub(crate) enum Control {
         layout: Arc<Layout>,
         done: Option<oneshot::Sender<Result<(), String>>>,
     },
-    Synced {
-        key: PartitionKey,
-        request: SyncRequest,
-        result: Result<(), SyncError>,
+    /// This shard's receiver and sender of the replica bus (shard 0 starts it).
+    Bus {
+        deliveries: mpsc::UnboundedReceiver<braid_bus::Delivery>,
+        sender: braid_bus::ShardSender,
     },
     /// Answered once every control sent before it is handled: a metadata reply waits
     /// on it so the layout published before it is in place on every shard.
@@ -96,7 +96,6 @@ pub(crate) struct NodeShared {
     pub(crate) inboxes: Vec<mpsc::Sender<ShardRequest>>,
     pub(crate) controls: Vec<mpsc::UnboundedSender<Control>>,
     pub(crate) metrics: Vec<Arc<ShardMetrics>>,
-    pub(crate) syncer: Syncer,
     /// Buffers fetches read into, handed back once the answer is written.
     pub(crate) read_buffers: crate::buffers::ReadBuffers,
     /// Fetch-response bytes in flight over the node (`fetch_bytes_max`).
@@ -108,6 +107,10 @@ pub(crate) struct NodeShared {
     /// go, read per commit; never on the produce or fetch path.
     pub(crate) high_watermarks:
         std::sync::RwLock<HashMap<PartitionKey, Arc<std::sync::atomic::AtomicU64>>>,
+    /// Each open partition's primary as its owner last saw it (`ClusterInfo` reads
+    /// it), refreshed by the owner's timer.
+    pub(crate) primaries:
+        std::sync::RwLock<HashMap<PartitionKey, Arc<std::sync::atomic::AtomicU8>>>,
     /// TLS on the client port, if configured.
     pub(crate) tls: Option<crate::tls::ClientTls>,
     /// Derives the stand-in credential shown for unknown users (drawn at start).

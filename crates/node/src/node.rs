@@ -165,11 +165,11 @@ impl Node {
             inboxes,
             controls,
             metrics: metrics.clone(),
-            syncer: braid_storage::Syncer::start("braid-sync")?,
             read_buffers: crate::buffers::ReadBuffers::default(),
             fetch_bytes: Arc::new(tokio::sync::Semaphore::new(fetch_bytes_permits)),
             connections: std::sync::atomic::AtomicUsize::new(0),
             high_watermarks: std::sync::RwLock::default(),
+            primaries: std::sync::RwLock::default(),
             tls,
             stand_in_secret,
             cluster,
@@ -177,30 +177,50 @@ impl Node {
         let layout = Arc::new(meta.layout());
         let mut meta = Some(meta);
         let mut bus_start = bus_start;
+        let opening = partition_groups_opening(&shared.config, &identity)?;
         let (ready_tx, ready_rx) = std::sync::mpsc::channel::<(usize, Result<(), String>)>();
         let mut threads = Vec::new();
-        for (id, (inbox, control)) in inbox_receivers
+        // Every runtime first: the bus places each replica link on its owner shard's.
+        let runtimes = (0..shards)
+            .map(|_| {
+                tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let handles: Vec<tokio::runtime::Handle> =
+            runtimes.iter().map(|r| r.handle().clone()).collect();
+        for (id, ((inbox, control), runtime)) in inbox_receivers
             .into_iter()
             .zip(control_receivers)
+            .zip(runtimes)
             .enumerate()
         {
             let shared = Arc::clone(&shared);
             let layout = Arc::clone(&layout);
             let meta = if id == 0 { meta.take() } else { None };
-            let bus = if id == 0 { bus_start.take() } else { None };
+            let bus = if id == 0 {
+                bus_start.take().map(|b| (b, handles.clone()))
+            } else {
+                None
+            };
+            let opening = opening.clone();
             let ready = ready_tx.clone();
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()?;
             let thread = std::thread::Builder::new()
                 .name(format!("braid-shard-{id}"))
                 .spawn(move || {
                     let local = tokio::task::LocalSet::new();
                     local.block_on(&runtime, async move {
-                        let mut shard = Shard::new(id, shared, meta);
+                        let mut shard = match Shard::new(id, shared, meta, opening) {
+                            Ok(shard) => shard,
+                            Err(err) => {
+                                let _ = ready.send((id, Err(err)));
+                                return;
+                            }
+                        };
                         let mut opened = shard.apply_layout(layout);
-                        if let (Ok(()), Some((config, listener))) = (&opened, bus) {
-                            opened = shard.start_bus(config, listener);
+                        if let (Ok(()), Some(((config, listener), handles))) = (&opened, bus) {
+                            opened = shard.start_bus(config, listener, handles);
                         }
                         let failed = opened.is_err();
                         let _ = ready.send((id, opened));
@@ -358,6 +378,30 @@ fn open_metadata(
         }
     }
     Ok(meta)
+}
+
+/// What each shard opens its partition groups with: their durable states in
+/// `DATA_DIR/replication`, this member among the cluster's, the group timings.
+fn partition_groups_opening(
+    config: &NodeConfig,
+    identity: &crate::identity::Identity,
+) -> Result<crate::replication::partition_groups::Opening, StartError> {
+    let dir = config.data_dir.join("replication");
+    braid_storage::create_dir_durable(&dir)?;
+    let mut nonce = [0u8; 8];
+    crate::admin_bootstrap::random_bytes(&mut nonce)?;
+    Ok(crate::replication::partition_groups::Opening {
+        dir,
+        node: identity.node_id,
+        members: config.cluster.as_ref().map_or(1, |c| c.members.len() as u8),
+        timing: Timing::from_heartbeat_timeout_ms(
+            config
+                .cluster
+                .as_ref()
+                .map_or(2_000, |c| c.heartbeat_timeout_ms),
+        ),
+        nonce: u64::from_be_bytes(nonce),
+    })
 }
 
 /// The replica bus's settings and its bound listener (bound here, so a taken port

@@ -1,8 +1,9 @@
 //! A shard: one thread with its own single-threaded runtime. It owns the partitions
-//! that hash to it and the connections handed to it, shares no mutable state with
-//! other shards, and talks to them only through channels: a bounded inbox for
-//! requests (backpressure) and an unbounded control channel for layout changes, sync
-//! completions and lifecycle, which must never block their senders.
+//! that hash to it (each a VSR group, see `replication::partition_groups`) and the
+//! connections handed to it, shares no mutable state with other shards, and talks to
+//! them only through channels: a bounded inbox for requests (backpressure), an
+//! unbounded control channel for layout changes and lifecycle, which must never block
+//! their senders, and its receiver of the replica bus.
 
 use std::cell::RefCell;
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -11,7 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use braid_proto::client::ErrorCode;
-use braid_storage::{OpenLogLru, PartitionLog, SyncRequest};
+use braid_storage::{OpenLogLru, PartitionLog};
 use tokio::sync::{mpsc, watch};
 
 use crate::error::NodeError;
@@ -19,6 +20,14 @@ use crate::layout::{Layout, PartitionKey};
 use crate::mailbox::{now_ms, Control, FetchOutcome, NodeShared, ShardRequest};
 use crate::metrics::{add, ShardMetrics};
 use crate::partition::Partition;
+use crate::replication::partition_groups::{Moved, PartitionGroups, Role};
+
+/// How often (in ticks) a shard publishes its partitions' primaries for `ClusterInfo`.
+const PRIMARIES_EVERY_TICKS: u64 = 10;
+
+/// Requests a shard takes from its inbox before the groups' turn: their prepares share
+/// one write and one sync per partition.
+const REQUESTS_PER_TURN: usize = 64;
 
 /// How often a shard runs its timers (interval syncs, group expiry).
 const TICK_MS: u64 = crate::replication::meta_group::TICK_MS;
@@ -36,6 +45,7 @@ pub(crate) struct Shard {
     pub(crate) shared: Arc<NodeShared>,
     pub(crate) layout: Rc<RefCell<Arc<Layout>>>,
     partitions: HashMap<PartitionKey, Partition>,
+    groups: PartitionGroups,
     lru: OpenLogLru<PartitionKey>,
     /// Partitions under `fsync = interval` with appends not yet synced.
     dirty: HashSet<PartitionKey>,
@@ -48,20 +58,31 @@ pub(crate) struct Shard {
     woken_queued: HashSet<PartitionKey>,
     /// Frames from peers for the groups of this shard (the bus delivers them here).
     deliveries: Option<mpsc::UnboundedReceiver<braid_bus::Delivery>>,
+    ticks: u64,
 }
 
 impl Shard {
+    /// A shard with its partition groups' states opened (no partition yet: they come
+    /// with the first layout).
+    ///
+    /// # Errors
+    /// The groups' durable states cannot be read.
     pub(crate) fn new(
         id: usize,
         shared: Arc<NodeShared>,
         meta: Option<crate::coordinator::MetaService>,
-    ) -> Self {
+        groups: crate::replication::partition_groups::Opening,
+    ) -> Result<Self, String> {
         let capacity = shared.config.open_logs_per_shard;
-        Self {
+        let groups = groups
+            .open(id)
+            .map_err(|e| format!("partition groups: {e}"))?;
+        Ok(Self {
             id,
             shared,
             layout: Rc::new(RefCell::new(Arc::new(Layout::default()))),
             partitions: HashMap::new(),
+            groups,
             lru: OpenLogLru::new(capacity),
             dirty: HashSet::new(),
             draining: watch::channel(false).0,
@@ -70,15 +91,18 @@ impl Shard {
             woken: VecDeque::new(),
             woken_queued: HashSet::new(),
             deliveries: None,
-        }
+            ticks: 0,
+        })
     }
 
-    /// Starts the replica bus on this shard's runtime (shard 0 runs it: the metadata
-    /// group's frames are its own) and takes its deliveries.
+    /// Starts the replica bus (shard 0 does: it accepts the links and hands each to
+    /// its owner shard's runtime in `runtimes`), and gives every shard its receiver and
+    /// its sender.
     pub(crate) fn start_bus(
         &mut self,
         config: braid_bus::BusConfig,
         listener: std::net::TcpListener,
+        runtimes: Vec<tokio::runtime::Handle>,
     ) -> Result<(), String> {
         let Some(meta) = self.meta.as_mut() else {
             return Err("the replica bus runs on the shard that holds the metadata".into());
@@ -88,18 +112,74 @@ impl Shard {
             .map_err(|e| format!("replica listener: {e}"))?;
         let listener = tokio::net::TcpListener::from_std(listener)
             .map_err(|e| format!("replica listener: {e}"))?;
-        let (bus, deliveries) =
-            braid_bus::Bus::start(config, listener).map_err(|e| format!("replica bus: {e}"))?;
+        let shards = self.shared.shards();
+        let route: braid_bus::DeliveryRoute = Arc::new(move |group| {
+            crate::replication::partition_groups::key_of(group)
+                .map_or(0, |key| key.shard(shards) as u16)
+        });
+        let (bus, receivers) = braid_bus::Bus::start_on_shards(config, listener, runtimes, route)
+            .map_err(|e| format!("replica bus: {e}"))?;
+        for (shard, deliveries) in receivers.into_iter().enumerate() {
+            let sender = bus.shard_sender(shard as u16);
+            if shard == self.id {
+                self.groups.attach_bus(sender);
+                self.deliveries = Some(deliveries);
+            } else {
+                let _ = self.shared.controls[shard].send(Control::Bus { deliveries, sender });
+            }
+        }
         meta.attach_bus(bus);
-        self.deliveries = Some(deliveries);
         Ok(())
     }
 
-    /// A frame from a peer: shard 0 holds only the metadata group so far.
+    /// A frame from a peer: the metadata group's goes to the metadata service, a
+    /// partition group's to the groups.
     fn handle_delivery(&mut self, delivery: braid_bus::Delivery) {
-        if let Some(meta) = self.meta.as_mut() {
-            meta.deliver(&self.shared, &delivery);
+        if delivery.frame.group == crate::replication::meta_group::METADATA_GROUP {
+            if let Some(meta) = self.meta.as_mut() {
+                meta.deliver(&self.shared, &delivery);
+            }
+            return;
         }
+        let moved = self.groups.deliver(&delivery);
+        self.apply_moved(moved);
+    }
+
+    /// Moves the high watermarks a turn of the groups committed.
+    fn apply_moved(&mut self, moved: Moved) {
+        for (key, high_watermark) in moved {
+            if let Some(partition) = self.partitions.get_mut(&key) {
+                partition.commit(high_watermark);
+                if partition.has_woken() {
+                    self.queue_woken(key);
+                }
+            }
+        }
+    }
+
+    /// Who serves `key` here: a lone node leads every partition.
+    fn role(&self, key: PartitionKey) -> Role {
+        self.groups.role(key)
+    }
+
+    /// The `NotLeader` answer for a partition led by `primary`, naming where it is.
+    fn not_leader(&self, primary: Option<u8>) -> NodeError {
+        let hint = primary.and_then(|p| {
+            self.shared
+                .cluster
+                .members
+                .iter()
+                .find(|m| m.id == p)
+                .map(|m| format!("node {p} at {} leads it", m.client_addr))
+        });
+        NodeError::new(
+            ErrorCode::NotLeader,
+            format!(
+                "node {} does not lead this partition: {}",
+                self.shared.cluster.node_id,
+                hint.unwrap_or_else(|| "it is choosing a primary; retry".into())
+            ),
+        )
     }
 
     fn metrics(&self) -> &ShardMetrics {
@@ -120,13 +200,23 @@ impl Shard {
                 continue;
             }
             let dir = key.dir(self.shared.data_dir());
-            let mut log = PartitionLog::open(&dir, topic.log_config(&self.shared.config), now_ms())
+            let high_watermark = self
+                .groups
+                .add(key, &dir, topic.log_config(&self.shared.config), now_ms())
                 .map_err(|e| format!("opening partition {}/{}: {e}", topic.name, key.partition))?;
-            // An idle partition holds no files until it is used.
-            log.release_files().map_err(|e| e.to_string())?;
-            let partition = Partition::new(log);
+            // An idle partition holds no log files until it is used.
+            if let Some(log) = self.groups.log(key) {
+                log.release_files().map_err(|e| e.to_string())?;
+            }
+            let partition = Partition::new(high_watermark);
             if let Ok(mut published) = self.shared.high_watermarks.write() {
                 published.insert(key, partition.published_high_watermark());
+            }
+            if let Some(primary) = self.groups.primary_of(key) {
+                partition.set_primary(primary);
+            }
+            if let Ok(mut published) = self.shared.primaries.write() {
+                published.insert(key, partition.published_primary());
             }
             self.partitions.insert(key, partition);
         }
@@ -138,7 +228,11 @@ impl Shard {
             .collect();
         for key in gone {
             self.partitions.remove(&key);
+            self.groups.remove(key);
             if let Ok(mut published) = self.shared.high_watermarks.write() {
+                published.remove(&key);
+            }
+            if let Ok(mut published) = self.shared.primaries.write() {
                 published.remove(&key);
             }
             self.lru.remove(&key);
@@ -163,11 +257,13 @@ impl Shard {
     /// too many are open.
     fn touch(&mut self, key: PartitionKey) {
         if let Some(evicted) = self.lru.touch(&key) {
-            if let Some(partition) = self.partitions.get_mut(&evicted) {
-                if let Err(err) = partition.log_mut().release_files() {
+            if let (Some(partition), Some(log)) =
+                (self.partitions.get_mut(&evicted), self.groups.log(evicted))
+            {
+                if let Err(err) = log.release_files() {
                     tracing::warn!(%err, "releasing an idle partition's files");
                 }
-                let poisoned = partition.newly_poisoned();
+                let poisoned = partition.newly_poisoned(log);
                 self.report_poisoned(evicted, poisoned);
             }
         }
@@ -186,18 +282,6 @@ impl Shard {
         }
     }
 
-    fn submit_sync(&self, key: PartitionKey, request: SyncRequest) {
-        add(&self.metrics().fsyncs_requested, 1);
-        let control = self.shared.controls[self.id].clone();
-        self.shared.syncer.submit(request, move |request, result| {
-            let _ = control.send(Control::Synced {
-                key,
-                request,
-                result,
-            });
-        });
-    }
-
     /// Notes a partition with woken waiting fetches to answer.
     fn queue_woken(&mut self, key: PartitionKey) {
         if self.woken_queued.insert(key) {
@@ -211,7 +295,9 @@ impl Shard {
             let Some(key) = self.woken.pop_front() else {
                 return;
             };
-            let Some(partition) = self.partitions.get_mut(&key) else {
+            let (Some(partition), Some(log)) =
+                (self.partitions.get_mut(&key), self.groups.log(key))
+            else {
                 self.woken_queued.remove(&key);
                 continue;
             };
@@ -223,7 +309,7 @@ impl Shard {
                     continue; // its connection stopped waiting
                 }
                 let outcome =
-                    read_for_fetch(&self.shared, partition, fetch.offset, fetch.max_bytes);
+                    read_for_fetch(&self.shared, partition, log, fetch.offset, fetch.max_bytes);
                 if let Ok(found) = &outcome {
                     bytes += found.read.bytes().len() as u64;
                 }
@@ -244,31 +330,39 @@ impl Shard {
                 let records = u64::from(batch.record_count());
                 let bytes = batch.len() as u64;
                 self.touch(key);
-                let Some(partition) = self.partitions.get_mut(&key) else {
+                let Some(partition) = self.partitions.get(&key) else {
                     let _ = reply.send(Err(NodeError::new(
                         ErrorCode::PartitionNotFound,
                         "partition not on this node",
                     )));
                     return;
                 };
-                let interval = matches!(
-                    partition.log_mut().config().fsync,
-                    braid_storage::FsyncPolicy::Interval { .. }
-                );
-                let sync = partition.propose(batch, now_ms(), reply);
-                let poisoned = partition.newly_poisoned();
-                let woke = partition.has_woken();
-                self.report_poisoned(key, poisoned);
-                if woke {
-                    self.queue_woken(key);
+                if partition.sealed() {
+                    let _ = reply.send(Err(NodeError::new(
+                        ErrorCode::PartitionSealed,
+                        "partition is sealed",
+                    )));
+                    return;
                 }
-                if interval {
-                    self.dirty.insert(key);
-                }
-                add(&self.metrics().produce_records, records);
-                add(&self.metrics().produce_bytes, bytes);
-                if let Some(sync) = sync {
-                    self.submit_sync(key, sync);
+                match self.role(key) {
+                    Role::Primary => {
+                        if self.groups.log(key).is_some_and(|log| {
+                            matches!(
+                                log.config().fsync,
+                                braid_storage::FsyncPolicy::Interval { .. }
+                            )
+                        }) {
+                            self.dirty.insert(key);
+                        }
+                        self.groups.produce(key, batch, reply);
+                        add(&self.metrics().produce_records, records);
+                        add(&self.metrics().produce_bytes, bytes);
+                    }
+                    Role::Backup(primary) => {
+                        let moved = self.groups.nudge(key);
+                        self.apply_moved(moved);
+                        let _ = reply.send(Err(self.not_leader(primary)));
+                    }
                 }
             }
             ShardRequest::Fetch {
@@ -279,17 +373,24 @@ impl Shard {
                 reply,
             } => {
                 self.touch(key);
-                let Some(partition) = self.partitions.get_mut(&key) else {
+                if let Role::Backup(primary) = self.role(key) {
+                    if self.partitions.contains_key(&key) {
+                        let moved = self.groups.nudge(key);
+                        self.apply_moved(moved);
+                        let _ = reply.send(Err(self.not_leader(primary)));
+                        return;
+                    }
+                }
+                let (Some(partition), Some(log)) =
+                    (self.partitions.get_mut(&key), self.groups.log(key))
+                else {
                     let _ = reply.send(Err(NodeError::new(
                         ErrorCode::PartitionNotFound,
                         "partition not on this node",
                     )));
                     return;
                 };
-                if wait
-                    && offset >= partition.high_watermark()
-                    && offset >= partition.start_offset()
-                {
+                if wait && offset >= partition.high_watermark() && offset >= log.start_offset() {
                     partition.wait_for_commit(crate::partition::WaitingFetch {
                         offset,
                         max_bytes,
@@ -297,7 +398,7 @@ impl Shard {
                     });
                     return;
                 }
-                let outcome = read_for_fetch(&self.shared, partition, offset, max_bytes);
+                let outcome = read_for_fetch(&self.shared, partition, log, offset, max_bytes);
                 if let Ok(found) = &outcome {
                     add(&self.metrics().fetch_bytes, found.read.bytes().len() as u64);
                 }
@@ -305,9 +406,9 @@ impl Shard {
             }
             ShardRequest::ListOffsets { key, spec, reply } => {
                 self.touch(key);
-                let result = match self.partitions.get_mut(&key) {
-                    Some(partition) => partition.list_offset(spec),
-                    None => Err(NodeError::new(
+                let result = match (self.partitions.get(&key), self.groups.log(key)) {
+                    (Some(partition), Some(log)) => partition.list_offset(log, spec),
+                    _ => Err(NodeError::new(
                         ErrorCode::PartitionNotFound,
                         "partition not on this node",
                     )),
@@ -318,8 +419,9 @@ impl Shard {
                 let found = keys
                     .into_iter()
                     .filter_map(|key| {
-                        let p = self.partitions.get(&key)?;
-                        Some((key, p.start_offset(), p.high_watermark()))
+                        let high_watermark = self.partitions.get(&key)?.high_watermark();
+                        let start = self.groups.log(key)?.start_offset();
+                        Some((key, start, high_watermark))
                     })
                     .collect();
                 let _ = reply.send(found);
@@ -367,23 +469,9 @@ impl Shard {
                     let _ = done.send(result);
                 }
             }
-            Control::Synced {
-                key,
-                request,
-                result,
-            } => {
-                if let Some(partition) = self.partitions.get_mut(&key) {
-                    let next = partition.on_synced(&request, result);
-                    let poisoned = partition.newly_poisoned();
-                    let woke = partition.has_woken();
-                    self.report_poisoned(key, poisoned);
-                    if woke {
-                        self.queue_woken(key);
-                    }
-                    if let Some(next) = next {
-                        self.submit_sync(key, next);
-                    }
-                }
+            Control::Bus { deliveries, sender } => {
+                self.groups.attach_bus(sender);
+                self.deliveries = Some(deliveries);
             }
             Control::Barrier(done) => {
                 let _ = done.send(());
@@ -402,20 +490,16 @@ impl Shard {
 
     pub(crate) fn tick(&mut self) {
         let now = now_ms();
-        let due: Vec<PartitionKey> = self
-            .dirty
-            .iter()
-            .copied()
-            .filter(|k| self.partitions.get(k).is_some_and(|p| p.sync_due(now)))
-            .collect();
-        for key in due {
-            self.dirty.remove(&key);
-            if let Some(request) = self
-                .partitions
-                .get_mut(&key)
-                .and_then(Partition::request_sync)
-            {
-                self.submit_sync(key, request);
+        let due: Vec<PartitionKey> = self.dirty.drain().collect();
+        self.groups.sync_due(&due, now);
+        let moved = self.groups.tick();
+        self.apply_moved(moved);
+        self.ticks += 1;
+        if self.ticks.is_multiple_of(PRIMARIES_EVERY_TICKS) {
+            for (key, partition) in &self.partitions {
+                if let Some(primary) = self.groups.primary_of(*key) {
+                    partition.set_primary(primary);
+                }
             }
         }
         if now.saturating_sub(self.last_retention_ms) >= RETENTION_EVERY_MS {
@@ -428,17 +512,22 @@ impl Shard {
     }
 
     fn apply_retention(&mut self, now: u64) {
-        let keys: Vec<PartitionKey> = self
-            .partitions
-            .iter()
-            .filter(|(_, p)| p.segment_count() > 1)
-            .map(|(k, _)| *k)
+        let keys: Vec<PartitionKey> = self.partitions.keys().copied().collect();
+        let keys: Vec<PartitionKey> = keys
+            .into_iter()
+            .filter(|k| {
+                self.groups
+                    .log(*k)
+                    .is_some_and(|log| log.segment_count() > 1)
+            })
             .collect();
         for key in keys {
             self.touch(key);
-            if let Some(partition) = self.partitions.get_mut(&key) {
-                let outcome = partition.log_mut().apply_retention(now);
-                let poisoned = partition.newly_poisoned();
+            if let (Some(partition), Some(log)) =
+                (self.partitions.get_mut(&key), self.groups.log(key))
+            {
+                let outcome = log.apply_retention(now);
+                let poisoned = partition.newly_poisoned(log);
                 self.report_poisoned(key, poisoned);
                 match outcome {
                     Ok(outcome) if outcome.segments_deleted > 0 => {
@@ -457,11 +546,8 @@ impl Shard {
     }
 
     fn close_all(&mut self) {
-        for (key, partition) in self.partitions.drain() {
-            if let Err(err) = partition.close() {
-                tracing::error!(topic = key.topic_id, partition = key.partition, %err, "closing a partition");
-            }
-        }
+        self.partitions.clear();
+        self.groups.close();
         if let Some(meta) = self.meta.take() {
             meta.close();
         }
@@ -484,8 +570,18 @@ impl Shard {
                 },
                 Some(request) = inbox.recv() => {
                     self.handle_request(request);
-                    // One turn of woken fetches after each request: neither side can
-                    // hold up the other for long.
+                    // What queued meanwhile joins this turn: the groups then write
+                    // and sync each partition once for all of it.
+                    for _ in 1..REQUESTS_PER_TURN {
+                        match inbox.try_recv() {
+                            Ok(request) => self.handle_request(request),
+                            Err(_) => break,
+                        }
+                    }
+                    let moved = self.groups.flush();
+                    self.apply_moved(moved);
+                    // One turn of woken fetches after each turn of requests: neither
+                    // side can hold up the other for long.
                     self.answer_woken(WOKEN_FETCHES_PER_TURN);
                 }
                 () = std::future::ready(()), if !self.woken.is_empty() => {
@@ -513,16 +609,17 @@ async fn next_delivery(
 /// Reads committed batches for a fetch into a buffer from the node's pool.
 fn read_for_fetch(
     shared: &NodeShared,
-    partition: &mut Partition,
+    partition: &Partition,
+    log: &mut PartitionLog,
     offset: u64,
     max_bytes: u32,
 ) -> Result<FetchOutcome, NodeError> {
     let buffer = shared.read_buffers.take();
     partition
-        .read(offset, max_bytes, buffer)
+        .read(log, offset, max_bytes, buffer)
         .map(|read| FetchOutcome {
             high_watermark: partition.high_watermark(),
-            start_offset: partition.start_offset(),
+            start_offset: log.start_offset(),
             read,
         })
 }

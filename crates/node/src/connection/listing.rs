@@ -33,11 +33,24 @@ pub(super) fn list_streams(env: &Env) -> Response {
     Response::Streams(list)
 }
 
-/// The members and each visible partition's primary. A node that does not replicate
-/// yet leads every partition itself.
+/// The members and each visible partition's primary, as its owner shard last
+/// published it.
 pub(super) fn cluster_info(env: &Env) -> Response {
     let layout = env.layout.borrow();
     let cluster = &env.shared.cluster;
+    let primaries = env.shared.primaries.read().ok();
+    let primary_of = |topic_id: u32, partition: u32| {
+        let key = crate::layout::PartitionKey {
+            topic_id,
+            partition,
+        };
+        primaries
+            .as_ref()
+            .and_then(|p| p.get(&key))
+            .map_or(cluster.node_id, |p| {
+                p.load(std::sync::atomic::Ordering::Relaxed)
+            })
+    };
     let mut topics: Vec<TopicPrimaries> = layout
         .streams
         .iter()
@@ -49,7 +62,7 @@ pub(super) fn cluster_info(env: &Env) -> Response {
                 partitions: route
                     .partitions
                     .iter()
-                    .map(|p| (p.id, cluster.node_id))
+                    .map(|p| (p.id, primary_of(route.id, p.id)))
                     .collect(),
             })
         })

@@ -383,6 +383,16 @@ impl PartitionJournal {
         Ok(())
     }
 
+    /// Syncs everything and closes the log cleanly (its next open skips the scan).
+    ///
+    /// # Errors
+    /// A sync or the close failed.
+    pub(crate) fn close(mut self) -> Result<(), PartitionJournalError> {
+        self.sync_now()?;
+        self.log.close()?;
+        Ok(())
+    }
+
     /// Whether every write is synced before it is reported (`fsync = always`).
     pub(crate) fn trusted(&self) -> bool {
         self.log.config().fsync == braid_storage::FsyncPolicy::Always

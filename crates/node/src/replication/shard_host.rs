@@ -213,8 +213,24 @@ impl<S: StateMachine, J: Journal> ShardHost<S, J> {
         Ok(())
     }
 
+    /// Drops a group (its topic was deleted): its replica, its files' handles and its
+    /// durable state (gone with the next states write).
+    pub(crate) fn remove_group(&mut self, group: u64) {
+        self.node.remove(group);
+        self.files.remove(&group);
+        self.states.remove(group);
+    }
+
+    /// Takes every group's journal out, dropping the groups (at shutdown).
+    pub(crate) fn take_journals(&mut self) -> Vec<(u64, J)> {
+        self.node = Node::new();
+        std::mem::take(&mut self.files)
+            .into_iter()
+            .map(|(group, files)| (group, files.journal))
+            .collect()
+    }
+
     /// A group's journal.
-    #[allow(dead_code)] // the shards' partition groups read through it next
     pub(crate) fn journal_mut(&mut self, group: u64) -> Option<&mut J> {
         self.files.get_mut(&group).map(|f| &mut f.journal)
     }

@@ -178,7 +178,6 @@ impl GroupStates {
 
     /// Forgets a deleted group (written with the next batch). Partition groups use it
     /// when their topic is deleted; the metadata group is never removed.
-    #[cfg_attr(not(test), allow(dead_code))]
     pub(crate) fn remove(&mut self, group: u64) {
         if self.states.remove(&group).is_some() && !self.staged.contains(&group) {
             self.staged.push(group);

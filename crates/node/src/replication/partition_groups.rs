@@ -1,0 +1,616 @@
+//! A shard's partition groups: one VSR group per partition the shard owns, its journal
+//! the partition log ([`PartitionJournal`]), its state the offsets
+//! ([`PartitionMachine`]), all in one [`ShardHost`] with one durable-state table.
+//!
+//! The shard's node is the only client of a group it leads: it registers a session
+//! with the group when it first proposes as primary, and each produce is one request
+//! whose body is the batch (canonical: base offset and leader epoch zero). Requests go
+//! in while the group's pipeline has room, the rest wait in order; a producer is
+//! answered when its batch commits (on a quorum of replicas, each synced first under
+//! `fsync = always`), with the offsets the commit gave it. A replica that stops being
+//! primary answers everything it holds `NotLeader`; a retry may then be stored twice
+//! until client sessions reach the producers.
+//!
+//! Every commit moves the group's high watermark, on every replica; the shard reads up
+//! to it and wakes the fetches that wait for it.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::path::Path;
+
+use braid_bus::{Delivery, ShardSender};
+use braid_proto::client::ErrorCode;
+use braid_proto::ValidatedBatch;
+use braid_storage::{LogConfig, PartitionLog};
+use braid_vsr::{Config, Input, Message, ReplicaId, Reply, Request, Status};
+
+use super::meta_group::Timing;
+use super::partition_journal::PartitionJournal;
+use super::partition_machine::PartitionMachine;
+use super::shard_host::{Effects, HostError, Opened, ShardHost};
+use super::wire::{self, Received};
+use crate::error::NodeError;
+use crate::layout::PartitionKey;
+use crate::mailbox::ProduceReply;
+
+/// Most produce requests a primary keeps in flight per partition.
+const PIPELINE_MAX: u64 = 16;
+
+/// The group id of a partition: the high bit set (group 0 is the metadata), then the
+/// topic id and the partition.
+pub(crate) fn group_of(key: PartitionKey) -> u64 {
+    1 << 63 | u64::from(key.topic_id) << 32 | u64::from(key.partition)
+}
+
+/// The partition of a group id, if it is a partition's.
+pub(crate) fn key_of(group: u64) -> Option<PartitionKey> {
+    (group >> 63 == 1).then_some(PartitionKey {
+        topic_id: ((group >> 32) & 0x7fff_ffff) as u32,
+        partition: group as u32,
+    })
+}
+
+/// Who serves a partition here.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Role {
+    /// This replica leads the group: it takes produces and serves fetches.
+    Primary,
+    /// Another member leads it (if known: `None` during a view change).
+    Backup(Option<ReplicaId>),
+}
+
+/// A request sent and not answered.
+#[derive(Debug)]
+struct InFlight {
+    reply: ProduceReply,
+    body: Vec<u8>,
+    sent_at: u64,
+}
+
+/// This node's session with one group it leads.
+#[derive(Debug, Default)]
+struct GroupClient {
+    session: u64,
+    register_attempt: u64,
+    /// When the register in flight was sent, if one is.
+    registering: Option<u64>,
+    next_request: u64,
+    queued: VecDeque<(Vec<u8>, ProduceReply)>,
+    in_flight: BTreeMap<u64, InFlight>,
+}
+
+impl GroupClient {
+    fn fail_all(&mut self, err: &NodeError) {
+        for (_, reply) in self.queued.drain(..) {
+            let _ = reply.send(Err(err.clone()));
+        }
+        for (_, flight) in std::mem::take(&mut self.in_flight) {
+            let _ = flight.reply.send(Err(err.clone()));
+        }
+        self.registering = None;
+    }
+
+    fn is_idle(&self) -> bool {
+        self.queued.is_empty() && self.in_flight.is_empty() && self.registering.is_none()
+    }
+}
+
+/// High watermarks that moved in a turn.
+pub(crate) type Moved = Vec<(PartitionKey, u64)>;
+
+/// What a shard needs to open its groups on its own thread.
+#[derive(Debug, Clone)]
+pub(crate) struct Opening {
+    pub(crate) dir: std::path::PathBuf,
+    pub(crate) node: ReplicaId,
+    pub(crate) members: u8,
+    pub(crate) timing: Timing,
+    pub(crate) nonce: u64,
+}
+
+impl Opening {
+    /// Opens shard `shard`'s groups.
+    ///
+    /// # Errors
+    /// As [`PartitionGroups::open`].
+    pub(crate) fn open(self, shard: usize) -> Result<PartitionGroups, HostError> {
+        PartitionGroups::open(
+            &self.dir,
+            shard,
+            self.node,
+            self.members,
+            self.timing,
+            self.nonce,
+        )
+    }
+}
+
+/// The partition groups of one shard.
+#[derive(Debug)]
+pub(crate) struct PartitionGroups {
+    host: ShardHost<PartitionMachine, PartitionJournal>,
+    clients: HashMap<u64, GroupClient>,
+    /// Groups with produces queued since the last flush.
+    pending: Vec<u64>,
+    node: ReplicaId,
+    members: u8,
+    client_id: u64,
+    timing: Timing,
+    now: u64,
+    bus: Option<ShardSender>,
+    failed: Option<String>,
+}
+
+impl PartitionGroups {
+    /// Opens shard `shard`'s durable group states in `dir`.
+    ///
+    /// # Errors
+    /// The states cannot be read.
+    pub(crate) fn open(
+        dir: &Path,
+        shard: usize,
+        node: ReplicaId,
+        members: u8,
+        timing: Timing,
+        nonce: u64,
+    ) -> Result<Self, HostError> {
+        Ok(Self {
+            host: ShardHost::open(dir, shard)?,
+            clients: HashMap::new(),
+            pending: Vec::new(),
+            node,
+            members,
+            client_id: (u64::from(node) + 1) << 56 | (nonce & ((1 << 56) - 1)),
+            timing,
+            now: 0,
+            bus: None,
+            failed: None,
+        })
+    }
+
+    /// Sends through `bus` from now on.
+    pub(crate) fn attach_bus(&mut self, bus: ShardSender) {
+        self.bus = Some(bus);
+    }
+
+    /// Opens a partition's group: its log in `dir` with its journal and checkpoints.
+    /// Returns the high watermark it starts at.
+    ///
+    /// # Errors
+    /// The files cannot be read or cannot restart the replica.
+    pub(crate) fn add(
+        &mut self,
+        key: PartitionKey,
+        dir: &Path,
+        log_config: LogConfig,
+        now_ms: u64,
+    ) -> Result<u64, HostError> {
+        let group = group_of(key);
+        let (journal, recovered) = PartitionJournal::open(dir, log_config, now_ms)?;
+        let opened = Opened {
+            slots: recovered.slots,
+            damaged: recovered.damaged || (recovered.log_behind && self.members == 1),
+            trusted: journal.trusted(),
+        };
+        let config = Config {
+            pipeline_max: PIPELINE_MAX,
+            checkpoint_interval: 32,
+            journal_keep: 64,
+            sessions_max: 8,
+            heartbeat_ticks: self.timing.heartbeat_ticks,
+            view_change_ticks: self.timing.view_change_ticks,
+            retry_ticks: self.timing.retry_ticks,
+            // An idle partition drops its timers and journal entries from memory, so a
+            // thousand of them cost little; a request or a message wakes it.
+            quiesce: true,
+            ..Config::new(group, self.node, self.members, self.client_id ^ group)
+        };
+        self.host
+            .add_group_with(config, PartitionMachine::default(), journal, opened, dir)?;
+        if self.members == 1 {
+            // A lone replica recovers by itself: bring it to every committed op now.
+            for _ in 0..10_000 {
+                if self.host.replica(group).map(|r| r.status()) == Some(Status::Normal) {
+                    break;
+                }
+                self.now += 1;
+                let effects = self.host.tick(self.now)?;
+                drop(effects);
+            }
+        }
+        Ok(self.high_watermark(key))
+    }
+
+    /// Syncs and closes every partition; producers still waiting get `ShuttingDown`.
+    pub(crate) fn close(&mut self) {
+        let err = NodeError::new(ErrorCode::ShuttingDown, "node is shutting down");
+        for client in self.clients.values_mut() {
+            client.fail_all(&err);
+        }
+        self.clients.clear();
+        self.failed = Some("the node is shutting down".into());
+        for (group, journal) in self.host.take_journals() {
+            if let Err(err) = journal.close() {
+                tracing::error!(group, %err, "closing a partition");
+            }
+        }
+    }
+
+    /// Drops a deleted partition's group (its files go with its directory).
+    pub(crate) fn remove(&mut self, key: PartitionKey) {
+        let group = group_of(key);
+        if let Some(mut client) = self.clients.remove(&group) {
+            client.fail_all(&NodeError::new(
+                ErrorCode::PartitionNotFound,
+                "the partition was deleted",
+            ));
+        }
+        self.host.remove_group(group);
+    }
+
+    /// The partition's log (reads go straight to it, up to the high watermark).
+    pub(crate) fn log(&mut self, key: PartitionKey) -> Option<&mut PartitionLog> {
+        self.host
+            .journal_mut(group_of(key))
+            .map(PartitionJournal::log)
+    }
+
+    /// The committed offsets' end: the high watermark.
+    pub(crate) fn high_watermark(&self, key: PartitionKey) -> u64 {
+        self.host
+            .replica(group_of(key))
+            .map_or(0, |r| r.state().machine().next_offset())
+    }
+
+    /// Who serves the partition here.
+    pub(crate) fn role(&self, key: PartitionKey) -> Role {
+        let Some(replica) = self.host.replica(group_of(key)) else {
+            return Role::Backup(None);
+        };
+        if replica.is_primary() {
+            return Role::Primary;
+        }
+        let known = replica.status() == Status::Normal;
+        Role::Backup(known.then(|| replica.primary_of(replica.view())))
+    }
+
+    /// The view of each group, for the primaries `ClusterInfo` names.
+    pub(crate) fn primary_of(&self, key: PartitionKey) -> Option<ReplicaId> {
+        let replica = self.host.replica(group_of(key))?;
+        Some(replica.primary_of(replica.view()))
+    }
+
+    /// Queues a produce's batch for the next [`PartitionGroups::flush`]; `reply` gets
+    /// its offsets at commit. The caller has checked this replica is the primary.
+    pub(crate) fn produce(
+        &mut self,
+        key: PartitionKey,
+        mut batch: ValidatedBatch,
+        reply: ProduceReply,
+    ) {
+        if let Some(reason) = &self.failed {
+            let _ = reply.send(Err(stopped(reason)));
+            return;
+        }
+        let group = group_of(key);
+        batch.set_base_offset(0);
+        batch.set_partition_leader_epoch(0);
+        let body = Vec::from(batch.into_bytes());
+        self.clients
+            .entry(group)
+            .or_default()
+            .queued
+            .push_back((body, reply));
+        if self.pending.last() != Some(&group) {
+            self.pending.push(group);
+        }
+    }
+
+    /// Proposes what the produces since the last flush queued, in one turn of the
+    /// groups: each partition written and synced once for all of it.
+    pub(crate) fn flush(&mut self) -> Moved {
+        let mut moved = Vec::new();
+        for _ in 0..64 {
+            if self.pending.is_empty() || self.failed.is_some() {
+                break;
+            }
+            let mut groups = std::mem::take(&mut self.pending);
+            groups.sort_unstable();
+            groups.dedup();
+            let mut inputs = Vec::new();
+            for group in groups {
+                self.collect(group, &mut inputs);
+            }
+            if inputs.is_empty() {
+                break;
+            }
+            match self.host.step(self.now, inputs) {
+                Ok(effects) => self.carry(effects, &mut moved),
+                Err(HostError::UnknownGroup(_)) => {}
+                Err(err) => self.fail(err),
+            }
+        }
+        moved
+    }
+
+    /// A request that came to a backup: the replica hears it (a quiet backup then
+    /// watches its primary again, so a dead one is replaced) and the caller answers
+    /// `NotLeader`.
+    pub(crate) fn nudge(&mut self, key: PartitionKey) -> Moved {
+        let group = group_of(key);
+        let request = Request {
+            client: self.client_id,
+            session: u64::MAX,
+            request: 0,
+            body: Vec::new(),
+        };
+        let mut moved = Vec::new();
+        self.step(group, Input::Message(Message::Request(request)), &mut moved);
+        moved
+    }
+
+    /// A frame from a peer.
+    pub(crate) fn deliver(&mut self, delivery: &Delivery) -> Moved {
+        let mut moved = Vec::new();
+        match wire::received(delivery) {
+            Ok(Received::Message(group, message)) => {
+                self.step(group, Input::Message(message), &mut moved);
+            }
+            Ok(Received::Reply(group, _)) => {
+                tracing::debug!(group, "a reply for a partition group: its primary is local");
+            }
+            Err(err) => {
+                tracing::warn!(peer = delivery.peer, %err, "a replica frame that does not decode");
+            }
+        }
+        moved
+    }
+
+    /// One tick of time for every group whose timer is due.
+    pub(crate) fn tick(&mut self) -> Moved {
+        let mut moved = Vec::new();
+        if self.failed.is_some() {
+            return moved;
+        }
+        self.now += 1;
+        match self.host.tick(self.now) {
+            Ok(effects) => self.carry(effects, &mut moved),
+            Err(err) => self.fail(err),
+        }
+        // A group that lost its primary role answers what it held.
+        let lost: Vec<u64> = self
+            .clients
+            .iter()
+            .filter(|(_, c)| !c.is_idle())
+            .filter(|(g, _)| !self.host.replica(**g).is_some_and(|r| r.is_primary()))
+            .map(|(g, _)| *g)
+            .collect();
+        for group in lost {
+            if let Some(client) = self.clients.get_mut(&group) {
+                client.fail_all(&not_leader());
+            }
+        }
+        self.resend_overdue(&mut moved);
+        moved
+    }
+
+    /// Sends again what a primary has not answered for a while (it dropped a request
+    /// that came while its view was not yet durable, or its pipeline was full); the
+    /// group recognises a resent request, so it is prepared once.
+    fn resend_overdue(&mut self, moved: &mut Moved) {
+        let due = self.now.saturating_sub(self.timing.retry_ticks * 2);
+        let mut resend = Vec::new();
+        for (group, client) in &mut self.clients {
+            if client.registering.is_some_and(|at| at <= due) {
+                client.registering = Some(self.now);
+                resend.push((
+                    *group,
+                    Request {
+                        client: self.client_id,
+                        session: 0,
+                        request: client.register_attempt,
+                        body: Vec::new(),
+                    },
+                ));
+            }
+            for (number, flight) in &mut client.in_flight {
+                if flight.sent_at <= due {
+                    flight.sent_at = self.now;
+                    resend.push((
+                        *group,
+                        Request {
+                            client: self.client_id,
+                            session: client.session,
+                            request: *number,
+                            body: flight.body.clone(),
+                        },
+                    ));
+                }
+            }
+        }
+        for (group, request) in resend {
+            self.step(group, Input::Message(Message::Request(request)), moved);
+        }
+    }
+
+    /// Syncs the logs of `fsync = interval` groups whose interval is due.
+    pub(crate) fn sync_due(&mut self, keys: &[PartitionKey], now_ms: u64) {
+        for key in keys {
+            if let Some(journal) = self.host.journal_mut(group_of(*key)) {
+                if journal.log().sync_due(now_ms) {
+                    if let Err(err) = journal.sync_now() {
+                        tracing::warn!(%err, "an interval sync of a partition failed");
+                    }
+                }
+            }
+        }
+    }
+
+    fn step(&mut self, group: u64, input: Input, moved: &mut Moved) {
+        if self.failed.is_some() {
+            return;
+        }
+        match self.host.step(self.now, vec![(group, input)]) {
+            Ok(effects) => self.carry(effects, moved),
+            Err(HostError::UnknownGroup(_)) => {}
+            Err(err) => self.fail(err),
+        }
+    }
+
+    /// The requests `group`'s client may send now: a register first, then batches
+    /// while the pipeline has room.
+    fn collect(&mut self, group: u64, inputs: &mut Vec<(u64, Input)>) {
+        let Some(replica) = self.host.replica(group) else {
+            if let Some(client) = self.clients.get_mut(&group) {
+                client.fail_all(&not_leader());
+            }
+            return;
+        };
+        if !replica.is_primary() {
+            if let Some(client) = self.clients.get_mut(&group) {
+                client.fail_all(&not_leader());
+            }
+            return;
+        }
+        let mut room =
+            PIPELINE_MAX.saturating_sub(replica.op().saturating_sub(replica.commit_max()));
+        let Some(client) = self.clients.get_mut(&group) else {
+            return;
+        };
+        if client.session == 0 {
+            if client.registering.is_none() && !client.queued.is_empty() {
+                client.registering = Some(self.now);
+                client.register_attempt += 1;
+                let request = Request {
+                    client: self.client_id,
+                    session: 0,
+                    request: client.register_attempt,
+                    body: Vec::new(),
+                };
+                inputs.push((group, Input::Message(Message::Request(request))));
+            }
+            return;
+        }
+        while room > 0 {
+            let Some((body, reply)) = client.queued.pop_front() else {
+                return;
+            };
+            room -= 1;
+            client.next_request += 1;
+            let number = client.next_request;
+            client.in_flight.insert(
+                number,
+                InFlight {
+                    reply,
+                    body: body.clone(),
+                    sent_at: self.now,
+                },
+            );
+            let request = Request {
+                client: self.client_id,
+                session: client.session,
+                request: number,
+                body,
+            };
+            inputs.push((group, Input::Message(Message::Request(request))));
+        }
+    }
+
+    fn carry(&mut self, effects: Effects, moved: &mut Moved) {
+        for (group, to, message) in effects.sends {
+            if let Some(bus) = self.bus.as_mut() {
+                // A full or down link drops the frame: consensus retransmits.
+                let _ = bus.send(to, wire::frame(group, &message));
+            }
+        }
+        let mut touched = Vec::new();
+        for (group, _, _) in &effects.applied {
+            if touched.last() != Some(group) {
+                touched.push(*group);
+            }
+        }
+        for (group, reply) in effects.replies {
+            self.answer(group, reply);
+            touched.push(group);
+        }
+        touched.sort_unstable();
+        touched.dedup();
+        for group in &touched {
+            if let Some(key) = key_of(*group) {
+                moved.push((key, self.high_watermark(key)));
+            }
+        }
+        for group in touched {
+            if self
+                .clients
+                .get(&group)
+                .is_some_and(|c| !c.queued.is_empty())
+            {
+                self.pending.push(group);
+            }
+        }
+    }
+
+    /// A reply of the local primary to this node's session.
+    fn answer(&mut self, group: u64, reply: Reply) {
+        if reply.client != self.client_id {
+            return;
+        }
+        let Some(client) = self.clients.get_mut(&group) else {
+            return;
+        };
+        if reply.register {
+            client.registering = None;
+            match (&reply.result, reply.session) {
+                (Ok(_), session) if session != 0 => {
+                    client.session = session;
+                    client.next_request = 0;
+                }
+                _ => {}
+            }
+            return;
+        }
+        if reply.session != client.session {
+            return;
+        }
+        let Some(waiting) = client.in_flight.remove(&reply.request).map(|f| f.reply) else {
+            return;
+        };
+        let answer = match &reply.result {
+            Ok(result) => PartitionMachine::offsets(result).ok_or_else(|| {
+                NodeError::new(ErrorCode::MalformedRequest, "the batch took no offsets")
+            }),
+            Err(refusal) => {
+                // The group forgot this node's session: register again for what waits.
+                client.session = 0;
+                Err(NodeError::new(
+                    ErrorCode::NotLeader,
+                    format!("the partition group refused the request ({refusal:?}); retry"),
+                ))
+            }
+        };
+        let _ = waiting.send(answer);
+    }
+
+    fn fail(&mut self, err: HostError) {
+        let reason = err.to_string();
+        tracing::error!(%reason, "the shard's partition groups stopped: restart the node");
+        for client in self.clients.values_mut() {
+            client.fail_all(&stopped(&reason));
+        }
+        self.failed = Some(reason);
+    }
+}
+
+fn not_leader() -> NodeError {
+    NodeError::new(
+        ErrorCode::NotLeader,
+        "this node no longer leads the partition; ask ClusterInfo for its primary",
+    )
+}
+
+fn stopped(reason: &str) -> NodeError {
+    NodeError::new(
+        ErrorCode::StorageError,
+        format!("the partition groups stopped after a disk failure ({reason}); restart the node"),
+    )
+}
