@@ -81,3 +81,73 @@ pub(crate) async fn metric(http: std::net::SocketAddr, name: &str) -> u64 {
         .and_then(|v| v.parse().ok())
         .unwrap_or_else(|| panic!("no {name} in /metrics"))
 }
+
+/// A member of an in-process cluster: its node (None while stopped), its data directory
+/// and its config (to start it again on the same directory and ports).
+pub(crate) struct Member {
+    pub(crate) node: Option<Node>,
+    pub(crate) _dir: tempfile::TempDir,
+    pub(crate) config: NodeConfig,
+}
+
+impl Member {
+    pub(crate) fn addr(&self) -> std::net::SocketAddr {
+        self.config.client_addr
+    }
+
+    pub(crate) fn stop(&mut self) {
+        if let Some(node) = self.node.take() {
+            node.shutdown();
+        }
+    }
+
+    pub(crate) fn start(&mut self) {
+        self.node = Some(Node::start(self.config.clone()).unwrap());
+    }
+}
+
+/// Reserves `n` loopback addresses (bound, then released).
+pub(crate) fn addresses(n: usize) -> Vec<std::net::SocketAddr> {
+    let probes: Vec<_> = (0..n)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap())
+        .collect();
+    probes.iter().map(|p| p.local_addr().unwrap()).collect()
+}
+
+/// Starts `n` in-process members of one cluster on loopback ports, each with its own
+/// directory (the cluster is a test-only preview).
+pub(crate) fn start_cluster(n: u8, fsync: FsyncSetting) -> Vec<Member> {
+    use braid_node::{ClusterSettings, MemberSettings, Secret};
+    let replica = addresses(n.into());
+    let client = addresses(n.into());
+    let members: Vec<MemberSettings> = (0..n)
+        .map(|id| MemberSettings {
+            id,
+            replica_addr: replica[usize::from(id)],
+            client_addr: client[usize::from(id)],
+        })
+        .collect();
+    (0..n)
+        .map(|id| {
+            let dir = tempfile::tempdir().unwrap();
+            let mut config = config(dir.path(), fsync);
+            config.client_addr = client[usize::from(id)];
+            config.shutdown_grace_ms = 500;
+            config.cluster = Some(ClusterSettings {
+                id: "test".into(),
+                node_id: id,
+                members: members.clone(),
+                heartbeat_timeout_ms: 1_000,
+                secret: Some(Secret("a secret of enough bytes".into())),
+                preview: true,
+                ..ClusterSettings::default()
+            });
+            let node = Node::start(config.clone()).unwrap();
+            Member {
+                node: Some(node),
+                _dir: dir,
+                config,
+            }
+        })
+        .collect()
+}

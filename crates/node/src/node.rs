@@ -80,13 +80,13 @@ impl Node {
         if let Some(cluster) = config
             .cluster
             .as_ref()
-            .filter(|c| c.members.len() > 1 && !c.unreplicated_partitions)
+            .filter(|c| c.members.len() > 1 && !c.preview)
         {
-            // Until the replication host runs, members would serve as unrelated single
-            // nodes while their operator believes the data replicated: refuse.
+            // Until clients follow primaries and a lagging replica can copy a peer's
+            // log, a cluster would look finished and not be: refuse.
             return Err(StartError::Config(ConfigError::Invalid(format!(
-                "cluster {:?} has {} members, but this build does not replicate yet: \
-                 run one member, or no [cluster] table",
+                "cluster {:?} has {} members, but clusters are not finished in this build \
+                 (clients do not follow primaries yet): run one member, or no [cluster] table",
                 cluster.id,
                 cluster.members.len()
             ))));

@@ -84,7 +84,7 @@ fn a_cluster_of_three_is_refused_until_nodes_replicate() {
     })
     .unwrap_err();
     assert!(
-        refused.to_string().contains("does not replicate yet"),
+        refused.to_string().contains("clusters are not finished"),
         "{refused}"
     );
     assert!(

@@ -54,7 +54,7 @@ impl Simulation {
                 client: id,
                 session,
                 request,
-                body: body.clone(),
+                body: body.clone().into(),
             });
             // First to the primary it believes in; on a retry, to everyone.
             let n = u64::from(self.config.replica_count);

@@ -263,7 +263,7 @@ impl Disk {
             PendingWrite::Header(header) => {
                 let prepare = Prepare {
                     header,
-                    body: Vec::new(),
+                    body: bytes::Bytes::new(),
                 };
                 self.journal.insert(header.op, Slot::new(prepare, true));
             }
@@ -377,7 +377,7 @@ impl Disk {
                 let mut slot = Slot::new(
                     Prepare {
                         header,
-                        body: Vec::new(),
+                        body: bytes::Bytes::new(),
                     },
                     true,
                 );

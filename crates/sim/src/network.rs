@@ -92,9 +92,16 @@ fn damage(message: &mut Message, prng: &mut Prng) -> bool {
         bytes[at] ^= 1 << prng.below(8);
         true
     }
+    // A body is shared with its sender's journal: damage a copy of it in flight.
+    fn flip_shared(body: &mut bytes::Bytes, prng: &mut Prng) -> bool {
+        let mut copy = body.to_vec();
+        let flipped = flip(&mut copy, prng);
+        *body = copy.into();
+        flipped
+    }
     match message {
         Message::Prepare(prepare) => {
-            if !flip(&mut prepare.body, prng) {
+            if !flip_shared(&mut prepare.body, prng) {
                 prepare.header.commit ^= 1;
             }
             true
@@ -103,7 +110,10 @@ fn damage(message: &mut Message, prng: &mut Prng) -> bool {
             let Some(entry) = suffix.last_mut() else {
                 return false;
             };
-            let flipped = entry.body.as_mut().is_some_and(|body| flip(body, prng));
+            let flipped = entry
+                .body
+                .as_mut()
+                .is_some_and(|body| flip_shared(body, prng));
             if !flipped {
                 entry.header.request ^= 1;
             }

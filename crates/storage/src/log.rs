@@ -171,15 +171,84 @@ impl PartitionLog {
     /// [`LogError::BatchTooLarge`], [`LogError::Poisoned`], or an IO error; after a
     /// failed write the log is as it was before the call.
     pub fn append(&mut self, mut batch: ValidatedBatch, now_ms: u64) -> Result<Appended, LogError> {
+        let header = *batch.header();
+        self.append_with(
+            batch.len(),
+            &header,
+            now_ms,
+            |file, path, base, position| {
+                batch.set_base_offset(base as i64);
+                crate::disk::write_at(file, path, batch.as_bytes(), position)
+            },
+        )
+    }
+
+    /// Appends a batch held elsewhere (shared, so not owned or copied): `bytes` must be
+    /// one whole batch already validated (a replicated prepare's body, whose producer's
+    /// batch was validated by the primary and whose checksum held on arrival). Its base
+    /// offset and leader epoch are written as this log assigns them, the rest as is.
+    ///
+    /// # Errors
+    /// [`LogError::Corrupt`] if `bytes` is not one batch's frame, and as
+    /// [`append`](Self::append).
+    pub fn append_shared(
+        &mut self,
+        bytes: &[u8],
+        leader_epoch: i32,
+        now_ms: u64,
+    ) -> Result<Appended, LogError> {
+        let not_a_batch = |err: braid_proto::BatchError| LogError::Corrupt {
+            path: self.dir.clone(),
+            position: self.next_offset,
+            corruption: crate::Corruption::Batch(err),
+        };
+        let header = braid_proto::BatchHeader::decode(bytes).map_err(not_a_batch)?;
+        let total = header.total_bytes();
+        if total < bytes.len() {
+            return Err(not_a_batch(braid_proto::BatchError::TrailingBytes {
+                extra: bytes.len() - total,
+            }));
+        }
+        if total > bytes.len() {
+            return Err(not_a_batch(braid_proto::BatchError::Truncated {
+                at: bytes.len(),
+                needed: total,
+                available: bytes.len(),
+            }));
+        }
+        let head_len = braid_proto::batch::HEADER_BYTES;
+        self.append_with(
+            bytes.len(),
+            &header,
+            now_ms,
+            |file, path, base, position| {
+                let mut head = [0u8; braid_proto::batch::HEADER_BYTES];
+                head.copy_from_slice(&bytes[..head_len]);
+                braid_proto::batch::set_base_offset(&mut head, base as i64);
+                braid_proto::batch::set_partition_leader_epoch(&mut head, leader_epoch);
+                crate::disk::write_at(file, path, &head, position)?;
+                crate::disk::write_at(file, path, &bytes[head_len..], position + head_len as u64)
+            },
+        )
+    }
+
+    /// Appends a batch of `bytes` bytes described by `header`, which `write` writes at
+    /// its position with the base offset it is given.
+    fn append_with(
+        &mut self,
+        bytes: usize,
+        header: &braid_proto::BatchHeader,
+        now_ms: u64,
+        write: impl FnOnce(&File, &Path, u64, u64) -> std::io::Result<()>,
+    ) -> Result<Appended, LogError> {
         self.check_writable()?;
-        let bytes = batch.len();
         if bytes > self.config.segment_bytes_max as usize {
             return Err(LogError::BatchTooLarge {
                 bytes,
                 segment_bytes_max: self.config.segment_bytes_max,
             });
         }
-        let count = u64::from(batch.record_count());
+        let count = u64::from(header.record_count.max(0) as u32);
         self.remove_clean_marker()?;
         if self.should_roll(bytes as u64, count, now_ms) {
             self.roll(now_ms)?;
@@ -188,11 +257,10 @@ impl PartitionLog {
         self.ensure_index(active)?;
         let file = self.file_for(active)?;
         let base_offset = self.next_offset;
-        batch.set_base_offset(base_offset as i64);
         let segment = &mut self.segments[active];
         let position = segment.size_bytes;
         let path = log_path(&self.dir, segment.base_offset);
-        if let Err(err) = crate::disk::write_at(&file, &path, batch.as_bytes(), position) {
+        if let Err(err) = write(&file, &path, base_offset, position) {
             // Leave no partial batch behind; if even that fails, stop writing.
             if let Err(cut) = crate::disk::set_len(&file, &path, position) {
                 self.poisoned = Some(format!("could not undo a failed write: {cut}"));
@@ -206,7 +274,7 @@ impl PartitionLog {
             segment.base_offset,
             base_offset,
             position,
-            batch.header().max_timestamp,
+            header.max_timestamp,
             self.config.index_interval_bytes,
         );
         let pending = index.offsets.len() - index.offsets_in_file;

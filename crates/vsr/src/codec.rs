@@ -76,7 +76,7 @@ fn suffix(r: &mut Reader<'_>) -> Result<Vec<SuffixEntry>, DecodeError> {
             let header = header(r)?;
             let body = match r.u8()? {
                 0 => None,
-                1 => Some(bytes(r)?.to_vec()),
+                1 => Some(bytes::Bytes::copy_from_slice(bytes(r)?)),
                 _ => {
                     return Err(DecodeError::InvalidField {
                         what: WHAT,
@@ -222,11 +222,11 @@ impl Message {
                 client: r.u64()?,
                 session: r.u64()?,
                 request: r.u64()?,
-                body: bytes_owned(&mut r)?,
+                body: bytes_owned(&mut r)?.into(),
             }),
             PREPARE => Self::Prepare(Prepare {
                 header: header(&mut r)?,
-                body: bytes_owned(&mut r)?,
+                body: bytes_owned(&mut r)?.into(),
             }),
             PREPARE_OK => Self::PrepareOk {
                 view: r.u64()?,
@@ -417,7 +417,7 @@ mod tests {
         )
             .prop_map(|(op, view, body)| SuffixEntry {
                 header: header(op, view),
-                body,
+                body: body.map(Into::into),
             })
     }
 
@@ -429,12 +429,12 @@ mod tests {
                     client,
                     session,
                     request,
-                    body
+                    body: body.into(),
                 })
             ),
             (0u64..100, small.clone()).prop_map(|(op, body)| Message::Prepare(Prepare {
                 header: header(op, 1),
-                body
+                body: body.into(),
             })),
             (any::<u64>(), any::<u64>(), any::<u128>(), any::<u8>()).prop_map(
                 |(view, op, checksum, from)| Message::PrepareOk {
@@ -567,7 +567,7 @@ mod tests {
         let mut bytes = Vec::new();
         Message::Prepare(Prepare {
             header: header(4, 1),
-            body: b"body".to_vec(),
+            body: bytes::Bytes::from_static(b"body"),
         })
         .encode(&mut bytes);
         bytes[10] ^= 1;

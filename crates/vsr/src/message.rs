@@ -1,5 +1,7 @@
 //! Prepares, their checksums, and the messages replicas and clients exchange.
 
+use bytes::Bytes;
+
 use crate::durable::Checkpoint;
 
 /// A replica's index in its group, `0..replica_count`.
@@ -118,7 +120,7 @@ pub struct Prepare {
     /// The header.
     pub header: Header,
     /// The body.
-    pub body: Vec<u8>,
+    pub body: Bytes,
 }
 
 impl Prepare {
@@ -147,7 +149,7 @@ pub struct Request {
     /// The request number within the session (1, 2, ...; 0 for a register).
     pub request: u64,
     /// The operation's input.
-    pub body: Vec<u8>,
+    pub body: Bytes,
 }
 
 /// The answer to a client.
@@ -174,7 +176,7 @@ pub struct SuffixEntry {
     /// The header.
     pub header: Header,
     /// The body, if intact.
-    pub body: Option<Vec<u8>>,
+    pub body: Option<Bytes>,
 }
 
 /// Messages between replicas (and from clients).
@@ -354,12 +356,12 @@ mod tests {
         }
         let prepare = Prepare {
             header,
-            body: b"x".to_vec(),
+            body: Bytes::from_static(b"x"),
         };
         assert!(prepare.valid());
         assert!(!Prepare {
             header,
-            body: b"y".to_vec()
+            body: Bytes::from_static(b"y")
         }
         .valid());
     }

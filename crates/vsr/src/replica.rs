@@ -20,6 +20,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use bytes::Bytes;
+
 use crate::durable::{Checkpoint, DurableState};
 use crate::message::{
     Checksum, Header, Message, Operation, Prepare, Refusal, ReplicaId, Reply, Request, SuffixEntry,
@@ -307,7 +309,7 @@ pub enum Output {
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Entry {
     header: Header,
-    body: Option<Vec<u8>>,
+    body: Option<Bytes>,
     durable: bool,
     canonical: bool,
 }
@@ -412,6 +414,9 @@ pub struct Replica<S> {
     compacted_through: u64,
     /// Backup: the highest commit its primary has told it in this view.
     heard_commit: u64,
+    /// Backup: a client came here, so the primary may be gone; it stays awake (no
+    /// quiescence) until its primary is heard from, and its view-change timer runs.
+    watching: bool,
     /// Primary: commit heartbeats sent since it last had work; it goes quiet after a few,
     /// so every backup has heard the final commit.
     idle_heartbeats: u32,
@@ -454,7 +459,7 @@ impl<S: StateMachine> Replica<S> {
             0,
             Box::new(Entry {
                 header: root,
-                body: Some(Vec::new()),
+                body: Some(Bytes::new()),
                 durable: true,
                 canonical: true,
             }),
@@ -487,6 +492,7 @@ impl<S: StateMachine> Replica<S> {
             commit_min_at_retry: 0,
             compacted_through: 0,
             heard_commit: 0,
+            watching: false,
             idle_heartbeats: 0,
             leave_log_view: false,
             startup: Vec::new(),
@@ -679,6 +685,14 @@ impl<S: StateMachine> Replica<S> {
     /// Whether this replica is the primary of its view in normal status.
     pub fn is_primary(&self) -> bool {
         self.status() == Status::Normal && self.primary_of(self.view) == self.config.replica
+    }
+
+    /// Whether a request sent now is prepared (not dropped): the primary, its view on
+    /// disk, its pipeline not full.
+    pub fn takes_requests(&self) -> bool {
+        self.is_primary()
+            && self.view_durable()
+            && self.op - self.commit_max < self.config.pipeline_max
     }
 
     /// The earliest tick at which a timer fires.
@@ -907,7 +921,7 @@ impl<S: StateMachine> Replica<S> {
     fn insert_entry(
         &mut self,
         header: Header,
-        body: Option<Vec<u8>>,
+        body: Option<Bytes>,
         canonical: bool,
         out: &mut Vec<Output>,
     ) {

@@ -108,7 +108,7 @@ fn one_request_per_group(session: u64, request: u64, body: &[u8]) -> Vec<(u8, u6
                 client: 1,
                 session,
                 request,
-                body: body.to_vec(),
+                body: bytes::Bytes::copy_from_slice(body),
             };
             (primary, group, Input::Message(Message::Request(request)))
         })

@@ -47,12 +47,13 @@ pub struct ClusterSettings {
     /// The secret from `BRAID_CLUSTER_SECRET`.
     #[serde(skip)]
     pub secret: Option<Secret>,
-    /// Lets a cluster of more than one start while its partitions do not replicate yet
-    /// (only the metadata does): for the in-process tests of the metadata group, never
-    /// for users, so not in any file, variable or flag.
+    /// Lets a cluster of more than one start before it is finished (clients do not
+    /// follow primaries yet, and a partition replica behind every peer's journal
+    /// cannot catch up yet): for the in-process cluster tests, never for users, so not
+    /// in any file, variable or flag.
     #[doc(hidden)]
     #[serde(skip)]
-    pub unreplicated_partitions: bool,
+    pub preview: bool,
 }
 
 impl Default for ClusterSettings {
@@ -65,7 +66,7 @@ impl Default for ClusterSettings {
             heartbeat_timeout_ms: 2_000,
             secret_file: None,
             secret: None,
-            unreplicated_partitions: false,
+            preview: false,
         }
     }
 }

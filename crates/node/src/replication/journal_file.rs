@@ -165,7 +165,7 @@ fn parse(bytes: &[u8]) -> Option<(Decoded, usize)> {
             } else {
                 let prepare = Prepare {
                     header,
-                    body: body.to_vec(),
+                    body: bytes::Bytes::copy_from_slice(body),
                 };
                 if !prepare.valid() {
                     return None;

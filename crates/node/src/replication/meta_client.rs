@@ -109,7 +109,7 @@ impl<T> MetaClient<T> {
                 client: self.client,
                 session: 0,
                 request: self.register_attempt,
-                body: Vec::new(),
+                body: bytes::Bytes::new(),
             };
             (request, Vec::new(), Vec::new())
         } else {
@@ -119,7 +119,7 @@ impl<T> MetaClient<T> {
                 client: self.client,
                 session: self.session,
                 request: self.next_request,
-                body: MetadataMachine::input(&ops),
+                body: MetadataMachine::input(&ops).into(),
             };
             self.next_request += 1;
             (request, ops, tokens)

@@ -166,7 +166,7 @@ impl Cluster {
                 client: self.client,
                 session,
                 request,
-                body: body.clone(),
+                body: body.clone().into(),
             });
             let (tx, rx) = oneshot::channel();
             let Some(node) = &self.nodes[primary] else {

@@ -58,13 +58,17 @@ pub(crate) enum Role {
     Backup(Option<ReplicaId>),
 }
 
-/// A request sent and not answered.
+/// A request sent and not answered. Its body is the group's (shared in its journal);
+/// a request the primary took is answered at commit or failed when it loses the role.
 #[derive(Debug)]
 struct InFlight {
     reply: ProduceReply,
-    body: Vec<u8>,
     sent_at: u64,
 }
+
+/// A request unanswered this long (ticks) is failed, retriable: a guard against a
+/// request lost in a way nothing else reports.
+const REQUEST_TICKS_MAX: u64 = 3_000;
 
 /// This node's session with one group it leads.
 #[derive(Debug, Default)]
@@ -74,7 +78,7 @@ struct GroupClient {
     /// When the register in flight was sent, if one is.
     registering: Option<u64>,
     next_request: u64,
-    queued: VecDeque<(Vec<u8>, ProduceReply)>,
+    queued: VecDeque<(bytes::Bytes, ProduceReply)>,
     in_flight: BTreeMap<u64, InFlight>,
 }
 
@@ -294,7 +298,8 @@ impl PartitionGroups {
         let group = group_of(key);
         batch.set_base_offset(0);
         batch.set_partition_leader_epoch(0);
-        let body = Vec::from(batch.into_bytes());
+        // Shared from here on: the journal entry, the write and the sends hold it.
+        let body = batch.into_bytes().freeze();
         self.clients
             .entry(group)
             .or_default()
@@ -309,6 +314,11 @@ impl PartitionGroups {
     /// groups: each partition written and synced once for all of it.
     pub(crate) fn flush(&mut self) -> Moved {
         let mut moved = Vec::new();
+        self.flush_into(&mut moved);
+        moved
+    }
+
+    fn flush_into(&mut self, moved: &mut Moved) {
         for _ in 0..64 {
             if self.pending.is_empty() || self.failed.is_some() {
                 break;
@@ -324,12 +334,11 @@ impl PartitionGroups {
                 break;
             }
             match self.host.step(self.now, inputs) {
-                Ok(effects) => self.carry(effects, &mut moved),
+                Ok(effects) => self.carry(effects, moved),
                 Err(HostError::UnknownGroup(_)) => {}
                 Err(err) => self.fail(err),
             }
         }
-        moved
     }
 
     /// A request that came to a backup: the replica hears it (a quiet backup then
@@ -341,7 +350,7 @@ impl PartitionGroups {
             client: self.client_id,
             session: u64::MAX,
             request: 0,
-            body: Vec::new(),
+            body: bytes::Bytes::new(),
         };
         let mut moved = Vec::new();
         self.step(group, Input::Message(Message::Request(request)), &mut moved);
@@ -362,6 +371,8 @@ impl PartitionGroups {
                 tracing::warn!(peer = delivery.peer, %err, "a replica frame that does not decode");
             }
         }
+        // An answer (a register's, say) may have let queued produces go.
+        self.flush_into(&mut moved);
         moved
     }
 
@@ -390,14 +401,43 @@ impl PartitionGroups {
             }
         }
         self.resend_overdue(&mut moved);
+        if self.members > 1
+            && self
+                .now
+                .is_multiple_of((self.timing.view_change_ticks / 2).max(1))
+        {
+            self.send_quiet_heartbeats();
+        }
+        // Produces held back (the primary's view not yet on disk) go when they can.
+        for (group, client) in &self.clients {
+            if !client.queued.is_empty() {
+                self.pending.push(*group);
+            }
+        }
+        self.flush_into(&mut moved);
         moved
     }
 
-    /// Sends again what a primary has not answered for a while (it dropped a request
-    /// that came while its view was not yet durable, or its pipeline was full); the
-    /// group recognises a resent request, so it is prepared once.
+    /// Now and then, the commit of every quiescent group this shard leads to every
+    /// peer: a backup that a client woke (its primary may be gone) hears that it is
+    /// not, and sleeps again; one whose primary is gone hears nothing and replaces it.
+    fn send_quiet_heartbeats(&mut self) {
+        let Some(bus) = self.bus.as_mut() else {
+            return;
+        };
+        for (group, message) in self.host.quiet_heartbeats() {
+            for to in (0..self.members).filter(|m| *m != self.node) {
+                let _ = bus.send(to, wire::frame(group, &message));
+            }
+        }
+    }
+
+    /// Sends a register again if its answer is overdue (the primary dropped it while
+    /// its view was not yet durable), and fails, retriable, a request unanswered for
+    /// [`REQUEST_TICKS_MAX`].
     fn resend_overdue(&mut self, moved: &mut Moved) {
         let due = self.now.saturating_sub(self.timing.retry_ticks * 2);
+        let lost = self.now.saturating_sub(REQUEST_TICKS_MAX);
         let mut resend = Vec::new();
         for (group, client) in &mut self.clients {
             if client.registering.is_some_and(|at| at <= due) {
@@ -408,22 +448,22 @@ impl PartitionGroups {
                         client: self.client_id,
                         session: 0,
                         request: client.register_attempt,
-                        body: Vec::new(),
+                        body: bytes::Bytes::new(),
                     },
                 ));
             }
-            for (number, flight) in &mut client.in_flight {
-                if flight.sent_at <= due {
-                    flight.sent_at = self.now;
-                    resend.push((
-                        *group,
-                        Request {
-                            client: self.client_id,
-                            session: client.session,
-                            request: *number,
-                            body: flight.body.clone(),
-                        },
-                    ));
+            let overdue: Vec<u64> = client
+                .in_flight
+                .iter()
+                .filter(|(_, f)| f.sent_at <= lost)
+                .map(|(n, _)| *n)
+                .collect();
+            for number in overdue {
+                if let Some(flight) = client.in_flight.remove(&number) {
+                    let _ = flight.reply.send(Err(NodeError::new(
+                        ErrorCode::Busy,
+                        "the partition group did not answer in time; retry",
+                    )));
                 }
             }
         }
@@ -471,6 +511,9 @@ impl PartitionGroups {
             }
             return;
         }
+        // Only what the primary will prepare goes in (it drops a request while its view
+        // is not on disk or its pipeline is full); the rest waits for a later turn.
+        let takes = replica.takes_requests();
         let mut room =
             PIPELINE_MAX.saturating_sub(replica.op().saturating_sub(replica.commit_max()));
         let Some(client) = self.clients.get_mut(&group) else {
@@ -484,13 +527,13 @@ impl PartitionGroups {
                     client: self.client_id,
                     session: 0,
                     request: client.register_attempt,
-                    body: Vec::new(),
+                    body: bytes::Bytes::new(),
                 };
                 inputs.push((group, Input::Message(Message::Request(request))));
             }
             return;
         }
-        while room > 0 {
+        while takes && room > 0 {
             let Some((body, reply)) = client.queued.pop_front() else {
                 return;
             };
@@ -501,7 +544,6 @@ impl PartitionGroups {
                 number,
                 InFlight {
                     reply,
-                    body: body.clone(),
                     sent_at: self.now,
                 },
             );

@@ -30,11 +30,11 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use braid_proto::batch::{field, set_base_offset, set_partition_leader_epoch, HEADER_BYTES};
-use braid_proto::ValidatedBatch;
 use braid_storage::{LogConfig, LogError, PartitionLog};
 use braid_vsr::{checksum, Checksum, Header, JournalSlot, Operation, Prepare};
 
 use super::journal_file::{JournalError, JournalFile};
+use super::partition_machine::batch_records;
 use super::shard_host::{HostError, Journal};
 
 /// The header journal's file name in the partition directory.
@@ -129,9 +129,13 @@ impl PartitionJournal {
                         cut_from = Some(op);
                         break;
                     }
-                    Some((body, end)) if checksum(&body) == header.body_checksum => {
-                        (JournalSlot::Prepare(Prepare { header, body }), Some(end))
-                    }
+                    Some((body, end)) if checksum(&body) == header.body_checksum => (
+                        JournalSlot::Prepare(Prepare {
+                            header,
+                            body: body.into(),
+                        }),
+                        Some(end),
+                    ),
                     Some(_) => (JournalSlot::Damaged, None),
                 },
                 (_, slot) => (slot, None),
@@ -240,18 +244,18 @@ impl PartitionJournal {
 
     /// Appends `prepare` at `tip + 1`.
     fn append(&mut self, prepare: &Prepare, now_ms: u64) -> Result<(), PartitionJournalError> {
-        let batch = (prepare.header.operation == Operation::Request)
-            .then(|| ValidatedBatch::new(prepare.body.clone()).ok())
-            .flatten();
-        match batch {
-            Some(mut batch) => {
-                batch.set_partition_leader_epoch(prepare.header.view as i32);
-                let appended = self.log.append(batch, now_ms)?;
-                self.index
-                    .write_external(&prepare.header, appended.base_offset)?;
-            }
+        let is_batch = prepare.header.operation == Operation::Request
+            && batch_records(&prepare.body).is_some();
+        if is_batch {
+            // The shared body goes to the log as it is, bar its offset and epoch.
+            let appended =
+                self.log
+                    .append_shared(&prepare.body, prepare.header.view as i32, now_ms)?;
+            self.index
+                .write_external(&prepare.header, appended.base_offset)?;
+        } else {
             // A register, or a body that is not one batch: kept whole with its header.
-            None => self.index.write_prepare(prepare)?,
+            self.index.write_prepare(prepare)?;
         }
         self.tip = prepare.header.op;
         self.unsynced
@@ -352,7 +356,10 @@ impl PartitionJournal {
             Some(base) => Ok(self
                 .read_body(base)?
                 .filter(|(body, _)| checksum(body) == header.body_checksum)
-                .map(|(body, _)| Prepare { header, body })),
+                .map(|(body, _)| Prepare {
+                    header,
+                    body: body.into(),
+                })),
         }
     }
 

@@ -230,6 +230,12 @@ impl<S: StateMachine, J: Journal> ShardHost<S, J> {
             .collect()
     }
 
+    /// The commit heartbeats of the quiescent groups this host leads (see
+    /// `braid_vsr::Node::quiet_heartbeats`).
+    pub(crate) fn quiet_heartbeats(&self) -> Vec<(u64, Message)> {
+        self.node.quiet_heartbeats()
+    }
+
     /// A group's journal.
     pub(crate) fn journal_mut(&mut self, group: u64) -> Option<&mut J> {
         self.files.get_mut(&group).map(|f| &mut f.journal)

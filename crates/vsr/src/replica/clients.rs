@@ -8,11 +8,14 @@ impl<S: StateMachine> Replica<S> {
         if !self.is_primary() || !self.view_durable() {
             // A client that came to a backup could not reach the primary: if this
             // replica was quiescent, it starts watching the primary again.
-            if self.status() == Status::Normal
-                && self.deadlines[Timer::ViewChange as usize].is_none()
-            {
-                let timeout = self.view_change_timeout();
-                self.arm(Timer::ViewChange, timeout);
+            if self.status() == Status::Normal && !self.is_primary() {
+                // Awake until the primary is heard from: a quiescence at the end of
+                // this step must not drop the timer that replaces a dead one.
+                self.watching = true;
+                if self.deadlines[Timer::ViewChange as usize].is_none() {
+                    let timeout = self.view_change_timeout();
+                    self.arm(Timer::ViewChange, timeout);
+                }
             }
             return;
         }
@@ -77,7 +80,7 @@ impl<S: StateMachine> Replica<S> {
         }
         let body = match operation {
             // A register's body names the client, so its retry is recognised above.
-            Operation::Register => request.client.to_be_bytes().to_vec(),
+            Operation::Register => bytes::Bytes::copy_from_slice(&request.client.to_be_bytes()),
             _ => request.body,
         };
         let Some(parent) = self.journal.get(&self.op).map(|e| e.header.checksum) else {

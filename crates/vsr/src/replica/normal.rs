@@ -61,6 +61,7 @@ impl<S: StateMachine> Replica<S> {
         if self.is_primary() {
             return;
         }
+        self.watching = false;
         self.arm(Timer::ViewChange, self.config.view_change_ticks * 2);
         match self.journal.get(&header.op) {
             Some(entry) if entry.header.checksum == header.checksum && entry.durable => {
@@ -245,6 +246,7 @@ impl<S: StateMachine> Replica<S> {
         if self.ignore_commit(view) {
             return;
         }
+        self.watching = false;
         self.arm(Timer::ViewChange, self.config.view_change_ticks * 2);
         self.heard_commit = self.heard_commit.max(commit);
         if commit > self.commit_max {

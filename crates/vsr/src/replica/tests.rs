@@ -66,7 +66,7 @@ impl Harness {
             client: 7,
             session,
             request,
-            body: body.to_vec(),
+            body: bytes::Bytes::copy_from_slice(body),
         });
         self.input(to, Input::Message(message));
     }
@@ -281,7 +281,9 @@ fn a_damaged_prepare_is_refused_and_counted() {
     let mut damaged = 0;
     for (_, _, message) in &mut h.messages {
         if let Message::Prepare(prepare) = message {
-            prepare.body[0] ^= 1;
+            let mut body = prepare.body.to_vec();
+            body[0] ^= 1;
+            prepare.body = body.into();
             damaged += 1;
         }
     }

@@ -23,6 +23,7 @@ impl<S: StateMachine> Replica<S> {
     /// times; a backup has heard that commit reach its op.
     pub(super) fn may_quiesce(&self) -> bool {
         self.config.quiesce
+            && !self.watching
             && self.is_idle()
             && if self.is_primary() {
                 self.idle_heartbeats >= QUIET_AFTER_HEARTBEATS

@@ -31,6 +31,7 @@ impl<S: StateMachine> Replica<S> {
         let commit = self.commit_max;
         self.wanted.retain(|op, _| *op <= commit);
         self.deadlines = [None; TIMERS];
+        self.watching = false;
         let timeout = self.view_change_timeout();
         self.arm(Timer::ViewChange, timeout);
         self.arm(Timer::Retry, self.config.retry_ticks);
@@ -292,7 +293,7 @@ impl<S: StateMachine> Replica<S> {
             .unwrap_or(0)
             .max(self.commit_max);
         // Every header any vote (or this journal) offers, by checksum, with a body if any.
-        let mut pool: BTreeMap<Checksum, (Header, Option<Vec<u8>>)> = BTreeMap::new();
+        let mut pool: BTreeMap<Checksum, (Header, Option<bytes::Bytes>)> = BTreeMap::new();
         let offered = votes
             .values()
             .flat_map(|v| v.suffix.iter().map(|e| (e.header, e.body.clone())))
@@ -355,7 +356,7 @@ impl<S: StateMachine> Replica<S> {
                 return false;
             };
             // Walk the chain down.
-            let mut canonical: BTreeMap<u64, (Header, Option<Vec<u8>>)> = BTreeMap::new();
+            let mut canonical: BTreeMap<u64, (Header, Option<bytes::Bytes>)> = BTreeMap::new();
             let mut expected = top.checksum;
             let mut op = top.op;
             let mut hole = None;

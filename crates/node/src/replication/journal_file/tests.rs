@@ -19,7 +19,7 @@ fn prepare(op: u64, view: u64, parent: braid_vsr::Checksum, body: &[u8]) -> Prep
     .seal();
     Prepare {
         header,
-        body: body.to_vec(),
+        body: body.to_vec().into(),
     }
 }
 

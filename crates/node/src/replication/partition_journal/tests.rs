@@ -1,5 +1,5 @@
 use super::*;
-use braid_proto::BatchBuilder;
+use braid_proto::{BatchBuilder, ValidatedBatch};
 use braid_storage::disk::hook;
 
 /// A batch of `n` records whose values name `tag`.
@@ -16,7 +16,14 @@ fn batch(tag: &str, n: usize) -> Vec<u8> {
     canonical(builder.finish())
 }
 
-fn prepare(op: u64, view: u64, parent: Checksum, operation: Operation, body: Vec<u8>) -> Prepare {
+fn prepare(
+    op: u64,
+    view: u64,
+    parent: Checksum,
+    operation: Operation,
+    body: impl Into<bytes::Bytes>,
+) -> Prepare {
+    let body = body.into();
     let header = Header {
         group: 7,
         view,
@@ -103,7 +110,7 @@ fn batch_bodies(prepares: &[Prepare]) -> Vec<Vec<u8>> {
     prepares
         .iter()
         .filter(|p| p.header.operation == Operation::Request)
-        .map(|p| p.body.clone())
+        .map(|p| p.body.to_vec())
         .collect()
 }
 

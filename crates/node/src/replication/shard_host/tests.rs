@@ -22,7 +22,7 @@ impl MetaClient {
             client: id,
             session: 0,
             request: 1,
-            body: Vec::new(),
+            body: bytes::Bytes::new(),
         });
         (client, message)
     }
@@ -34,7 +34,7 @@ impl MetaClient {
             client: self.id,
             session: self.session,
             request,
-            body: MetadataMachine::input(std::slice::from_ref(op)),
+            body: MetadataMachine::input(std::slice::from_ref(op)).into(),
         })
     }
 }
@@ -374,7 +374,7 @@ fn many_groups_share_each_hosts_turns_and_agree_through_a_restart() {
                 client: group + 100,
                 session: sessions[group as usize],
                 request: round + 1,
-                body: MetadataMachine::input(&[stream(&format!("g{group}r{round}"))]),
+                body: MetadataMachine::input(&[stream(&format!("g{group}r{round}"))]).into(),
             });
             requests.push((primary_of(&hosts, group), group, message));
         }
