@@ -155,6 +155,9 @@ pub struct SimConfig {
     pub checkpoint_interval: u64,
     /// Replicas drop timers and compact their journals while idle.
     pub quiesce: bool,
+    /// Replicas drop the bodies of applied ops from memory at once (the partition
+    /// groups' setting), serving them from disk.
+    pub compact_committed: bool,
     /// Clients resend an operation whose outcome is unknown under a new session after
     /// theirs was evicted (breaking the client-table rule; the model must catch the
     /// double execution this allows).
@@ -201,6 +204,8 @@ impl SimConfig {
             quiesce: prng.chance(50),
             journal_fsync: prng.chance(50),
             resend_after_eviction: false,
+            // Drawn last, so every earlier setting of a seed is what it was before.
+            compact_committed: prng.chance(50),
         }
     }
 }

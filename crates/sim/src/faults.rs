@@ -265,6 +265,7 @@ impl Simulation {
         config.checkpoint_interval = self.config.checkpoint_interval;
         config.journal_keep = self.config.checkpoint_interval;
         config.quiesce = self.config.quiesce;
+        config.compact_committed = self.config.compact_committed;
         let read = node.disk.read_back();
         let state = match read.state {
             Ok(state) => state,

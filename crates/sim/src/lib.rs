@@ -142,6 +142,7 @@ impl Simulation {
                 vsr.checkpoint_interval = config.checkpoint_interval;
                 vsr.journal_keep = config.checkpoint_interval;
                 vsr.quiesce = config.quiesce;
+                vsr.compact_committed = config.compact_committed;
                 match Replica::new(vsr, CounterMachine::default()) {
                     Ok(started) => {
                         if let Some(server) = servers.get_mut(&replica) {

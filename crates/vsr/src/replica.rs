@@ -59,6 +59,11 @@ pub struct Config {
     /// then cost little and wake only on a message. Bodies dropped are served from the
     /// journal on disk ([`Output::SendFromJournal`]).
     pub quiesce: bool,
+    /// Drop each entry's body from memory once a later op is applied (the shell's
+    /// journal on disk serves it, as for quiescence): a group whose bodies are large
+    /// (a partition's record batches) then holds only its uncommitted ops in memory,
+    /// whatever its checkpoint interval.
+    pub compact_committed: bool,
 }
 
 impl Config {
@@ -77,6 +82,7 @@ impl Config {
             retry_ticks: 15,
             seed,
             quiesce: false,
+            compact_committed: false,
         }
     }
 

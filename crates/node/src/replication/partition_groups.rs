@@ -197,8 +197,12 @@ impl PartitionGroups {
         };
         let config = Config {
             pipeline_max: PIPELINE_MAX,
-            checkpoint_interval: 32,
-            journal_keep: 64,
+            // A checkpoint is the next offset and the client table, and the bodies of
+            // applied ops leave memory at once: checkpoints (and the durable-state
+            // writes paced by them) can be rare.
+            checkpoint_interval: 1_024,
+            journal_keep: 1_024,
+            compact_committed: true,
             sessions_max: 8,
             heartbeat_ticks: self.timing.heartbeat_ticks,
             view_change_ticks: self.timing.view_change_ticks,

@@ -373,6 +373,14 @@ impl<S: StateMachine> Replica<S> {
                 self.take_checkpoint(out);
             }
         }
+        if applied_any && self.config.compact_committed && self.commit_min > self.compacted_through
+        {
+            // Every applied op is on the shell's disk: keep the newest as the anchor
+            // the next prepare chains to, and serve the rest from disk.
+            let anchor = self.commit_min;
+            self.journal.retain(|op, _| *op >= anchor);
+            self.compacted_through = anchor;
+        }
         if applied_any
             && self.durable.commit + self.config.checkpoint_interval / 2 <= self.commit_max
         {
