@@ -80,6 +80,12 @@ pub(crate) enum Control {
         deliveries: mpsc::UnboundedReceiver<braid_bus::Delivery>,
         sender: braid_bus::ShardSender,
     },
+    /// A partition journal's sync job finished (both of its files).
+    GroupSynced {
+        group: u64,
+        job: u64,
+        result: Result<(), braid_storage::SyncError>,
+    },
     /// Answered once every control sent before it is handled: a metadata reply waits
     /// on it so the layout published before it is in place on every shard.
     Barrier(oneshot::Sender<()>),
@@ -96,6 +102,9 @@ pub(crate) struct NodeShared {
     pub(crate) inboxes: Vec<mpsc::Sender<ShardRequest>>,
     pub(crate) controls: Vec<mpsc::UnboundedSender<Control>>,
     pub(crate) metrics: Vec<Arc<ShardMetrics>>,
+    /// Runs the partition journals' syncs under `fsync = always` off the shards, many
+    /// appends to one file per `fdatasync` (group commit).
+    pub(crate) syncer: Arc<braid_storage::Syncer>,
     /// Buffers fetches read into, handed back once the answer is written.
     pub(crate) read_buffers: crate::buffers::ReadBuffers,
     /// Fetch-response bytes in flight over the node (`fetch_bytes_max`).

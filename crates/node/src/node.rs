@@ -165,6 +165,7 @@ impl Node {
             inboxes,
             controls,
             metrics: metrics.clone(),
+            syncer: Arc::new(braid_storage::Syncer::start("braid-sync")?),
             read_buffers: crate::buffers::ReadBuffers::default(),
             fetch_bytes: Arc::new(tokio::sync::Semaphore::new(fetch_bytes_permits)),
             connections: std::sync::atomic::AtomicUsize::new(0),

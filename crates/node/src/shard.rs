@@ -74,9 +74,13 @@ impl Shard {
         groups: crate::replication::partition_groups::Opening,
     ) -> Result<Self, String> {
         let capacity = shared.config.open_logs_per_shard;
-        let groups = groups
+        let mut groups = groups
             .open(id)
             .map_err(|e| format!("partition groups: {e}"))?;
+        groups.sync_through(crate::replication::partition_groups::SyncLink {
+            syncer: Arc::clone(&shared.syncer),
+            done: shared.controls[id].clone(),
+        });
         Ok(Self {
             id,
             shared,
@@ -468,6 +472,10 @@ impl Shard {
                 if let Some(done) = done {
                     let _ = done.send(result);
                 }
+            }
+            Control::GroupSynced { group, job, result } => {
+                let moved = self.groups.on_synced(group, job, result);
+                self.apply_moved(moved);
             }
             Control::Bus { deliveries, sender } => {
                 self.groups.attach_bus(sender);

@@ -22,6 +22,7 @@ fn quiet(seed: u64, replica_count: u8, groups: u64) -> SimConfig {
         quiesce: false,
         journal_fsync: true,
         resend_after_eviction: false,
+        compact_committed: false,
     }
 }
 

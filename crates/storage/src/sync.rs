@@ -31,6 +31,20 @@ pub struct SyncRequest {
 }
 
 impl SyncRequest {
+    /// A request that syncs `file` (at `path`), a file beside the log (a replication
+    /// journal); it carries no log position, so it is never given to
+    /// [`crate::PartitionLog::on_synced`].
+    pub fn for_file(file: Arc<File>, path: Arc<std::path::Path>) -> Self {
+        Self {
+            file,
+            path,
+            next_offset: 0,
+            generation: u64::MAX,
+            segment_base: 0,
+            position: 0,
+        }
+    }
+
     /// Runs the sync on the calling thread.
     ///
     /// # Errors

@@ -101,7 +101,7 @@ enum Entry {
 #[derive(Debug)]
 pub(crate) struct JournalFile {
     path: PathBuf,
-    file: File,
+    file: std::sync::Arc<File>,
     len: u64,
     entries: BTreeMap<u64, Entry>,
     /// Entries at or below this op were pruned.
@@ -357,7 +357,7 @@ impl JournalFile {
             .collect();
         let journal = Self {
             path: path.to_owned(),
-            file,
+            file: std::sync::Arc::new(file),
             len: at as u64,
             entries,
             pruned_through: pruned.0,
@@ -543,9 +543,38 @@ impl JournalFile {
         disk::rename(&tmp, &self.path).map_err(io(&self.path))?;
         let dir = self.path.parent().unwrap_or(Path::new("."));
         disk::sync_dir(dir).map_err(io(dir))?;
-        self.file = file;
+        self.file = std::sync::Arc::new(file);
         self.len = bytes.len() as u64;
         Ok(())
+    }
+
+    /// A request that syncs the file on another thread (the syncer): it makes every
+    /// write made so far durable.
+    pub(crate) fn sync_request(&self) -> braid_storage::SyncRequest {
+        braid_storage::SyncRequest::for_file(
+            std::sync::Arc::clone(&self.file),
+            std::sync::Arc::from(self.path.as_path()),
+        )
+    }
+
+    /// Rewrites the file with its live entries if it has grown past
+    /// [`COMPACT_BYTES`] (for a holder that syncs through [`JournalFile::sync_request`]).
+    ///
+    /// # Errors
+    /// An IO error poisons the journal.
+    pub(crate) fn compact_if_large(&mut self) -> Result<(), JournalError> {
+        if self.len > COMPACT_BYTES {
+            if let Err(err) = self.compact() {
+                self.poisoned = true;
+                return Err(err);
+            }
+        }
+        Ok(())
+    }
+
+    /// Poisons the journal after a sync that failed elsewhere.
+    pub(crate) fn poison(&mut self) {
+        self.poisoned = true;
     }
 }
 

@@ -141,7 +141,15 @@ pub(crate) struct PartitionGroups {
     timing: Timing,
     now: u64,
     bus: Option<ShardSender>,
+    sync: Option<SyncLink>,
     failed: Option<String>,
+}
+
+/// Where sync jobs run and where their completions come back.
+#[derive(Debug, Clone)]
+pub(crate) struct SyncLink {
+    pub(crate) syncer: std::sync::Arc<braid_storage::Syncer>,
+    pub(crate) done: tokio::sync::mpsc::UnboundedSender<crate::mailbox::Control>,
 }
 
 impl PartitionGroups {
@@ -167,8 +175,15 @@ impl PartitionGroups {
             timing,
             now: 0,
             bus: None,
+            sync: None,
             failed: None,
         })
+    }
+
+    /// Runs journal syncs under `fsync = always` on `link`'s syncer from now on (for
+    /// partitions added after this call).
+    pub(crate) fn sync_through(&mut self, link: SyncLink) {
+        self.sync = Some(link);
     }
 
     /// Sends through `bus` from now on.
@@ -189,7 +204,10 @@ impl PartitionGroups {
         now_ms: u64,
     ) -> Result<u64, HostError> {
         let group = group_of(key);
-        let (journal, recovered) = PartitionJournal::open(dir, log_config, now_ms)?;
+        let (mut journal, recovered) = PartitionJournal::open(dir, log_config, now_ms)?;
+        if self.sync.is_some() {
+            journal.sync_off_thread();
+        }
         let opened = Opened {
             slots: recovered.slots,
             damaged: recovered.damaged || (recovered.log_behind && self.members == 1),
@@ -561,7 +579,88 @@ impl PartitionGroups {
         }
     }
 
+    /// Starts the sync job of `group`'s journal on the syncer.
+    fn start_sync(&mut self, group: u64) {
+        let Some(link) = self.sync.clone() else {
+            return;
+        };
+        let Some(journal) = self.host.journal_mut(group) else {
+            return;
+        };
+        let job = match journal.start_sync() {
+            Ok(Some(job)) => job,
+            Ok(None) => return,
+            Err(err) => {
+                self.fail(err.into());
+                return;
+            }
+        };
+        let remaining =
+            std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(job.requests.len()));
+        let failure = std::sync::Arc::new(std::sync::Mutex::new(None));
+        let id = job.id;
+        for request in job.requests {
+            let (remaining, failure, done) = (
+                std::sync::Arc::clone(&remaining),
+                std::sync::Arc::clone(&failure),
+                link.done.clone(),
+            );
+            link.syncer.submit(request, move |_, result| {
+                if let (Err(err), Ok(mut slot)) = (result, failure.lock()) {
+                    slot.get_or_insert(err);
+                }
+                if remaining.fetch_sub(1, std::sync::atomic::Ordering::AcqRel) == 1 {
+                    let result = match failure.lock() {
+                        Ok(mut slot) => slot.take().map_or(Ok(()), Err),
+                        Err(_) => Err(braid_storage::SyncError {
+                            kind: std::io::ErrorKind::Other,
+                            message: "a sync callback panicked".into(),
+                        }),
+                    };
+                    let _ = done.send(crate::mailbox::Control::GroupSynced {
+                        group,
+                        job: id,
+                        result,
+                    });
+                }
+            });
+        }
+    }
+
+    /// A sync job finished: the replica hears which of its writes are durable.
+    pub(crate) fn on_synced(
+        &mut self,
+        group: u64,
+        job: u64,
+        result: Result<(), braid_storage::SyncError>,
+    ) -> Moved {
+        let mut moved = Vec::new();
+        let Some(journal) = self.host.journal_mut(group) else {
+            return moved;
+        };
+        match journal.finish_sync(job, result) {
+            Ok(written) if written.is_empty() => {}
+            Ok(written) => {
+                let inputs = written
+                    .into_iter()
+                    .map(|(op, checksum)| (group, Input::JournalWritten { op, checksum }))
+                    .collect();
+                match self.host.step(self.now, inputs) {
+                    Ok(effects) => self.carry(effects, &mut moved),
+                    Err(HostError::UnknownGroup(_)) => {}
+                    Err(err) => self.fail(err),
+                }
+            }
+            Err(err) => self.fail(err.into()),
+        }
+        self.flush_into(&mut moved);
+        moved
+    }
+
     fn carry(&mut self, effects: Effects, moved: &mut Moved) {
+        for group in &effects.unsynced {
+            self.start_sync(*group);
+        }
         for (group, to, message) in effects.sends {
             if let Some(bus) = self.bus.as_mut() {
                 // A full or down link drops the frame: consensus retransmits.

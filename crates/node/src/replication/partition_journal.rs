@@ -48,6 +48,24 @@ pub(crate) enum PartitionJournalError {
     Journal(#[from] JournalError),
     #[error("partition log: {0}")]
     Log(#[from] LogError),
+    #[error("partition journal sync: {0}")]
+    Sync(#[from] braid_storage::SyncError),
+}
+
+/// A sync of a partition's journal for another thread (the syncer) to run: the log's
+/// active segment and the header journal. Once both are done,
+/// [`PartitionJournal::finish_sync`] says which ops it made durable.
+#[derive(Debug)]
+pub(crate) struct SyncJob {
+    pub(crate) id: u64,
+    pub(crate) requests: Vec<braid_storage::SyncRequest>,
+}
+
+/// A sync that runs elsewhere: the ops it will report, and the log's request.
+#[derive(Debug)]
+struct RunningSync {
+    ops: Vec<(u64, Checksum)>,
+    log: Option<braid_storage::SyncRequest>,
 }
 
 /// What opening found.
@@ -85,6 +103,16 @@ pub(crate) struct PartitionJournal {
     tip: u64,
     /// Ops written since the last sync: reported written after it.
     unsynced: Vec<(u64, Checksum)>,
+    /// Syncs run on another thread ([`PartitionJournal::start_sync`]) instead of in
+    /// [`PartitionJournal::sync`].
+    off_thread: bool,
+    /// Syncs running elsewhere, by id.
+    running: BTreeMap<u64, RunningSync>,
+    next_sync: u64,
+    /// Cuts made while syncs ran: (the first sync id started after it, the op cut
+    /// above). A sync started before a cut reports none of the ops above it: their
+    /// entries are gone, or were written again after that sync began.
+    cuts: Vec<(u64, u64)>,
 }
 
 /// The first batch of `bytes` (a read returns whole batches).
@@ -113,6 +141,10 @@ impl PartitionJournal {
             pending: BTreeMap::new(),
             tip: pruned,
             unsynced: Vec::new(),
+            off_thread: false,
+            running: BTreeMap::new(),
+            next_sync: 0,
+            cuts: Vec::new(),
         };
         let external: BTreeMap<u64, u64> = found.external.iter().copied().collect();
         let mut slots = Vec::with_capacity(found.slots.len());
@@ -296,6 +328,7 @@ impl PartitionJournal {
     /// A write or the log's truncation failed.
     pub(crate) fn truncate(&mut self, op: u64) -> Result<(), PartitionJournalError> {
         self.pending.retain(|o, _| *o <= op);
+        self.note_cut(op);
         if op < self.tip {
             self.cut_above(op)
         } else {
@@ -304,8 +337,16 @@ impl PartitionJournal {
         }
     }
 
+    /// Remembers a cut above `op` for the syncs running now.
+    fn note_cut(&mut self, op: u64) {
+        if !self.running.is_empty() {
+            self.cuts.push((self.next_sync, op));
+        }
+    }
+
     /// Cuts the index and the log back to `op` (`op < tip`).
     fn cut_above(&mut self, op: u64) -> Result<(), PartitionJournalError> {
+        self.note_cut(op);
         let first_cut = self.index.next_external(op);
         self.index.truncate(op)?;
         if let Some((_, base)) = first_cut {
@@ -373,11 +414,87 @@ impl PartitionJournal {
     /// A sync failed: the journal is poisoned and nothing more is reported.
     pub(crate) fn sync(&mut self) -> Result<Vec<(u64, Checksum)>, PartitionJournalError> {
         if self.trusted() {
+            if self.off_thread {
+                // Reported by `finish_sync` once `start_sync`'s job has run.
+                return Ok(Vec::new());
+            }
             self.sync_now()?;
         } else {
             drop(self.index.take_unsynced());
         }
         Ok(std::mem::take(&mut self.unsynced))
+    }
+
+    /// From now on, syncs under `fsync = always` run on another thread: the shard goes
+    /// on appending while they run, and one sync covers every append before it.
+    pub(crate) fn sync_off_thread(&mut self) {
+        self.off_thread = true;
+    }
+
+    /// Whether writes wait for a sync job.
+    pub(crate) fn has_unsynced(&self) -> bool {
+        self.off_thread && self.trusted() && !self.unsynced.is_empty()
+    }
+
+    /// A job that makes the writes so far durable, for the syncer.
+    ///
+    /// # Errors
+    /// The log is poisoned, or the header journal's compaction failed.
+    pub(crate) fn start_sync(&mut self) -> Result<Option<SyncJob>, PartitionJournalError> {
+        if self.unsynced.is_empty() {
+            return Ok(None);
+        }
+        self.index.compact_if_large()?;
+        drop(self.index.take_unsynced());
+        let log = self.log.sync_request()?;
+        let id = self.next_sync;
+        self.next_sync += 1;
+        let mut requests = vec![self.index.sync_request()];
+        requests.extend(log.clone());
+        self.running.insert(
+            id,
+            RunningSync {
+                ops: std::mem::take(&mut self.unsynced),
+                log,
+            },
+        );
+        Ok(Some(SyncJob { id, requests }))
+    }
+
+    /// Takes the result of sync job `id` (both of its files); returns the ops it made
+    /// durable, to report written.
+    ///
+    /// # Errors
+    /// The sync failed: the journal and the log are poisoned.
+    pub(crate) fn finish_sync(
+        &mut self,
+        id: u64,
+        result: Result<(), braid_storage::SyncError>,
+    ) -> Result<Vec<(u64, Checksum)>, PartitionJournalError> {
+        let Some(done) = self.running.remove(&id) else {
+            return Ok(Vec::new());
+        };
+        if let Some(request) = &done.log {
+            self.log.on_synced(request, result.clone());
+        }
+        if let Err(err) = result {
+            self.index.poison();
+            return Err(err.into());
+        }
+        let cuts = &self.cuts;
+        let ops = done
+            .ops
+            .into_iter()
+            .filter(|(op, _)| !cuts.iter().any(|(after, cut)| id < *after && op > cut))
+            .collect();
+        let oldest = self
+            .running
+            .keys()
+            .next()
+            .copied()
+            .unwrap_or(self.next_sync);
+        self.cuts.retain(|(after, _)| *after > oldest);
+        Ok(ops)
     }
 
     /// Syncs the log, then the header journal.
@@ -428,6 +545,9 @@ impl Journal for PartitionJournal {
     }
     fn sync(&mut self) -> Result<Vec<(u64, Checksum)>, HostError> {
         Ok(PartitionJournal::sync(self)?)
+    }
+    fn has_unsynced(&self) -> bool {
+        PartitionJournal::has_unsynced(self)
     }
 }
 

@@ -47,6 +47,11 @@ pub(crate) trait Journal {
     /// Makes the writes so far durable as the group's policy says; returns the ops
     /// to report written.
     fn sync(&mut self) -> Result<Vec<(u64, Checksum)>, HostError>;
+    /// Whether writes wait for a sync that runs elsewhere (reported later through
+    /// [`ShardHost::step`] with `JournalWritten` inputs).
+    fn has_unsynced(&self) -> bool {
+        false
+    }
 }
 
 /// What a journal held at open.
@@ -110,6 +115,8 @@ pub(crate) struct Effects {
     pub(crate) replies: Vec<(u64, Reply)>,
     /// Ops applied, by group and in order, with their results (for observers).
     pub(crate) applied: Vec<(u64, u64, Result<Vec<u8>, braid_vsr::Refusal>)>,
+    /// Groups whose journal writes wait for a sync the caller runs elsewhere.
+    pub(crate) unsynced: Vec<u64>,
 }
 
 /// One group's files.
@@ -325,6 +332,9 @@ impl<S: StateMachine, J: Journal> ShardHost<S, J> {
                 if let Some(files) = self.files.get_mut(&group) {
                     for (op, checksum) in files.journal.sync()? {
                         written.push((group, Input::JournalWritten { op, checksum }));
+                    }
+                    if files.journal.has_unsynced() && !effects.unsynced.contains(&group) {
+                        effects.unsynced.push(group);
                     }
                 }
             }

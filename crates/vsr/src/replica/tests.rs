@@ -20,12 +20,16 @@ struct Harness {
 
 impl Harness {
     fn new(replica_count: u8) -> Self {
+        Self::with(replica_count, |_| {})
+    }
+
+    /// Replicas whose configs `adjust` changes first.
+    fn with(replica_count: u8, adjust: impl Fn(&mut Config)) -> Self {
         let replicas = (0..replica_count)
             .map(|r| {
-                Replica::new(
-                    Config::new(0, r, replica_count, 9),
-                    CounterMachine::default(),
-                )
+                let mut config = Config::new(0, r, replica_count, 9);
+                adjust(&mut config);
+                Replica::new(config, CounterMachine::default())
             })
             .collect::<Result<Vec<_>, _>>()
             .unwrap();
@@ -338,6 +342,38 @@ fn a_request_runs_once_and_its_retry_gets_the_same_reply() {
             "replica {r} ran it once"
         );
     }
+}
+
+/// A quiescent group keeps no timer, so it only learns its primary died when a client
+/// comes to a backup: that backup must stay awake until a view change (the quiescence
+/// at the end of the same step once dropped the timer it had just armed).
+#[test]
+fn a_backup_a_client_woke_replaces_a_dead_quiescent_primary() {
+    let mut h = Harness::with(3, |c| c.quiesce = true);
+    h.request(0, 0, 1, b"");
+    h.settle(50);
+    let session = u64::from_be_bytes(h.replies.pop().unwrap().result.unwrap().try_into().unwrap());
+    h.request(0, session, 1, b"k=1");
+    let quiet = h.run_until(
+        2_000,
+        |_, _, _| true,
+        |h| (0..3).all(|r| h.replica(r).next_deadline().is_none()),
+    );
+    assert!(quiet, "the idle group went quiet");
+    // Replica 0 dies; nobody notices until a client asks replica 1.
+    let nothing = h.run_until(
+        500,
+        |from, to, _| from != 0 && to != 0,
+        |h| h.replica(1).view() > 0,
+    );
+    assert!(!nothing, "a quiet group does not move on its own");
+    h.request(1, session, 2, b"k=1");
+    let elected = h.run_until(
+        2_000,
+        |from, to, _| from != 0 && to != 0,
+        |h| (1..3).any(|r| h.replica(r).is_primary()),
+    );
+    assert!(elected, "the woken backup led the group to a new view");
 }
 
 #[test]

@@ -405,3 +405,77 @@ fn every_crash_state_reopens_to_a_synced_state_or_a_later_one() {
         });
     assert!(checked > 30, "{checked} crash states");
 }
+
+/// Off the shard: a sync reports only what was written before it began, and none of
+/// the ops a cut made while it ran removed (their entries are gone or newer than it).
+#[test]
+fn an_off_thread_sync_reports_what_it_covers_and_nothing_a_later_cut_removed() {
+    let dir = tempfile::tempdir().unwrap();
+    let ops = chain(6, 1, "a");
+    let (mut journal, _) = open(dir.path());
+    journal.sync_off_thread();
+    for p in &ops[..5] {
+        journal.write_prepare(p, 0).unwrap();
+    }
+    assert!(
+        journal.sync().unwrap().is_empty(),
+        "reported by the job, not inline"
+    );
+    assert!(journal.has_unsynced());
+    let first = journal.start_sync().unwrap().unwrap();
+    assert!(!journal.has_unsynced());
+    // While it runs, a new view replaces op 4 (and so cuts 5).
+    let replaced = prepare(
+        4,
+        2,
+        ops[2].header.checksum,
+        Operation::Request,
+        batch("b", 1),
+    );
+    journal.write_prepare(&replaced, 0).unwrap();
+    for request in &first.requests {
+        request.run().unwrap();
+    }
+    let reported: Vec<u64> = journal
+        .finish_sync(first.id, Ok(()))
+        .unwrap()
+        .iter()
+        .map(|w| w.0)
+        .collect();
+    assert_eq!(reported, vec![1, 2, 3], "4 and 5 were cut while it ran");
+    let second = journal.start_sync().unwrap().unwrap();
+    for request in &second.requests {
+        request.run().unwrap();
+    }
+    let reported = journal.finish_sync(second.id, Ok(())).unwrap();
+    assert_eq!(reported, vec![(4, replaced.header.checksum)]);
+    // A failed sync reports nothing and poisons the journal.
+    journal
+        .write_prepare(
+            &prepare(
+                5,
+                2,
+                replaced.header.checksum,
+                Operation::Request,
+                batch("c", 1),
+            ),
+            0,
+        )
+        .unwrap();
+    let third = journal.start_sync().unwrap().unwrap();
+    let failed = braid_storage::SyncError {
+        kind: std::io::ErrorKind::Other,
+        message: "the disk said no".into(),
+    };
+    assert!(journal.finish_sync(third.id, Err(failed)).is_err());
+    assert!(journal.log().poisoned().is_some());
+    drop(journal);
+    let (_, recovered) = open(dir.path());
+    let mut expected = ops[..3].to_vec();
+    expected.push(replaced);
+    assert_eq!(
+        prepares(&recovered)[..4],
+        expected[..],
+        "what was reported is there"
+    );
+}
