@@ -197,7 +197,7 @@ pub(crate) fn render(shards: &[Arc<ShardMetrics>]) -> String {
     metric(
         "braid_fsync_requests_total",
         "counter",
-        "Sync requests sent to the sync thread.",
+        "Partition journal syncs sent to the sync thread (fsync = always).",
         sum(&|s| &s.fsyncs_requested),
     );
     metric(

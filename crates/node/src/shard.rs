@@ -502,6 +502,8 @@ impl Shard {
         self.groups.sync_due(&due, now);
         let moved = self.groups.tick();
         self.apply_moved(moved);
+        let syncs = self.groups.take_syncs_started();
+        add(&self.metrics().fsyncs_requested, syncs);
         self.ticks += 1;
         if self.ticks.is_multiple_of(PRIMARIES_EVERY_TICKS) {
             for (key, partition) in &self.partitions {

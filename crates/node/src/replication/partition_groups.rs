@@ -142,6 +142,8 @@ pub(crate) struct PartitionGroups {
     now: u64,
     bus: Option<ShardSender>,
     sync: Option<SyncLink>,
+    /// Sync jobs handed to the syncer since the last [`PartitionGroups::take_syncs_started`].
+    syncs_started: u64,
     failed: Option<String>,
 }
 
@@ -176,8 +178,14 @@ impl PartitionGroups {
             now: 0,
             bus: None,
             sync: None,
+            syncs_started: 0,
             failed: None,
         })
+    }
+
+    /// Sync jobs handed to the syncer since the last call (for the metrics).
+    pub(crate) fn take_syncs_started(&mut self) -> u64 {
+        std::mem::take(&mut self.syncs_started)
     }
 
     /// Runs journal syncs under `fsync = always` on `link`'s syncer from now on (for
@@ -599,6 +607,7 @@ impl PartitionGroups {
             std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(job.requests.len()));
         let failure = std::sync::Arc::new(std::sync::Mutex::new(None));
         let id = job.id;
+        self.syncs_started += 1;
         for request in job.requests {
             let (remaining, failure, done) = (
                 std::sync::Arc::clone(&remaining),
