@@ -25,6 +25,22 @@ use crate::metadata::MetaOp;
 /// Most ops in one request.
 const BATCH_OPS_MAX: usize = 256;
 
+/// The client id of member `node` in this process: the member in the high byte (plus
+/// one), a random nonce below it.
+pub(crate) fn client_id(node: u8, nonce: u64) -> u64 {
+    (u64::from(node) + 1) << 56 | (nonce & ((1 << 56) - 1))
+}
+
+/// The request that registers `client`'s session (attempt `attempt`).
+pub(crate) fn register_request(client: u64, attempt: u64) -> Request {
+    Request {
+        client,
+        session: 0,
+        request: attempt,
+        body: bytes::Bytes::new(),
+    }
+}
+
 /// The node that sent a request with `client`, if the id is a node's.
 pub(crate) fn node_of_client(client: u64) -> Option<u8> {
     let high = (client >> 56) as u8;
@@ -64,7 +80,7 @@ impl<T> MetaClient<T> {
     /// A client for member `node`, unique to this process by `nonce`.
     pub(crate) fn new(node: u8, nonce: u64, retry_ticks: u64) -> Self {
         Self {
-            client: (u64::from(node) + 1) << 56 | (nonce & ((1 << 56) - 1)),
+            client: client_id(node, nonce),
             session: 0,
             register_attempt: 0,
             next_request: 1,
@@ -105,12 +121,7 @@ impl<T> MetaClient<T> {
         }
         let (request, ops, tokens) = if self.session == 0 {
             self.register_attempt += 1;
-            let request = Request {
-                client: self.client,
-                session: 0,
-                request: self.register_attempt,
-                body: bytes::Bytes::new(),
-            };
+            let request = register_request(self.client, self.register_attempt);
             (request, Vec::new(), Vec::new())
         } else {
             let take = self.queued.len().min(BATCH_OPS_MAX);

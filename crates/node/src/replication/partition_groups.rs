@@ -23,6 +23,7 @@ use braid_proto::ValidatedBatch;
 use braid_storage::{LogConfig, PartitionLog};
 use braid_vsr::{Config, Input, Message, ReplicaId, Reply, Request, Status};
 
+use super::meta_client::{client_id, register_request};
 use super::meta_group::Timing;
 use super::partition_journal::PartitionJournal;
 use super::partition_machine::PartitionMachine;
@@ -173,7 +174,7 @@ impl PartitionGroups {
             pending: Vec::new(),
             node,
             members,
-            client_id: (u64::from(node) + 1) << 56 | (nonce & ((1 << 56) - 1)),
+            client_id: client_id(node, nonce),
             timing,
             now: 0,
             bus: None,
@@ -474,12 +475,7 @@ impl PartitionGroups {
                 client.registering = Some(self.now);
                 resend.push((
                     *group,
-                    Request {
-                        client: self.client_id,
-                        session: 0,
-                        request: client.register_attempt,
-                        body: bytes::Bytes::new(),
-                    },
+                    register_request(self.client_id, client.register_attempt),
                 ));
             }
             let overdue: Vec<u64> = client
@@ -553,12 +549,7 @@ impl PartitionGroups {
             if client.registering.is_none() && !client.queued.is_empty() {
                 client.registering = Some(self.now);
                 client.register_attempt += 1;
-                let request = Request {
-                    client: self.client_id,
-                    session: 0,
-                    request: client.register_attempt,
-                    body: bytes::Bytes::new(),
-                };
+                let request = register_request(self.client_id, client.register_attempt);
                 inputs.push((group, Input::Message(Message::Request(request))));
             }
             return;
