@@ -208,10 +208,8 @@ impl Shard {
                 .groups
                 .add(key, &dir, topic.log_config(&self.shared.config), now_ms())
                 .map_err(|e| format!("opening partition {}/{}: {e}", topic.name, key.partition))?;
-            // An idle partition holds no log files until it is used.
-            if let Some(log) = self.groups.log(key) {
-                log.release_files().map_err(|e| e.to_string())?;
-            }
+            // An idle partition holds no files until it is used.
+            self.groups.release_files(key).map_err(|e| e.to_string())?;
             let partition = Partition::new(high_watermark);
             if let Ok(mut published) = self.shared.high_watermarks.write() {
                 published.insert(key, partition.published_high_watermark());
@@ -261,12 +259,12 @@ impl Shard {
     /// too many are open.
     fn touch(&mut self, key: PartitionKey) {
         if let Some(evicted) = self.lru.touch(&key) {
+            if let Err(err) = self.groups.release_files(evicted) {
+                tracing::warn!(%err, "releasing an idle partition's files");
+            }
             if let (Some(partition), Some(log)) =
                 (self.partitions.get_mut(&evicted), self.groups.log(evicted))
             {
-                if let Err(err) = log.release_files() {
-                    tracing::warn!(%err, "releasing an idle partition's files");
-                }
                 let poisoned = partition.newly_poisoned(log);
                 self.report_poisoned(evicted, poisoned);
             }

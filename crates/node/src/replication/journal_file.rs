@@ -101,7 +101,10 @@ enum Entry {
 #[derive(Debug)]
 pub(crate) struct JournalFile {
     path: PathBuf,
-    file: std::sync::Arc<File>,
+    /// The open file, or `None` once released (an idle partition holds no file); it is
+    /// opened again by the next write or sync (a sync covers the file, whichever
+    /// descriptor wrote it).
+    file: Option<std::sync::Arc<File>>,
     len: u64,
     entries: BTreeMap<u64, Entry>,
     /// Entries at or below this op were pruned.
@@ -357,7 +360,7 @@ impl JournalFile {
             .collect();
         let journal = Self {
             path: path.to_owned(),
-            file: std::sync::Arc::new(file),
+            file: Some(std::sync::Arc::new(file)),
             len: at as u64,
             entries,
             pruned_through: pruned.0,
@@ -381,11 +384,32 @@ impl JournalFile {
         Ok((journal, recovered))
     }
 
+    /// The open file, opened again if it was released.
+    fn handle(&mut self) -> Result<std::sync::Arc<File>, JournalError> {
+        if let Some(file) = &self.file {
+            return Ok(std::sync::Arc::clone(file));
+        }
+        let file = File::options()
+            .read(true)
+            .write(true)
+            .open(&self.path)
+            .map_err(io(&self.path))?;
+        let file = std::sync::Arc::new(file);
+        self.file = Some(std::sync::Arc::clone(&file));
+        Ok(file)
+    }
+
+    /// Closes the file until it is next needed.
+    pub(crate) fn release(&mut self) {
+        self.file = None;
+    }
+
     fn append_record(&mut self, bytes: Vec<u8>) -> Result<(), JournalError> {
         if self.poisoned {
             return Err(JournalError::Poisoned(self.path.clone()));
         }
-        if let Err(err) = disk::write_at(&self.file, &self.path, &bytes, self.len) {
+        let file = self.handle()?;
+        if let Err(err) = disk::write_at(&file, &self.path, &bytes, self.len) {
             self.poisoned = true;
             return Err(io(&self.path)(err));
         }
@@ -504,7 +528,8 @@ impl JournalFile {
         if self.poisoned {
             return Err(JournalError::Poisoned(self.path.clone()));
         }
-        if let Err(err) = disk::sync_data(&self.file, &self.path) {
+        let file = self.handle()?;
+        if let Err(err) = disk::sync_data(&file, &self.path) {
             self.poisoned = true;
             return Err(io(&self.path)(err));
         }
@@ -543,18 +568,21 @@ impl JournalFile {
         disk::rename(&tmp, &self.path).map_err(io(&self.path))?;
         let dir = self.path.parent().unwrap_or(Path::new("."));
         disk::sync_dir(dir).map_err(io(dir))?;
-        self.file = std::sync::Arc::new(file);
+        self.file = Some(std::sync::Arc::new(file));
         self.len = bytes.len() as u64;
         Ok(())
     }
 
     /// A request that syncs the file on another thread (the syncer): it makes every
     /// write made so far durable.
-    pub(crate) fn sync_request(&self) -> braid_storage::SyncRequest {
-        braid_storage::SyncRequest::for_file(
-            std::sync::Arc::clone(&self.file),
+    ///
+    /// # Errors
+    /// The released file could not be opened again.
+    pub(crate) fn sync_request(&mut self) -> Result<braid_storage::SyncRequest, JournalError> {
+        Ok(braid_storage::SyncRequest::for_file(
+            self.handle()?,
             std::sync::Arc::from(self.path.as_path()),
-        )
+        ))
     }
 
     /// Rewrites the file with its live entries if it has grown past

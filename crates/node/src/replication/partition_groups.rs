@@ -282,6 +282,17 @@ impl PartitionGroups {
         self.host.remove_group(group);
     }
 
+    /// Closes an idle partition's files (log and header journal) until next used.
+    ///
+    /// # Errors
+    /// The log's files could not be released.
+    pub(crate) fn release_files(&mut self, key: PartitionKey) -> Result<(), HostError> {
+        if let Some(journal) = self.host.journal_mut(group_of(key)) {
+            journal.release_files()?;
+        }
+        Ok(())
+    }
+
     /// The partition's log (reads go straight to it, up to the high watermark).
     pub(crate) fn log(&mut self, key: PartitionKey) -> Option<&mut PartitionLog> {
         self.host

@@ -234,6 +234,16 @@ impl PartitionJournal {
         Ok(Some((canonical(batch), end)))
     }
 
+    /// Closes the log's and the header journal's files until they are next used.
+    ///
+    /// # Errors
+    /// As `PartitionLog::release_files`.
+    pub(crate) fn release_files(&mut self) -> Result<(), PartitionJournalError> {
+        self.log.release_files()?;
+        self.index.release();
+        Ok(())
+    }
+
     /// The partition log (reads of committed records go straight to it).
     pub(crate) fn log(&mut self) -> &mut PartitionLog {
         &mut self.log
@@ -449,7 +459,7 @@ impl PartitionJournal {
         let log = self.log.sync_request()?;
         let id = self.next_sync;
         self.next_sync += 1;
-        let mut requests = vec![self.index.sync_request()];
+        let mut requests = vec![self.index.sync_request()?];
         requests.extend(log.clone());
         self.running.insert(
             id,
