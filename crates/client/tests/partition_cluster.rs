@@ -87,8 +87,13 @@ async fn produce_anywhere(members: &[Member], partition: u32, n: u32) -> ((u64, 
                         eprintln!("{i}: {message}");
                     }
                 }
+                // A backup that has not applied the topic's creation yet (the metadata
+                // commit reaches it a moment after the primary).
                 Err(ClientError::Server {
-                    code: ErrorCode::PartitionNotFound,
+                    code:
+                        ErrorCode::PartitionNotFound
+                        | ErrorCode::StreamNotFound
+                        | ErrorCode::TopicNotFound,
                     message,
                 }) => {
                     if std::env::var("DEBUG_CLUSTER").is_ok() {
