@@ -573,6 +573,11 @@ impl Bus {
         &self.metrics
     }
 
+    /// The counters, shared (for an exporter on another thread).
+    pub fn metrics_handle(&self) -> Arc<BusMetrics> {
+        Arc::clone(&self.metrics)
+    }
+
     /// The link layout.
     pub fn layout(&self) -> &LinkLayout {
         &self.layout

@@ -9,7 +9,8 @@ use axum::routing::get;
 use axum::Router;
 use tokio::sync::oneshot;
 
-use crate::metrics::{render, ShardMetrics};
+use crate::mailbox::NodeShared;
+use crate::metrics::render;
 
 /// A running HTTP admin server.
 #[derive(Debug)]
@@ -21,7 +22,7 @@ pub(crate) struct HttpServer {
 impl HttpServer {
     pub(crate) fn start(
         listener: std::net::TcpListener,
-        metrics: Vec<Arc<ShardMetrics>>,
+        shared: Arc<NodeShared>,
     ) -> std::io::Result<Self> {
         listener.set_nonblocking(true)?;
         let (stop, stopped) = oneshot::channel::<()>();
@@ -32,7 +33,7 @@ impl HttpServer {
             .name("braid-http".into())
             .spawn(move || {
                 runtime.block_on(async move {
-                    let metrics = Arc::new(metrics);
+                    let metrics = shared;
                     let app = Router::new()
                         .route(
                             "/health",
@@ -50,7 +51,7 @@ impl HttpServer {
                                 async move {
                                     (
                                         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-                                        render(&metrics),
+                                        render(&metrics.metrics, metrics.bus_metrics.get()),
                                     )
                                         .into_response()
                                 }

@@ -105,6 +105,8 @@ pub(crate) struct NodeShared {
     /// Runs the partition journals' syncs under `fsync = always` off the shards, many
     /// appends to one file per `fdatasync` (group commit).
     pub(crate) syncer: Arc<braid_storage::Syncer>,
+    /// The replica bus's counters, once shard 0 started it (`/metrics`).
+    pub(crate) bus_metrics: std::sync::OnceLock<Arc<braid_bus::BusMetrics>>,
     /// Buffers fetches read into, handed back once the answer is written.
     pub(crate) read_buffers: crate::buffers::ReadBuffers,
     /// Fetch-response bytes in flight over the node (`fetch_bytes_max`).

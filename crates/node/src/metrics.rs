@@ -81,7 +81,10 @@ impl ShardMetrics {
 }
 
 /// Renders the sum over shards in the Prometheus text exposition format.
-pub(crate) fn render(shards: &[Arc<ShardMetrics>]) -> String {
+pub(crate) fn render(
+    shards: &[Arc<ShardMetrics>],
+    bus: Option<&Arc<braid_bus::BusMetrics>>,
+) -> String {
     let sum = |f: &dyn Fn(&ShardMetrics) -> &AtomicU64| -> u64 {
         shards.iter().map(|s| f(s).load(Ordering::Relaxed)).sum()
     };
@@ -206,6 +209,52 @@ pub(crate) fn render(shards: &[Arc<ShardMetrics>]) -> String {
         "Frames refused: oversize or unframeable; the connection was closed.",
         sum(&|s| &s.frames_refused),
     );
+    if let Some(bus) = bus {
+        let load = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
+        let handshake_failures = bus
+            .handshake_failures
+            .lock()
+            .map_or(0, |failures| failures.values().sum());
+        for (name, help, value) in [
+            (
+                "braid_bus_bundles_up_total",
+                "Replica bus bundles that came up (every link to a peer established).",
+                load(&bus.bundles_up),
+            ),
+            (
+                "braid_bus_teardowns_total",
+                "Bundles torn down (a link closed, or a bundle incomplete past its grace).",
+                load(&bus.teardowns),
+            ),
+            (
+                "braid_bus_preamble_refusals_total",
+                "Replica connections refused at their preamble.",
+                load(&bus.preamble_refusals),
+            ),
+            (
+                "braid_bus_handshake_failures_total",
+                "Replica handshakes that failed (a bad MAC, a disagreeing hello, TLS, a deadline).",
+                handshake_failures,
+            ),
+            (
+                "braid_bus_frames_dropped_total",
+                "Frames dropped at a full peer queue (consensus retransmits them).",
+                load(&bus.frames_dropped),
+            ),
+            (
+                "braid_bus_frames_sent_total",
+                "Frames written to replica links.",
+                load(&bus.frames_sent),
+            ),
+            (
+                "braid_bus_frames_received_total",
+                "Frames read from replica links.",
+                load(&bus.frames_received),
+            ),
+        ] {
+            metric(name, "counter", help, value);
+        }
+    }
     let _ = writeln!(
         out,
         "# HELP braid_requests_total Requests by command.\n# TYPE braid_requests_total counter"

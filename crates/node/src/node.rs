@@ -166,6 +166,7 @@ impl Node {
             controls,
             metrics: metrics.clone(),
             syncer: Arc::new(braid_storage::Syncer::start("braid-sync")?),
+            bus_metrics: std::sync::OnceLock::new(),
             read_buffers: crate::buffers::ReadBuffers::default(),
             fetch_bytes: Arc::new(tokio::sync::Semaphore::new(fetch_bytes_permits)),
             connections: std::sync::atomic::AtomicUsize::new(0),
@@ -259,7 +260,7 @@ impl Node {
             node.stop_shards();
             return Err(err);
         }
-        node.http = Some(HttpServer::start(http, metrics)?);
+        node.http = Some(HttpServer::start(http, Arc::clone(&node.shared))?);
         let _ = node.shared.controls[0].send(Control::Listener(client));
         tracing::info!(client = %client_addr, http = %http_addr, shards, "node started");
         Ok(node)

@@ -132,6 +132,7 @@ impl Shard {
                 let _ = self.shared.controls[shard].send(Control::Bus { deliveries, sender });
             }
         }
+        let _ = self.shared.bus_metrics.set(bus.metrics_handle());
         meta.attach_bus(bus);
         Ok(())
     }
