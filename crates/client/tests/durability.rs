@@ -17,7 +17,7 @@ fn batch(records: usize) -> Vec<u8> {
     builder.finish()
 }
 
-/// A node whose metadata was lost (its `ops.log` gone in a power cut, or deleted)
+/// A node whose metadata was lost (its directory gone in a power cut, or deleted)
 /// restarted its topic ids at 0, so the next new topic was served the old topic's
 /// records from the partition directory still on disk. Topic ids now start above every
 /// partition directory present.

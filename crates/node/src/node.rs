@@ -339,18 +339,10 @@ fn open_metadata(
     node_id: u8,
     topic_id_floor: u32,
 ) -> Result<MetaService, StartError> {
-    let members = config.cluster.as_ref().map_or(1, |c| c.members.len() as u8);
-    let timing = Timing::from_heartbeat_timeout_ms(
-        config
-            .cluster
-            .as_ref()
-            .map_or(2_000, |c| c.heartbeat_timeout_ms),
-    );
-    let mut nonce = [0u8; 8];
-    crate::admin_bootstrap::random_bytes(&mut nonce)?;
+    let (members, timing) = groups_shape(config);
     let dir = config.data_dir.join("metadata");
     braid_storage::create_dir_durable(&dir)?;
-    let group = MetaGroup::open(&dir, node_id, members, timing, u64::from_be_bytes(nonce))
+    let group = MetaGroup::open(&dir, node_id, members, timing, nonce()?)
         .map_err(|e| StartError::Metadata(e.to_string()))?;
     let mut meta = MetaService::new(group);
     let mut ops = Vec::new();
@@ -390,20 +382,35 @@ fn partition_groups_opening(
 ) -> Result<crate::replication::partition_groups::Opening, StartError> {
     let dir = config.data_dir.join("replication");
     braid_storage::create_dir_durable(&dir)?;
-    let mut nonce = [0u8; 8];
-    crate::admin_bootstrap::random_bytes(&mut nonce)?;
+    let (members, timing) = groups_shape(config);
     Ok(crate::replication::partition_groups::Opening {
         dir,
         node: identity.node_id,
-        members: config.cluster.as_ref().map_or(1, |c| c.members.len() as u8),
-        timing: Timing::from_heartbeat_timeout_ms(
-            config
-                .cluster
-                .as_ref()
-                .map_or(2_000, |c| c.heartbeat_timeout_ms),
-        ),
-        nonce: u64::from_be_bytes(nonce),
+        members,
+        timing,
+        nonce: nonce()?,
     })
+}
+
+/// Every group's replica count (all members; one without `[cluster]`) and timings.
+fn groups_shape(config: &NodeConfig) -> (u8, Timing) {
+    let cluster = config.cluster.as_ref();
+    let members = cluster.map_or(1, |c| c.members.len() as u8);
+    let heartbeat_timeout_ms = cluster.map_or_else(
+        || crate::config::ClusterSettings::default().heartbeat_timeout_ms,
+        |c| c.heartbeat_timeout_ms,
+    );
+    (
+        members,
+        Timing::from_heartbeat_timeout_ms(heartbeat_timeout_ms),
+    )
+}
+
+/// A random nonce that makes this process's group sessions its own.
+fn nonce() -> Result<u64, StartError> {
+    let mut bytes = [0u8; 8];
+    crate::admin_bootstrap::random_bytes(&mut bytes)?;
+    Ok(u64::from_be_bytes(bytes))
 }
 
 /// The replica bus's settings and its bound listener (bound here, so a taken port

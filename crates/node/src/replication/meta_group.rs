@@ -123,16 +123,9 @@ impl<T> MetaGroup<T> {
             failed: None,
         };
         if members == 1 {
-            // A lone replica recovers by itself: bring it to normal (and its state to
-            // every committed op) before the node serves.
-            for _ in 0..10_000 {
-                if group.primary().is_some() {
-                    break;
-                }
-                group.now += 1;
-                let effects = group.host.tick(group.now)?;
-                drop(effects);
-            }
+            // Normal, with every committed op applied, before the node serves; its
+            // journal syncs inline, and it has no peer or client yet.
+            drop(group.host.recover_lone(METADATA_GROUP, &mut group.now)?);
         }
         group.layout_changes = group.layout_changes_now();
         Ok(group)

@@ -242,15 +242,11 @@ impl PartitionGroups {
         self.host
             .add_group_with(config, PartitionMachine::default(), journal, opened, dir)?;
         if self.members == 1 {
-            // A lone replica recovers by itself: bring it to every committed op now.
-            for _ in 0..10_000 {
-                if self.host.replica(group).map(|r| r.status()) == Some(Status::Normal) {
-                    break;
-                }
-                self.now += 1;
-                let effects = self.host.tick(self.now)?;
-                drop(effects);
-            }
+            // Every committed op applied before it serves; what its recovery wrote is
+            // synced and reported like any write.
+            let effects = self.host.recover_lone(group, &mut self.now)?;
+            let mut moved = Vec::new();
+            self.carry(effects, &mut moved);
         }
         Ok(self.high_watermark(key))
     }

@@ -248,6 +248,32 @@ impl<S: StateMachine, J: Journal> ShardHost<S, J> {
         self.files.get_mut(&group).map(|f| &mut f.journal)
     }
 
+    /// Ticks a lone replica (a group of one) until it is normal: it recovers by itself,
+    /// and its state reaches every committed op. Returns what the ticks asked of the
+    /// caller (sync jobs to start, above all).
+    ///
+    /// # Errors
+    /// As [`ShardHost::tick`].
+    pub(crate) fn recover_lone(&mut self, group: u64, now: &mut u64) -> Result<Effects, HostError> {
+        let mut all = Effects::default();
+        for _ in 0..10_000 {
+            if self.replica(group).map(Replica::status) == Some(braid_vsr::Status::Normal) {
+                break;
+            }
+            *now += 1;
+            let effects = self.tick(*now)?;
+            all.sends.extend(effects.sends);
+            all.replies.extend(effects.replies);
+            all.applied.extend(effects.applied);
+            for group in effects.unsynced {
+                if !all.unsynced.contains(&group) {
+                    all.unsynced.push(group);
+                }
+            }
+        }
+        Ok(all)
+    }
+
     /// A group's replica.
     pub(crate) fn replica(&self, group: u64) -> Option<&Replica<S>> {
         self.node.replica(group)
