@@ -202,9 +202,14 @@ impl Message {
                 out.push(REQUEST_SNAPSHOT);
                 out.push(*from);
             }
-            Self::Snapshot { checkpoint, from } => {
+            Self::Snapshot {
+                checkpoint,
+                view,
+                from,
+            } => {
                 out.push(SNAPSHOT);
                 put_bytes(out, &checkpoint.encode());
+                put_u64(out, *view);
                 out.push(*from);
             }
         }
@@ -303,6 +308,7 @@ impl Message {
             REQUEST_SNAPSHOT => Self::RequestSnapshot { from: r.u8()? },
             SNAPSHOT => Self::Snapshot {
                 checkpoint: Checkpoint::decode(bytes(&mut r)?)?,
+                view: r.u64()?,
                 from: r.u8()?,
             },
             _ => {
@@ -511,9 +517,12 @@ mod tests {
             (any::<u64>(), any::<u128>(), any::<u8>())
                 .prop_map(|(op, checksum, from)| Message::RequestPrepare { op, checksum, from }),
             any::<u8>().prop_map(|from| Message::RequestSnapshot { from }),
-            (0u64..100, small, any::<u8>()).prop_map(|(op, state, from)| Message::Snapshot {
-                checkpoint: Checkpoint::new(header(op, 1), state),
-                from
+            (0u64..100, small, any::<u64>(), any::<u8>()).prop_map(|(op, state, view, from)| {
+                Message::Snapshot {
+                    checkpoint: Checkpoint::new(header(op, 1), state),
+                    view,
+                    from,
+                }
             }),
         ]
     }

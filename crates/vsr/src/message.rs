@@ -291,6 +291,9 @@ pub enum Message {
     Snapshot {
         /// The state, checksummed.
         checkpoint: Checkpoint,
+        /// The sender's view when it sent this: the op was committed in this view or an
+        /// earlier one. (The header's view is only the view that prepared the op.)
+        view: u64,
         /// The sender.
         from: ReplicaId,
     },

@@ -877,7 +877,9 @@ impl<S: StateMachine> Replica<S> {
                 ..
             } => self.on_committed(view, commit, checksum, out),
             Message::RequestSnapshot { from } => self.on_request_snapshot(from, out),
-            Message::Snapshot { checkpoint, from } => self.on_snapshot(checkpoint, from, out),
+            Message::Snapshot {
+                checkpoint, view, ..
+            } => self.on_snapshot(checkpoint, view, out),
         }
     }
 

@@ -142,6 +142,7 @@ impl<S: StateMachine> Replica<S> {
             to: from,
             message: Message::Snapshot {
                 checkpoint: Checkpoint::new(header, self.state.snapshot()),
+                view: self.view,
                 from: self.config.replica,
             },
         });
@@ -150,7 +151,7 @@ impl<S: StateMachine> Replica<S> {
     pub(super) fn on_snapshot(
         &mut self,
         checkpoint: Checkpoint,
-        _from: ReplicaId,
+        sender_view: u64,
         out: &mut Vec<Output>,
     ) {
         let header = checkpoint.header;
@@ -187,8 +188,12 @@ impl<S: StateMachine> Replica<S> {
         // Those stale entries are dropped from memory (a slot is rewritten when
         // repaired, and proves nothing if read back). Nothing else is dropped: an entry
         // this replica acknowledged must never look absent in its vote. A canonical
-        // entry above that contradicts the snapshot can only be of an older view than
-        // the snapshot's: that suffix is cut, and a primary so cut leaves its view.
+        // entry above that contradicts the snapshot is of a view that never learned of
+        // the snapshot's op, so older than the view that committed it (every view's log
+        // holds the ops committed before it), which is at most the sender's view. (The
+        // header's view says only which view prepared the op: a dead view's primary may
+        // have prepared on top of an older op that a later view then committed.) That
+        // suffix is cut, and a primary so cut leaves its view.
         let mut stale = BTreeSet::new();
         let mut cut_above = None;
         let first = header.op + 1;
@@ -196,13 +201,12 @@ impl<S: StateMachine> Replica<S> {
             if above.header.parent != header.checksum {
                 if above.canonical {
                     invariant!(
-                        header.view > self.view,
-                        "group {} replica {}: snapshot at op {} (view {}) contradicts canonical op {first} of view {}",
+                        sender_view > self.log_view,
+                        "group {} replica {}: snapshot at op {} from view {sender_view} contradicts canonical op {first} of log view {}",
                         self.config.group,
                         self.config.replica,
                         header.op,
-                        header.view,
-                        self.view
+                        self.log_view
                     );
                     cut_above = Some(header.op);
                 } else {
@@ -251,6 +255,18 @@ impl<S: StateMachine> Replica<S> {
             .max(header.op);
         out.push(Output::WriteCheckpoint(checkpoint));
         out.push(Output::PruneJournal { op: header.op });
+        let newer_primary = self.primary_of(sender_view);
+        if sender_view > self.view && newer_primary != self.config.replica {
+            // A newer view exists: learn its log from its primary rather than wait for
+            // its traffic (or time out into a view change nobody needs).
+            out.push(Output::Send {
+                to: newer_primary,
+                message: Message::RequestStartView {
+                    view: sender_view,
+                    from: self.config.replica,
+                },
+            });
+        }
         if truncated && self.is_primary() {
             // This primary's own uncommitted ops were not the committed history: it must
             // never prepare at those numbers again in this view.

@@ -111,6 +111,16 @@ impl Harness {
         mut keep: impl FnMut(ReplicaId, ReplicaId, &Message) -> bool,
         done: impl Fn(&Self) -> bool,
     ) -> bool {
+        self.run_altering(ticks, |from, to, message| keep(from, to, message), done)
+    }
+
+    /// [`Harness::run_until`] whose filter may also change a message on its way.
+    fn run_altering(
+        &mut self,
+        ticks: u64,
+        mut alter: impl FnMut(ReplicaId, ReplicaId, &mut Message) -> bool,
+        done: impl Fn(&Self) -> bool,
+    ) -> bool {
         for _ in 0..ticks {
             if done(self) {
                 return true;
@@ -125,7 +135,11 @@ impl Harness {
                 }
             }
             self.complete_writes();
-            self.deliver(&mut keep);
+            for (from, to, mut message) in std::mem::take(&mut self.messages) {
+                if alter(from, to, &mut message) {
+                    self.input(to, Input::Message(message));
+                }
+            }
         }
         done(self)
     }
@@ -471,4 +485,134 @@ fn an_untrusted_journal_persists_its_distrust_before_anything_else() {
         panic!("the first output persists the state: {out:?}");
     };
     assert_eq!(written.journal_trusted_through, 5);
+}
+
+/// Simulator seed 871958. A primary of a view that never committed anything (its
+/// backup never heard its StartView) prepared on top of an older op a later view then
+/// committed. When a snapshot of that later view reaches it, its own canonical suffix
+/// contradicts the snapshot although the snapshot's header names an older view than
+/// its own: the header's view is only the view that prepared the op. The replica must
+/// cut the dead suffix and leave its view, not assert.
+#[test]
+fn a_snapshot_committed_by_a_later_view_cuts_a_dead_views_suffix() {
+    let (mut h, session) = registered(3);
+    // Replica 2 never gets the body of op 2 (so it can never apply past op 1 on its
+    // own): every prepare of op 2 to it is dropped, every suffix it gets loses the body
+    // of op 2, and snapshots wait for the end.
+    let starve = |to: ReplicaId, message: &mut Message| -> bool {
+        if to != 2 {
+            return true;
+        }
+        match message {
+            Message::Prepare(p) => p.header.op != 2,
+            Message::Snapshot { .. } => false,
+            Message::StartView { suffix, .. } | Message::DoViewChange { suffix, .. } => {
+                for entry in suffix.iter_mut().filter(|e| e.header.op == 2) {
+                    entry.body = None;
+                }
+                true
+            }
+            _ => true,
+        }
+    };
+    // View 0: op 2 commits on replicas 0 and 1.
+    h.request(0, session, 1, b"a=1");
+    let committed = h.run_altering(
+        200,
+        |from, to, m| from != 2 && starve(to, m),
+        |h| h.replica(0).commit_min() >= 2 && h.replica(1).commit_max >= 2,
+    );
+    assert!(committed, "op 2 committed in view 0");
+    // View 1 (replica 1 leads; 0 is cut off): op 3 is prepared on replica 1 only.
+    let view_1 = h.run_altering(
+        2_000,
+        |from, to, m| from != 0 && to != 0 && starve(to, m),
+        |h| {
+            h.replica(1).is_primary()
+                && h.replica(2).view() == 1
+                && h.replica(2).status() == Status::Normal
+        },
+    );
+    assert!(view_1, "replicas 1 and 2 formed view 1");
+    assert_eq!(h.replica(2).commit_min(), 1, "replica 2 cannot apply op 2");
+    h.request(1, session, 2, b"b=2");
+    h.complete_writes();
+    h.messages.clear();
+    assert_eq!(h.replica(1).op(), 3);
+    // View 2 (replica 2 leads; 1 is cut off; 0 never hears the StartView): replica 2
+    // prepares ops 3 and 4 of view 2 on itself alone, canonical there.
+    let view_2 = h.run_altering(
+        4_000,
+        |from, to, m| {
+            from != 1 && to != 1 && !matches!(m, Message::StartView { .. }) && starve(to, m)
+        },
+        |h| {
+            let r2 = h.replica(2);
+            r2.is_primary() && r2.view() == 2 && r2.status() == Status::Normal && r2.view_durable()
+        },
+    );
+    assert!(view_2, "replica 2 leads view 2");
+    h.request(2, session, 3, b"c=3");
+    h.request(2, session, 4, b"d=4");
+    h.complete_writes();
+    h.messages.clear();
+    assert_eq!(h.replica(2).op(), 4);
+    let dead = h.replica(2).journal.get(&4).unwrap();
+    assert!(dead.canonical && dead.header.view == 2);
+    // View 3 (replica 0 leads with replica 1; 2 is cut off) commits replica 1's op 3
+    // of view 1.
+    let view_3 = h.run_altering(
+        8_000,
+        |from, to, m| from != 2 && to != 2 && starve(to, m),
+        |h| h.replica(0).is_primary() && h.replica(0).view() >= 3 && h.replica(0).commit_min() >= 3,
+    );
+    assert!(view_3, "replicas 0 and 1 committed op 3 in a later view");
+    let later_view = h.replica(0).view();
+    assert_eq!(h.replica(0).state().machine().get("b"), 2);
+    // Replica 2 asks replica 0 for a snapshot and gets it.
+    h.messages.clear();
+    h.input(0, Input::Message(Message::RequestSnapshot { from: 2 }));
+    let snapshot = h
+        .messages
+        .iter()
+        .find_map(|(_, to, m)| match m {
+            Message::Snapshot {
+                checkpoint, view, ..
+            } if *to == 2 => Some((checkpoint.header, *view)),
+            _ => None,
+        })
+        .unwrap();
+    assert_eq!(snapshot.0.op, 3);
+    assert_eq!(snapshot.0.view, 1, "the op was prepared in view 1");
+    assert_eq!(
+        snapshot.1, later_view,
+        "and sent from the view that committed it"
+    );
+    h.deliver(|_, to, m| to == 2 && matches!(m, Message::Snapshot { .. }));
+    let r2 = h.replica(2);
+    assert_eq!(r2.commit_min(), 3, "the snapshot is installed");
+    assert_eq!(r2.op(), 3, "the dead view's op 4 is cut");
+    assert!(!r2.is_primary(), "the cut primary left its view");
+    assert_eq!(r2.state().machine().get("b"), 2);
+    assert_eq!(r2.state().machine().get("c"), 0);
+    // It asked the later view's primary for its log.
+    assert!(h.messages.iter().any(|(from, to, m)| *from == 2
+        && *to == 0
+        && matches!(m, Message::RequestStartView { view, .. } if *view == later_view)));
+    // Healed, the three agree and nothing of view 2 ever applied.
+    let converged = h.run_until(
+        8_000,
+        |_, _, _| true,
+        |h| {
+            (0..3).all(|r| h.replica(r).status() == Status::Normal)
+                && (0..3).all(|r| h.replica(r).commit_min() == h.replica(0).commit_min())
+                && (0..3).all(|r| h.replica(r).view() == h.replica(0).view())
+        },
+    );
+    assert!(converged, "the group converged after the heal");
+    for r in 0..3 {
+        let machine = h.replica(r).state().machine();
+        assert_eq!((machine.get("a"), machine.get("b")), (1, 2));
+        assert_eq!((machine.get("c"), machine.get("d")), (0, 0), "replica {r}");
+    }
 }
