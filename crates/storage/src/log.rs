@@ -623,6 +623,55 @@ impl PartitionLog {
         self.poisoning("truncating", cut)
     }
 
+    /// Discards every record and starts the log again, empty, at `start`: a replica
+    /// whose peers' retention deleted what it lacks copies their log from where it now
+    /// begins. Durable when it returns; a crash during it leaves a prefix of the old
+    /// log (segments go newest first, each removal synced) or the empty log at `start`,
+    /// never one with a hole.
+    ///
+    /// # Errors
+    /// [`LogError::Poisoned`], IO errors (which poison the log).
+    pub fn reset(&mut self, start: u64, now_ms: u64) -> Result<(), LogError> {
+        self.check_writable()?;
+        self.remove_clean_marker()?;
+        self.write_behind = WriteBehind::default();
+        self.active_file = None;
+        self.reader = None;
+        self.sealed_indexes.clear();
+        while let Some(doomed) = self.segments.pop() {
+            let removed = delete_segment_files(&self.dir, doomed.base_offset)
+                .and_then(|()| sync_dir(&self.dir));
+            self.poisoning("removing a segment to start the log again", removed)?;
+        }
+        let path = log_path(&self.dir, start);
+        let point = RecoveryPoint {
+            segment_base: start,
+            position: 0,
+        };
+        let dir = self.dir.clone();
+        let created = crate::disk::create_new(&path)
+            .map_err(LogError::io("create", &path))
+            .and_then(|file| sync_dir(&dir).map(|()| file))
+            .and_then(|file| {
+                point
+                    .store(&dir)
+                    .map_err(LogError::io(
+                        "write",
+                        dir.join(crate::recovery_point::RECOVERY_POINT_FILE),
+                    ))
+                    .map(|()| file)
+            });
+        let file = self.poisoning("starting the log again", created)?;
+        self.segments.push(Segment::new_empty(start, now_ms));
+        self.active_file = Some(Arc::new(file));
+        self.next_offset = start;
+        self.durable_offset = start;
+        self.recovery_point = point;
+        self.unsynced_since_ms = None;
+        self.generation += 1;
+        Ok(())
+    }
+
     /// Deletes the oldest sealed segments that retention by size or age no longer
     /// keeps; never the active one.
     ///

@@ -114,6 +114,41 @@ fn append_read_and_reopen_continue_offsets() {
 }
 
 #[test]
+fn reset_starts_the_log_again_empty_at_an_offset_and_survives_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("p");
+    let mut log = PartitionLog::open(&path, small_config(), 0).unwrap();
+    for i in 0..20u8 {
+        log.append(batch_of(&records(5, 100, 200, i)), 0).unwrap();
+    }
+    assert!(log.segment_count() > 1);
+    log.reset(1_000, 0).unwrap();
+    assert_eq!((log.start_offset(), log.next_offset()), (1_000, 1_000));
+    assert_eq!(log.segment_count(), 1);
+    assert!(log.read(1_000, 100, u64::MAX).unwrap().is_empty());
+    assert!(matches!(
+        log.read(5, 100, u64::MAX),
+        Err(LogError::OffsetOutOfRange { .. })
+    ));
+    let a = log.append(batch_of(&records(3, 300, 10, 1)), 0).unwrap();
+    assert_eq!(a.base_offset, 1_000);
+    drop(log); // no close: the next open recovers the new segment
+
+    let mut log = PartitionLog::open(&path, small_config(), 0).unwrap();
+    assert_eq!((log.start_offset(), log.next_offset()), (1_000, 1_003));
+    assert_eq!(
+        read_all(&mut log).iter().map(|r| r.0).collect::<Vec<_>>(),
+        [1_000, 1_001, 1_002]
+    );
+    // Empty and reset again, then reopened cleanly.
+    log.reset(7, 0).unwrap();
+    log.close().unwrap();
+    let log = PartitionLog::open(&path, small_config(), 0).unwrap();
+    assert_eq!((log.start_offset(), log.next_offset()), (7, 7));
+    assert_eq!(log_files(&path).len(), 1);
+}
+
+#[test]
 fn rolls_by_size_and_age_and_reads_across_segments() {
     let dir = tempfile::tempdir().unwrap();
     let config = LogConfig {
