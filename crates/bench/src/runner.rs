@@ -180,15 +180,24 @@ struct Names {
     topics: Vec<String>,
 }
 
-/// Where the benchmark connects: a node's address and how to connect to it (TLS, a
-/// login). Cheap to clone.
+/// Where the benchmark connects: the addresses of one node or of cluster members (the
+/// client learns the rest of the cluster from the first that answers) and how to
+/// connect (TLS, a login). Cheap to clone.
 #[derive(Debug, Clone)]
-pub struct Target(Arc<(std::net::SocketAddr, braid_client::ConnectOptions)>);
+pub struct Target(Arc<(Vec<std::net::SocketAddr>, braid_client::ConnectOptions)>);
 
 impl Target {
     /// The node at `addr`, reached with `options`.
     pub fn new(addr: std::net::SocketAddr, options: braid_client::ConnectOptions) -> Self {
-        Self(Arc::new((addr, options)))
+        Self::cluster(vec![addr], options)
+    }
+
+    /// Members of a cluster at `addrs`, reached with `options`.
+    pub fn cluster(
+        addrs: Vec<std::net::SocketAddr>,
+        options: braid_client::ConnectOptions,
+    ) -> Self {
+        Self(Arc::new((addrs, options)))
     }
 
     /// A plain connection to `addr`.
@@ -197,17 +206,17 @@ impl Target {
     }
 
     pub(crate) async fn connect(&self) -> Result<Client, braid_client::ClientError> {
-        let (addr, options) = &*self.0;
-        if options.tls.is_none() && options.credentials.is_none() {
-            return Client::connect(*addr).await;
-        }
-        Client::connect_with(&addr.to_string(), options).await
+        let (addrs, options) = &*self.0;
+        let seeds: Vec<String> = addrs.iter().map(ToString::to_string).collect();
+        let seeds: Vec<&str> = seeds.iter().map(String::as_str).collect();
+        Client::connect_cluster(&seeds, options).await
     }
 }
 
 impl std::fmt::Display for Target {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        self.0 .0.fmt(f)
+        let addrs: Vec<String> = self.0 .0.iter().map(ToString::to_string).collect();
+        f.write_str(&addrs.join(","))
     }
 }
 

@@ -95,15 +95,20 @@ impl ConnectArgs {
                 })
             }
         };
-        Ok(ConnectOptions { tls, credentials })
+        Ok(ConnectOptions {
+            tls,
+            credentials,
+            direct: false,
+        })
     }
 }
 
-/// Connects to `addr` as `options` say.
-pub(crate) async fn connect(addr: &str, options: &ConnectOptions) -> Result<Client> {
-    Client::connect_with(addr, options)
+/// Connects to the first of `addrs` that answers, as `options` say.
+pub(crate) async fn connect(addrs: &[String], options: &ConnectOptions) -> Result<Client> {
+    let seeds: Vec<&str> = addrs.iter().map(String::as_str).collect();
+    Client::connect_cluster(&seeds, options)
         .await
-        .with_context(|| format!("connecting to {addr}"))
+        .with_context(|| format!("connecting to {}", addrs.join(",")))
 }
 
 #[derive(Subcommand, Debug)]

@@ -187,7 +187,7 @@ impl BenchArgs {
 /// Runs `braid bench`. `json` is the global `--json`: `Some(None)` prints the report as
 /// JSON instead of tables, `Some(Some(file))` also writes it there.
 pub(crate) fn bench(
-    addr: &str,
+    addrs: &[String],
     connect: braid_client::ConnectOptions,
     json: Option<Option<PathBuf>>,
     args: BenchArgs,
@@ -216,13 +216,18 @@ pub(crate) fn bench(
         (None, Some(dir)) => dir.clone(),
         (None, None) => std::env::temp_dir(),
     };
-    let target: SocketAddr = match &embedded {
-        Some(node) => node.client_addr(),
-        None => addr
-            .parse()
-            .with_context(|| format!("--addr {addr:?} is not HOST:PORT with a numeric host"))?,
+    let targets: Vec<SocketAddr> = match &embedded {
+        Some(node) => vec![node.client_addr()],
+        None => addrs
+            .iter()
+            .map(|addr| {
+                addr.parse().with_context(|| {
+                    format!("--addr {addr:?} is not HOST:PORT with a numeric host")
+                })
+            })
+            .collect::<Result<_>>()?,
     };
-    let target = braid_bench::Target::new(target, connect);
+    let target = braid_bench::Target::cluster(targets, connect);
     // References first, so their dirty pages are gone before the run starts.
     let references = if args.reference {
         eprintln!("measuring references ({} MiB each)", args.reference_mib);

@@ -26,14 +26,16 @@ mod table;
     about = "Braid: a persistent, replicated message-streaming platform"
 )]
 struct Cli {
-    /// The node to talk to.
+    /// The node to talk to, or several members of a cluster (repeat the flag or
+    /// separate with commas): the first that answers tells the client the rest.
     #[arg(
         long,
         global = true,
         env = "BRAID_ADDR",
+        value_delimiter = ',',
         default_value = "127.0.0.1:7070"
     )]
-    addr: String,
+    addr: Vec<String>,
     /// Print JSON instead of tables. `braid bench --json FILE` writes its report to FILE
     /// (the other commands take no file: put `--json` after their arguments).
     #[arg(long, global = true, num_args = 0..=1, value_name = "FILE")]
@@ -342,7 +344,7 @@ fn fsync_name(code: u8) -> &'static str {
 }
 
 async fn client_command(
-    addr: &str,
+    addr: &[String],
     options: &braid_client::ConnectOptions,
     as_json: bool,
     command: Command,

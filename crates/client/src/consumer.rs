@@ -16,7 +16,8 @@ use braid_proto::batch::Headers;
 use braid_proto::client::{ErrorCode, GroupMemberRequest, OffsetSpec, Request, Response};
 use braid_proto::RecordBatch;
 
-use crate::connection::{unexpected, Client};
+use crate::client::Client;
+use crate::connection::unexpected;
 use crate::error::ClientError;
 
 /// Where a consumer starts in a partition that has no committed offset.
@@ -381,10 +382,9 @@ impl Consumer {
         let until = Instant::now() + timeout;
         let mut backoff = Duration::from_millis(50);
         loop {
-            if self.client.is_closed() {
-                if let Ok(client) = self.client.reconnect().await {
-                    tracing::info!(%err, "consumer reconnected");
-                    self.client = client;
+            if self.client.is_closed() || self.client.is_stale() {
+                if self.client.refresh().await.is_ok() {
+                    tracing::info!(%err, "consumer found the cluster again");
                     if let Some(group) = self.group.as_mut() {
                         group.heartbeat_now = true;
                     }
@@ -568,8 +568,33 @@ impl Consumer {
                     .collect();
                 self.send_commit(&ours).await
             }
+            Err(err) if err.code() == Some(ErrorCode::UnknownMember) => {
+                // The coordinator forgot this member (it moved to another node, or the
+                // session expired): join again, and commit the progress made on the
+                // partitions that are still ours (reading on from it, not from the
+                // older committed offsets the join found).
+                tracing::info!("group membership lost at a commit; joining again");
+                self.join_boxed().await?;
+                let ours: Vec<(u32, u64)> = offsets
+                    .into_iter()
+                    .filter(|(p, _)| self.positions.contains_key(p))
+                    .collect();
+                for (partition, offset) in &ours {
+                    self.positions.insert(*partition, *offset);
+                }
+                self.buffered.clear();
+                self.send_commit(&ours).await
+            }
             other => other,
         }
+    }
+
+    /// The join, boxed: a join can commit (releasing partitions), which can join.
+    fn join_boxed(
+        &mut self,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), ClientError>> + Send + '_>>
+    {
+        Box::pin(self.join())
     }
 
     /// The heartbeat, boxed: it can commit (releasing partitions), which can heartbeat.
@@ -603,7 +628,8 @@ impl Consumer {
         Ok(())
     }
 
-    /// Commits and leaves the group.
+    /// Commits and leaves the group (a member the coordinator no longer knows is
+    /// out already).
     ///
     /// # Errors
     /// Connection and server errors.
@@ -615,7 +641,14 @@ impl Consumer {
                 group: &group.group,
                 member_id: group.member_id,
             };
-            self.client.call(&request).await?;
+            match self.client.call(&request).await {
+                // The coordinator forgot the member (it moved, or the session expired):
+                // it is out of the group already.
+                Err(err) if err.code() == Some(ErrorCode::UnknownMember) => {}
+                other => {
+                    other?;
+                }
+            }
         }
         Ok(())
     }
@@ -698,6 +731,5 @@ fn for_each_record(
 /// Whether `err` means the connection is gone or the node is going (a new connection
 /// may do).
 fn connection_lost(err: &ClientError) -> bool {
-    matches!(err, ClientError::Io { .. } | ClientError::Closed)
-        || err.code() == Some(ErrorCode::ShuttingDown)
+    crate::client::misrouted(err)
 }

@@ -1,7 +1,9 @@
 //! The Braid Rust SDK.
 //!
-//! - [`Client`]: one pipelined connection to a node, with the admin calls (streams,
-//!   topics, groups) and raw produce and fetch.
+//! - [`Client`]: a handle on a cluster (or one node): a pipelined connection to each
+//!   member, each produce and fetch sent to its partition's primary and each group
+//!   call to the coordinator, with the admin calls (streams, topics, groups, users)
+//!   and raw produce and fetch.
 //! - [`Producer`]: routes records by key, batches per partition by size and linger,
 //!   keeps several batches in flight, and answers each record with its offset.
 //! - [`Consumer`]: reads assigned partitions or joins a consumer group, and commits.
@@ -25,13 +27,17 @@
 //! # Ok(()) }
 //! ```
 
+mod admin;
+mod client;
 mod connection;
 mod consumer;
 mod error;
 mod options;
 mod producer;
+mod routes;
 
-pub use connection::{default_addr, Client, Fetched};
+pub use client::Client;
+pub use connection::{default_addr, Fetched};
 pub use consumer::{
     decode_records, Consumer, ConsumerConfig, ConsumerRecord, RecordView, StartFrom,
 };

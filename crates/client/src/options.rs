@@ -15,6 +15,10 @@ pub struct ConnectOptions {
     pub tls: Option<TlsOptions>,
     /// A user to log in as (SCRAM-SHA-256) right after connecting.
     pub credentials: Option<Credentials>,
+    /// Talk to the node connected to alone: no cluster map, every request to it (a
+    /// request for a partition it does not lead is answered `NotLeader`). For tools
+    /// that inspect one member; applications leave it off.
+    pub direct: bool,
 }
 
 /// A user name and password. The password is never sent: the client proves it knows

@@ -11,12 +11,15 @@
 //! on the connection in that order, so the records of a key reach their partition in
 //! the order they were sent.
 //!
-//! When the connection fails (or the node answers `ShuttingDown`, `NotLeader` or
-//! `Busy`), the dispatcher reconnects with a doubling backoff for up to
-//! [`ProducerConfig::retry_for`] and sends again, in order, every batch in flight whose
-//! answer it did not get. Such a batch may have been stored already: until producer
-//! sessions exist it may then be stored twice, and [`Producer::retried_batches`]
-//! counts every batch sent again.
+//! Each batch goes to its partition's primary (the client's routes). When a
+//! connection fails (or a node answers `ShuttingDown`, `NotLeader` or `Busy`), the
+//! dispatcher waits with a doubling backoff, refreshes the routes (a new primary after
+//! a failover, a member reconnected), for up to [`ProducerConfig::retry_for`], and
+//! sends again, in order, every batch in flight that failed; the others in flight are
+//! answered as they come (a batch to a healthy primary is not sent twice). A batch
+//! sent again may have been stored already: until producer sessions exist it may
+//! then be stored twice, and [`Producer::retried_batches`] counts every batch sent
+//! again.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -27,7 +30,8 @@ use braid_proto::hash::key_hash;
 use braid_proto::BatchBuilder;
 use tokio::sync::{mpsc, oneshot};
 
-use crate::connection::{unexpected, Client};
+use crate::client::Client;
+use crate::connection::unexpected;
 use crate::error::ClientError;
 
 /// Where a record was stored.
@@ -355,26 +359,27 @@ enum Event {
     Batch(Option<ClosedBatch>),
 }
 
-/// Whether a failure may pass with a new connection or a moment's wait.
-fn retriable(err: &ClientError) -> bool {
+/// Whether a failure may pass with a new connection, a new primary or a moment's
+/// wait. In a cluster, a member that does not know the topic yet (its metadata
+/// replica is a moment behind the member the topic was created through) may know it
+/// soon; on one node the answer is final.
+fn retriable(err: &ClientError, cluster: bool) -> bool {
     match err {
         ClientError::Io { .. } | ClientError::Closed => true,
-        ClientError::Server { code, .. } => matches!(
-            code,
-            ErrorCode::ShuttingDown | ErrorCode::NotLeader | ErrorCode::Busy
-        ),
+        ClientError::Server { code, .. } => match code {
+            ErrorCode::ShuttingDown | ErrorCode::NotLeader | ErrorCode::Busy => true,
+            ErrorCode::StreamNotFound | ErrorCode::TopicNotFound | ErrorCode::PartitionNotFound => {
+                cluster
+            }
+            _ => false,
+        },
         _ => false,
     }
 }
 
-/// The answer of `future` if it is ready now.
-fn ready_now(future: &mut Answer) -> Option<Result<Response, ClientError>> {
-    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-    match future.as_mut().poll(&mut cx) {
-        std::task::Poll::Ready(result) => Some(result),
-        std::task::Poll::Pending => None,
-    }
-}
+/// How long a failure waits for the answers of the other batches in flight before
+/// it counts those still unanswered as failed (sent again, maybe stored twice).
+const SETTLE_FOR: Duration = Duration::from_secs(10);
 
 impl Dispatcher {
     fn send(&self, batch: ClosedBatch) -> InFlight {
@@ -411,7 +416,10 @@ impl Dispatcher {
                     self.in_flight.push_back(sent);
                 }
                 Event::Batch(None) => open = false,
-                Event::Answer(Err(err)) if retriable(&err) && !self.config.retry_for.is_zero() => {
+                Event::Answer(Err(err))
+                    if retriable(&err, self.client.is_cluster())
+                        && !self.config.retry_for.is_zero() =>
+                {
                     self.recover(err).await;
                 }
                 Event::Answer(result) => {
@@ -423,53 +431,57 @@ impl Dispatcher {
         }
     }
 
-    /// The front batch failed with `err`: answer every batch whose answer already
-    /// came, reconnect with backoff, and send the rest again in order; past
-    /// `retry_for`, fail them all with the last error.
+    /// The front batch failed with `err`. Every other batch in flight is settled
+    /// first: its answer is awaited (a batch to a healthy primary is answered, not
+    /// sent twice); those that failed retriably, or were not answered within
+    /// [`SETTLE_FOR`], are sent again in order once the routes are refreshed, with
+    /// backoff; past `retry_for` they fail with the last error.
     async fn recover(&mut self, mut err: ClientError) {
         let started = Instant::now();
+        let cluster = self.client.is_cluster();
+        let mut again: VecDeque<ClosedBatch> = VecDeque::new();
+        let mut sent = std::mem::take(&mut self.in_flight).into_iter();
+        if let Some(front) = sent.next() {
+            again.push_back(front.batch);
+        }
+        for flight in sent {
+            match tokio::time::timeout(SETTLE_FOR, flight.answer).await {
+                Ok(Ok(response)) => {
+                    if again.iter().any(|b| b.partition == flight.batch.partition) {
+                        // An earlier batch of this partition failed and this one was
+                        // stored: only a primary that lost and regained the partition
+                        // between the two does that. Producer sessions will fence it.
+                        tracing::warn!(
+                            partition = flight.batch.partition,
+                            "a batch was stored after an earlier one of its partition failed"
+                        );
+                    }
+                    answer(flight.batch, Ok(response));
+                }
+                Ok(Err(failure)) if retriable(&failure, cluster) => again.push_back(flight.batch),
+                Ok(Err(failure)) => answer(flight.batch, Err(failure)),
+                Err(_) => again.push_back(flight.batch),
+            }
+        }
         let mut backoff = Duration::from_millis(50);
         loop {
-            // Keep what was answered; only the rest goes again.
-            let mut pending = VecDeque::new();
-            for (i, mut sent) in std::mem::take(&mut self.in_flight).into_iter().enumerate() {
-                let ready = if i == 0 {
-                    None
-                } else {
-                    ready_now(&mut sent.answer)
-                };
-                match ready {
-                    Some(Ok(response)) => answer(sent.batch, Ok(response)),
-                    _ => pending.push_back(sent),
-                }
-            }
-            self.in_flight = pending;
             if started.elapsed() >= self.config.retry_for {
-                tracing::warn!(%err, batches = self.in_flight.len(), "giving up resending produce batches");
-                for sent in std::mem::take(&mut self.in_flight) {
-                    answer(sent.batch, Err(err.clone()));
+                tracing::warn!(%err, batches = again.len(), "giving up resending produce batches");
+                for batch in again {
+                    answer(batch, Err(err.clone()));
                 }
                 return;
             }
             tokio::time::sleep(backoff).await;
             backoff =
                 (backoff * 2).min(self.config.retry_backoff_max.max(Duration::from_millis(1)));
-            let client = if self.client.is_closed() {
-                self.client.reconnect().await
-            } else {
-                Ok(self.client.clone())
-            };
-            match client {
-                Ok(client) => {
-                    self.client = client;
-                    let batches: Vec<ClosedBatch> = std::mem::take(&mut self.in_flight)
-                        .into_iter()
-                        .map(|sent| sent.batch)
-                        .collect();
+            // The routes after the failure: a new primary, a member reconnected.
+            match self.client.refresh().await {
+                Ok(()) => {
                     self.retried
-                        .fetch_add(batches.len() as u64, std::sync::atomic::Ordering::Relaxed);
-                    tracing::info!(batches = batches.len(), %err, "sending produce batches again");
-                    for batch in batches {
+                        .fetch_add(again.len() as u64, std::sync::atomic::Ordering::Relaxed);
+                    tracing::info!(batches = again.len(), %err, "sending produce batches again");
+                    for batch in again {
                         let sent = self.send(batch);
                         self.in_flight.push_back(sent);
                     }

@@ -151,3 +151,38 @@ pub(crate) fn start_cluster(n: u8, fsync: FsyncSetting) -> Vec<Member> {
         })
         .collect()
 }
+
+/// A client of the node at `addr` alone (no routing): what that member itself says.
+pub(crate) async fn direct(
+    addr: std::net::SocketAddr,
+) -> Result<braid_client::Client, braid_client::ClientError> {
+    let options = braid_client::ConnectOptions {
+        direct: true,
+        ..Default::default()
+    };
+    braid_client::Client::connect_with(&addr.to_string(), &options).await
+}
+
+/// Every record value of a partition, in log order, read through `client`.
+pub(crate) async fn read_partition(
+    client: &braid_client::Client,
+    stream: &str,
+    topic: &str,
+    partition: u32,
+) -> Vec<Vec<u8>> {
+    let mut out = Vec::new();
+    let mut offset = 0;
+    loop {
+        let fetched = client
+            .fetch(stream, topic, partition, offset, 1 << 20, 0)
+            .await
+            .unwrap();
+        let mut records = std::collections::VecDeque::new();
+        braid_client::decode_records(partition, offset, &fetched.batches, &mut records).unwrap();
+        let Some(last) = records.back() else {
+            return out;
+        };
+        offset = last.offset + 1;
+        out.extend(records.into_iter().map(|r| r.value.unwrap_or_default()));
+    }
+}

@@ -16,7 +16,7 @@ use braid_node::FsyncSetting;
 use common::{start_cluster, Member};
 
 async fn streams_on(addr: SocketAddr) -> Vec<String> {
-    match Client::connect(addr).await {
+    match common::direct(addr).await {
         Ok(client) => client
             .list_streams()
             .await
@@ -50,7 +50,7 @@ async fn a_change_through_any_node_is_on_every_node_and_outlives_the_primary() {
     let mut members = start_cluster(3, FsyncSetting::Always);
     // A change through each node, backups included: each is forwarded to the primary.
     for (i, member) in members.iter().enumerate() {
-        let client = Client::connect(member.config.client_addr).await.unwrap();
+        let client = common::direct(member.config.client_addr).await.unwrap();
         client.create_stream(&format!("s{i}")).await.unwrap();
         // The node that took it has applied it before it answered.
         assert!(streams_on(member.config.client_addr)

@@ -37,7 +37,7 @@ fn batch(partition: u32, n: u32) -> Vec<u8> {
 async fn primary_of(ask: SocketAddr, partition: u32) -> u8 {
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
-        if let Ok(client) = Client::connect(ask).await {
+        if let Ok(client) = common::direct(ask).await {
             if let Ok(info) = client.cluster_info().await {
                 if let Some(topic) = info.topics.iter().find(|t| t.topic == "t") {
                     if let Some((_, primary)) =
@@ -65,7 +65,7 @@ async fn produce_anywhere(members: &[Member], partition: u32, n: u32) -> ((u64, 
             if member.node.is_none() {
                 continue;
             }
-            let client = match Client::connect(member.addr()).await {
+            let client = match common::direct(member.addr()).await {
                 Ok(client) => client,
                 Err(err) => {
                     if std::env::var("DEBUG_CLUSTER").is_ok() {
@@ -170,7 +170,7 @@ async fn a_quorum_holds_every_acknowledged_record_through_the_primarys_stop() {
     // A backup refuses, naming the primary.
     let primary = usize::from(primaries[0]);
     let backup = (primary + 1) % 3;
-    let client = Client::connect(members[backup].addr()).await.unwrap();
+    let client = common::direct(members[backup].addr()).await.unwrap();
     match client.produce("s", "t", 0, &batch(0, 99)).await {
         Err(ClientError::Server {
             code: ErrorCode::NotLeader,
@@ -227,4 +227,102 @@ async fn a_quorum_holds_every_acknowledged_record_through_the_primarys_stop() {
     for member in &mut members {
         member.stop();
     }
+}
+
+/// Every batch of the single partition directory under `data_dir`, as stored.
+fn stored_batches(data_dir: &std::path::Path) -> Vec<Vec<u8>> {
+    let topics = data_dir.join("partitions");
+    let topic = std::fs::read_dir(&topics)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.is_dir())
+        .unwrap();
+    let mut log =
+        braid_storage::PartitionLog::open(topic.join("0"), braid_storage::LogConfig::default(), 0)
+            .unwrap();
+    let mut out = Vec::new();
+    let mut offset = log.start_offset();
+    while offset < log.next_offset() {
+        let read = log.read(offset, 1 << 20, u64::MAX).unwrap();
+        let mut bytes = read.bytes();
+        while !bytes.is_empty() {
+            let (batch, used) = RecordBatch::check_frame(bytes).unwrap();
+            // The leader epoch (the view that wrote it) may differ between replicas.
+            let mut canonical = bytes[..used].to_vec();
+            braid_proto::batch::set_partition_leader_epoch(&mut canonical, 0);
+            out.push(canonical);
+            offset =
+                batch.header().base_offset as u64 + batch.header().last_offset_delta as u64 + 1;
+            bytes = &bytes[used..];
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_behind_every_journal_copies_the_log_from_a_peer() {
+    let mut members = start_cluster(3, FsyncSetting::Never);
+    let admin = Client::connect(members[0].addr()).await.unwrap();
+    common::create_topic(&admin, "s", "t", 1).await;
+    let primary = usize::from(primary_of(members[0].addr(), 0).await);
+    let client = Client::connect(members[primary].addr()).await.unwrap();
+    let behind = (primary + 1) % 3;
+    let other = (primary + 2) % 3;
+    members[behind].stop();
+    // More ops than a journal keeps past its checkpoint (1,024 + 1,024): the peers'
+    // journals no longer reach back to where the stopped member is.
+    for n in 0..2_600 {
+        let mut done = false;
+        for _ in 0..200 {
+            match client.produce("s", "t", 0, &batch(0, n)).await {
+                Ok(_) => {
+                    done = true;
+                    break;
+                }
+                // Not yet known there, or the stopped member's connection: ask again.
+                Err(_) => {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    client.refresh().await.ok();
+                }
+            }
+        }
+        assert!(done, "produce {n} never taken");
+    }
+    members[behind].start();
+    let http = members[behind].node.as_ref().unwrap().http_addr();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while common::metric(http, "braid_partition_state_transfers_total").await < 1 {
+        assert!(Instant::now() < deadline, "no state transfer");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The copied member now makes the quorum: the other backup stops, and produces
+    // still commit (the restarted member acknowledges them from its journal).
+    members[other].stop();
+    for n in 2_600..2_620 {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            match client.produce("s", "t", 0, &batch(0, n)).await {
+                Ok(_) => break,
+                Err(err) => {
+                    assert!(
+                        Instant::now() < deadline,
+                        "produce {n} with the copied member: {err}"
+                    );
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    client.refresh().await.ok();
+                }
+            }
+        }
+    }
+    members[primary].stop();
+    members[behind].stop();
+    // Its log is the primary's, batch for batch.
+    let copied = stored_batches(&members[behind].config.data_dir);
+    let original = stored_batches(&members[primary].config.data_dir);
+    assert!(copied.len() >= 2_620, "{} batches copied", copied.len());
+    assert_eq!(copied.len(), original.len());
+    assert!(
+        copied == original,
+        "the copied log differs from the primary's"
+    );
 }

@@ -73,6 +73,22 @@ pub(crate) enum AdminRequest {
     },
 }
 
+impl AdminRequest {
+    /// A consumer-group call (answered only by the coordinator, in a cluster).
+    pub(crate) fn is_group_call(&self) -> bool {
+        matches!(
+            self,
+            Self::JoinGroup { .. }
+                | Self::Heartbeat { .. }
+                | Self::LeaveGroup { .. }
+                | Self::CommitOffsets { .. }
+                | Self::FetchOffsets { .. }
+                | Self::DescribeGroup { .. }
+                | Self::ListGroups(_)
+        )
+    }
+}
+
 /// A key field the decoder checked to be [`KEY_BYTES`] long.
 fn key(bytes: &[u8]) -> Option<[u8; KEY_BYTES]> {
     bytes.try_into().ok()

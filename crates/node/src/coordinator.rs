@@ -157,6 +157,33 @@ impl MetaService {
         }
         let turn = self.group.tick();
         self.finish(shared, turn);
+        let primary = self.group.primary().unwrap_or(crate::mailbox::NO_MEMBER);
+        shared
+            .coordinator
+            .store(primary, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// `NotLeader` for a consumer-group call on a member that does not lead the
+    /// metadata group: groups are coordinated there alone, so every member of a group
+    /// meets the same coordinator (its state moves with the primary: members join
+    /// again at the new one, offsets are in the metadata).
+    fn not_coordinator(&self, shared: &NodeShared) -> Option<NodeError> {
+        if shared.cluster.members.len() <= 1 {
+            return None;
+        }
+        let me = shared.cluster.node_id;
+        let primary = self.group.primary();
+        if primary == Some(me) {
+            return None;
+        }
+        let hint = match primary.and_then(|p| shared.client_addr_of(p).map(|a| (p, a))) {
+            Some((p, addr)) => format!("node {p} at {addr} coordinates them"),
+            None => "the cluster is choosing a coordinator; retry".into(),
+        };
+        Some(NodeError::new(
+            ErrorCode::NotLeader,
+            format!("node {me} does not coordinate consumer groups: {hint}"),
+        ))
     }
 
     /// A frame from a peer for the metadata group.
@@ -237,6 +264,14 @@ impl MetaService {
 
     pub(crate) fn handle(&mut self, shared: &Arc<NodeShared>, request: AdminRequest, reply: Reply) {
         let defaults = shared.config.topic_defaults;
+        if request.is_group_call() {
+            if let Some(err) = self.not_coordinator(shared) {
+                let _ = reply.send(Err(err));
+                let turn = self.group.nudge();
+                self.finish(shared, turn);
+                return;
+            }
+        }
         match request {
             AdminRequest::CreateStream(name) => {
                 self.change(shared, MetaOp::CreateStream { name }, reply)

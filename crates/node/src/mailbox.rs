@@ -122,6 +122,9 @@ pub(crate) struct NodeShared {
     /// it), refreshed by the owner's timer.
     pub(crate) primaries:
         std::sync::RwLock<HashMap<PartitionKey, Arc<std::sync::atomic::AtomicU8>>>,
+    /// The member leading the metadata group, so coordinating consumer groups
+    /// ([`NO_MEMBER`] while none is known), published by shard 0's timer.
+    pub(crate) coordinator: std::sync::atomic::AtomicU8,
     /// TLS on the client port, if configured.
     pub(crate) tls: Option<crate::tls::ClientTls>,
     /// Derives the stand-in credential shown for unknown users (drawn at start).
@@ -138,7 +141,25 @@ pub(crate) struct ClusterView {
     pub(crate) members: Vec<braid_proto::client::ClusterMember>,
 }
 
+/// "No member known" where a member id is published.
+pub(crate) const NO_MEMBER: u8 = u8::MAX;
+
 impl NodeShared {
+    /// The member coordinating consumer groups, if one is known.
+    pub(crate) fn coordinator(&self) -> Option<u8> {
+        let member = self.coordinator.load(std::sync::atomic::Ordering::Relaxed);
+        (member != NO_MEMBER).then_some(member)
+    }
+
+    /// The client address of `member`.
+    pub(crate) fn client_addr_of(&self, member: u8) -> Option<&str> {
+        self.cluster
+            .members
+            .iter()
+            .find(|m| m.id == member)
+            .map(|m| m.client_addr.as_str())
+    }
+
     pub(crate) fn shards(&self) -> usize {
         self.inboxes.len()
     }

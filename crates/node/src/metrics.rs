@@ -19,6 +19,7 @@ pub(crate) struct ShardMetrics {
     pub(crate) fetch_bytes: AtomicU64,
     pub(crate) partitions: AtomicU64,
     pub(crate) fsyncs_requested: AtomicU64,
+    pub(crate) state_transfers: AtomicU64,
     pub(crate) frames_refused: AtomicU64,
     pub(crate) partitions_poisoned: AtomicU64,
     pub(crate) connection_reads_paused: AtomicU64,
@@ -46,6 +47,7 @@ impl Default for ShardMetrics {
             fetch_bytes: AtomicU64::new(0),
             partitions: AtomicU64::new(0),
             fsyncs_requested: AtomicU64::new(0),
+            state_transfers: AtomicU64::new(0),
             frames_refused: AtomicU64::new(0),
             partitions_poisoned: AtomicU64::new(0),
             connection_reads_paused: AtomicU64::new(0),
@@ -202,6 +204,12 @@ pub(crate) fn render(
         "counter",
         "Partition journal syncs sent to the sync thread (fsync = always).",
         sum(&|s| &s.fsyncs_requested),
+    );
+    metric(
+        "braid_partition_state_transfers_total",
+        "counter",
+        "Partition logs copied from a peer up to a checkpoint this replica installed (it was behind every peer's journal, or its log lost batches).",
+        sum(&|s| &s.state_transfers),
     );
     metric(
         "braid_frames_refused_total",

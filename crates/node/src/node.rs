@@ -172,6 +172,7 @@ impl Node {
             connections: std::sync::atomic::AtomicUsize::new(0),
             high_watermarks: std::sync::RwLock::default(),
             primaries: std::sync::RwLock::default(),
+            coordinator: std::sync::atomic::AtomicU8::new(crate::mailbox::NO_MEMBER),
             tls,
             stand_in_secret,
             cluster,

@@ -171,11 +171,8 @@ impl Shard {
     fn not_leader(&self, primary: Option<u8>) -> NodeError {
         let hint = primary.and_then(|p| {
             self.shared
-                .cluster
-                .members
-                .iter()
-                .find(|m| m.id == p)
-                .map(|m| format!("node {p} at {} leads it", m.client_addr))
+                .client_addr_of(p)
+                .map(|addr| format!("node {p} at {addr} leads it"))
         });
         NodeError::new(
             ErrorCode::NotLeader,
@@ -503,6 +500,8 @@ impl Shard {
         self.apply_moved(moved);
         let syncs = self.groups.take_syncs_started();
         add(&self.metrics().fsyncs_requested, syncs);
+        let transfers = self.groups.take_transfers_done();
+        add(&self.metrics().state_transfers, transfers);
         self.ticks += 1;
         if self.ticks.is_multiple_of(PRIMARIES_EVERY_TICKS) {
             for (key, partition) in &self.partitions {

@@ -71,6 +71,11 @@ pub(super) fn cluster_info(env: &Env) -> Response {
     Response::Cluster(ClusterInfo {
         cluster_id: cluster.cluster_id.clone(),
         node_id: cluster.node_id,
+        coordinator: if cluster.members.len() <= 1 {
+            Some(cluster.node_id)
+        } else {
+            env.shared.coordinator()
+        },
         members: cluster.members.clone(),
         topics,
     })

@@ -11,7 +11,7 @@ use std::path::Path;
 
 use braid_bus::{Bus, Delivery};
 use braid_proto::client::ErrorCode;
-use braid_vsr::{Config, Input, Message, Replica, ReplicaId, Reply, Status};
+use braid_vsr::{Config, Input, Message, Replica, ReplicaId, Reply, Request, Status};
 
 use super::machine::MetadataMachine;
 use super::meta_client::{node_of_client, MetaClient, Send};
@@ -191,6 +191,28 @@ impl<T> MetaGroup<T> {
         turn
     }
 
+    /// A client was sent elsewhere because this replica believes another member leads:
+    /// a quiescent backup starts watching that primary again, so a dead one is
+    /// replaced (nothing else would wake the group if no change is being made).
+    pub(crate) fn nudge(&mut self) -> Turn<T> {
+        let mut turn = Turn::default();
+        if self.failed.is_some() || self.members <= 1 || self.primary() == Some(self.node) {
+            return turn;
+        }
+        let wake = Request {
+            client: 0,
+            session: u64::MAX,
+            request: 0,
+            body: bytes::Bytes::new(),
+        };
+        let input = Input::Message(Message::Request(wake));
+        match self.host.step(self.now, vec![(METADATA_GROUP, input)]) {
+            Ok(effects) => self.run(&mut turn, vec![effects]),
+            Err(err) => self.fail(&mut turn, err),
+        }
+        turn
+    }
+
     /// A frame from a peer.
     pub(crate) fn deliver(&mut self, delivery: &Delivery) -> Turn<T> {
         let mut turn = Turn::default();
@@ -212,7 +234,12 @@ impl<T> MetaGroup<T> {
                 self.held.extend(answered);
                 self.run(&mut turn, Vec::new());
             }
-            Ok(Received::Message(group, _) | Received::Reply(group, _)) => {
+            Ok(
+                Received::Message(group, _)
+                | Received::Reply(group, _)
+                | Received::LogFetch { group, .. }
+                | Received::LogChunk { group, .. },
+            ) => {
                 tracing::debug!(
                     group,
                     peer = delivery.peer,

@@ -33,6 +33,8 @@ use crate::error::NodeError;
 use crate::layout::PartitionKey;
 use crate::mailbox::ProduceReply;
 
+mod copy;
+
 /// Most produce requests a primary keeps in flight per partition.
 const PIPELINE_MAX: u64 = 16;
 
@@ -145,6 +147,10 @@ pub(crate) struct PartitionGroups {
     sync: Option<SyncLink>,
     /// Sync jobs handed to the syncer since the last [`PartitionGroups::take_syncs_started`].
     syncs_started: u64,
+    /// Log copies (state transfers) with a fetch out: group -> (tick sent, attempt).
+    copies: HashMap<u64, (u64, u64)>,
+    /// State transfers finished since the last [`PartitionGroups::take_transfers_done`].
+    transfers_done: u64,
     failed: Option<String>,
 }
 
@@ -180,6 +186,8 @@ impl PartitionGroups {
             bus: None,
             sync: None,
             syncs_started: 0,
+            copies: HashMap::new(),
+            transfers_done: 0,
             failed: None,
         })
     }
@@ -187,6 +195,11 @@ impl PartitionGroups {
     /// Sync jobs handed to the syncer since the last call (for the metrics).
     pub(crate) fn take_syncs_started(&mut self) -> u64 {
         std::mem::take(&mut self.syncs_started)
+    }
+
+    /// State transfers (log copies) finished since the last call (for the metrics).
+    pub(crate) fn take_transfers_done(&mut self) -> u64 {
+        std::mem::take(&mut self.transfers_done)
     }
 
     /// Runs journal syncs under `fsync = always` on `link`'s syncer from now on (for
@@ -405,6 +418,15 @@ impl PartitionGroups {
             Ok(Received::Reply(group, _)) => {
                 tracing::debug!(group, "a reply for a partition group: its primary is local");
             }
+            Ok(Received::LogFetch { group, from, to }) => {
+                self.serve_copy(delivery, group, from, to);
+            }
+            Ok(Received::LogChunk {
+                group,
+                from,
+                start,
+                batches,
+            }) => self.take_copy(group, from, start, &batches, &mut moved),
             Err(err) => {
                 tracing::warn!(peer = delivery.peer, %err, "a replica frame that does not decode");
             }
@@ -439,6 +461,7 @@ impl PartitionGroups {
             }
         }
         self.resend_overdue(&mut moved);
+        self.drive_copies();
         if self.members > 1
             && self
                 .now

@@ -34,7 +34,7 @@ use braid_storage::{LogConfig, LogError, PartitionLog};
 use braid_vsr::{checksum, Checksum, Header, JournalSlot, Operation, Prepare};
 
 use super::journal_file::{JournalError, JournalFile};
-use super::partition_machine::batch_records;
+use super::partition_machine::{batch_records, PartitionMachine};
 use super::shard_host::{HostError, Journal};
 
 /// The header journal's file name in the partition directory.
@@ -50,6 +50,8 @@ pub(crate) enum PartitionJournalError {
     Log(#[from] LogError),
     #[error("partition journal sync: {0}")]
     Sync(#[from] braid_storage::SyncError),
+    #[error("partition state transfer: {0}")]
+    Copy(String),
 }
 
 /// A sync of a partition's journal for another thread (the syncer) to run: the log's
@@ -113,6 +115,30 @@ pub(crate) struct PartitionJournal {
     /// above). A sync started before a cut reports none of the ops above it: their
     /// entries are gone, or were written again after that sync began.
     cuts: Vec<(u64, u64)>,
+    /// The log is being copied from a peer up to a checkpoint's end: until it is in,
+    /// prepares above the checkpoint wait in `pending`.
+    behind: Option<Transfer>,
+}
+
+/// A state transfer of the log: the checkpoint at `op` was installed from a peer (this
+/// replica was behind every peer's journal), and the log must hold every batch below
+/// `log_end`, the offset the checkpoint's state names, before any op above `op` can be
+/// appended. The batches come from peers' logs ([`PartitionJournal::copy_chunk`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Transfer {
+    pub(crate) op: u64,
+    pub(crate) log_end: u64,
+}
+
+/// What a chunk of a peer's log did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Copied {
+    /// Not for the copy running (stale, or none runs).
+    Ignored,
+    /// Batches appended (or the log restarted at the peer's start); more to come.
+    Progress,
+    /// The log reached the checkpoint's end: ops above it flow again.
+    Done,
 }
 
 /// The first batch of `bytes` (a read returns whole batches).
@@ -145,6 +171,7 @@ impl PartitionJournal {
             running: BTreeMap::new(),
             next_sync: 0,
             cuts: Vec::new(),
+            behind: None,
         };
         let external: BTreeMap<u64, u64> = found.external.iter().copied().collect();
         let mut slots = Vec::with_capacity(found.slots.len());
@@ -188,6 +215,21 @@ impl PartitionJournal {
                 let before = journal.log.size_bytes();
                 journal.log.truncate(end)?;
                 log_bytes_cut = before.saturating_sub(journal.log.size_bytes());
+            }
+            Some(end) if journal.log.next_offset() < end && journal.tip == pruned => {
+                // The log ends before the prune point's end (a state transfer that a
+                // crash interrupted, or batches lost with the page cache): the rest is
+                // copied from a peer before any op above the prune point goes in.
+                tracing::info!(
+                    dir = %dir.display(),
+                    log_end = journal.log.next_offset(),
+                    want = end,
+                    "the partition log is copied from a peer up to its checkpoint"
+                );
+                journal.behind = Some(Transfer {
+                    op: pruned,
+                    log_end: end,
+                });
             }
             Some(end) if journal.log.next_offset() < end => {
                 // The log lost batches its journal counts as written: it must be
@@ -278,10 +320,110 @@ impl PartitionJournal {
             self.cut_above(op - 1)?;
         }
         self.pending.insert(op, prepare.clone());
+        self.append_pending(now_ms)
+    }
+
+    /// Appends the prepares that wait for nothing any more.
+    fn append_pending(&mut self, now_ms: u64) -> Result<(), PartitionJournalError> {
+        if self.behind.is_some() {
+            return Ok(());
+        }
         while let Some(next) = self.pending.remove(&(self.tip + 1)) {
             self.append(&next, now_ms)?;
         }
         Ok(())
+    }
+
+    /// The copy from a peer that runs, if any.
+    pub(crate) fn behind(&self) -> Option<Transfer> {
+        self.behind
+    }
+
+    /// A checkpoint at `op` whose state says the log ends at `log_end` there was
+    /// written (installed from a peer, or found at open). If the log holds it already,
+    /// nothing changes; otherwise the log is copied from a peer up to `log_end`. The
+    /// prune that follows records `log_end`, so a crash during the copy resumes it.
+    ///
+    /// # Errors
+    /// The log could not be restarted.
+    pub(crate) fn checkpointed(
+        &mut self,
+        op: u64,
+        log_end: u64,
+        now_ms: u64,
+    ) -> Result<(), PartitionJournalError> {
+        if op <= self.tip || self.behind.is_some_and(|t| t.op >= op) {
+            return Ok(());
+        }
+        self.pending.retain(|o, _| *o > op);
+        if self.log.next_offset() > log_end {
+            // Batches past the checkpoint's end here are not the committed ones: the
+            // log starts again at the end (nothing below it is needed to go on).
+            self.log.reset(log_end, now_ms)?;
+        }
+        self.behind = Some(Transfer { op, log_end });
+        if self.log.next_offset() == log_end {
+            self.finish_transfer(now_ms)?;
+        }
+        Ok(())
+    }
+
+    /// Takes a chunk of a peer's log asked for at `from`: `batches`, whole and in
+    /// order, or none with `peer_start` above `from` when the peer's retention deleted
+    /// what this log lacks (the log then starts again at the peer's start).
+    ///
+    /// # Errors
+    /// A batch is damaged or not where it belongs (the copy is abandoned for this
+    /// chunk and asked again), or an append failed.
+    pub(crate) fn copy_chunk(
+        &mut self,
+        from: u64,
+        peer_start: u64,
+        batches: &[u8],
+        now_ms: u64,
+    ) -> Result<Copied, PartitionJournalError> {
+        let Some(transfer) = self.behind else {
+            return Ok(Copied::Ignored);
+        };
+        if from != self.log.next_offset() {
+            return Ok(Copied::Ignored);
+        }
+        if batches.is_empty() && peer_start > from {
+            self.log.reset(peer_start.min(transfer.log_end), now_ms)?;
+        }
+        let mut rest = batches;
+        while !rest.is_empty() && self.log.next_offset() < transfer.log_end {
+            let (batch, used) = braid_proto::RecordBatch::check_frame(rest).map_err(|err| {
+                PartitionJournalError::Copy(format!("a copied batch is damaged: {err}"))
+            })?;
+            let header = batch.header();
+            let base = header.base_offset as u64;
+            if base != self.log.next_offset() {
+                return Err(PartitionJournalError::Copy(format!(
+                    "a copied batch starts at {base}, the log at {}",
+                    self.log.next_offset()
+                )));
+            }
+            let epoch = header.partition_leader_epoch;
+            self.log.append_shared(&rest[..used], epoch, now_ms)?;
+            rest = &rest[used..];
+        }
+        if self.log.next_offset() >= transfer.log_end {
+            self.finish_transfer(now_ms)?;
+            return Ok(Copied::Done);
+        }
+        Ok(Copied::Progress)
+    }
+
+    /// The log holds every batch up to the checkpoint's end: synced, it stands for
+    /// every op up to the checkpoint, and the ops above it go in.
+    fn finish_transfer(&mut self, now_ms: u64) -> Result<(), PartitionJournalError> {
+        let Some(transfer) = self.behind.take() else {
+            return Ok(());
+        };
+        self.log.sync()?;
+        self.tip = self.tip.max(transfer.op);
+        self.append_pending(now_ms)
     }
 
     /// Appends `prepare` at `tip + 1`.
@@ -375,9 +517,12 @@ impl PartitionJournal {
     /// A write failed.
     pub(crate) fn prune(&mut self, op: u64) -> Result<(), PartitionJournalError> {
         self.pending.retain(|o, _| *o > op);
-        let log_end = (op <= self.tip).then(|| match self.index.next_external(op) {
-            Some((next, base)) if next <= self.tip => base,
-            _ => self.log.next_offset(),
+        let copying = self.behind.filter(|t| t.op == op).map(|t| t.log_end);
+        let log_end = copying.or_else(|| {
+            (op <= self.tip).then(|| match self.index.next_external(op) {
+                Some((next, base)) if next <= self.tip => base,
+                _ => self.log.next_offset(),
+            })
         });
         self.index.prune_at(op, log_end)?;
         Ok(())
@@ -558,6 +703,22 @@ impl Journal for PartitionJournal {
     }
     fn has_unsynced(&self) -> bool {
         PartitionJournal::has_unsynced(self)
+    }
+    fn checkpointed(&mut self, checkpoint: &braid_vsr::Checkpoint) -> Result<(), HostError> {
+        let mut state = braid_vsr::ReplicatedState::new(PartitionMachine::default(), usize::MAX);
+        state
+            .restore(&checkpoint.state)
+            .map_err(|reason| HostError::Start {
+                group: checkpoint.header.group,
+                reason: format!("its checkpoint's state does not decode: {reason}"),
+            })?;
+        let log_end = state.machine().next_offset();
+        Ok(PartitionJournal::checkpointed(
+            self,
+            checkpoint.header.op,
+            log_end,
+            crate::mailbox::now_ms(),
+        )?)
     }
 }
 

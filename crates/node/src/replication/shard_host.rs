@@ -52,6 +52,11 @@ pub(crate) trait Journal {
     fn has_unsynced(&self) -> bool {
         false
     }
+    /// A checkpoint was written (or found at open): a journal whose bodies live
+    /// elsewhere may have to fetch what it covers (the partition log).
+    fn checkpointed(&mut self, _checkpoint: &braid_vsr::Checkpoint) -> Result<(), HostError> {
+        Ok(())
+    }
 }
 
 /// What a journal held at open.
@@ -189,6 +194,12 @@ impl<S: StateMachine, J: Journal> ShardHost<S, J> {
         let start = |reason: String| HostError::Start { group, reason };
         let (checkpoints, checkpoint) =
             CheckpointStore::open(checkpoint_dir, &format!("group-{group}.checkpoint"))?;
+        let mut journal = journal;
+        if let Some(checkpoint) = &checkpoint {
+            // A crash between a snapshot's install and its prune leaves the journal
+            // behind the checkpoint: it learns what the checkpoint covers again.
+            journal.checkpointed(checkpoint)?;
+        }
         let durable = self.states.get(group);
         if config.replica_count == 1 && opened.damaged {
             // A lone replica's journal holds acknowledged ops no peer can repair.
@@ -244,6 +255,35 @@ impl<S: StateMachine, J: Journal> ShardHost<S, J> {
     }
 
     /// A group's journal.
+    /// Every group's journal.
+    pub(crate) fn journals_mut(&mut self) -> impl Iterator<Item = (u64, &mut J)> {
+        self.files.iter_mut().map(|(g, f)| (*g, &mut f.journal))
+    }
+
+    /// Syncs `group`'s journal outside a step (writes made without one, such as a
+    /// state transfer's) and reports what it made durable to the replica.
+    ///
+    /// # Errors
+    /// As [`ShardHost::step`].
+    pub(crate) fn sync_journal(&mut self, now: u64, group: u64) -> Result<Effects, HostError> {
+        let files = self
+            .files
+            .get_mut(&group)
+            .ok_or(HostError::UnknownGroup(group))?;
+        let written: Vec<(u64, Input)> = files
+            .journal
+            .sync()?
+            .into_iter()
+            .map(|(op, checksum)| (group, Input::JournalWritten { op, checksum }))
+            .collect();
+        let unsynced = files.journal.has_unsynced();
+        let mut effects = self.step(now, written)?;
+        if unsynced && !effects.unsynced.contains(&group) {
+            effects.unsynced.push(group);
+        }
+        Ok(effects)
+    }
+
     pub(crate) fn journal_mut(&mut self, group: u64) -> Option<&mut J> {
         self.files.get_mut(&group).map(|f| &mut f.journal)
     }
@@ -345,7 +385,10 @@ impl<S: StateMachine, J: Journal> ShardHost<S, J> {
                         touched.push(group);
                     }
                     Output::WriteState(state) => self.states.stage(group, state),
-                    Output::WriteCheckpoint(checkpoint) => files.checkpoints.write(&checkpoint)?,
+                    Output::WriteCheckpoint(checkpoint) => {
+                        files.checkpoints.write(&checkpoint)?;
+                        files.journal.checkpointed(&checkpoint)?;
+                    }
                     Output::Applied { op, result, .. } => effects.applied.push((group, op, result)),
                     Output::Evicted { .. } => {}
                 }

@@ -1,7 +1,9 @@
 //! VSR traffic on the replica bus: one frame per message, the frame's group the
 //! consensus group. A [`KIND_VSR`] frame carries a message between replicas (or a
 //! node's request to a primary); a [`KIND_REPLY`] frame carries a primary's answer to a
-//! request another node sent.
+//! request another node sent; [`KIND_LOG_FETCH`] and [`KIND_LOG_CHUNK`] copy a
+//! partition's log to a replica that installed a checkpoint beyond it (state
+//! transfer).
 
 use braid_bus::{Delivery, Frame};
 use braid_vsr::{DecodeError, Message, Reply};
@@ -10,6 +12,12 @@ use braid_vsr::{DecodeError, Message, Reply};
 pub(crate) const KIND_VSR: u8 = 1;
 /// The frame kind of a reply to a node's request.
 pub(crate) const KIND_REPLY: u8 = 2;
+/// The frame kind of a request for a partition log's committed batches:
+/// `from: u64, to: u64`.
+pub(crate) const KIND_LOG_FETCH: u8 = 3;
+/// The frame kind of the answer: `from: u64, start: u64` (the sender's log start),
+/// then whole batches from `from`, as stored.
+pub(crate) const KIND_LOG_CHUNK: u8 = 4;
 
 /// What a delivered frame carries.
 #[derive(Debug)]
@@ -18,6 +26,16 @@ pub(crate) enum Received {
     Message(u64, Message),
     /// A reply for this node's client of the group.
     Reply(u64, Reply),
+    /// A peer asks for the group's committed batches in `[from, to)`.
+    LogFetch { group: u64, from: u64, to: u64 },
+    /// Batches of the group's log from `from`, whole; `start` is where the sender's
+    /// log begins now.
+    LogChunk {
+        group: u64,
+        from: u64,
+        start: u64,
+        batches: bytes::Bytes,
+    },
 }
 
 /// Why a delivered frame is not a VSR message.
@@ -29,6 +47,8 @@ pub(crate) enum WireError {
     Decode(#[from] DecodeError),
     #[error("message claims to be from replica {claimed} but came from peer {peer}")]
     Impostor { claimed: u8, peer: u8 },
+    #[error("a log-copy frame of {0} bytes is too short")]
+    ShortCopy(usize),
 }
 
 /// The frame that carries `message` of `group`.
@@ -45,11 +65,62 @@ pub(crate) fn reply_frame(group: u64, reply: &Reply) -> Frame {
     Frame::new(group, KIND_REPLY, payload)
 }
 
-/// What a delivery carries: a message or a reply.
+/// The frame asking for `group`'s committed batches in `[from, to)`.
+pub(crate) fn log_fetch_frame(group: u64, from: u64, to: u64) -> Frame {
+    let mut payload = Vec::with_capacity(16);
+    payload.extend_from_slice(&from.to_be_bytes());
+    payload.extend_from_slice(&to.to_be_bytes());
+    Frame::new(group, KIND_LOG_FETCH, payload)
+}
+
+/// The frame answering a log fetch at `from` with `batches`.
+pub(crate) fn log_chunk_frame(group: u64, from: u64, start: u64, batches: &[u8]) -> Frame {
+    let mut payload = Vec::with_capacity(16 + batches.len());
+    payload.extend_from_slice(&from.to_be_bytes());
+    payload.extend_from_slice(&start.to_be_bytes());
+    payload.extend_from_slice(batches);
+    Frame::new(group, KIND_LOG_CHUNK, payload)
+}
+
+/// The two words a log-copy frame starts with.
+fn two_words(payload: &[u8]) -> Result<(u64, u64), WireError> {
+    let word = |at: usize| -> Option<u64> {
+        Some(u64::from_be_bytes(
+            payload.get(at..at + 8)?.try_into().ok()?,
+        ))
+    };
+    match (word(0), word(8)) {
+        (Some(a), Some(b)) => Ok((a, b)),
+        _ => Err(WireError::ShortCopy(payload.len())),
+    }
+}
+
+/// What a delivery carries: a message, a reply, or a piece of a log copy.
 pub(crate) fn received(delivery: &Delivery) -> Result<Received, WireError> {
-    if delivery.frame.kind == KIND_REPLY {
-        let reply = Reply::decode(&delivery.frame.payload)?;
-        return Ok(Received::Reply(delivery.frame.group, reply));
+    let frame = &delivery.frame;
+    match frame.kind {
+        KIND_REPLY => {
+            let reply = Reply::decode(&frame.payload)?;
+            return Ok(Received::Reply(frame.group, reply));
+        }
+        KIND_LOG_FETCH => {
+            let (from, to) = two_words(&frame.payload)?;
+            return Ok(Received::LogFetch {
+                group: frame.group,
+                from,
+                to,
+            });
+        }
+        KIND_LOG_CHUNK => {
+            let (from, start) = two_words(&frame.payload)?;
+            return Ok(Received::LogChunk {
+                group: frame.group,
+                from,
+                start,
+                batches: frame.payload.slice(16..),
+            });
+        }
+        _ => {}
     }
     let (group, message) = message(delivery)?;
     Ok(Received::Message(group, message))

@@ -107,6 +107,9 @@ pub struct GroupDescription {
     pub offsets: Vec<PartitionOffsets>,
 }
 
+/// The wire value of "no member" in [`ClusterInfo::coordinator`].
+const NO_MEMBER: u8 = u8::MAX;
+
 /// A member in [`ClusterInfo`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ClusterMember {
@@ -135,6 +138,9 @@ pub struct ClusterInfo {
     pub cluster_id: String,
     /// The member that answered.
     pub node_id: u8,
+    /// The member that coordinates consumer groups (it leads the metadata group), if
+    /// the answering node knows one; consumer-group calls go there.
+    pub coordinator: Option<u8>,
     /// Every member.
     pub members: Vec<ClusterMember>,
     /// Each partition's primary, for the topics the caller may see.
@@ -288,6 +294,7 @@ impl Response {
             Self::Cluster(info) => {
                 out.put_string(&info.cluster_id);
                 out.put_u8_be(info.node_id);
+                out.put_u8_be(info.coordinator.unwrap_or(NO_MEMBER));
                 out.put_u32_be(info.members.len() as u32);
                 for m in &info.members {
                     out.put_u8_be(m.id);
@@ -439,6 +446,7 @@ impl Response {
             Command::ClusterInfo => {
                 let cluster_id = string(&mut r, "cluster_id")?;
                 let node_id = r.u8("node_id")?;
+                let coordinator = Some(r.u8("coordinator")?).filter(|m| *m != NO_MEMBER);
                 let members = (0..r.count("members", 3)?)
                     .map(|_| {
                         Ok(ClusterMember {
@@ -464,6 +472,7 @@ impl Response {
                 Self::Cluster(ClusterInfo {
                     cluster_id,
                     node_id,
+                    coordinator,
                     members,
                     topics,
                 })

@@ -168,6 +168,7 @@ fn responses_round_trip() {
             Response::Cluster(ClusterInfo {
                 cluster_id: "prod".into(),
                 node_id: 1,
+                coordinator: Some(2),
                 members: vec![ClusterMember {
                     id: 1,
                     client_addr: "10.0.0.2:7070".into(),

@@ -483,3 +483,125 @@ fn an_off_thread_sync_reports_what_it_covers_and_nothing_a_later_cut_removed() {
         "what was reported is there"
     );
 }
+
+/// Copies `peer`'s log into `journal` in small chunks until the copy is done.
+fn copy_all(journal: &mut PartitionJournal, peer: &mut PartitionJournal, end: u64) {
+    for _ in 0..1_000 {
+        let from = journal.log().next_offset();
+        let read = peer.log().read(from, 100, end).unwrap();
+        let start = peer.log().start_offset();
+        match journal.copy_chunk(from, start, read.bytes(), 0).unwrap() {
+            Copied::Done => return,
+            Copied::Progress => {}
+            Copied::Ignored => panic!("a chunk for the copy was ignored"),
+        }
+    }
+    panic!("the copy never finished");
+}
+
+#[test]
+fn a_checkpoint_beyond_the_log_is_copied_from_a_peer_and_a_crash_resumes_the_copy() {
+    let ops = chain(30, 1, "a");
+    let peer_dir = tempfile::tempdir().unwrap();
+    let (mut peer, _) = open(peer_dir.path());
+    for p in &ops {
+        peer.write_prepare(p, 0).unwrap();
+    }
+    peer.sync().unwrap();
+    let end = peer.log().next_offset();
+
+    // This replica had ops 1 to 3, then installed a peer's checkpoint at op 30.
+    let dir = tempfile::tempdir().unwrap();
+    let (mut journal, _) = open(dir.path());
+    for p in &ops[..3] {
+        journal.write_prepare(p, 0).unwrap();
+    }
+    journal.sync().unwrap();
+    journal.checkpointed(30, end, 0).unwrap();
+    journal.prune(30).unwrap();
+    assert_eq!(
+        journal.behind(),
+        Some(Transfer {
+            op: 30,
+            log_end: end
+        })
+    );
+    // An op above the checkpoint waits for the copy.
+    let next = prepare(
+        31,
+        1,
+        ops[29].header.checksum,
+        Operation::Request,
+        batch("b", 2),
+    );
+    journal.write_prepare(&next, 0).unwrap();
+    assert!(journal.tip() < 31);
+    assert!(
+        journal.sync().unwrap().is_empty(),
+        "nothing above the copy is written"
+    );
+    // A stale chunk (not where the log ends) is ignored.
+    assert_eq!(journal.copy_chunk(0, 0, &[], 0).unwrap(), Copied::Ignored);
+    // One chunk, then a crash: the copy resumes from where the log got to.
+    let from = journal.log().next_offset();
+    let read = peer.log().read(from, 100, end).unwrap();
+    assert_eq!(
+        journal.copy_chunk(from, 0, read.bytes(), 0).unwrap(),
+        Copied::Progress
+    );
+    drop(journal);
+    let (mut journal, _) = open(dir.path());
+    assert_eq!(
+        journal.behind(),
+        Some(Transfer {
+            op: 30,
+            log_end: end
+        }),
+        "a restart resumes the copy"
+    );
+    copy_all(&mut journal, &mut peer, end);
+    assert_eq!(journal.behind(), None);
+    assert_eq!(log_batches(&mut journal), log_batches(&mut peer));
+    // Ops above the checkpoint go in at the copied log's end.
+    journal.write_prepare(&next, 0).unwrap();
+    assert_eq!(journal.tip(), 31);
+    assert_eq!(journal.log().next_offset(), end + 2);
+    let written = journal.sync().unwrap();
+    assert_eq!(written, vec![(31, next.header.checksum)]);
+}
+
+#[test]
+fn a_copy_whose_start_the_peers_deleted_starts_the_log_again_at_theirs() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut journal, _) = open(dir.path());
+    journal.checkpointed(10, 500, 0).unwrap();
+    journal.prune(10).unwrap();
+    // The peers' logs start at 400 now: nothing below it exists anywhere.
+    assert_eq!(
+        journal.copy_chunk(0, 400, &[], 0).unwrap(),
+        Copied::Progress
+    );
+    let log = journal.log();
+    assert_eq!((log.start_offset(), log.next_offset()), (400, 400));
+    let mut rest = batch("c", 100);
+    set_base_offset(&mut rest, 400);
+    assert_eq!(
+        journal.copy_chunk(400, 400, &rest, 0).unwrap(),
+        Copied::Done
+    );
+    assert_eq!(journal.log().next_offset(), 500);
+    // A batch not where the log ends is refused, not appended.
+    let dir = tempfile::tempdir().unwrap();
+    let (mut journal, _) = open(dir.path());
+    journal.checkpointed(5, 50, 0).unwrap();
+    let mut wrong = batch("d", 3);
+    set_base_offset(&mut wrong, 7);
+    assert!(matches!(
+        journal.copy_chunk(0, 0, &wrong, 0),
+        Err(PartitionJournalError::Copy(_))
+    ));
+    assert_eq!(journal.log().next_offset(), 0);
+    // Peers whose start is past the checkpoint's end: the log starts at the end.
+    assert_eq!(journal.copy_chunk(0, 80, &[], 0).unwrap(), Copied::Done);
+    assert_eq!(journal.log().next_offset(), 50);
+}

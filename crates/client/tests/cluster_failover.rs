@@ -1,0 +1,149 @@
+//! The SDK through a failover on three in-process nodes: a producer and a group
+//! consumer, connected through one member, go on without an error reaching the
+//! application while a member leading partitions (and the consumer groups, when it
+//! leads the metadata) stops; every acknowledged record is read back in per-key order.
+//! (The cluster is not finished, so these nodes start with the test-only `preview`.)
+
+// A panic in a test is a failed assertion, not a crash on outside data.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::collections::HashSet;
+use std::time::{Duration, Instant};
+
+use braid_client::{Client, Consumer, ConsumerConfig, Producer, ProducerConfig};
+use braid_node::FsyncSetting;
+use common::start_cluster;
+
+const KEYS: usize = 8;
+
+/// Sends `rounds` records per key (values `k{key}-{seq}`); every send must succeed.
+async fn send(producer: &Producer, next: &mut [u32], rounds: u32) -> Vec<(usize, u32)> {
+    let mut pending = Vec::new();
+    for _ in 0..rounds {
+        for (key, seq) in next.iter_mut().enumerate() {
+            let value = format!("k{key}-{seq}");
+            pending.push((
+                key,
+                *seq,
+                producer.send(Some(format!("k{key}").as_bytes()), value.as_bytes()),
+            ));
+            *seq += 1;
+        }
+    }
+    let mut acked = Vec::new();
+    for (key, seq, answer) in pending {
+        answer
+            .await
+            .expect("the producer rides through the failover");
+        acked.push((key, seq));
+    }
+    acked
+}
+
+/// (key, sequence number) of a value `k{key}-{seq}`.
+fn parse(value: &[u8]) -> (usize, u32) {
+    let value = std::str::from_utf8(value).unwrap();
+    let (key, seq) = value.trim_start_matches('k').split_once('-').unwrap();
+    (key.parse().unwrap(), seq.parse().unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_producer_and_a_group_consumer_ride_through_a_primarys_stop() {
+    let mut members = start_cluster(3, FsyncSetting::Always);
+    let client = Client::connect(members[1].addr()).await.unwrap();
+    common::create_topic(&client, "s", "t", 4).await;
+    let config = ProducerConfig {
+        linger: Duration::from_millis(1),
+        ..ProducerConfig::default()
+    };
+    let producer = Producer::new(&client, "s", "t", config).await.unwrap();
+    let mut next = vec![0u32; KEYS];
+    let mut acked = send(&producer, &mut next, 25).await;
+
+    // The member to stop: the coordinator if it leads a partition (both move), else
+    // the primary of partition 0.
+    let info = client.cluster_info().await.unwrap();
+    let topic = info.topics.iter().find(|t| t.topic == "t").unwrap();
+    let coordinator = info.coordinator.expect("a coordinator is known");
+    let victim = if topic.partitions.iter().any(|(_, p)| *p == coordinator) {
+        coordinator
+    } else {
+        topic.partitions[0].1
+    };
+    let consumer_config = ConsumerConfig {
+        auto_commit: Some(Duration::from_millis(200)),
+        ..ConsumerConfig::default()
+    };
+    let mut consumer = Consumer::join_group(&client, "s", "t", "g", "m1", consumer_config)
+        .await
+        .unwrap();
+
+    let stopped = Instant::now();
+    members[usize::from(victim)].stop();
+    let first = producer.send(Some(b"k0"), format!("k0-{}", next[0]).as_bytes());
+    next[0] += 1;
+    first.await.expect("the first produce after the stop");
+    println!(
+        "first record acknowledged {:?} after member {victim} stopped",
+        stopped.elapsed()
+    );
+    acked.push((0, next[0] - 1));
+    acked.extend(send(&producer, &mut next, 25).await);
+
+    // The group consumer reads every acknowledged record (at least once: a member
+    // that joins again at the new coordinator reads on from the committed offsets).
+    let want: HashSet<(usize, u32)> = acked.iter().copied().collect();
+    let mut seen = HashSet::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !want.is_subset(&seen) {
+        assert!(
+            Instant::now() < deadline,
+            "{} of {} acknowledged records read",
+            want.intersection(&seen).count(),
+            want.len()
+        );
+        for record in consumer.poll(Duration::from_millis(200)).await.unwrap() {
+            seen.insert(parse(&record.value.unwrap()));
+        }
+    }
+    consumer.commit().await.unwrap();
+
+    // The logs themselves: per key, the first time each sequence number is stored is
+    // in order (a resent batch may be stored twice until producer sessions exist,
+    // and only if the producer counted a resend).
+    let mut expected = [0u32; KEYS];
+    let mut duplicates = 0;
+    for partition in 0..4 {
+        for value in common::read_partition(&client, "s", "t", partition).await {
+            let (key, seq) = parse(&value);
+            if seq < expected[key] {
+                duplicates += 1;
+            } else {
+                assert_eq!(
+                    seq, expected[key],
+                    "key {key}: a record stored out of order"
+                );
+                expected[key] += 1;
+            }
+        }
+    }
+    assert!(
+        acked.iter().all(|(key, seq)| *seq < expected[*key]),
+        "an acknowledged record is missing from the logs"
+    );
+    assert!(
+        duplicates == 0 || producer.retried_batches() > 0,
+        "{duplicates} stored twice without a resent batch"
+    );
+    println!(
+        "{} records acknowledged, all read; {} batches resent, {duplicates} records stored twice",
+        want.len(),
+        producer.retried_batches()
+    );
+    consumer.close().await.unwrap();
+    for member in &mut members {
+        member.stop();
+    }
+}

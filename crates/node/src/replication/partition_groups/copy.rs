@@ -1,0 +1,168 @@
+//! State transfer of a partition: a replica that installed a checkpoint beyond its log
+//! (it was behind every peer's journal, or its log lost batches) copies the committed
+//! batches up to the checkpoint's end from a peer's log, chunk by chunk over the bus,
+//! before any op above the checkpoint goes into its journal. A peer serves only what
+//! it has committed; one whose retention deleted the start answers with where its log
+//! begins, and the copy starts the log again there.
+
+use braid_bus::Delivery;
+
+use super::{key_of, wire, Moved, PartitionGroups};
+use crate::replication::partition_journal::{Copied, PartitionJournalError};
+use crate::replication::shard_host::HostError;
+
+/// Bytes of batches per chunk (at least one batch, even a larger one).
+const CHUNK_BYTES: u32 = 1 << 20;
+/// Ticks a fetch waits for its chunk before it is asked again (of another peer).
+const FETCH_TICKS: u64 = 50;
+/// How often (ticks) the shard looks for partitions that must be copied.
+const SCAN_TICKS: u64 = 10;
+
+impl PartitionGroups {
+    /// Asks a peer for the next chunk of every copy that has no fetch out (or whose
+    /// fetch went unanswered).
+    pub(super) fn drive_copies(&mut self) {
+        if self.members <= 1 || !self.now.is_multiple_of(SCAN_TICKS) {
+            return;
+        }
+        let now = self.now;
+        let behind: Vec<(u64, u64, u64)> = self
+            .host
+            .journals_mut()
+            .filter_map(|(group, journal)| {
+                let transfer = journal.behind()?;
+                Some((group, journal.log().next_offset(), transfer.log_end))
+            })
+            .collect();
+        self.copies
+            .retain(|group, _| behind.iter().any(|(g, _, _)| g == group));
+        let due: Vec<(u64, u64, u64)> = behind
+            .into_iter()
+            .filter(|(group, _, _)| {
+                self.copies
+                    .get(group)
+                    .is_none_or(|(sent, _)| now.saturating_sub(*sent) >= FETCH_TICKS)
+            })
+            .collect();
+        for (group, from, to) in due {
+            let attempt = self.copies.get(&group).map_or(0, |(_, a)| a + 1);
+            self.ask_copy(group, from, to, attempt);
+        }
+    }
+
+    /// Sends the fetch of `[from, to)` to a peer: the primary if this replica knows
+    /// one, else the peers in turn as attempts go by.
+    fn ask_copy(&mut self, group: u64, from: u64, to: u64, attempt: u64) {
+        let primary = self
+            .host
+            .replica(group)
+            .map(|r| r.primary_of(r.view()))
+            .filter(|p| *p != self.node);
+        let peers: Vec<u8> = (0..self.members).filter(|m| *m != self.node).collect();
+        let Some(&fallback) = peers.get((attempt as usize) % peers.len().max(1)) else {
+            return;
+        };
+        let to_peer = if attempt == 0 {
+            primary.unwrap_or(fallback)
+        } else {
+            fallback
+        };
+        if let Some(bus) = self.bus.as_mut() {
+            let _ = bus.send(to_peer, wire::log_fetch_frame(group, from, to));
+        }
+        self.copies.insert(group, (self.now, attempt));
+    }
+
+    /// A peer asks for committed batches of `group` in `[from, to)`.
+    pub(super) fn serve_copy(&mut self, delivery: &Delivery, group: u64, from: u64, to: u64) {
+        let Some(key) = key_of(group) else {
+            return;
+        };
+        let committed = self.high_watermark(key);
+        let Some(journal) = self.host.journal_mut(group) else {
+            return;
+        };
+        if journal.behind().is_some() {
+            // Copying itself: what it holds is not yet a whole prefix.
+            return;
+        }
+        let log = journal.log();
+        let start = log.start_offset();
+        let end = to.min(committed).min(log.next_offset());
+        let batches = if from < start || from >= end {
+            bytes::Bytes::new()
+        } else {
+            match log.read(from, CHUNK_BYTES, end) {
+                Ok(read) if read.first_offset == from => {
+                    bytes::Bytes::copy_from_slice(read.bytes())
+                }
+                Ok(read) => {
+                    tracing::warn!(
+                        group,
+                        from,
+                        batch = read.first_offset,
+                        "a log copy asked for an offset inside a batch"
+                    );
+                    return;
+                }
+                Err(err) => {
+                    tracing::warn!(group, from, %err, "reading a log chunk for a peer failed");
+                    return;
+                }
+            }
+        };
+        if let Some(bus) = self.bus.as_mut() {
+            let _ = bus.send(
+                delivery.peer,
+                wire::log_chunk_frame(group, from, start, &batches),
+            );
+        }
+    }
+
+    /// A chunk of a peer's log arrived for a copy.
+    pub(super) fn take_copy(
+        &mut self,
+        group: u64,
+        from: u64,
+        start: u64,
+        batches: &[u8],
+        moved: &mut Moved,
+    ) {
+        let now_ms = crate::mailbox::now_ms();
+        let Some(journal) = self.host.journal_mut(group) else {
+            return;
+        };
+        match journal.copy_chunk(from, start, batches, now_ms) {
+            Ok(Copied::Ignored) => {}
+            Ok(Copied::Progress) => {
+                let (next, to) = (
+                    journal.log().next_offset(),
+                    journal.behind().map_or(0, |t| t.log_end),
+                );
+                self.ask_copy(group, next, to, 0);
+            }
+            Ok(Copied::Done) => {
+                self.copies.remove(&group);
+                self.transfers_done += 1;
+                tracing::info!(group, "partition state transfer done");
+                // The prepares that waited for the copy went into the journal: they are
+                // synced and reported like any write.
+                if journal.has_unsynced() {
+                    self.start_sync(group);
+                } else {
+                    match self.host.sync_journal(self.now, group) {
+                        Ok(effects) => self.carry(effects, moved),
+                        Err(HostError::UnknownGroup(_)) => {}
+                        Err(err) => self.fail(err),
+                    }
+                }
+            }
+            Err(PartitionJournalError::Copy(reason)) => {
+                // Asked again, maybe of another peer, at the next scan.
+                tracing::warn!(group, %reason, "a log chunk was refused");
+                self.copies.remove(&group);
+            }
+            Err(err) => self.fail(err.into()),
+        }
+    }
+}
