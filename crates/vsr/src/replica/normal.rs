@@ -302,6 +302,10 @@ impl<S: StateMachine> Replica<S> {
         self.prepare_oks.retain(|op, _| *op > commit);
         self.apply_committed(out);
         self.send_commit(out);
+        // Ops above may already hold a quorum of acknowledgements, counted while the
+        // op below them did not: they commit now, or nothing would ever ask again
+        // (their backups acknowledged them, so the retry sends them to nobody).
+        self.try_commit(out);
     }
 
     /// Applies committed canonical ops in order; stops at the first one missing.

@@ -616,3 +616,155 @@ fn a_snapshot_committed_by_a_later_view_cuts_a_dead_views_suffix() {
         assert_eq!((machine.get("c"), machine.get("d")), (0, 0), "replica {r}");
     }
 }
+
+/// A replica that lost everything (its disk was replaced) and restarts untrusted from
+/// op 0: with the only other holder of a committed op down, a view change between it
+/// and a replica that never had the op must wait, never drop the op.
+#[test]
+fn a_wiped_replica_restarted_untrusted_never_helps_drop_a_committed_op() {
+    let (mut h, session) = registered(3);
+    // Op 2 commits on replicas 0 and 1; replica 2 never sees it.
+    h.request(0, session, 1, b"k=1");
+    let committed = h.run_until(
+        200,
+        |from, to, _| from != 2 && to != 2,
+        |h| h.replica(0).commit_min() >= 2,
+    );
+    assert!(committed);
+    // Replica 1's disk is wiped: it restarts with nothing, untrusted from op 0.
+    let wiped = Persisted {
+        durable: DurableState {
+            journal_trusted_through: 0,
+            ..DurableState::default()
+        },
+        checkpoint: None,
+        journal: Vec::new(),
+        journal_trusted: false,
+    };
+    h.replicas[1] =
+        Replica::restart(Config::new(0, 1, 3, 9), CounterMachine::default(), wiped).unwrap();
+    h.messages.clear();
+    // Replica 0 is down. Replicas 1 and 2 may not form a view without op 2.
+    let formed = h.run_until(
+        5_000,
+        |from, to, _| from != 0 && to != 0,
+        |h| (1..3).any(|r| h.replica(r).is_primary()),
+    );
+    for r in 1..3 {
+        if h.replica(r).is_primary() {
+            assert!(
+                h.replica(r).op() >= 2,
+                "replica {r} leads a view without the committed op 2"
+            );
+        }
+    }
+    assert!(
+        !formed,
+        "a view formed without the only trusted holder of op 2"
+    );
+    // Replica 0 comes back: the group goes on with op 2.
+    let healed = h.run_until(
+        10_000,
+        |_, _, _| true,
+        |h| {
+            (0..3)
+                .all(|r| h.replica(r).commit_min() >= 2 && h.replica(r).status() == Status::Normal)
+        },
+    );
+    assert!(healed);
+    for r in 0..3 {
+        assert_eq!(h.replica(r).state().machine().get("k"), 1, "replica {r}");
+    }
+}
+
+/// A replica that lost its unsynced writes in a power loss (all of them above what it
+/// knew committed) must not help a view change drop an op it acknowledged before the
+/// loss, with the op's only other holder down.
+#[test]
+fn a_power_lost_replica_never_helps_drop_an_op_it_acknowledged() {
+    let (mut h, session) = registered(3);
+    h.request(0, session, 1, b"k=1");
+    let committed = h.run_until(
+        200,
+        |from, to, _| from != 2 && to != 2,
+        |h| h.replica(0).commit_min() >= 2,
+    );
+    assert!(committed);
+    // Replica 1 acknowledged op 2 (unsynced) and lost it with the page cache: its
+    // durable state says view 0, commit 1; its journal ends at op 1.
+    let journal: Vec<(u64, JournalSlot)> = (1..=1)
+        .filter_map(|op| {
+            let e = h.replica(1).journal.get(&op)?;
+            Some((
+                op,
+                JournalSlot::Prepare(Prepare {
+                    header: e.header,
+                    body: e.body.clone()?,
+                }),
+            ))
+        })
+        .collect();
+    let lost = Persisted {
+        durable: DurableState {
+            commit: 1,
+            ..DurableState::default()
+        },
+        checkpoint: None,
+        journal,
+        journal_trusted: false,
+    };
+    h.replicas[1] =
+        Replica::restart(Config::new(0, 1, 3, 9), CounterMachine::default(), lost).unwrap();
+    h.messages.clear();
+    let formed = h.run_until(
+        5_000,
+        |from, to, _| from != 0 && to != 0,
+        |h| (1..3).any(|r| h.replica(r).is_primary()),
+    );
+    for r in 1..3 {
+        if h.replica(r).is_primary() {
+            assert!(
+                h.replica(r).op() >= 2,
+                "replica {r} leads a view without the committed op 2"
+            );
+        }
+    }
+    assert!(
+        !formed,
+        "a view formed without the only intact holder of op 2"
+    );
+}
+
+/// Simulator seed 930886: a new primary counted a quorum of acknowledgements for op 3
+/// while op 2 below it had none; a backup's `Committed` then said op 2 was committed.
+/// Op 3 must commit at once: its backups have acknowledged it, so no retry would ever
+/// ask them again.
+#[test]
+fn acknowledgements_counted_above_an_op_another_replica_says_committed_commit_it() {
+    let (mut h, session) = registered(3);
+    h.request(0, session, 1, b"a=1");
+    h.request(0, session, 2, b"b=2");
+    h.complete_writes();
+    // The prepares arrive; only replica 1's acknowledgement of op 3 gets back.
+    h.deliver(|_, _, m| matches!(m, Message::Prepare(_)));
+    h.complete_writes();
+    h.deliver(|from, _, m| matches!(m, Message::PrepareOk { op: 3, .. }) && from == 1);
+    assert_eq!(
+        h.replica(0).commit_max(),
+        1,
+        "op 2 has no acknowledgement yet"
+    );
+    let op2 = h.replica(0).journal.get(&2).unwrap().header.checksum;
+    h.messages.clear();
+    h.input(
+        0,
+        Input::Message(Message::Committed {
+            view: 0,
+            commit: 2,
+            checksum: op2,
+            from: 2,
+        }),
+    );
+    assert_eq!(h.replica(0).commit_max(), 3, "op 3 commits with its quorum");
+    assert_eq!(h.replica(0).state().machine().get("b"), 2);
+}
