@@ -110,6 +110,12 @@ struct ServerArgs {
     /// secret itself).
     #[arg(long, value_name = "FILE")]
     cluster_secret_file: Option<PathBuf>,
+    /// This member lost its data (its data directory was deleted or replaced) and
+    /// rejoins the cluster: its groups start untrusted until they are caught up, so
+    /// they never help lose a record it acknowledged before. Recorded in the data
+    /// directory.
+    #[arg(long)]
+    rejoin: bool,
 }
 
 #[derive(Copy, Clone, Debug, ValueEnum)]
@@ -292,6 +298,9 @@ fn server(args: ServerArgs) -> Result<()> {
     }
     if let Some(file) = args.cluster_secret_file {
         config.cluster_mut().secret_file = Some(file);
+    }
+    if args.rejoin {
+        config.cluster_mut().rejoin = true;
     }
     let node = Node::start(config).context("starting the node")?;
     // The handlers go in before the listening line: a supervisor (or a test) that

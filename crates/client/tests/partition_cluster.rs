@@ -229,6 +229,34 @@ async fn a_quorum_holds_every_acknowledged_record_through_the_primarys_stop() {
     }
 }
 
+/// Produces batches `range` to partition 0, each until it is taken (a member not yet
+/// knowing the topic, a stopped member's connection, a view change: ask again).
+async fn produce_range(client: &Client, range: std::ops::Range<u32>) {
+    for n in range {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            match client.produce("s", "t", 0, &batch(0, n)).await {
+                Ok(_) => break,
+                Err(err) => {
+                    assert!(Instant::now() < deadline, "produce {n} never taken: {err}");
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    client.refresh().await.ok();
+                }
+            }
+        }
+    }
+}
+
+/// Waits until the member's `/metrics` counts a finished state transfer.
+async fn until_transferred(member: &Member) {
+    let http = member.node.as_ref().unwrap().http_addr();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while common::metric(http, "braid_partition_state_transfers_total").await < 1 {
+        assert!(Instant::now() < deadline, "no state transfer");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// Every batch of the single partition directory under `data_dir`, as stored.
 fn stored_batches(data_dir: &std::path::Path) -> Vec<Vec<u8>> {
     let topics = data_dir.join("partitions");
@@ -271,49 +299,13 @@ async fn a_member_behind_every_journal_copies_the_log_from_a_peer() {
     members[behind].stop();
     // More ops than a journal keeps past its checkpoint (1,024 + 1,024): the peers'
     // journals no longer reach back to where the stopped member is.
-    for n in 0..2_600 {
-        let mut done = false;
-        for _ in 0..200 {
-            match client.produce("s", "t", 0, &batch(0, n)).await {
-                Ok(_) => {
-                    done = true;
-                    break;
-                }
-                // Not yet known there, or the stopped member's connection: ask again.
-                Err(_) => {
-                    tokio::time::sleep(Duration::from_millis(10)).await;
-                    client.refresh().await.ok();
-                }
-            }
-        }
-        assert!(done, "produce {n} never taken");
-    }
+    produce_range(&client, 0..2_600).await;
     members[behind].start();
-    let http = members[behind].node.as_ref().unwrap().http_addr();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while common::metric(http, "braid_partition_state_transfers_total").await < 1 {
-        assert!(Instant::now() < deadline, "no state transfer");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    until_transferred(&members[behind]).await;
     // The copied member now makes the quorum: the other backup stops, and produces
     // still commit (the restarted member acknowledges them from its journal).
     members[other].stop();
-    for n in 2_600..2_620 {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            match client.produce("s", "t", 0, &batch(0, n)).await {
-                Ok(_) => break,
-                Err(err) => {
-                    assert!(
-                        Instant::now() < deadline,
-                        "produce {n} with the copied member: {err}"
-                    );
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                    client.refresh().await.ok();
-                }
-            }
-        }
-    }
+    produce_range(&client, 2_600..2_620).await;
     members[primary].stop();
     members[behind].stop();
     // Its log is the primary's, batch for batch.
@@ -324,5 +316,45 @@ async fn a_member_behind_every_journal_copies_the_log_from_a_peer() {
     assert!(
         copied == original,
         "the copied log differs from the primary's"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_whose_data_directory_was_deleted_rejoins_by_state_transfer() {
+    let mut members = start_cluster(3, FsyncSetting::Never);
+    let admin = Client::connect(members[0].addr()).await.unwrap();
+    common::create_topic(&admin, "s", "t", 1).await;
+    let primary = usize::from(primary_of(members[0].addr(), 0).await);
+    let client = Client::connect(members[primary].addr()).await.unwrap();
+    produce_range(&client, 0..2_600).await;
+    // A backup loses its disk: stopped, its directory emptied, started to rejoin.
+    let wiped = (primary + 1) % 3;
+    let other = (primary + 2) % 3;
+    members[wiped].stop();
+    let dir = members[wiped].config.data_dir.clone();
+    std::fs::remove_dir_all(&dir).unwrap();
+    std::fs::create_dir(&dir).unwrap();
+    if let Some(cluster) = members[wiped].config.cluster.as_mut() {
+        cluster.rejoin = true;
+    }
+    members[wiped].start();
+    let identity = std::fs::read_to_string(dir.join("identity")).unwrap();
+    assert!(identity.contains("rejoined = true"), "{identity}");
+    until_transferred(&members[wiped]).await;
+    // It carries the quorum with the primary once the other backup stops.
+    members[other].stop();
+    produce_range(&client, 2_600..2_620).await;
+    members[primary].stop();
+    members[wiped].stop();
+    let copied = stored_batches(&dir);
+    let original = stored_batches(&members[primary].config.data_dir);
+    assert!(
+        copied.len() >= 2_620,
+        "{} batches on the rejoined member",
+        copied.len()
+    );
+    assert!(
+        copied == original,
+        "the rejoined member's log differs from the primary's"
     );
 }

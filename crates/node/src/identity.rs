@@ -83,15 +83,26 @@ pub(crate) struct Identity {
     pub(crate) format: u32,
     pub(crate) cluster_id: String,
     pub(crate) node_id: u8,
+    /// The directory was made for a member that had lost its data (`--rejoin`): its
+    /// groups that start with nothing on disk start untrusted, at every start.
+    #[serde(default)]
+    pub(crate) rejoined: bool,
 }
 
 impl Identity {
     fn render(&self) -> String {
-        format!(
+        let mut text = format!(
             "# The identity of a Braid data directory; braid checks it at every start.\n\
              format = {}\ncluster_id = {:?}\nnode_id = {}\n",
             self.format, self.cluster_id, self.node_id
-        )
+        );
+        if self.rejoined {
+            text.push_str(
+                "# This member lost its data once: what it starts with nothing of starts \
+                 untrusted.\nrejoined = true\n",
+            );
+        }
+        text
     }
 }
 
@@ -105,6 +116,7 @@ impl Identity {
 pub(crate) fn claim(
     data_dir: &Path,
     configured: Option<(&str, u8)>,
+    rejoin: bool,
     draw_single_id: impl FnOnce() -> String,
 ) -> Result<Identity, IdentityError> {
     let path = data_dir.join(IDENTITY_FILE);
@@ -138,6 +150,16 @@ pub(crate) fn claim(
                     });
                 }
             }
+            if rejoin && !found.rejoined {
+                // Marking more than needed is safe: only groups with nothing on disk
+                // start untrusted.
+                let marked = Identity {
+                    rejoined: true,
+                    ..found
+                };
+                write_identity(data_dir, &marked)?;
+                return Ok(marked);
+            }
             Ok(found)
         }
         Err(err) if err.kind() == std::io::ErrorKind::NotFound => {
@@ -152,19 +174,28 @@ pub(crate) fn claim(
                 format: DATA_DIR_FORMAT,
                 cluster_id,
                 node_id,
+                rejoined: rejoin,
             };
-            let tmp = data_dir.join(format!("{IDENTITY_FILE}.tmp"));
-            let tmp_io = |source| IdentityError::Io {
-                path: tmp.clone(),
-                source,
-            };
-            write_synced(&tmp, identity.render().as_bytes()).map_err(tmp_io)?;
-            std::fs::rename(&tmp, &path).map_err(io)?;
-            braid_storage::sync_dir(data_dir).map_err(io)?;
+            write_identity(data_dir, &identity)?;
             Ok(identity)
         }
         Err(err) => Err(io(err)),
     }
+}
+
+/// Writes the identity file whole (a temporary file, synced, renamed, the directory
+/// synced).
+fn write_identity(data_dir: &Path, identity: &Identity) -> Result<(), IdentityError> {
+    let path = data_dir.join(IDENTITY_FILE);
+    let tmp = data_dir.join(format!("{IDENTITY_FILE}.tmp"));
+    let io = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| IdentityError::Io { path, source }
+    };
+    write_synced(&tmp, identity.render().as_bytes()).map_err(io(&tmp))?;
+    std::fs::rename(&tmp, &path).map_err(io(&path))?;
+    braid_storage::sync_dir(data_dir).map_err(io(&path))?;
+    Ok(())
 }
 
 fn write_synced(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
@@ -181,12 +212,12 @@ mod tests {
     #[test]
     fn a_directory_is_claimed_once_and_refused_to_strangers() {
         let dir = tempfile::tempdir().unwrap();
-        let single = claim(dir.path(), None, || "local-1".into()).unwrap();
+        let single = claim(dir.path(), None, false, || "local-1".into()).unwrap();
         assert_eq!((single.cluster_id.as_str(), single.node_id), ("local-1", 0));
         // Later starts keep it, whatever they would draw.
-        let again = claim(dir.path(), None, || "local-2".into()).unwrap();
+        let again = claim(dir.path(), None, false, || "local-2".into()).unwrap();
         assert_eq!(again, single);
-        let other = claim(dir.path(), Some(("prod", 0)), String::new).unwrap_err();
+        let other = claim(dir.path(), Some(("prod", 0)), false, String::new).unwrap_err();
         assert!(
             matches!(other, IdentityError::OtherCluster { .. }),
             "{other}"
@@ -194,9 +225,9 @@ mod tests {
         assert!(other.to_string().contains("local-1") && other.to_string().contains("prod"));
 
         let member = tempfile::tempdir().unwrap();
-        claim(member.path(), Some(("prod", 2)), String::new).unwrap();
-        claim(member.path(), Some(("prod", 2)), String::new).unwrap();
-        let swapped = claim(member.path(), Some(("prod", 1)), String::new).unwrap_err();
+        claim(member.path(), Some(("prod", 2)), false, String::new).unwrap();
+        claim(member.path(), Some(("prod", 2)), false, String::new).unwrap();
+        let swapped = claim(member.path(), Some(("prod", 1)), false, String::new).unwrap_err();
         assert!(
             matches!(swapped, IdentityError::OtherMember { found: 2, .. }),
             "{swapped}"
@@ -217,12 +248,12 @@ mod tests {
                 .collect::<Vec<_>>()
                 .join("\n");
             std::fs::write(&path, text).unwrap();
-            let refused = claim(member.path(), Some(("prod", 2)), String::new).unwrap_err();
+            let refused = claim(member.path(), Some(("prod", 2)), false, String::new).unwrap_err();
             assert!(refused.to_string().contains(word), "{refused}");
         }
         std::fs::write(&path, "format = \"one\"").unwrap();
         assert!(matches!(
-            claim(member.path(), None, String::new),
+            claim(member.path(), None, false, String::new),
             Err(IdentityError::Damaged { .. })
         ));
 
@@ -231,12 +262,32 @@ mod tests {
         let old = tempfile::tempdir().unwrap();
         std::fs::create_dir_all(old.path().join("metadata")).unwrap();
         std::fs::write(old.path().join(FORMAT_1_OP_LOG), b"BRDOPS01").unwrap();
-        let refused = claim(old.path(), None, String::new).unwrap_err();
+        let refused = claim(old.path(), None, false, String::new).unwrap_err();
         assert!(
             matches!(refused, IdentityError::Format { found: 1 }),
             "{refused}"
         );
         assert!(refused.to_string().contains("older"), "{refused}");
         assert!(!old.path().join(IDENTITY_FILE).exists());
+    }
+
+    #[test]
+    fn a_rejoin_is_recorded_and_kept() {
+        let member = tempfile::tempdir().unwrap();
+        let fresh = claim(member.path(), Some(("prod", 1)), true, String::new).unwrap();
+        assert!(fresh.rejoined);
+        let later = claim(member.path(), Some(("prod", 1)), false, String::new).unwrap();
+        assert!(later.rejoined, "every later start keeps it");
+        let other = tempfile::tempdir().unwrap();
+        assert!(
+            !claim(other.path(), Some(("prod", 2)), false, String::new)
+                .unwrap()
+                .rejoined
+        );
+        let marked = claim(other.path(), Some(("prod", 2)), true, String::new).unwrap();
+        assert!(
+            marked.rejoined,
+            "a rejoin on an existing directory marks it"
+        );
     }
 }

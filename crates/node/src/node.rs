@@ -93,7 +93,8 @@ impl Node {
         }
         let topic_id_floor = crate::data_dir::prepare(&config.data_dir)?;
         let configured = config.cluster.as_ref().map(|c| (c.id.as_str(), c.node_id));
-        let identity = crate::identity::claim(&config.data_dir, configured, || {
+        let rejoin = config.cluster.as_ref().is_some_and(|c| c.rejoin);
+        let identity = crate::identity::claim(&config.data_dir, configured, rejoin, || {
             let mut bytes = [0u8; 8];
             // A single node's cluster name only has to differ from others'.
             let _ = crate::admin_bootstrap::random_bytes(&mut bytes);
@@ -104,7 +105,7 @@ impl Node {
             node = identity.node_id,
             "data directory claimed"
         );
-        let meta = open_metadata(&config, identity.node_id, topic_id_floor)?;
+        let meta = open_metadata(&config, &identity, topic_id_floor)?;
         let bus_start = match &config.cluster {
             Some(cluster) if cluster.members.len() > 1 => Some(bus_start(&config, cluster)?),
             _ => None,
@@ -337,13 +338,14 @@ impl Node {
 /// cluster member's proposals go out once the group has a primary.
 fn open_metadata(
     config: &NodeConfig,
-    node_id: u8,
+    identity: &crate::identity::Identity,
     topic_id_floor: u32,
 ) -> Result<MetaService, StartError> {
     let (members, timing) = groups_shape(config);
     let dir = config.data_dir.join("metadata");
     braid_storage::create_dir_durable(&dir)?;
-    let group = MetaGroup::open(&dir, node_id, members, timing, nonce()?)
+    let node_id = identity.node_id;
+    let group = MetaGroup::open(&dir, node_id, members, timing, nonce()?, identity.rejoined)
         .map_err(|e| StartError::Metadata(e.to_string()))?;
     let mut meta = MetaService::new(group);
     let mut ops = Vec::new();
@@ -390,6 +392,7 @@ fn partition_groups_opening(
         members,
         timing,
         nonce: nonce()?,
+        rejoined: identity.rejoined,
     })
 }
 

@@ -78,6 +78,9 @@ pub struct Faults {
     pub clock_skew_percent: u64,
     /// Percent of crashes that are power losses (unsynced page-cache writes lost).
     pub power_loss_percent: u64,
+    /// Percent of crashes that lose the whole disk (a replaced drive): the replica
+    /// rejoins with nothing, untrusted, as `braid server --rejoin` starts it.
+    pub wipe_percent: u64,
 }
 
 impl Faults {
@@ -102,6 +105,7 @@ impl Faults {
             node_crash_per_10k: 0,
             clock_skew_percent: 0,
             power_loss_percent: 0,
+            wipe_percent: 0,
         }
     }
 
@@ -126,6 +130,7 @@ impl Faults {
             node_crash_per_10k: prng.below(5),
             clock_skew_percent: prng.below(30),
             power_loss_percent: prng.below(60),
+            wipe_percent: prng.below(15),
         }
     }
 }
@@ -269,6 +274,8 @@ pub struct Outcome {
     pub unsynced_writes_lost: u64,
     /// Crashes that were power losses.
     pub power_losses: u64,
+    /// Crashes that lost the whole disk (the replica rejoined with nothing).
+    pub wipes: u64,
     /// The highest view reached.
     pub views: u64,
 }
@@ -292,13 +299,14 @@ impl Outcome {
         self.damaged_messages += other.damaged_messages;
         self.unsynced_writes_lost += other.unsynced_writes_lost;
         self.power_losses += other.power_losses;
+        self.wipes += other.wipes;
         self.views = self.views.max(other.views);
     }
 
     /// The fault counts, one line.
     pub fn fault_summary(&self) -> String {
         format!(
-            "{} replica crashes, {} node crashes, {} torn writes, {} failed writes, {} corrupted entries, {} misdirected writes, {} latent read errors ({} found on read), {} durable-state slots damaged, {} checkpoint slots damaged, {} damaged messages, {} power losses ({} unsynced writes lost), {} stale registers refused",
+            "{} replica crashes, {} node crashes, {} torn writes, {} failed writes, {} corrupted entries, {} misdirected writes, {} latent read errors ({} found on read), {} durable-state slots damaged, {} checkpoint slots damaged, {} damaged messages, {} power losses ({} unsynced writes lost), {} disks lost, {} stale registers refused",
             self.crashes,
             self.node_crashes,
             self.torn_writes,
@@ -312,6 +320,7 @@ impl Outcome {
             self.damaged_messages,
             self.power_losses,
             self.unsynced_writes_lost,
+            self.wipes,
             self.stale_registers_refused,
         )
     }

@@ -1,6 +1,6 @@
 //! Injected faults: partitions, crashes with cut write queues, restarts, corruption.
 
-use braid_vsr::{Config, CounterMachine, Persisted, Replica, ReplicaId};
+use braid_vsr::{Config, CounterMachine, DurableState, Persisted, Replica, ReplicaId};
 
 use super::*;
 
@@ -168,6 +168,25 @@ impl Simulation {
         if power_loss {
             self.outcome.power_losses += 1;
         }
+        // A lost disk is an untrusted journal at every op: within the same limit.
+        let wipe = self.faults_on
+            && !power_loss
+            && power_loss_allowed
+            && self.prng.chance(faults.wipe_percent);
+        if wipe {
+            node.disk = Disk::new(node.disk.journal_fsync());
+            node.rejoined = true;
+            node.catch_up_to = Some(u64::MAX);
+            // Counted untrusted while it is down, as after a power loss.
+            node.journal_trusted = false;
+            // Its durable view and commit went with the disk.
+            node.max_view = 0;
+            node.max_durable_commit = 0;
+            self.outcome.wipes += 1;
+            if self.trace {
+                eprintln!("t{} wipe g{}r{}", self.tick, key.0, key.1);
+            }
+        }
         if self.faults_on
             && self.prng.chance(faults.state_damage_percent)
             && node.disk.damage_state_slot(&mut self.prng)
@@ -218,7 +237,16 @@ impl Simulation {
                 *g == group
                     && Some(*r) != except
                     && match self.replica_at((*g, *r)) {
-                        Some(replica) => !replica.journal_trusted(),
+                        Some(replica) => {
+                            !replica.journal_trusted()
+                                || n.catch_up_to.is_some_and(|t| replica.commit_min() < t)
+                        }
+                        None if n
+                            .catch_up_to
+                            .is_some_and(|t| n.disk.durable_state().commit < t) =>
+                        {
+                            true
+                        }
                         None => {
                             !n.journal_trusted
                                 || n.disk.durable_state().journal_trusted_through != u64::MAX
@@ -252,6 +280,15 @@ impl Simulation {
             }
             return;
         }
+        // What the group has committed now: a replica that lost its disk holds a copy
+        // again only once it has applied this much.
+        let group_commit = self
+            .servers
+            .values()
+            .filter_map(|server| server.replica(group))
+            .map(|r| r.commit_max())
+            .max()
+            .unwrap_or(0);
         let Some(node) = self.nodes.get_mut(&key) else {
             return;
         };
@@ -295,12 +332,34 @@ impl Simulation {
                 slots.join(" ")
             );
         }
+        let fresh = state == DurableState::default()
+            && read.checkpoint.is_none()
+            && read.journal.is_empty();
+        let (state, trusted) = if fresh && node.rejoined {
+            node.catch_up_to = Some(group_commit);
+            // Nothing on a disk that was lost once: it may have acknowledged ops it no
+            // longer has, so it never says it never had one until it is normal in a
+            // newer view.
+            let untrusted = DurableState {
+                journal_trusted_through: 0,
+                ..DurableState::default()
+            };
+            (untrusted, false)
+        } else {
+            (state, node.journal_trusted)
+        };
+        if !trusted {
+            // Trusted again (normal in a newer view) is not yet a copy again: until it
+            // has applied what the group had committed, what it lost is repaired from
+            // the others, so no second fault may take their copies meanwhile.
+            node.catch_up_to = Some(group_commit);
+        }
         node.disk.rewrite_state(state);
         let persisted = Persisted {
             durable: state,
             checkpoint: read.checkpoint,
             journal: read.journal,
-            journal_trusted: node.journal_trusted,
+            journal_trusted: trusted,
         };
         match Replica::restart(config, CounterMachine::default(), persisted) {
             Ok(restarted) => {

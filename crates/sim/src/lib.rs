@@ -37,6 +37,12 @@ struct Node {
     journal_trusted: bool,
     max_view: u64,
     max_durable_commit: u64,
+    /// Its disk was lost once: whatever it restarts with nothing of restarts untrusted
+    /// (what `braid server --rejoin` records in the data directory).
+    rejoined: bool,
+    /// After a lost disk, the commit it must apply before it holds a copy again: until
+    /// then it counts as a fault at every op (no second loss in its group meanwhile).
+    catch_up_to: Option<u64>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -165,6 +171,8 @@ impl Simulation {
                         restart_at: None,
                         max_view: 0,
                         max_durable_commit: 0,
+                        rejoined: false,
+                        catch_up_to: None,
                     },
                 );
             }
@@ -706,6 +714,8 @@ fn brief(message: &Message) -> String {
         } => format!("StartView(v{view} op{op} c{commit} n{})", suffix.len()),
         Message::RequestPrepare { op, .. } => format!("RequestPrepare(op{op})"),
         Message::RequestStartView { view, .. } => format!("RequestStartView(v{view})"),
+        Message::RequestViews { .. } => "RequestViews".to_owned(),
+        Message::Views { view, .. } => format!("Views(v{view})"),
         Message::Committed { commit, .. } => format!("Committed(c{commit})"),
         Message::RequestSnapshot { .. } => "RequestSnapshot".into(),
         Message::Snapshot { checkpoint, .. } => format!("Snapshot(op{})", checkpoint.header.op),

@@ -21,6 +21,8 @@ const REQUEST_START_VIEW: u8 = 9;
 const COMMITTED: u8 = 10;
 const REQUEST_SNAPSHOT: u8 = 11;
 const SNAPSHOT: u8 = 12;
+const REQUEST_VIEWS: u8 = 13;
+const VIEWS: u8 = 14;
 
 fn put_u64(out: &mut Vec<u8>, v: u64) {
     out.extend_from_slice(&v.to_be_bytes());
@@ -202,6 +204,15 @@ impl Message {
                 out.push(REQUEST_SNAPSHOT);
                 out.push(*from);
             }
+            Self::RequestViews { from } => {
+                out.push(REQUEST_VIEWS);
+                out.push(*from);
+            }
+            Self::Views { view, from } => {
+                out.push(VIEWS);
+                put_u64(out, *view);
+                out.push(*from);
+            }
             Self::Snapshot {
                 checkpoint,
                 view,
@@ -306,6 +317,11 @@ impl Message {
                 from: r.u8()?,
             },
             REQUEST_SNAPSHOT => Self::RequestSnapshot { from: r.u8()? },
+            REQUEST_VIEWS => Self::RequestViews { from: r.u8()? },
+            VIEWS => Self::Views {
+                view: r.u64()?,
+                from: r.u8()?,
+            },
             SNAPSHOT => Self::Snapshot {
                 checkpoint: Checkpoint::decode(bytes(&mut r)?)?,
                 view: r.u64()?,
@@ -517,6 +533,8 @@ mod tests {
             (any::<u64>(), any::<u128>(), any::<u8>())
                 .prop_map(|(op, checksum, from)| Message::RequestPrepare { op, checksum, from }),
             any::<u8>().prop_map(|from| Message::RequestSnapshot { from }),
+            any::<u8>().prop_map(|from| Message::RequestViews { from }),
+            (any::<u64>(), any::<u8>()).prop_map(|(view, from)| Message::Views { view, from }),
             (0u64..100, small, any::<u64>(), any::<u8>()).prop_map(|(op, state, view, from)| {
                 Message::Snapshot {
                     checkpoint: Checkpoint::new(header(op, 1), state),

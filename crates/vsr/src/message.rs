@@ -282,6 +282,19 @@ pub enum Message {
         /// The sender.
         from: ReplicaId,
     },
+    /// A replica that lost its disk asks which view each peer is in: it may regain
+    /// trust only in a view at least as new as any a quorum of them names.
+    RequestViews {
+        /// The sender.
+        from: ReplicaId,
+    },
+    /// The answer: the highest view the sender has taken part in.
+    Views {
+        /// That view.
+        view: u64,
+        /// The sender.
+        from: ReplicaId,
+    },
     /// Asks for the applied state (the sender is behind every journal).
     RequestSnapshot {
         /// The sender.
@@ -313,6 +326,8 @@ impl Message {
             | Self::RequestStartView { from, .. }
             | Self::Committed { from, .. }
             | Self::RequestSnapshot { from }
+            | Self::RequestViews { from }
+            | Self::Views { from, .. }
             | Self::Snapshot { from, .. } => Some(*from),
         }
     }

@@ -356,6 +356,16 @@ struct ViewChangeState {
     start_view_pending: bool,
 }
 
+/// A replica that lost its disk, learning how new a view must be to trust it again.
+#[derive(Debug, Clone, Default)]
+struct Rejoin {
+    /// Peer -> the view it said it is in.
+    views: BTreeMap<ReplicaId, u64>,
+    /// Set once a quorum of peers answered: the highest view among them. Every view
+    /// that ever started had a quorum in it, which shares a member with them.
+    trust_from: Option<u64>,
+}
+
 /// A DoViewChange as the new primary keeps it.
 #[derive(Debug, Clone)]
 struct ViewChangeVote {
@@ -430,6 +440,12 @@ pub struct Replica<S> {
     /// had not synced, so it must never lead that view again. Its first step moves the
     /// group to the next view (as TigerBeetle's replica does on open).
     leave_log_view: bool,
+    /// Lost its disk (untrusted from op 0): the views its peers answered with, and
+    /// once a quorum of them has, the oldest view it may regain trust in. Its old log
+    /// view is gone, so "normal in a newer view" alone proves nothing: the view it
+    /// joins might predate views it once acknowledged ops in.
+    /// Boxed: almost every replica never has one.
+    rejoin: Option<Box<Rejoin>>,
     /// Outputs a restart owes, given at the first step.
     startup: Vec<Output>,
     /// Ops above this may have been acknowledged and lost (an untrusted journal after a
@@ -501,6 +517,7 @@ impl<S: StateMachine> Replica<S> {
             watching: false,
             idle_heartbeats: 0,
             leave_log_view: false,
+            rejoin: None,
             startup: Vec::new(),
             trusted_through: u64::MAX,
             persist_trust: false,
@@ -556,6 +573,9 @@ impl<S: StateMachine> Replica<S> {
             let known = durable.commit.max(checkpoint_header.op);
             replica.trusted_through = replica.trusted_through.min(known);
             replica.persist_trust = replica.trusted_through != durable.journal_trusted_through;
+        }
+        if replica.trusted_through == 0 && config.replica_count > 1 {
+            replica.rejoin = Some(Box::default());
         }
         replica.commit_min = checkpoint_header.op;
         replica.commit_max = durable.commit.max(checkpoint_header.op);
@@ -877,6 +897,16 @@ impl<S: StateMachine> Replica<S> {
                 ..
             } => self.on_committed(view, commit, checksum, out),
             Message::RequestSnapshot { from } => self.on_request_snapshot(from, out),
+            Message::RequestViews { from } => {
+                out.push(Output::Send {
+                    to: from,
+                    message: Message::Views {
+                        view: self.view,
+                        from: self.config.replica,
+                    },
+                });
+            }
+            Message::Views { view, from } => self.on_views(view, from, out),
             Message::Snapshot {
                 checkpoint, view, ..
             } => self.on_snapshot(checkpoint, view, out),

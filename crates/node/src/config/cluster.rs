@@ -47,6 +47,11 @@ pub struct ClusterSettings {
     /// The secret from `BRAID_CLUSTER_SECRET`.
     #[serde(skip)]
     pub secret: Option<Secret>,
+    /// This member lost its data (its data directory was deleted or replaced) and
+    /// rejoins: `braid server --rejoin`. Recorded in the data directory; its groups
+    /// start untrusted, so it never helps a view change drop an op it once
+    /// acknowledged. A member rejoining without it could.
+    pub rejoin: bool,
     /// Lets a cluster of more than one start before it is finished (clients do not
     /// follow primaries yet, and a partition replica behind every peer's journal
     /// cannot catch up yet): for the in-process cluster tests, never for users, so not
@@ -66,6 +71,7 @@ impl Default for ClusterSettings {
             heartbeat_timeout_ms: 2_000,
             secret_file: None,
             secret: None,
+            rejoin: false,
             preview: false,
         }
     }

@@ -352,6 +352,7 @@ impl NodeConfig {
                 "HEARTBEAT_TIMEOUT_MS" => {
                     self.cluster_mut().heartbeat_timeout_ms = parse(&value).map_err(bad)?
                 }
+                "CLUSTER_REJOIN" => self.cluster_mut().rejoin = parse(&value).map_err(bad)?,
                 "RECOVERY" => {
                     self.recovery = match value.as_str() {
                         "strict" => RecoverySetting::Strict,

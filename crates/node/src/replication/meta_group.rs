@@ -96,8 +96,12 @@ impl<T> MetaGroup<T> {
         members: u8,
         timing: Timing,
         nonce: u64,
+        rejoined: bool,
     ) -> Result<Self, HostError> {
         let mut host = ShardHost::open(dir, 0)?;
+        if rejoined {
+            host.start_fresh_untrusted();
+        }
         let config = Config {
             pipeline_max: 8,
             checkpoint_interval: 256,
@@ -377,7 +381,15 @@ mod tests {
     }
 
     fn lone(dir: &Path) -> MetaGroup<u32> {
-        MetaGroup::open(dir, 0, 1, Timing::from_heartbeat_timeout_ms(2_000), 7).unwrap()
+        MetaGroup::open(
+            dir,
+            0,
+            1,
+            Timing::from_heartbeat_timeout_ms(2_000),
+            7,
+            false,
+        )
+        .unwrap()
     }
 
     #[test]

@@ -112,6 +112,9 @@ pub(crate) struct Opening {
     pub(crate) members: u8,
     pub(crate) timing: Timing,
     pub(crate) nonce: u64,
+    /// The member's data was lost and its directory recreated: partitions it creates
+    /// with nothing on disk start untrusted.
+    pub(crate) rejoined: bool,
 }
 
 impl Opening {
@@ -120,14 +123,18 @@ impl Opening {
     /// # Errors
     /// As [`PartitionGroups::open`].
     pub(crate) fn open(self, shard: usize) -> Result<PartitionGroups, HostError> {
-        PartitionGroups::open(
+        let mut groups = PartitionGroups::open(
             &self.dir,
             shard,
             self.node,
             self.members,
             self.timing,
             self.nonce,
-        )
+        )?;
+        if self.rejoined {
+            groups.host.start_fresh_untrusted();
+        }
+        Ok(groups)
     }
 }
 

@@ -23,8 +23,8 @@ use std::path::{Path, PathBuf};
 
 use braid_vsr::StateMachine;
 use braid_vsr::{
-    Checksum, Config, Header, Input, JournalSlot, Message, Node, Output, Persisted, Prepare,
-    Replica, ReplicaId, Reply,
+    Checksum, Config, DurableState, Header, Input, JournalSlot, Message, Node, Output, Persisted,
+    Prepare, Replica, ReplicaId, Reply,
 };
 
 use super::checkpoints::{CheckpointError, CheckpointStore};
@@ -138,6 +138,9 @@ pub(crate) struct ShardHost<S, J = JournalFile> {
     node: Node<S>,
     files: BTreeMap<u64, GroupFiles<J>>,
     states: GroupStates,
+    /// Groups that start with nothing on disk start untrusted (see
+    /// [`ShardHost::start_fresh_untrusted`]).
+    fresh_untrusted: bool,
 }
 
 impl<S: StateMachine> ShardHost<S, JournalFile> {
@@ -173,7 +176,17 @@ impl<S: StateMachine, J: Journal> ShardHost<S, J> {
             node: Node::new(),
             files: BTreeMap::new(),
             states: GroupStates::open(dir, shard)?,
+            fresh_untrusted: false,
         })
+    }
+
+    /// From now on a group with nothing on disk starts untrusted from op 0: this
+    /// member lost its data (its directory was recreated to rejoin), so it may have
+    /// acknowledged ops it no longer has, and must never count as "never had" any op
+    /// until it is normal in a newer view. (A brand-new member starts trusted: it
+    /// acknowledged nothing.)
+    pub(crate) fn start_fresh_untrusted(&mut self) {
+        self.fresh_untrusted = true;
     }
 
     /// Adds a group with its opened `journal`, its checkpoints in `checkpoint_dir`
@@ -207,7 +220,19 @@ impl<S: StateMachine, J: Journal> ShardHost<S, J> {
                 "its journal is damaged and it has no peer to repair it from".into(),
             ));
         }
-        let replica = if durable.is_none() && checkpoint.is_none() && opened.slots.is_empty() {
+        let fresh = durable.is_none() && checkpoint.is_none() && opened.slots.is_empty();
+        let replica = if fresh && self.fresh_untrusted && config.replica_count > 1 {
+            let persisted = Persisted {
+                durable: DurableState {
+                    journal_trusted_through: 0,
+                    ..DurableState::default()
+                },
+                checkpoint: None,
+                journal: Vec::new(),
+                journal_trusted: false,
+            };
+            Replica::restart(config, machine, persisted).map_err(|e| start(e.to_string()))?
+        } else if fresh {
             Replica::new(config, machine).map_err(|e| start(format!("config: {e}")))?
         } else {
             // A replica that never left view 0 never wrote its state: a new replica's

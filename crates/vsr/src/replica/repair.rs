@@ -276,4 +276,59 @@ impl<S: StateMachine> Replica<S> {
         self.write_state(out);
         self.apply_committed(out);
     }
+
+    /// Whether joining `view` makes this replica's journal trustworthy again: always,
+    /// unless it lost its disk and has not yet learned from a quorum of peers a view at
+    /// least as new as any it could have acknowledged ops in.
+    pub(super) fn may_trust_in(&self, view: u64) -> bool {
+        self.rejoin
+            .as_ref()
+            .is_none_or(|r| r.trust_from.is_some_and(|from| view >= from))
+    }
+
+    /// Asks every peer for its view, while a replica that lost its disk has not heard
+    /// from a quorum.
+    pub(super) fn ask_views(&self, out: &mut Vec<Output>) {
+        if self.rejoin.as_ref().is_some_and(|r| r.trust_from.is_none()) {
+            self.send_to_others(
+                Message::RequestViews {
+                    from: self.config.replica,
+                },
+                out,
+            );
+        }
+    }
+
+    pub(super) fn on_views(&mut self, view: u64, from: ReplicaId, out: &mut Vec<Output>) {
+        let quorum = self.config.quorum();
+        let Some(rejoin) = self.rejoin.as_mut() else {
+            return;
+        };
+        if rejoin.trust_from.is_some() {
+            return;
+        }
+        rejoin.views.insert(from, view);
+        if rejoin.views.len() < quorum {
+            return;
+        }
+        let newest = rejoin.views.values().max().copied().unwrap_or(0);
+        rejoin.trust_from = Some(newest);
+        if newest < self.view {
+            return;
+        }
+        // Go where the group is: ask that view's primary for its log, or, if that
+        // primary was this replica before it lost its disk, move the group past it.
+        let primary = self.primary_of(newest);
+        if primary == self.config.replica {
+            self.start_view_change(newest + 1, out);
+        } else {
+            out.push(Output::Send {
+                to: primary,
+                message: Message::RequestStartView {
+                    view: newest,
+                    from: self.config.replica,
+                },
+            });
+        }
+    }
 }

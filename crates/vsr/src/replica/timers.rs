@@ -111,6 +111,7 @@ impl<S: StateMachine> Replica<S> {
         if due(self.deadlines[Timer::Retry as usize]) {
             self.arm(Timer::Retry, self.config.retry_ticks);
             self.retry(out);
+            self.ask_views(out);
         }
     }
 

@@ -145,6 +145,13 @@ impl<S: StateMachine> Replica<S> {
         if self.durable.view != self.view {
             return;
         }
+        if self.trusted_through == 0 {
+            // Nothing of its journal is certain, not even the log view its vote would
+            // name (a replica that lost its disk restarts so): counted, its vote could
+            // make a quorum that lacks what it acknowledged before. It abstains until
+            // it is normal in a newer view.
+            return;
+        }
         let anchor = self
             .journal
             .range(..=self.commit_max)
@@ -484,7 +491,10 @@ impl<S: StateMachine> Replica<S> {
         self.phase = Phase::Normal;
         self.log_view = self.view;
         // Its journal is now this view's log, built from trusted votes.
-        self.trusted_through = u64::MAX;
+        if self.may_trust_in(self.view) {
+            self.trusted_through = u64::MAX;
+            self.rejoin = None;
+        }
         self.start_view_sent = false;
         self.prepare_oks = ((self.commit_max + 1)..=self.op)
             .map(|op| (op, BTreeSet::new()))
@@ -549,9 +559,10 @@ impl<S: StateMachine> Replica<S> {
         }
         self.view = view;
         self.phase = Phase::Normal;
-        if view > self.log_view {
+        if view > self.log_view && self.may_trust_in(view) {
             // A newer view's log replaces whatever an untrusted journal lost.
             self.trusted_through = u64::MAX;
+            self.rejoin = None;
         }
         self.log_view = view;
         self.prepare_oks.clear();
