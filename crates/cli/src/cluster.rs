@@ -11,6 +11,22 @@ use crate::table;
 pub(crate) enum ClusterCommand {
     /// The members, their client addresses, and how many partitions each leads.
     Status,
+    /// Start a cluster of MEMBERS nodes on this machine (child processes; node i on
+    /// client port 7070+i, HTTP 7080+i, replica bus 7090+i); Ctrl-C stops them.
+    Local {
+        /// How many nodes.
+        #[arg(default_value_t = 3)]
+        members: u8,
+        /// The first client port; HTTP ports start 10 above it, replica ports 20 above.
+        #[arg(long, default_value_t = 7070)]
+        base_port: u16,
+        /// Where their data directories, logs and the cluster secret go.
+        #[arg(long, default_value = "./braid-cluster")]
+        data_dir: std::path::PathBuf,
+        /// Default fsync policy of new topics (always, interval, never).
+        #[arg(long)]
+        fsync: Option<String>,
+    },
 }
 
 pub(crate) async fn cluster_command(
@@ -18,7 +34,9 @@ pub(crate) async fn cluster_command(
     as_json: bool,
     command: ClusterCommand,
 ) -> Result<()> {
-    let ClusterCommand::Status = command;
+    if !matches!(command, ClusterCommand::Status) {
+        anyhow::bail!("`cluster local` runs nodes, not a client command");
+    }
     let info = client.cluster_info().await?;
     let led = |id: u8| -> usize {
         info.topics
@@ -34,12 +52,17 @@ pub(crate) async fn cluster_command(
             .collect();
         println!(
             "{}",
-            json!({"cluster": info.cluster_id, "answered_by": info.node_id, "members": members})
+            json!({"cluster": info.cluster_id, "answered_by": info.node_id, "coordinator": info.coordinator, "members": members})
         );
         return Ok(());
     }
+    let coordinator = info
+        .coordinator
+        .map_or("none yet (a view change runs)".to_owned(), |m| {
+            format!("member {m}")
+        });
     println!(
-        "cluster {} ({} members), answered by member {}\n",
+        "cluster {} ({} members), answered by member {}; consumer groups coordinated by {coordinator}\n",
         info.cluster_id,
         info.members.len(),
         info.node_id

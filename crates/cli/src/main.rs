@@ -17,6 +17,7 @@ use serde_json::json;
 mod access;
 mod bench;
 mod cluster;
+mod cluster_local;
 mod table;
 
 #[derive(Parser, Debug)]
@@ -221,7 +222,11 @@ struct ConsumeArgs {
 fn main() -> Result<()> {
     let cli = Cli::parse();
     // A benchmark's own output is the point; an embedded node only speaks up on trouble.
-    let default_filter = if matches!(cli.command, Command::Bench(_)) {
+    // So is a client command's: the SDK's notes on retries (a failover) go to BRAID_LOG.
+    let default_filter = if !matches!(
+        cli.command,
+        Command::Server(_) | Command::Cluster(cluster::ClusterCommand::Local { .. })
+    ) {
         "warn"
     } else {
         "info"
@@ -238,6 +243,12 @@ fn main() -> Result<()> {
     match cli.command {
         Command::Server(args) => server(args),
         Command::Bench(args) => bench::bench(&cli.addr, cli.connect.options()?, cli.json, args),
+        Command::Cluster(cluster::ClusterCommand::Local {
+            members,
+            base_port,
+            data_dir,
+            fsync,
+        }) => cluster_local::run(members, &data_dir, base_port, fsync.as_deref()),
         command => {
             if let Some(Some(file)) = &cli.json {
                 bail!(

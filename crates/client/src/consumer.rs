@@ -123,7 +123,12 @@ pub struct Consumer {
     last_commit: Instant,
     /// Since when polls have failed for want of a connection.
     disconnected_since: Option<Instant>,
+    /// The pause before the next poll after a refresh (grows while polls fail).
+    ride_backoff: Duration,
 }
+
+/// The first pause of a poll riding through a failover.
+const RIDE_BACKOFF_MIN: Duration = Duration::from_millis(25);
 
 impl Consumer {
     /// A consumer of the given partitions, starting where `config.start_from` says.
@@ -197,6 +202,7 @@ impl Consumer {
             group: None,
             last_commit: Instant::now(),
             disconnected_since: None,
+            ride_backoff: RIDE_BACKOFF_MIN,
         }
     }
 
@@ -361,6 +367,7 @@ impl Consumer {
             }
             other => {
                 self.disconnected_since = None;
+                self.ride_backoff = RIDE_BACKOFF_MIN;
                 other
             }
         }
@@ -384,10 +391,16 @@ impl Consumer {
         loop {
             if self.client.is_closed() || self.client.is_stale() {
                 if self.client.refresh().await.is_ok() {
-                    tracing::info!(%err, "consumer found the cluster again");
+                    tracing::debug!(%err, "consumer refreshed the cluster map");
                     if let Some(group) = self.group.as_mut() {
                         group.heartbeat_now = true;
                     }
+                    // A member that still names a dead primary answers the same until
+                    // the view change ends: ask again after a growing pause, not at once.
+                    let pause = self.ride_backoff;
+                    self.ride_backoff = (pause * 2).min(Duration::from_secs(1));
+                    tokio::time::sleep(pause.min(until.saturating_duration_since(Instant::now())))
+                        .await;
                     return Ok(());
                 }
             } else {

@@ -208,6 +208,7 @@ impl Producer {
             config,
             retried,
             in_flight: VecDeque::new(),
+            backoff: RETRY_BACKOFF_MIN,
         };
         tokio::spawn(dispatcher.run(batches));
         tokio::spawn(linger(Arc::downgrade(&shared)));
@@ -351,7 +352,12 @@ struct Dispatcher {
     config: ProducerConfig,
     retried: Arc<std::sync::atomic::AtomicU64>,
     in_flight: VecDeque<InFlight>,
+    /// The pause before the next resend (doubles while failures follow each other).
+    backoff: Duration,
 }
+
+/// The first pause before batches are sent again.
+const RETRY_BACKOFF_MIN: Duration = Duration::from_millis(50);
 
 /// What woke the dispatcher.
 enum Event {
@@ -423,6 +429,9 @@ impl Dispatcher {
                     self.recover(err).await;
                 }
                 Event::Answer(result) => {
+                    if result.is_ok() {
+                        self.backoff = RETRY_BACKOFF_MIN;
+                    }
                     if let Some(done) = self.in_flight.pop_front() {
                         answer(done.batch, result);
                     }
@@ -463,7 +472,10 @@ impl Dispatcher {
                 Err(_) => again.push_back(flight.batch),
             }
         }
-        let mut backoff = Duration::from_millis(50);
+        // The pause grows across failures in a row (a member still naming a dead
+        // primary answers NotLeader until the view change ends), and starts again
+        // once a batch is answered.
+        let mut backoff = self.backoff;
         loop {
             if started.elapsed() >= self.config.retry_for {
                 tracing::warn!(%err, batches = again.len(), "giving up resending produce batches");
@@ -475,12 +487,13 @@ impl Dispatcher {
             tokio::time::sleep(backoff).await;
             backoff =
                 (backoff * 2).min(self.config.retry_backoff_max.max(Duration::from_millis(1)));
+            self.backoff = backoff;
             // The routes after the failure: a new primary, a member reconnected.
             match self.client.refresh().await {
                 Ok(()) => {
                     self.retried
                         .fetch_add(again.len() as u64, std::sync::atomic::Ordering::Relaxed);
-                    tracing::info!(batches = again.len(), %err, "sending produce batches again");
+                    tracing::debug!(batches = again.len(), %err, "sending produce batches again");
                     for batch in again {
                         let sent = self.send(batch);
                         self.in_flight.push_back(sent);

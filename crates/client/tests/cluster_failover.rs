@@ -2,7 +2,6 @@
 //! consumer, connected through one member, go on without an error reaching the
 //! application while a member leading partitions (and the consumer groups, when it
 //! leads the metadata) stops; every acknowledged record is read back in per-key order.
-//! (The cluster is not finished, so these nodes start with the test-only `preview`.)
 
 // A panic in a test is a failed assertion, not a crash on outside data.
 #![allow(clippy::unwrap_used, clippy::expect_used)]

@@ -115,7 +115,7 @@ pub(crate) fn addresses(n: usize) -> Vec<std::net::SocketAddr> {
 }
 
 /// Starts `n` in-process members of one cluster on loopback ports, each with its own
-/// directory (the cluster is a test-only preview).
+/// directory.
 pub(crate) fn start_cluster(n: u8, fsync: FsyncSetting) -> Vec<Member> {
     use braid_node::{ClusterSettings, MemberSettings, Secret};
     let replica = addresses(n.into());
@@ -139,7 +139,6 @@ pub(crate) fn start_cluster(n: u8, fsync: FsyncSetting) -> Vec<Member> {
                 members: members.clone(),
                 heartbeat_timeout_ms: 1_000,
                 secret: Some(Secret("a secret of enough bytes".into())),
-                preview: true,
                 ..ClusterSettings::default()
             });
             let node = Node::start(config.clone()).unwrap();

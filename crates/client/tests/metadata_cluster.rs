@@ -1,7 +1,6 @@
 //! The metadata group on three in-process nodes over the real replica bus: a change
 //! made through any node is on every node, the group outlives its primary's stop, and
-//! the stopped node catches up when it comes back. (The cluster is not finished, so
-//! these nodes start with the test-only `preview`.)
+//! the stopped node catches up when it comes back.
 
 // A panic in a test is a failed assertion, not a crash on outside data.
 #![allow(clippy::unwrap_used, clippy::expect_used)]

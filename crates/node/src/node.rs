@@ -77,20 +77,6 @@ impl Node {
     /// A [`StartError`]; nothing keeps running after one.
     pub fn start(config: NodeConfig) -> Result<Self, StartError> {
         let config = config.resolve()?;
-        if let Some(cluster) = config
-            .cluster
-            .as_ref()
-            .filter(|c| c.members.len() > 1 && !c.preview)
-        {
-            // Until clients follow primaries and a lagging replica can copy a peer's
-            // log, a cluster would look finished and not be: refuse.
-            return Err(StartError::Config(ConfigError::Invalid(format!(
-                "cluster {:?} has {} members, but clusters are not finished in this build \
-                 (clients do not follow primaries yet): run one member, or no [cluster] table",
-                cluster.id,
-                cluster.members.len()
-            ))));
-        }
         let topic_id_floor = crate::data_dir::prepare(&config.data_dir)?;
         let configured = config.cluster.as_ref().map(|c| (c.id.as_str(), c.node_id));
         let rejoin = config.cluster.as_ref().is_some_and(|c| c.rejoin);

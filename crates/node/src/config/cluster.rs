@@ -52,13 +52,6 @@ pub struct ClusterSettings {
     /// start untrusted, so it never helps a view change drop an op it once
     /// acknowledged. A member rejoining without it could.
     pub rejoin: bool,
-    /// Lets a cluster of more than one start before it is finished (clients do not
-    /// follow primaries yet, and a partition replica behind every peer's journal
-    /// cannot catch up yet): for the in-process cluster tests, never for users, so not
-    /// in any file, variable or flag.
-    #[doc(hidden)]
-    #[serde(skip)]
-    pub preview: bool,
 }
 
 impl Default for ClusterSettings {
@@ -72,7 +65,6 @@ impl Default for ClusterSettings {
             secret_file: None,
             secret: None,
             rejoin: false,
-            preview: false,
         }
     }
 }
