@@ -60,7 +60,14 @@ impl Client {
             topic,
             settings,
         };
-        self.call(&request).await.map(|_| ())
+        self.call(&request).await?;
+        // Its partitions' primaries, so the first produce goes straight to them.
+        if self.is_cluster() {
+            if let Err(err) = self.refresh().await {
+                tracing::debug!(%err, "refresh after a topic's creation failed");
+            }
+        }
+        Ok(())
     }
 
     /// Deletes a topic and its data.

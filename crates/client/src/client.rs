@@ -157,7 +157,8 @@ impl Client {
 
     /// Sends a request now, to the member that serves it (so calls made in order for
     /// one partition reach its primary in order), and returns a future of its
-    /// response. A `NotLeader` answer or a lost connection marks the routes stale.
+    /// response. A `NotLeader` answer or a lost connection refreshes the routes before
+    /// the error is returned, so a retry goes to the right member.
     pub fn start_call(
         &self,
         request: &Request<'_>,
@@ -174,6 +175,12 @@ impl Client {
                 if misrouted(err) {
                     if let Ok(mut state) = shared.state.lock() {
                         state.stale = true;
+                    }
+                    // The next call goes right: the map is asked for again before this
+                    // error is handed back (refreshes running at once are shared).
+                    let client = Client { shared };
+                    if let Err(err) = client.refresh().await {
+                        tracing::debug!(%err, "refresh after a misrouted call failed");
                     }
                 }
             }
@@ -195,11 +202,9 @@ impl Client {
             let result = self.start_call(request).await;
             match result {
                 Err(err) if self.may_repeat(request, &err) && started.elapsed() < REPEAT_FOR => {
+                    // `start_call` refreshed the map already if the member was wrong.
                     tokio::time::sleep(backoff).await;
                     backoff = (backoff * 2).min(REPEAT_BACKOFF_MAX);
-                    if let Err(err) = self.refresh().await {
-                        tracing::debug!(%err, "refresh before a repeated call failed");
-                    }
                 }
                 other => return other,
             }

@@ -44,12 +44,14 @@ pub(super) fn cluster_info(env: &Env) -> Response {
             topic_id,
             partition,
         };
+        // Not yet published by its shard (just created): a new group starts in view 0,
+        // led by the member its group id names.
+        let members = cluster.members.len().max(1) as u64;
+        let view_0 = (crate::replication::partition_groups::group_of(key) % members) as u8;
         primaries
             .as_ref()
             .and_then(|p| p.get(&key))
-            .map_or(cluster.node_id, |p| {
-                p.load(std::sync::atomic::Ordering::Relaxed)
-            })
+            .map_or(view_0, |p| p.load(std::sync::atomic::Ordering::Relaxed))
     };
     let mut topics: Vec<TopicPrimaries> = layout
         .streams
