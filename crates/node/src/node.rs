@@ -77,6 +77,11 @@ impl Node {
     /// A [`StartError`]; nothing keeps running after one.
     pub fn start(config: NodeConfig) -> Result<Self, StartError> {
         let config = config.resolve()?;
+        if let Some(cluster) = config.cluster.as_ref().filter(|c| c.members.len() > 1) {
+            // Checked before the directory is claimed: a member that cannot join its
+            // peers must not leave a directory behind that says it did.
+            cluster.read_secret()?;
+        }
         let topic_id_floor = crate::data_dir::prepare(&config.data_dir)?;
         let configured = config.cluster.as_ref().map(|c| (c.id.as_str(), c.node_id));
         let rejoin = config.cluster.as_ref().is_some_and(|c| c.rejoin);

@@ -63,10 +63,10 @@ fn a_data_directory_of_another_cluster_is_refused_by_name() {
 }
 
 #[test]
-fn a_cluster_of_three_is_refused_until_nodes_replicate() {
-    // Three members that each ran alone would look replicated and not be.
+fn a_cluster_member_without_a_secret_is_refused_before_it_claims_its_directory() {
     let dir = tempfile::tempdir().unwrap();
     let mut cluster = member_of("prod");
+    cluster.secret = None;
     for id in 1..3u8 {
         cluster.members.push(MemberSettings {
             id,
@@ -83,10 +83,7 @@ fn a_cluster_of_three_is_refused_until_nodes_replicate() {
         ..config(dir.path())
     })
     .unwrap_err();
-    assert!(
-        refused.to_string().contains("clusters are not finished"),
-        "{refused}"
-    );
+    assert!(refused.to_string().contains("secret"), "{refused}");
     assert!(
         !dir.path().join("identity").exists(),
         "a refused start claimed the directory"

@@ -340,11 +340,7 @@ impl Simulation {
             // Nothing on a disk that was lost once: it may have acknowledged ops it no
             // longer has, so it never says it never had one until it is normal in a
             // newer view.
-            let untrusted = DurableState {
-                journal_trusted_through: 0,
-                ..DurableState::default()
-            };
-            (untrusted, false)
+            (Persisted::after_disk_loss().durable, false)
         } else {
             (state, node.journal_trusted)
         };

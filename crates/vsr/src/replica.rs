@@ -216,6 +216,24 @@ pub struct Persisted {
     pub journal_trusted: bool,
 }
 
+impl Persisted {
+    /// What a replica that lost its disk restarts from: nothing, untrusted from op 0
+    /// (it may have acknowledged ops it no longer has), so it abstains from view
+    /// changes and trusts itself again only in a view as new as any a quorum of its
+    /// peers names.
+    pub fn after_disk_loss() -> Self {
+        Self {
+            durable: DurableState {
+                journal_trusted_through: 0,
+                ..DurableState::default()
+            },
+            checkpoint: None,
+            journal: Vec::new(),
+            journal_trusted: false,
+        }
+    }
+}
+
 /// A journal slot as read back from disk after a restart.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum JournalSlot {

@@ -23,8 +23,8 @@ use std::path::{Path, PathBuf};
 
 use braid_vsr::StateMachine;
 use braid_vsr::{
-    Checksum, Config, DurableState, Header, Input, JournalSlot, Message, Node, Output, Persisted,
-    Prepare, Replica, ReplicaId, Reply,
+    Checksum, Config, Header, Input, JournalSlot, Message, Node, Output, Persisted, Prepare,
+    Replica, ReplicaId, Reply,
 };
 
 use super::checkpoints::{CheckpointError, CheckpointStore};
@@ -222,16 +222,8 @@ impl<S: StateMachine, J: Journal> ShardHost<S, J> {
         }
         let fresh = durable.is_none() && checkpoint.is_none() && opened.slots.is_empty();
         let replica = if fresh && self.fresh_untrusted && config.replica_count > 1 {
-            let persisted = Persisted {
-                durable: DurableState {
-                    journal_trusted_through: 0,
-                    ..DurableState::default()
-                },
-                checkpoint: None,
-                journal: Vec::new(),
-                journal_trusted: false,
-            };
-            Replica::restart(config, machine, persisted).map_err(|e| start(e.to_string()))?
+            Replica::restart(config, machine, Persisted::after_disk_loss())
+                .map_err(|e| start(e.to_string()))?
         } else if fresh {
             Replica::new(config, machine).map_err(|e| start(format!("config: {e}")))?
         } else {

@@ -632,36 +632,7 @@ fn a_wiped_replica_restarted_untrusted_never_helps_drop_a_committed_op() {
     );
     assert!(committed);
     // Replica 1's disk is wiped: it restarts with nothing, untrusted from op 0.
-    let wiped = Persisted {
-        durable: DurableState {
-            journal_trusted_through: 0,
-            ..DurableState::default()
-        },
-        checkpoint: None,
-        journal: Vec::new(),
-        journal_trusted: false,
-    };
-    h.replicas[1] =
-        Replica::restart(Config::new(0, 1, 3, 9), CounterMachine::default(), wiped).unwrap();
-    h.messages.clear();
-    // Replica 0 is down. Replicas 1 and 2 may not form a view without op 2.
-    let formed = h.run_until(
-        5_000,
-        |from, to, _| from != 0 && to != 0,
-        |h| (1..3).any(|r| h.replica(r).is_primary()),
-    );
-    for r in 1..3 {
-        if h.replica(r).is_primary() {
-            assert!(
-                h.replica(r).op() >= 2,
-                "replica {r} leads a view without the committed op 2"
-            );
-        }
-    }
-    assert!(
-        !formed,
-        "a view formed without the only trusted holder of op 2"
-    );
+    restart_1_and_expect_no_view_without_op_2(&mut h, Persisted::after_disk_loss());
     // Replica 0 comes back: the group goes on with op 2.
     let healed = h.run_until(
         10_000,
@@ -713,8 +684,18 @@ fn a_power_lost_replica_never_helps_drop_an_op_it_acknowledged() {
         journal,
         journal_trusted: false,
     };
-    h.replicas[1] =
-        Replica::restart(Config::new(0, 1, 3, 9), CounterMachine::default(), lost).unwrap();
+    restart_1_and_expect_no_view_without_op_2(&mut h, lost);
+}
+
+/// Restarts replica 1 from `persisted` with replica 0 (the only other holder of the
+/// committed op 2) cut off: replicas 1 and 2 must not form a view without op 2.
+fn restart_1_and_expect_no_view_without_op_2(h: &mut Harness, persisted: Persisted) {
+    h.replicas[1] = Replica::restart(
+        Config::new(0, 1, 3, 9),
+        CounterMachine::default(),
+        persisted,
+    )
+    .unwrap();
     h.messages.clear();
     let formed = h.run_until(
         5_000,
