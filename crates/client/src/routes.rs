@@ -66,8 +66,9 @@ pub(crate) struct Routes {
     /// Member id → the address clients reach it at.
     members: BTreeMap<u8, String>,
     coordinator: Option<u8>,
-    /// (stream, topic) → partition → primary member.
-    primaries: HashMap<(String, String), HashMap<u32, u8>>,
+    /// Stream → topic → partition → primary member (looked up by `&str`, so a
+    /// produce allocates nothing to find its member).
+    primaries: HashMap<String, HashMap<String, HashMap<u32, u8>>>,
 }
 
 impl Routes {
@@ -81,16 +82,13 @@ impl Routes {
             .map(|m| (m.id, m.client_addr.clone()))
             .collect();
         members.insert(info.node_id, reached_at.to_owned());
-        let primaries = info
-            .topics
-            .iter()
-            .map(|t| {
-                (
-                    (t.stream.clone(), t.topic.clone()),
-                    t.partitions.iter().copied().collect(),
-                )
-            })
-            .collect();
+        let mut primaries: HashMap<String, HashMap<String, HashMap<u32, u8>>> = HashMap::new();
+        for t in &info.topics {
+            primaries
+                .entry(t.stream.clone())
+                .or_default()
+                .insert(t.topic.clone(), t.partitions.iter().copied().collect());
+        }
         Self {
             members,
             coordinator: info.coordinator,
@@ -107,7 +105,8 @@ impl Routes {
                 partition,
             } => self
                 .primaries
-                .get(&(stream.to_owned(), topic.to_owned()))?
+                .get(stream)?
+                .get(topic)?
                 .get(&partition)
                 .copied(),
             Target::Coordinator => self.coordinator,

@@ -38,7 +38,7 @@ pub use message::{
 };
 pub use node::{Node, UnknownGroup};
 pub use replica::{
-    Config, ConfigError, IgnoredCounts, Input, JournalSlot, Output, Persisted, Replica, StartError,
-    Status, REPLICAS_MAX,
+    primary_of, Config, ConfigError, IgnoredCounts, Input, JournalSlot, Output, Persisted, Replica,
+    StartError, Status, REPLICAS_MAX,
 };
 pub use state::{Applied, CounterMachine, ReplicatedState, StateMachine};

@@ -234,6 +234,12 @@ impl Persisted {
     }
 }
 
+/// The replica that leads `view` of `group`: views rotate through the replicas,
+/// offset by the group id so groups' primaries spread over the members.
+pub fn primary_of(group: u64, view: u64, replica_count: u8) -> ReplicaId {
+    ((view + group) % u64::from(replica_count.max(1))) as ReplicaId
+}
+
 /// A journal slot as read back from disk after a restart.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum JournalSlot {
@@ -723,7 +729,7 @@ impl<S: StateMachine> Replica<S> {
 
     /// The primary of a view: `(view + group) mod replica_count`.
     pub fn primary_of(&self, view: u64) -> ReplicaId {
-        ((view + self.config.group) % u64::from(self.config.replica_count)) as ReplicaId
+        primary_of(self.config.group, view, self.config.replica_count)
     }
 
     /// Whether this replica is the primary of its view in normal status.
@@ -807,130 +813,6 @@ impl<S: StateMachine> Replica<S> {
         self.checkpoint.op.max(self.compacted_through)
     }
 
-    /// Whether a message must be dropped before any handler sees it: a sender outside
-    /// the group (or posing as this replica), another group's prepare or snapshot, a
-    /// damaged one, or a view-scoped message from a replica that does not lead that view.
-    /// Every drop is counted. Without this a stray id would count toward a quorum.
-    fn ignore_message(&mut self, message: &Message) -> bool {
-        if let Some(from) = message.from() {
-            if from >= self.config.replica_count || from == self.config.replica {
-                self.ignored.foreign_sender += 1;
-                return true;
-            }
-        }
-        let (group, intact) = match message {
-            Message::Prepare(prepare) => (prepare.header.group, prepare.valid()),
-            Message::Snapshot { checkpoint, .. } => (checkpoint.header.group, checkpoint.valid()),
-            Message::DoViewChange { suffix, .. } | Message::StartView { suffix, .. } => (
-                suffix.first().map_or(self.config.group, |e| e.header.group),
-                suffix.iter().all(|e| {
-                    e.header.valid()
-                        && e.header.group == self.config.group
-                        && e.body
-                            .as_ref()
-                            .is_none_or(|b| crate::message::checksum(b) == e.header.body_checksum)
-                }),
-            ),
-            _ => (self.config.group, true),
-        };
-        if group != self.config.group {
-            self.ignored.wrong_group += 1;
-            return true;
-        }
-        if !intact {
-            self.ignored.damaged += 1;
-            return true;
-        }
-        let leads = |view: u64, from: ReplicaId| self.primary_of(view) == from;
-        let from_primary = match message {
-            Message::Commit { view, from, .. } | Message::StartView { view, from, .. } => {
-                leads(*view, *from)
-            }
-            _ => true,
-        };
-        if !from_primary {
-            self.ignored.not_from_primary += 1;
-            return true;
-        }
-        false
-    }
-
-    fn on_message(&mut self, message: Message, out: &mut Vec<Output>) {
-        if self.ignore_message(&message) {
-            return;
-        }
-        match message {
-            Message::Request(request) => self.on_request(request, out),
-            Message::Prepare(prepare) => self.on_prepare(prepare, out),
-            Message::PrepareOk {
-                view,
-                op,
-                checksum,
-                from,
-            } => self.on_prepare_ok(view, op, checksum, from, out),
-            Message::Commit {
-                view,
-                commit,
-                checksum,
-                from,
-            } => self.on_commit(view, commit, checksum, from, out),
-            Message::StartViewChange { view, from } => self.on_start_view_change(view, from, out),
-            Message::DoViewChange {
-                view,
-                log_view,
-                op,
-                commit,
-                commit_checksum,
-                suffix,
-                faulty,
-                trusted_through,
-                from,
-            } => {
-                let vote = ViewChangeVote {
-                    log_view,
-                    op,
-                    commit,
-                    commit_checksum,
-                    suffix,
-                    faulty,
-                    trusted_through,
-                };
-                self.on_do_view_change(view, from, vote, out);
-            }
-            Message::StartView {
-                view,
-                op,
-                commit,
-                suffix,
-                from,
-            } => self.on_start_view(view, op, commit, suffix, from, out),
-            Message::RequestPrepare { op, checksum, from } => {
-                self.on_request_prepare(op, checksum, from, out)
-            }
-            Message::RequestStartView { view, from } => self.on_request_start_view(view, from, out),
-            Message::Committed {
-                view,
-                commit,
-                checksum,
-                ..
-            } => self.on_committed(view, commit, checksum, out),
-            Message::RequestSnapshot { from } => self.on_request_snapshot(from, out),
-            Message::RequestViews { from } => {
-                out.push(Output::Send {
-                    to: from,
-                    message: Message::Views {
-                        view: self.view,
-                        from: self.config.replica,
-                    },
-                });
-            }
-            Message::Views { view, from } => self.on_views(view, from, out),
-            Message::Snapshot {
-                checkpoint, view, ..
-            } => self.on_snapshot(checkpoint, view, out),
-        }
-    }
-
     // ---- helpers ------------------------------------------------------------------
 
     fn others(&self) -> Vec<ReplicaId> {
@@ -1010,6 +892,7 @@ impl<S: StateMachine> Replica<S> {
 }
 
 mod clients;
+mod dispatch;
 mod invariants;
 mod normal;
 mod repair;

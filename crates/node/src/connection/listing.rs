@@ -46,8 +46,9 @@ pub(super) fn cluster_info(env: &Env) -> Response {
         };
         // Not yet published by its shard (just created): a new group starts in view 0,
         // led by the member its group id names.
-        let members = cluster.members.len().max(1) as u64;
-        let view_0 = (crate::replication::partition_groups::group_of(key) % members) as u8;
+        let members = u8::try_from(cluster.members.len()).unwrap_or(u8::MAX);
+        let group = crate::replication::partition_groups::group_of(key);
+        let view_0 = braid_vsr::primary_of(group, 0, members);
         primaries
             .as_ref()
             .and_then(|p| p.get(&key))

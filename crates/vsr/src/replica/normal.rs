@@ -107,6 +107,13 @@ impl<S: StateMachine> Replica<S> {
         if self.status() != Status::Normal || !self.view_durable() {
             return;
         }
+        if !self.may_trust_in(self.view) {
+            // A replica that lost its disk lost the promise its durable view made (never
+            // to act in an older view): until a quorum of peers has shown it a view at
+            // least as new, an acknowledgement could let a stale view's primary commit
+            // over what a newer view committed (simulator seed 992014).
+            return;
+        }
         out.push(Output::Send {
             to: self.primary_of(self.view),
             message: Message::PrepareOk {

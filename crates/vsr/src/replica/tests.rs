@@ -622,15 +622,7 @@ fn a_snapshot_committed_by_a_later_view_cuts_a_dead_views_suffix() {
 /// and a replica that never had the op must wait, never drop the op.
 #[test]
 fn a_wiped_replica_restarted_untrusted_never_helps_drop_a_committed_op() {
-    let (mut h, session) = registered(3);
-    // Op 2 commits on replicas 0 and 1; replica 2 never sees it.
-    h.request(0, session, 1, b"k=1");
-    let committed = h.run_until(
-        200,
-        |from, to, _| from != 2 && to != 2,
-        |h| h.replica(0).commit_min() >= 2,
-    );
-    assert!(committed);
+    let mut h = op_2_committed_without_replica_2();
     // Replica 1's disk is wiped: it restarts with nothing, untrusted from op 0.
     restart_1_and_expect_no_view_without_op_2(&mut h, Persisted::after_disk_loss());
     // Replica 0 comes back: the group goes on with op 2.
@@ -653,14 +645,7 @@ fn a_wiped_replica_restarted_untrusted_never_helps_drop_a_committed_op() {
 /// loss, with the op's only other holder down.
 #[test]
 fn a_power_lost_replica_never_helps_drop_an_op_it_acknowledged() {
-    let (mut h, session) = registered(3);
-    h.request(0, session, 1, b"k=1");
-    let committed = h.run_until(
-        200,
-        |from, to, _| from != 2 && to != 2,
-        |h| h.replica(0).commit_min() >= 2,
-    );
-    assert!(committed);
+    let mut h = op_2_committed_without_replica_2();
     // Replica 1 acknowledged op 2 (unsynced) and lost it with the page cache: its
     // durable state says view 0, commit 1; its journal ends at op 1.
     let journal: Vec<(u64, JournalSlot)> = (1..=1)
@@ -685,6 +670,20 @@ fn a_power_lost_replica_never_helps_drop_an_op_it_acknowledged() {
         journal_trusted: false,
     };
     restart_1_and_expect_no_view_without_op_2(&mut h, lost);
+}
+
+/// A group of three where op 2 (`k=1`) committed on replicas 0 and 1 and replica 2
+/// never saw it.
+fn op_2_committed_without_replica_2() -> Harness {
+    let (mut h, session) = registered(3);
+    h.request(0, session, 1, b"k=1");
+    let committed = h.run_until(
+        200,
+        |from, to, _| from != 2 && to != 2,
+        |h| h.replica(0).commit_min() >= 2,
+    );
+    assert!(committed, "op 2 committed on replicas 0 and 1");
+    h
 }
 
 /// Restarts replica 1 from `persisted` with replica 0 (the only other holder of the

@@ -1,0 +1,220 @@
+//! Making a log shorter: cutting its tail (a view change's truncation), starting it
+//! again empty at an offset (a state transfer), and dropping old segments (retention).
+//! Each removal is synced before the next, so a crash never leaves a hole.
+
+use std::sync::Arc;
+
+use super::{delete_segment_files, sync_dir, PartitionLog, RetentionOutcome};
+use crate::error::LogError;
+use crate::files::log_path;
+use crate::recovery_point::RecoveryPoint;
+use crate::segment::{
+    find_batch, flush_index, load_index, truncate_index_files, MaxTimestamp, Segment,
+};
+use crate::writeback::WriteBehind;
+
+impl PartitionLog {
+    /// Discards every record at or after `offset`, which must start a batch (or be the
+    /// next offset, a no-op). Replication uses it to drop uncommitted entries after a
+    /// view change. Durable when it returns; a crash during it leaves a log that ends
+    /// somewhere between `offset` and the old end, never one with a hole.
+    ///
+    /// # Errors
+    /// [`LogError::OffsetOutOfRange`], [`LogError::NotBatchBoundary`], IO errors.
+    pub fn truncate(&mut self, offset: u64) -> Result<(), LogError> {
+        self.check_writable()?;
+        self.check_range(offset)?;
+        if offset == self.next_offset {
+            return Ok(());
+        }
+        // Rewritten bytes get write-back started again as they arrive.
+        self.write_behind = WriteBehind::default();
+        let at = self.segment_of(offset);
+        self.ensure_index(at)?;
+        let position = if self.segments[at].base_offset == offset {
+            0
+        } else {
+            let file = self.file_for(at)?;
+            match find_batch(&self.dir, &self.segments[at], &file, offset)? {
+                Some((position, header)) if header.base_offset as u64 == offset => position,
+                Some((_, header)) => {
+                    return Err(LogError::NotBatchBoundary {
+                        offset,
+                        batch_base: header.base_offset as u64,
+                        batch_last: header.last_offset() as u64,
+                    })
+                }
+                None => return Err(self.out_of_range(offset)),
+            }
+        };
+        self.remove_clean_marker()?;
+        // Newest first, each removal synced before the next, so a crash leaves a log
+        // without holes.
+        while self.segments.len() > at + 1 {
+            let Some(doomed) = self.segments.pop() else {
+                break;
+            };
+            self.forget_files_of(doomed.base_offset);
+            let removed = delete_segment_files(&self.dir, doomed.base_offset);
+            self.poisoning("removing a truncated segment", removed)?;
+        }
+        self.active_file = None;
+        if self
+            .reader
+            .as_ref()
+            .is_some_and(|(base, _)| *base == self.segments[at].base_offset)
+        {
+            self.reader = None;
+        }
+        self.sealed_indexes
+            .retain(|base| *base != self.segments[at].base_offset);
+        let file = self.file_for(at)?;
+        // The log ends at `offset` from here on in memory, whatever the disk does: a
+        // failure below poisons, and reads never go past the cut.
+        self.next_offset = offset;
+        self.durable_offset = self.durable_offset.min(offset);
+        self.generation += 1;
+        let dir = self.dir.clone();
+        let interval = self.config.index_interval_bytes;
+        let segment = &mut self.segments[at];
+        let path = log_path(&dir, segment.base_offset);
+        segment.size_bytes = position;
+        segment.end_offset = Some(offset);
+        let relative = segment.relative(offset);
+        if let Some(index) = segment.index.as_mut() {
+            index.truncate(relative);
+        }
+        // The recovery point may not name bytes that are about to be rewritten: it is
+        // lowered (and stored) before the cut, or the log is poisoned.
+        let base = segment.base_offset;
+        let lowered = RecoveryPoint {
+            segment_base: base,
+            position,
+        };
+        let key = |p: &RecoveryPoint| (p.segment_base, p.position);
+        let recovery_point = if key(&lowered) < key(&self.recovery_point) {
+            lowered
+        } else {
+            self.recovery_point
+        };
+        let cut = recovery_point
+            .store(&dir)
+            .map_err(LogError::io(
+                "write",
+                dir.join(crate::recovery_point::RECOVERY_POINT_FILE),
+            ))
+            .and_then(|()| {
+                crate::disk::set_len(&file, &path, position)
+                    .map_err(LogError::io("truncate", &path))
+            })
+            .and_then(|()| {
+                crate::disk::sync_data(&file, &path).map_err(LogError::io("fsync", &path))
+            })
+            .and_then(|()| truncate_index_files(&dir, segment))
+            .and_then(|()| flush_index(&dir, segment, false))
+            .and_then(|()| {
+                // Reload so the running largest timestamp and the tail are recomputed
+                // by the same walk that opening uses.
+                segment.index = None;
+                segment.max_timestamp = MaxTimestamp::Unknown;
+                load_index(&dir, segment, &file, interval, false).map(|_| ())
+            })
+            .and_then(|()| sync_dir(&dir));
+        self.recovery_point = recovery_point;
+        self.poisoning("truncating", cut)
+    }
+
+    /// Discards every record and starts the log again, empty, at `start`: a replica
+    /// whose peers' retention deleted what it lacks copies their log from where it now
+    /// begins. Durable when it returns; a crash during it leaves a prefix of the old
+    /// log (segments go newest first, each removal synced) or the empty log at `start`,
+    /// never one with a hole.
+    ///
+    /// # Errors
+    /// [`LogError::Poisoned`], IO errors (which poison the log).
+    pub fn reset(&mut self, start: u64, now_ms: u64) -> Result<(), LogError> {
+        self.check_writable()?;
+        self.remove_clean_marker()?;
+        self.write_behind = WriteBehind::default();
+        self.active_file = None;
+        self.reader = None;
+        self.sealed_indexes.clear();
+        while let Some(doomed) = self.segments.pop() {
+            let removed = delete_segment_files(&self.dir, doomed.base_offset)
+                .and_then(|()| sync_dir(&self.dir));
+            self.poisoning("removing a segment to start the log again", removed)?;
+        }
+        let path = log_path(&self.dir, start);
+        let point = RecoveryPoint {
+            segment_base: start,
+            position: 0,
+        };
+        let dir = self.dir.clone();
+        let created = crate::disk::create_new(&path)
+            .map_err(LogError::io("create", &path))
+            .and_then(|file| sync_dir(&dir).map(|()| file))
+            .and_then(|file| {
+                point
+                    .store(&dir)
+                    .map_err(LogError::io(
+                        "write",
+                        dir.join(crate::recovery_point::RECOVERY_POINT_FILE),
+                    ))
+                    .map(|()| file)
+            });
+        let file = self.poisoning("starting the log again", created)?;
+        self.segments.push(Segment::new_empty(start, now_ms));
+        self.active_file = Some(Arc::new(file));
+        self.next_offset = start;
+        self.durable_offset = start;
+        self.recovery_point = point;
+        self.unsynced_since_ms = None;
+        self.generation += 1;
+        Ok(())
+    }
+
+    /// Deletes the oldest sealed segments that retention by size or age no longer
+    /// keeps; never the active one.
+    ///
+    /// # Errors
+    /// IO errors; segments deleted before the error stay deleted.
+    pub fn apply_retention(&mut self, now_ms: u64) -> Result<RetentionOutcome, LogError> {
+        let mut outcome = RetentionOutcome::default();
+        while self.segments.len() > 1 {
+            let total = self.size_bytes();
+            let oldest_bytes = self.segments[0].size_bytes;
+            let by_size = self
+                .config
+                .retention_bytes
+                .is_some_and(|keep| total - oldest_bytes >= keep);
+            let by_age = match self.config.retention_ms {
+                Some(keep_ms) => {
+                    self.ensure_index(0)?;
+                    match self.segments[0].max_timestamp {
+                        MaxTimestamp::At { timestamp, .. } => {
+                            timestamp.saturating_add(keep_ms as i64) < now_ms as i64
+                        }
+                        MaxTimestamp::Empty => true,
+                        MaxTimestamp::Unknown => false,
+                    }
+                }
+                None => false,
+            };
+            if !(by_size || by_age) {
+                break;
+            }
+            self.remove_clean_marker()?;
+            let doomed = self.segments.remove(0);
+            self.forget_files_of(doomed.base_offset);
+            // Each removal is synced before the next, oldest first, so a power cut can
+            // only leave a shorter prefix removed, never a gap.
+            let removed = delete_segment_files(&self.dir, doomed.base_offset)
+                .and_then(|()| sync_dir(&self.dir));
+            self.poisoning("removing a segment for retention", removed)?;
+            outcome.segments_deleted += 1;
+            outcome.bytes_deleted += doomed.size_bytes;
+        }
+        outcome.start_offset = self.start_offset();
+        Ok(outcome)
+    }
+}
