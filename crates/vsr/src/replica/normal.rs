@@ -408,8 +408,13 @@ impl<S: StateMachine> Replica<S> {
             header,
             self.state.snapshot(),
         )));
+        // Never above the previous checkpoint: it is the fallback should this one be
+        // damaged, and it needs the journal above it.
+        let prune = header
+            .op
+            .saturating_sub(self.config.journal_keep)
+            .min(self.checkpoint.op);
         self.checkpoint = header;
-        let prune = header.op.saturating_sub(self.config.journal_keep);
         if prune > 0 {
             out.push(Output::PruneJournal { op: prune });
             let keep = self.journal.split_off(&prune);

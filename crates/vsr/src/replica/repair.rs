@@ -176,6 +176,10 @@ impl<S: StateMachine> Replica<S> {
         self.op = self.op.max(header.op);
         let commit = self.commit_max;
         self.prepare_oks.retain(|op, _| *op > commit);
+        // The previous checkpoint stays on disk as the fallback should the new one be
+        // damaged: the journal above it (ops this replica may have acknowledged) stays
+        // with it.
+        let fallback = self.checkpoint.op;
         self.checkpoint = header;
         self.journal = self.journal.split_off(&(header.op + 1));
         self.journal.insert(header.op, Entry::anchor(header));
@@ -254,7 +258,9 @@ impl<S: StateMachine> Replica<S> {
             .max(self.faulty.iter().next_back().copied().unwrap_or(0))
             .max(header.op);
         out.push(Output::WriteCheckpoint(checkpoint));
-        out.push(Output::PruneJournal { op: header.op });
+        if fallback > 0 {
+            out.push(Output::PruneJournal { op: fallback });
+        }
         let newer_primary = self.primary_of(sender_view);
         if sender_view > self.view && newer_primary != self.config.replica {
             // A newer view exists: learn its log from its primary rather than wait for

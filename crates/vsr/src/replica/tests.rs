@@ -748,3 +748,76 @@ fn acknowledgements_counted_above_an_op_another_replica_says_committed_commit_it
     assert_eq!(h.replica(0).commit_max(), 3, "op 3 commits with its quorum");
     assert_eq!(h.replica(0).state().machine().get("b"), 2);
 }
+
+/// Seed 948762: a replica that installed a snapshot pruned its whole journal below it,
+/// ops it had acknowledged included; when that newest checkpoint was then damaged, the
+/// fallback (the checkpoint before it) had no journal above it, and those ops were
+/// gone from the replica. A snapshot install, like any checkpoint, prunes no higher
+/// than the previous checkpoint.
+#[test]
+fn a_snapshot_install_keeps_the_journal_above_its_fallback_checkpoint() {
+    let (mut h, session) = registered(3);
+    for r in 0..3 {
+        let config = &mut h.replicas[r].config;
+        config.checkpoint_interval = 4;
+        config.journal_keep = 4;
+    }
+    // Ops 2..=5 everywhere: replica 2 checkpoints at op 4.
+    for request in 1..=4 {
+        h.request(0, session, request, format!("k{request}=1").as_bytes());
+        h.settle(50);
+    }
+    assert_eq!(h.replica(2).commit_min(), 5);
+    let fallback = h.replica(2).checkpoint.op;
+    assert!(fallback >= 4, "replica 2 took a checkpoint");
+    // Replica 2 never gets op 6, so it cannot apply past 5, while it writes and
+    // acknowledges ops above it.
+    let misses_6 = |_: ReplicaId, to: ReplicaId, m: &Message| {
+        to != 2
+            || !matches!(m, Message::Snapshot { .. })
+                && !matches!(m, Message::Prepare(p) if p.header.op == 6)
+    };
+    for request in 5..=11 {
+        h.request(0, session, request, format!("k{request}=1").as_bytes());
+        for _ in 0..50 {
+            h.complete_writes();
+            h.deliver(misses_6);
+        }
+    }
+    assert_eq!(h.replica(0).commit_min(), 12);
+    assert_eq!(
+        h.replica(2).commit_min(),
+        5,
+        "replica 2 is stuck below op 6"
+    );
+    assert!(
+        (7..=11).all(|op| h.replica(2).journal.contains_key(&op)),
+        "it holds ops 7..=11"
+    );
+    // It installs replica 0's snapshot at op 12.
+    h.messages.clear();
+    h.input(0, Input::Message(Message::RequestSnapshot { from: 2 }));
+    let (_, _, snapshot) = h
+        .messages
+        .drain(..)
+        .find(|(_, to, m)| *to == 2 && matches!(m, Message::Snapshot { .. }))
+        .unwrap();
+    let mut out = Vec::new();
+    h.replicas[2].step(h.now, Input::Message(snapshot), &mut out);
+    assert_eq!(h.replica(2).commit_min(), 12, "the snapshot is installed");
+    assert!(out
+        .iter()
+        .any(|o| matches!(o, Output::WriteCheckpoint(c) if c.header.op == 12)));
+    let pruned = out
+        .iter()
+        .filter_map(|o| match o {
+            Output::PruneJournal { op } => Some(*op),
+            _ => None,
+        })
+        .max()
+        .unwrap_or(0);
+    assert!(
+        pruned <= fallback,
+        "pruned through {pruned}, above the fallback checkpoint {fallback}: ops 7..=11 would go with a damaged newest checkpoint"
+    );
+}
