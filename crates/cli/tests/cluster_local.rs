@@ -6,26 +6,16 @@
 // A panic in a test is a failed assertion, not a crash on outside data.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use braid_client::{Client, Producer, ProducerConfig};
 use braid_proto::client::TopicSettings;
 
-const BRAID: &str = env!("CARGO_BIN_EXE_braid");
+mod support;
+use support::{free_base, signal};
 
-/// A base port whose 30 ports (clients, HTTP, replicas) are free now.
-fn free_base() -> u16 {
-    for attempt in 0..200u16 {
-        let base = 20_000 + (std::process::id() as u16 % 400 + attempt) * 100 % 40_000;
-        let free = (0..30).all(|i| TcpListener::bind(("127.0.0.1", base + i)).is_ok());
-        if free {
-            return base;
-        }
-    }
-    panic!("no free block of 30 loopback ports");
-}
+const BRAID: &str = env!("CARGO_BIN_EXE_braid");
 
 /// The pid of `braid server --node-id ID`, a child of `parent`.
 fn node_pid(parent: u32, id: u8) -> Option<u32> {
@@ -44,15 +34,6 @@ fn node_pid(parent: u32, id: u8) -> Option<u32> {
                     .any(|w| w[0] == "--node-id" && w[1] == id.to_string())
             })
         })
-}
-
-fn signal(pid: u32, name: &str) {
-    let status = Command::new("kill")
-        .arg(format!("-{name}"))
-        .arg(pid.to_string())
-        .status()
-        .unwrap();
-    assert!(status.success(), "kill -{name} {pid}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

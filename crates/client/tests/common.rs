@@ -65,21 +65,52 @@ pub(crate) async fn create_topic(
     client.create_topic(stream, topic, settings).await.unwrap();
 }
 
-/// One value from the node's `/metrics` (the line `NAME VALUE`).
-pub(crate) async fn metric(http: std::net::SocketAddr, name: &str) -> u64 {
+/// The body of `GET path` on the node's HTTP port.
+pub(crate) async fn http_get(http: std::net::SocketAddr, path: &str) -> String {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut stream = tokio::net::TcpStream::connect(http).await.unwrap();
-    stream
-        .write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-        .await
-        .unwrap();
+    let request = format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.unwrap();
     let mut text = String::new();
     stream.read_to_string(&mut text).await.unwrap();
+    text.split_once("\r\n\r\n")
+        .map(|(_, body)| body.to_string())
+        .unwrap_or_default()
+}
+
+/// One value from the node's `/metrics` (the line `NAME VALUE`).
+pub(crate) async fn metric(http: std::net::SocketAddr, name: &str) -> u64 {
+    let text = http_get(http, "/metrics").await;
     text.lines()
         .find(|l| l.split_whitespace().next() == Some(name))
         .and_then(|l| l.split_whitespace().nth(1))
         .and_then(|v| v.parse().ok())
         .unwrap_or_else(|| panic!("no {name} in /metrics"))
+}
+
+/// Each group's (group, commit_min, commit checksum) from the node's `/replication`.
+pub(crate) async fn commit_points(http: std::net::SocketAddr) -> Vec<(u64, u64, String)> {
+    let text = http_get(http, "/replication").await;
+    let field = |row: &str, name: &str| -> String {
+        let start = row.find(&format!("\"{name}\":")).unwrap() + name.len() + 3;
+        row[start..]
+            .split([',', '}'])
+            .next()
+            .unwrap()
+            .trim_matches('"')
+            .to_string()
+    };
+    text.split("{\"group\":")
+        .skip(1)
+        .map(|row| {
+            let row = format!("{{\"group\":{row}");
+            (
+                field(&row, "group").parse().unwrap(),
+                field(&row, "commit_min").parse().unwrap(),
+                field(&row, "commit_checksum"),
+            )
+        })
+        .collect()
 }
 
 /// A member of an in-process cluster: its node (None while stopped), its data directory
@@ -93,6 +124,11 @@ pub(crate) struct Member {
 impl Member {
     pub(crate) fn addr(&self) -> std::net::SocketAddr {
         self.config.client_addr
+    }
+
+    /// The HTTP admin address of the running node.
+    pub(crate) fn http_addr(&self) -> std::net::SocketAddr {
+        self.node.as_ref().unwrap().http_addr()
     }
 
     pub(crate) fn stop(&mut self) {

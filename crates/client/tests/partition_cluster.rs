@@ -302,6 +302,35 @@ async fn a_member_behind_every_journal_copies_the_log_from_a_peer() {
     produce_range(&client, 0..2_600).await;
     members[behind].start();
     until_transferred(&members[behind]).await;
+    // Every member reports itself caught up, and each group's commit point (op and
+    // checksum) is the same on all three.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let mut points = Vec::new();
+        let mut caught_up = true;
+        for member in &members {
+            points.push(common::commit_points(member.http_addr()).await);
+            caught_up &= common::http_get(member.http_addr(), "/health")
+                .await
+                .contains("\"caught_up\":true");
+        }
+        if caught_up && points[0].len() == 2 && points.iter().all(|p| *p == points[0]) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "commit points never agreed: {points:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    let mut led = 0;
+    for member in &members {
+        led += common::metric(member.http_addr(), "braid_vsr_groups_led").await;
+    }
+    assert_eq!(
+        led, 2,
+        "the metadata group and the partition have one primary each"
+    );
     // The copied member now makes the quorum: the other backup stops, and produces
     // still commit (the restarted member acknowledges them from its journal).
     members[other].stop();

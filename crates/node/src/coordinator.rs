@@ -150,6 +150,16 @@ impl MetaService {
         drop(self);
     }
 
+    /// The metadata replica now (for the shard's board).
+    pub(crate) fn status(&self) -> Option<crate::replication::status::GroupStatus> {
+        self.group.status()
+    }
+
+    /// Repairs the metadata replica asked of peers since the last call.
+    pub(crate) fn take_repairs(&mut self) -> crate::replication::shard_host::Repairs {
+        self.group.take_repairs()
+    }
+
     /// A tick of the shard's timer: the group's time, and member expiry.
     pub(crate) fn tick(&mut self, shared: &Arc<NodeShared>, now: u64) {
         for (stream, group, member) in self.groups.expire(now) {

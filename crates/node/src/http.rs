@@ -1,9 +1,11 @@
-//! The HTTP admin endpoint: `/health` and `/metrics` (Prometheus text format). It runs
+//! The HTTP admin endpoint: `/health` (alive, and whether every group is caught up),
+//! `/ready` (the same, 503 until caught up), `/replication` (each group's view, status
+//! and commit point with its checksum) and `/metrics` (Prometheus text format). It runs
 //! on its own small thread so a scrape never waits behind a shard.
 
 use std::sync::Arc;
 
-use axum::http::header;
+use axum::http::{header, StatusCode};
 use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::Router;
@@ -33,30 +35,65 @@ impl HttpServer {
             .name("braid-http".into())
             .spawn(move || {
                 runtime.block_on(async move {
+                    let health = Arc::clone(&shared);
+                    let replication = Arc::clone(&shared);
+                    let ready = Arc::clone(&shared);
                     let metrics = shared;
-                    let app = Router::new()
-                        .route(
-                            "/health",
-                            get(|| async {
-                                (
-                                    [(header::CONTENT_TYPE, "application/json")],
-                                    "{\"status\":\"ok\"}\n",
-                                )
-                            }),
-                        )
-                        .route(
-                            "/metrics",
-                            get(move || {
-                                let metrics = Arc::clone(&metrics);
-                                async move {
-                                    (
-                                        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-                                        render(&metrics.metrics, metrics.bus_metrics.get()),
-                                    )
-                                        .into_response()
-                                }
-                            }),
-                        );
+                    let json = |body: String| ([(header::CONTENT_TYPE, "application/json")], body);
+                    let app =
+                        Router::new()
+                            .route(
+                                "/health",
+                                get(move || {
+                                    let summary = health.board.summary(health.cluster.node_id);
+                                    async move { json(summary.health_json()) }
+                                }),
+                            )
+                            .route(
+                                // 200 once caught up, 503 before (for load balancers and
+                                // rolling restarts: wait for it before taking the next node).
+                                "/ready",
+                                get(move || {
+                                    let summary = ready.board.summary(ready.cluster.node_id);
+                                    async move {
+                                        let code = if summary.caught_up() {
+                                            StatusCode::OK
+                                        } else {
+                                            StatusCode::SERVICE_UNAVAILABLE
+                                        };
+                                        (code, json(summary.health_json())).into_response()
+                                    }
+                                }),
+                            )
+                            .route(
+                                "/replication",
+                                get(move || {
+                                    let node = replication.cluster.node_id;
+                                    let rows = replication.board.rows();
+                                    async move {
+                                        json(crate::replication::status::rows_json(node, &rows))
+                                    }
+                                }),
+                            )
+                            .route(
+                                "/metrics",
+                                get(move || {
+                                    let metrics = Arc::clone(&metrics);
+                                    async move {
+                                        let summary =
+                                            metrics.board.summary(metrics.cluster.node_id);
+                                        (
+                                            [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+                                            render(
+                                                &metrics.metrics,
+                                                metrics.bus_metrics.get(),
+                                                &summary,
+                                            ),
+                                        )
+                                            .into_response()
+                                    }
+                                }),
+                            );
                     let listener = match tokio::net::TcpListener::from_std(listener) {
                         Ok(listener) => listener,
                         Err(err) => {

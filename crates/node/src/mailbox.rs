@@ -131,6 +131,9 @@ pub(crate) struct NodeShared {
     pub(crate) stand_in_secret: [u8; 32],
     /// The cluster as this node knows it.
     pub(crate) cluster: ClusterView,
+    /// Every group's replica as its shard last published it (`/replication`,
+    /// `/health`, `/metrics`).
+    pub(crate) board: crate::replication::status::Board,
 }
 
 /// The cluster's name, this node's member id and every member's client address.

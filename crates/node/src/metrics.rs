@@ -20,6 +20,8 @@ pub(crate) struct ShardMetrics {
     pub(crate) partitions: AtomicU64,
     pub(crate) fsyncs_requested: AtomicU64,
     pub(crate) state_transfers: AtomicU64,
+    pub(crate) repair_prepares_requested: AtomicU64,
+    pub(crate) repair_snapshots_requested: AtomicU64,
     pub(crate) frames_refused: AtomicU64,
     pub(crate) partitions_poisoned: AtomicU64,
     pub(crate) connection_reads_paused: AtomicU64,
@@ -48,6 +50,8 @@ impl Default for ShardMetrics {
             partitions: AtomicU64::new(0),
             fsyncs_requested: AtomicU64::new(0),
             state_transfers: AtomicU64::new(0),
+            repair_prepares_requested: AtomicU64::new(0),
+            repair_snapshots_requested: AtomicU64::new(0),
             frames_refused: AtomicU64::new(0),
             partitions_poisoned: AtomicU64::new(0),
             connection_reads_paused: AtomicU64::new(0),
@@ -86,6 +90,7 @@ impl ShardMetrics {
 pub(crate) fn render(
     shards: &[Arc<ShardMetrics>],
     bus: Option<&Arc<braid_bus::BusMetrics>>,
+    groups: &crate::replication::status::Summary,
 ) -> String {
     let sum = |f: &dyn Fn(&ShardMetrics) -> &AtomicU64| -> u64 {
         shards.iter().map(|s| f(s).load(Ordering::Relaxed)).sum()
@@ -211,6 +216,58 @@ pub(crate) fn render(
         "Partition logs copied from a peer up to a checkpoint this replica installed (it was behind every peer's journal, or its log lost batches).",
         sum(&|s| &s.state_transfers),
     );
+    metric(
+        "braid_vsr_repair_prepares_requested_total",
+        "counter",
+        "Prepares this node's replicas asked of peers (an entry missing or damaged here).",
+        sum(&|s| &s.repair_prepares_requested),
+    );
+    metric(
+        "braid_vsr_repair_snapshots_requested_total",
+        "counter",
+        "Snapshots this node's replicas asked of peers (ops no peer's journal still holds).",
+        sum(&|s| &s.repair_snapshots_requested),
+    );
+    for (name, kind, help, value) in [
+        (
+            "braid_vsr_groups",
+            "gauge",
+            "Replication groups on this node (the metadata and every partition).",
+            groups.groups,
+        ),
+        (
+            "braid_vsr_groups_led",
+            "gauge",
+            "Groups this node leads (primary, normal status).",
+            groups.led,
+        ),
+        (
+            "braid_vsr_groups_in_view_change",
+            "gauge",
+            "Groups choosing a new view or recovering.",
+            groups.in_view_change,
+        ),
+        (
+            "braid_vsr_groups_behind",
+            "gauge",
+            "Groups not caught up: not in normal status, or committed ops not yet applied.",
+            groups.behind,
+        ),
+        (
+            "braid_vsr_commit_lag_ops",
+            "gauge",
+            "Committed ops known and not yet applied, summed over groups.",
+            groups.commit_lag,
+        ),
+        (
+            "braid_vsr_view_changes_total",
+            "counter",
+            "Views the groups passed since start, as their shards saw them every 100 ms.",
+            groups.views_passed,
+        ),
+    ] {
+        metric(name, kind, help, value);
+    }
     metric(
         "braid_frames_refused_total",
         "counter",

@@ -168,6 +168,7 @@ impl Node {
             tls,
             stand_in_secret,
             cluster,
+            board: crate::replication::status::Board::new(shards),
         });
         let layout = Arc::new(meta.layout());
         let mut meta = Some(meta);

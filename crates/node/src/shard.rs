@@ -22,7 +22,8 @@ use crate::metrics::{add, ShardMetrics};
 use crate::partition::Partition;
 use crate::replication::partition_groups::{Moved, PartitionGroups, Role};
 
-/// How often (in ticks) a shard publishes its partitions' primaries for `ClusterInfo`.
+/// How often (in ticks) a shard publishes its partitions' primaries for `ClusterInfo`
+/// and its groups' status on the board.
 const PRIMARIES_EVERY_TICKS: u64 = 10;
 
 /// Requests a shard takes from its inbox before the groups' turn: their prepares share
@@ -503,12 +504,26 @@ impl Shard {
         let transfers = self.groups.take_transfers_done();
         add(&self.metrics().state_transfers, transfers);
         self.ticks += 1;
+        let mut repairs = self.groups.take_repairs();
+        if let Some(meta) = self.meta.as_mut() {
+            let meta_repairs = meta.take_repairs();
+            repairs.prepares += meta_repairs.prepares;
+            repairs.snapshots += meta_repairs.snapshots;
+        }
+        add(&self.metrics().repair_prepares_requested, repairs.prepares);
+        add(
+            &self.metrics().repair_snapshots_requested,
+            repairs.snapshots,
+        );
         if self.ticks.is_multiple_of(PRIMARIES_EVERY_TICKS) {
             for (key, partition) in &self.partitions {
                 if let Some(primary) = self.groups.primary_of(*key) {
                     partition.set_primary(primary);
                 }
             }
+            let mut rows = self.groups.statuses();
+            rows.extend(self.meta.as_ref().and_then(|meta| meta.status()));
+            self.shared.board.publish(self.id, rows);
         }
         if now.saturating_sub(self.last_retention_ms) >= RETENTION_EVERY_MS {
             self.last_retention_ms = now;

@@ -61,6 +61,11 @@ impl<S: StateMachine> Node<S> {
         self.replicas.get(&group).map(|replica| &**replica)
     }
 
+    /// Every group's replica, by group id.
+    pub fn replicas(&self) -> impl Iterator<Item = &Replica<S>> {
+        self.replicas.values().map(|replica| &**replica)
+    }
+
     /// Groups held.
     pub fn len(&self) -> usize {
         self.replicas.len()

@@ -163,6 +163,16 @@ impl<T> MetaGroup<T> {
         }
     }
 
+    /// The metadata replica now (for the shard's board).
+    pub(crate) fn status(&self) -> Option<super::status::GroupStatus> {
+        self.replica().map(super::status::GroupStatus::of)
+    }
+
+    /// Repairs the metadata replica asked of peers since the last call.
+    pub(crate) fn take_repairs(&mut self) -> super::shard_host::Repairs {
+        self.host.take_repairs()
+    }
+
     /// The member that leads the group, if this replica knows one in normal status.
     pub(crate) fn primary(&self) -> Option<ReplicaId> {
         let replica = self.replica()?;

@@ -13,6 +13,7 @@ pub(crate) mod partition_journal;
 pub(crate) mod partition_machine;
 pub(crate) mod shard_host;
 pub(crate) mod states;
+pub(crate) mod status;
 pub(crate) mod wire;
 
 #[cfg(test)]

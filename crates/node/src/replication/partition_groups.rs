@@ -204,6 +204,19 @@ impl PartitionGroups {
         std::mem::take(&mut self.syncs_started)
     }
 
+    /// Every partition group's replica now (for the shard's board).
+    pub(crate) fn statuses(&self) -> Vec<super::status::GroupStatus> {
+        self.host
+            .replicas()
+            .map(super::status::GroupStatus::of)
+            .collect()
+    }
+
+    /// Repairs the groups asked of peers since the last call (for the metrics).
+    pub(crate) fn take_repairs(&mut self) -> super::shard_host::Repairs {
+        self.host.take_repairs()
+    }
+
     /// State transfers (log copies) finished since the last call (for the metrics).
     pub(crate) fn take_transfers_done(&mut self) -> u64 {
         std::mem::take(&mut self.transfers_done)

@@ -141,6 +141,17 @@ pub(crate) struct ShardHost<S, J = JournalFile> {
     /// Groups that start with nothing on disk start untrusted (see
     /// [`ShardHost::start_fresh_untrusted`]).
     fresh_untrusted: bool,
+    /// Repairs asked of peers since [`ShardHost::take_repairs`].
+    repairs: Repairs,
+}
+
+/// Repairs this shard's replicas asked of their peers (for `/metrics`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Repairs {
+    /// Prepares asked for (a missing or damaged entry).
+    pub(crate) prepares: u64,
+    /// Snapshots asked for (an op nobody's journal still holds).
+    pub(crate) snapshots: u64,
 }
 
 impl<S: StateMachine> ShardHost<S, JournalFile> {
@@ -177,6 +188,7 @@ impl<S: StateMachine, J: Journal> ShardHost<S, J> {
             files: BTreeMap::new(),
             states: GroupStates::open(dir, shard)?,
             fresh_untrusted: false,
+            repairs: Repairs::default(),
         })
     }
 
@@ -331,6 +343,16 @@ impl<S: StateMachine, J: Journal> ShardHost<S, J> {
         Ok(all)
     }
 
+    /// Repairs asked since the last call.
+    pub(crate) fn take_repairs(&mut self) -> Repairs {
+        std::mem::take(&mut self.repairs)
+    }
+
+    /// Every group's replica.
+    pub(crate) fn replicas(&self) -> impl Iterator<Item = &Replica<S>> {
+        self.node.replicas()
+    }
+
     /// A group's replica.
     pub(crate) fn replica(&self, group: u64) -> Option<&Replica<S>> {
         self.node.replica(group)
@@ -378,7 +400,14 @@ impl<S: StateMachine, J: Journal> ShardHost<S, J> {
                     .get_mut(&group)
                     .ok_or(HostError::UnknownGroup(group))?;
                 match output {
-                    Output::Send { to, message } => held.push((group, to, message)),
+                    Output::Send { to, message } => {
+                        match message {
+                            Message::RequestPrepare { .. } => self.repairs.prepares += 1,
+                            Message::RequestSnapshot { .. } => self.repairs.snapshots += 1,
+                            _ => {}
+                        }
+                        held.push((group, to, message));
+                    }
                     Output::Reply(reply) => effects.replies.push((group, reply)),
                     Output::WriteJournal(prepare) => {
                         files.journal.write_prepare(&prepare)?;

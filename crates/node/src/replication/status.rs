@@ -1,0 +1,265 @@
+//! What each group's replica says of itself (its view and status, the op it holds,
+//! the commit it knows and the one it applied, the checksum at its commit point), and
+//! the board the shards publish it on. `/replication`, `/health` and `/metrics` read
+//! the board; the fault suite compares each group's (commit, checksum) across members.
+//!
+//! Pure: a shard builds its rows from its replicas on its timer and replaces its row
+//! set whole, so a reader never sees a shard half-published.
+
+use braid_vsr::{Replica, ReplicaId, StateMachine, Status};
+
+/// One group's replica on this node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct GroupStatus {
+    pub(crate) group: u64,
+    pub(crate) view: u64,
+    pub(crate) status: Status,
+    /// The primary of `view`.
+    pub(crate) primary: ReplicaId,
+    /// The highest op in its journal.
+    pub(crate) op: u64,
+    /// The highest op it applied.
+    pub(crate) commit_min: u64,
+    /// The highest op it knows committed.
+    pub(crate) commit_max: u64,
+    /// The checksum of op `commit_min`, if its header is held.
+    pub(crate) commit_checksum: Option<u128>,
+    /// Whether its journal may be trusted (false after a power loss or a lost disk,
+    /// until the group has shown it what it lost).
+    pub(crate) trusted: bool,
+}
+
+impl GroupStatus {
+    /// The status of `replica` now.
+    pub(crate) fn of<S: StateMachine>(replica: &Replica<S>) -> Self {
+        let commit_min = replica.commit_min();
+        Self {
+            group: replica.config().group,
+            view: replica.view(),
+            status: replica.status(),
+            primary: replica.primary_of(replica.view()),
+            op: replica.op(),
+            commit_min,
+            commit_max: replica.commit_max(),
+            commit_checksum: replica.header(commit_min).map(|h| h.checksum),
+            trusted: replica.journal_trusted(),
+        }
+    }
+
+    /// Committed ops it knows of and has not applied yet.
+    pub(crate) fn commit_lag(&self) -> u64 {
+        self.commit_max.saturating_sub(self.commit_min)
+    }
+
+    /// In normal status (so it heard from its view's primary since it started) and
+    /// applied all it knows committed. An untrusted journal does not count against it:
+    /// under `fsync = never` every restart is untrusted until the next view change,
+    /// which a healthy group may never have; it only limits the replica's votes.
+    pub(crate) fn caught_up(&self) -> bool {
+        self.status == Status::Normal && self.commit_lag() == 0
+    }
+
+    /// The status as a word, for JSON and `braid cluster status`.
+    pub(crate) fn status_name(&self) -> &'static str {
+        match self.status {
+            Status::Normal => "normal",
+            Status::ViewChange => "view_change",
+            Status::Recovering => "recovering",
+        }
+    }
+}
+
+/// What a shard published last, and the views it has seen its groups pass.
+#[derive(Debug, Default)]
+struct ShardRows {
+    groups: Vec<GroupStatus>,
+    views_passed: u64,
+    published: bool,
+}
+
+/// Every shard's published rows.
+#[derive(Debug)]
+pub(crate) struct Board {
+    shards: Vec<std::sync::Mutex<ShardRows>>,
+}
+
+/// The node's groups summed up (for `/health` and `/metrics`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Summary {
+    pub(crate) groups: u64,
+    pub(crate) led: u64,
+    pub(crate) in_view_change: u64,
+    pub(crate) behind: u64,
+    pub(crate) commit_lag: u64,
+    /// Views the groups have passed since the node started, as their shards saw them.
+    pub(crate) views_passed: u64,
+    /// Shards that have not published yet (just started).
+    pub(crate) shards_silent: u64,
+}
+
+impl Summary {
+    /// Every shard has published and every group is caught up.
+    pub(crate) fn caught_up(&self) -> bool {
+        self.shards_silent == 0 && self.behind == 0
+    }
+
+    /// `/health`'s answer.
+    pub(crate) fn health_json(&self) -> String {
+        format!(
+            "{{\"status\":\"ok\",\"caught_up\":{},\"groups\":{},\"groups_led\":{},\"groups_behind\":{},\"groups_in_view_change\":{},\"commit_lag_ops\":{}}}\n",
+            self.caught_up(),
+            self.groups,
+            self.led,
+            self.behind,
+            self.in_view_change,
+            self.commit_lag
+        )
+    }
+}
+
+impl Board {
+    pub(crate) fn new(shards: usize) -> Self {
+        Self {
+            shards: (0..shards).map(|_| std::sync::Mutex::default()).collect(),
+        }
+    }
+
+    /// Replaces `shard`'s rows with `groups`. A group whose view grew since the last
+    /// publication counts the views it passed.
+    pub(crate) fn publish(&self, shard: usize, mut groups: Vec<GroupStatus>) {
+        let Some(slot) = self.shards.get(shard) else {
+            return;
+        };
+        groups.sort_unstable_by_key(|g| g.group);
+        let Ok(mut rows) = slot.lock() else {
+            return;
+        };
+        let mut passed = 0;
+        for group in &groups {
+            if let Ok(i) = rows.groups.binary_search_by_key(&group.group, |g| g.group) {
+                passed += group.view.saturating_sub(rows.groups[i].view);
+            }
+        }
+        rows.views_passed += passed;
+        rows.groups = groups;
+        rows.published = true;
+    }
+
+    /// Every published row, by group.
+    pub(crate) fn rows(&self) -> Vec<GroupStatus> {
+        let mut all: Vec<GroupStatus> = self
+            .shards
+            .iter()
+            .filter_map(|slot| slot.lock().ok().map(|rows| rows.groups.clone()))
+            .flatten()
+            .collect();
+        all.sort_unstable_by_key(|g| g.group);
+        all
+    }
+
+    /// The rows summed up; `me` is this node's member id (for the groups it leads).
+    pub(crate) fn summary(&self, me: ReplicaId) -> Summary {
+        let mut summary = Summary::default();
+        for slot in &self.shards {
+            let Ok(rows) = slot.lock() else {
+                continue;
+            };
+            summary.views_passed += rows.views_passed;
+            summary.shards_silent += u64::from(!rows.published);
+            for group in &rows.groups {
+                summary.groups += 1;
+                summary.led += u64::from(group.status == Status::Normal && group.primary == me);
+                summary.in_view_change += u64::from(group.status != Status::Normal);
+                summary.behind += u64::from(!group.caught_up());
+                summary.commit_lag += group.commit_lag();
+            }
+        }
+        summary
+    }
+}
+
+/// `rows` as JSON: `{"node":ID,"groups":[{...}, ...]}` (checksums as 32 hex digits).
+pub(crate) fn rows_json(node: ReplicaId, rows: &[GroupStatus]) -> String {
+    let mut out = format!("{{\"node\":{node},\"groups\":[");
+    for (i, g) in rows.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        let checksum = g
+            .commit_checksum
+            .map_or_else(|| "null".to_string(), |c| format!("\"{c:032x}\""));
+        out.push_str(&format!(
+            "{{\"group\":{},\"view\":{},\"status\":\"{}\",\"primary\":{},\"op\":{},\"commit_min\":{},\"commit_max\":{},\"commit_checksum\":{checksum},\"trusted\":{}}}",
+            g.group,
+            g.view,
+            g.status_name(),
+            g.primary,
+            g.op,
+            g.commit_min,
+            g.commit_max,
+            g.trusted
+        ));
+    }
+    out.push_str("]}\n");
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(group: u64, view: u64, status: Status, commit: (u64, u64)) -> GroupStatus {
+        GroupStatus {
+            group,
+            view,
+            status,
+            primary: (view % 3) as ReplicaId,
+            op: commit.1,
+            commit_min: commit.0,
+            commit_max: commit.1,
+            commit_checksum: Some(7),
+            trusted: true,
+        }
+    }
+
+    #[test]
+    fn the_summary_counts_leaders_laggards_and_views_passed() {
+        let board = Board::new(2);
+        assert!(!board.summary(0).caught_up(), "nothing published yet");
+        board.publish(0, vec![row(0, 0, Status::Normal, (5, 5))]);
+        assert!(!board.summary(0).caught_up(), "shard 1 has not published");
+        board.publish(1, vec![row(9, 1, Status::Normal, (3, 3))]);
+        // Group 0 moves to view 2 and is behind; group 9 is changing view.
+        board.publish(0, vec![row(0, 2, Status::Normal, (5, 8))]);
+        board.publish(1, vec![row(9, 4, Status::ViewChange, (3, 3))]);
+        let summary = board.summary(2);
+        assert_eq!(summary.groups, 2);
+        assert_eq!(summary.led, 1, "member 2 leads view 2 of group 0");
+        assert_eq!(summary.in_view_change, 1);
+        assert_eq!(summary.behind, 2);
+        assert_eq!(summary.commit_lag, 3);
+        assert_eq!(summary.views_passed, 2 + 3);
+        assert!(!summary.caught_up());
+        board.publish(0, vec![row(0, 2, Status::Normal, (8, 8))]);
+        board.publish(1, vec![row(9, 4, Status::Normal, (3, 3))]);
+        let summary = board.summary(2);
+        assert!(summary.caught_up());
+        assert!(summary.health_json().contains("\"caught_up\":true"));
+        assert_eq!(
+            board.rows().iter().map(|g| g.group).collect::<Vec<_>>(),
+            [0, 9]
+        );
+    }
+
+    #[test]
+    fn rows_render_as_json_with_hex_checksums() {
+        let mut r = row(3, 1, Status::Recovering, (2, 2));
+        r.commit_checksum = Some(0xab);
+        let json = rows_json(1, &[r]);
+        assert!(json.starts_with(
+            "{\"node\":1,\"groups\":[{\"group\":3,\"view\":1,\"status\":\"recovering\""
+        ));
+        assert!(json.contains("\"commit_checksum\":\"000000000000000000000000000000ab\""));
+        assert!(json.contains("\"trusted\":true}]}"));
+    }
+}
