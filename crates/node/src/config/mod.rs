@@ -19,7 +19,7 @@ pub struct NodeConfig {
     pub data_dir: PathBuf,
     /// Address of the client protocol listener.
     pub client_addr: SocketAddr,
-    /// Address of the HTTP admin listener (`/health`, `/metrics`).
+    /// Address of the HTTP admin listener (`/health`, `/ready`, `/replication`, `/metrics`).
     pub http_addr: SocketAddr,
     /// Shard threads; 0 means one per core.
     pub shards: usize,
