@@ -167,24 +167,23 @@ impl Drop for Cluster {
     }
 }
 
+/// The rows of a `/replication` body (none if it does not parse).
+fn replication_rows(body: &str) -> Vec<serde_json::Value> {
+    serde_json::from_str::<serde_json::Value>(body)
+        .ok()
+        .and_then(|v| v.get("groups").and_then(|g| g.as_array()).cloned())
+        .unwrap_or_default()
+}
+
 /// (group, commit_min, checksum) of every row of a `/replication` body.
-fn commit_points(body: &str) -> Vec<(String, String, String)> {
-    let field = |row: &str, name: &str| -> String {
-        row.find(&format!("\"{name}\":"))
-            .map(|at| &row[at + name.len() + 3..])
-            .and_then(|rest| rest.split([',', '}']).next())
-            .unwrap_or("")
-            .trim_matches('"')
-            .to_string()
-    };
-    body.split("{\"group\":")
-        .skip(1)
+fn commit_points(body: &str) -> Vec<(u64, u64, String)> {
+    replication_rows(body)
+        .iter()
         .map(|row| {
-            let row = format!("{{\"group\":{row}");
             (
-                field(&row, "group"),
-                field(&row, "commit_min"),
-                field(&row, "commit_checksum"),
+                row["group"].as_u64().unwrap_or(u64::MAX),
+                row["commit_min"].as_u64().unwrap_or(0),
+                row["commit_checksum"].as_str().unwrap_or("").to_string(),
             )
         })
         .collect()
@@ -322,16 +321,16 @@ async fn partition_primary(cluster: &Cluster) -> u8 {
             let Some((_, body)) = http_get(cluster.http_addr(id), "/replication").await else {
                 continue;
             };
-            for row in body.split("{\"group\":").skip(1) {
-                let partition = !row.starts_with("0,");
-                let normal = row.contains("\"status\":\"normal\"");
-                let number = |name: &str| -> Option<u64> {
-                    let at = row.find(&format!("\"{name}\":"))? + name.len() + 3;
-                    row[at..].split([',', '}']).next()?.parse().ok()
-                };
-                if let (true, true, Some(view), Some(primary)) =
-                    (partition, normal, number("view"), number("primary"))
-                {
+            for row in replication_rows(&body) {
+                // Group 0 is the metadata; the topic's one partition is the other.
+                let partition = row["group"].as_u64().is_some_and(|g| g != 0);
+                let normal = row["status"] == "normal";
+                if let (true, true, Some(view), Some(primary)) = (
+                    partition,
+                    normal,
+                    row["view"].as_u64(),
+                    row["primary"].as_u64(),
+                ) {
                     if newest.is_none_or(|(v, _)| view > v) {
                         newest = Some((view, primary as u8));
                     }
