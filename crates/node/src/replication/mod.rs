@@ -2,6 +2,7 @@
 //! apply, the files of their replicas, the host that feeds a shard's replicas, the
 //! metadata group with this node's session in it, and their frames on the replica bus.
 
+pub(crate) mod boot;
 pub(crate) mod checkpoints;
 pub(crate) mod copies;
 pub(crate) mod journal_file;

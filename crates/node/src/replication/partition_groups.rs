@@ -292,10 +292,17 @@ impl PartitionGroups {
         }
         self.clients.clear();
         self.failed = Some("the node is shutting down".into());
+        let mut unsynced = Vec::new();
         for (group, journal) in self.host.take_journals() {
             if let Err(err) = journal.close() {
                 tracing::error!(group, %err, "closing a partition");
+                unsynced.push(group);
             }
+        }
+        // Under fsync = interval or never, this is what lets a planned reboot restart
+        // the partitions trusted (see `replication::boot`).
+        if let Err(err) = self.host.record_clean_stop(&unsynced) {
+            tracing::error!(%err, "recording the clean stop of the partitions");
         }
     }
 

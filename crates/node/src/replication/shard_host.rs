@@ -27,6 +27,7 @@ use braid_vsr::{
     Replica, ReplicaId, Reply,
 };
 
+use super::boot::BootId;
 use super::checkpoints::{CheckpointError, CheckpointStore};
 use super::journal_file::{JournalError, JournalFile};
 use super::partition_journal::PartitionJournalError;
@@ -67,7 +68,8 @@ pub(crate) struct Opened {
     /// Damage was found inside (its slots are reported damaged).
     pub(crate) damaged: bool,
     /// Every write reported was synced first (false under `fsync = interval` or
-    /// `never`: the page cache may have been lost).
+    /// `never`; the host then trusts the journal only if its group's state was written
+    /// in this boot, or at a clean stop: see [`super::boot`]).
     pub(crate) trusted: bool,
 }
 
@@ -182,11 +184,20 @@ impl<S: StateMachine, J: Journal> ShardHost<S, J> {
     /// # Errors
     /// The states cannot be read.
     pub(crate) fn open(dir: &Path, shard: usize) -> Result<Self, HostError> {
+        Self::open_in_boot(dir, shard, BootId::current())
+    }
+
+    /// As [`ShardHost::open`], for a process running in boot `boot` (tests stand for
+    /// a reboot with another).
+    ///
+    /// # Errors
+    /// The states cannot be read.
+    pub(crate) fn open_in_boot(dir: &Path, shard: usize, boot: BootId) -> Result<Self, HostError> {
         Ok(Self {
             dir: dir.to_owned(),
             node: Node::new(),
             files: BTreeMap::new(),
-            states: GroupStates::open(dir, shard)?,
+            states: GroupStates::open(dir, shard, boot)?,
             fresh_untrusted: false,
             repairs: Repairs::default(),
         })
@@ -234,18 +245,29 @@ impl<S: StateMachine, J: Journal> ShardHost<S, J> {
         }
         let fresh = durable.is_none() && checkpoint.is_none() && opened.slots.is_empty();
         let replica = if fresh && self.fresh_untrusted && config.replica_count > 1 {
-            Replica::restart(config, machine, Persisted::after_disk_loss())
-                .map_err(|e| start(e.to_string()))?
+            let persisted = Persisted::after_disk_loss();
+            // Stamped with this boot, so that its journal's unsynced writes are trusted
+            // after a process crash (its state still says "untrusted from 0").
+            self.states.stage(group, persisted.durable);
+            Replica::restart(config, machine, persisted).map_err(|e| start(e.to_string()))?
         } else if fresh {
+            self.states.stage(group, braid_vsr::DurableState::default());
             Replica::new(config, machine).map_err(|e| start(format!("config: {e}")))?
         } else {
-            // A replica that never left view 0 never wrote its state: a new replica's
-            // state (view 0, nothing committed) is durable from its first step.
+            // A replica that never left view 0 may never have written its state: a new
+            // replica's state (view 0, nothing committed) is durable from its first step.
+            let durable = durable.unwrap_or_default();
+            let trusted = opened.trusted || self.states.vouches_for(group);
+            if self.states.stamp(group) == Some(super::boot::Stamp::Synced) {
+                // Trusted because it stopped cleanly; from now on its unsynced writes
+                // are this boot's, so its next write (this turn's) says so.
+                self.states.stage(group, durable);
+            }
             let persisted = Persisted {
-                durable: durable.unwrap_or_default(),
+                durable,
                 checkpoint,
                 journal: opened.slots,
-                journal_trusted: opened.trusted,
+                journal_trusted: trusted,
             };
             Replica::restart(config, machine, persisted).map_err(|e| start(e.to_string()))?
         };
@@ -275,6 +297,17 @@ impl<S: StateMachine, J: Journal> ShardHost<S, J> {
             .into_iter()
             .map(|(group, files)| (group, files.journal))
             .collect()
+    }
+
+    /// Records a clean stop after the journals taken by [`ShardHost::take_journals`]
+    /// were synced and closed: the next start, in any boot, trusts them, except the
+    /// groups in `unsynced` (their close failed).
+    ///
+    /// # Errors
+    /// The states could not be written (the next start trusts what the last batch
+    /// said).
+    pub(crate) fn record_clean_stop(&mut self, unsynced: &[u64]) -> Result<(), HostError> {
+        Ok(self.states.write_stopped(unsynced)?)
     }
 
     /// The commit heartbeats of the quiescent groups this host leads (see
@@ -390,7 +423,9 @@ impl<S: StateMachine, J: Journal> ShardHost<S, J> {
 
     fn carry_out(&mut self, now: u64, mut out: Vec<(u64, Output)>) -> Result<Effects, HostError> {
         let mut effects = Effects::default();
-        while !out.is_empty() {
+        // At least once: a state the host staged itself (a new group's, a restamp)
+        // is written even in a turn without outputs.
+        loop {
             let mut written = Vec::new();
             let mut held = Vec::new();
             let mut touched = Vec::new();
@@ -461,6 +496,9 @@ impl<S: StateMachine, J: Journal> ShardHost<S, J> {
                 self.node
                     .step(now, group, input, &mut out)
                     .map_err(|e| HostError::UnknownGroup(e.0))?;
+            }
+            if out.is_empty() {
+                break;
             }
         }
         Ok(effects)

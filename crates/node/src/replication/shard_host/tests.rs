@@ -1,5 +1,6 @@
 use super::*;
 use crate::metadata::MetaOp;
+use crate::replication::boot::Stamp;
 use crate::replication::machine::MetadataMachine;
 use braid_vsr::{Request, Status};
 use std::collections::VecDeque;
@@ -406,4 +407,90 @@ fn many_groups_share_each_hosts_turns_and_agree_through_a_restart() {
             "group {group} disagrees"
         );
     }
+}
+
+/// Replica 0 of a three-member group whose journal, like a partition's under
+/// `fsync = never`, reports writes before it syncs them, opened by a process of boot
+/// `boot`, after one turn.
+fn open_unsynced(dir: &std::path::Path, boot: BootId) -> Host {
+    let mut host = ShardHost::open_in_boot(dir, 0, boot).unwrap();
+    let (journal, recovered) = JournalFile::open(&dir.join("group-0.journal")).unwrap();
+    let opened = Opened {
+        slots: recovered.slots,
+        damaged: false,
+        trusted: false,
+    };
+    host.add_group_with(
+        config(0, 3),
+        MetadataMachine::default(),
+        journal,
+        opened,
+        dir,
+    )
+    .unwrap();
+    host.step(1, vec![(0, Input::Tick)]).unwrap();
+    host
+}
+
+/// The group's stamp and state as the states file on disk holds them.
+fn on_disk(dir: &std::path::Path) -> (Option<Stamp>, Option<braid_vsr::DurableState>) {
+    let states = GroupStates::open(dir, 0, BootId::from_bytes([9; 16])).unwrap();
+    (states.stamp(0), states.get(0))
+}
+
+#[test]
+fn an_unsynced_journal_is_trusted_after_a_restart_in_the_boot_that_wrote_its_state() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (BootId::from_bytes([1; 16]), BootId::from_bytes([2; 16]));
+    let host = open_unsynced(dir.path(), a);
+    assert!(host.replica(0).unwrap().journal_trusted(), "a new member");
+    drop(host);
+    assert_eq!(
+        on_disk(dir.path()).0,
+        Some(Stamp::Boot(a)),
+        "stamped at once"
+    );
+
+    // A process crash: the page cache held every write it reported.
+    let host = open_unsynced(dir.path(), a);
+    assert!(host.replica(0).unwrap().journal_trusted());
+    drop(host);
+
+    // A reboot: writes reported unsynced may be gone. The first turn persists the
+    // reduced trust with the new boot's stamp...
+    let host = open_unsynced(dir.path(), b);
+    assert!(!host.replica(0).unwrap().journal_trusted());
+    drop(host);
+    let (stamp, state) = on_disk(dir.path());
+    assert_eq!(stamp, Some(Stamp::Boot(b)));
+    assert_ne!(state.unwrap().journal_trusted_through, u64::MAX);
+    // ...which a later process crash keeps: still untrusted, from the state.
+    let host = open_unsynced(dir.path(), b);
+    assert!(!host.replica(0).unwrap().journal_trusted());
+}
+
+#[test]
+fn a_clean_stop_is_trusted_in_any_boot_until_the_next_write_restamps_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let boots: Vec<BootId> = (1..=4).map(|b| BootId::from_bytes([b; 16])).collect();
+    let mut host = open_unsynced(dir.path(), boots[0]);
+    drop(host.take_journals());
+    host.record_clean_stop(&[]).unwrap();
+    drop(host);
+    assert_eq!(on_disk(dir.path()).0, Some(Stamp::Synced));
+
+    // A planned reboot: trusted, and from its first turn the stamp is this boot's...
+    let host = open_unsynced(dir.path(), boots[1]);
+    assert!(host.replica(0).unwrap().journal_trusted());
+    drop(host);
+    assert_eq!(on_disk(dir.path()).0, Some(Stamp::Boot(boots[1])));
+    // ...so a power loss after it is not mistaken for a clean stop.
+    let mut host = open_unsynced(dir.path(), boots[2]);
+    assert!(!host.replica(0).unwrap().journal_trusted());
+
+    // A journal whose close failed is stamped unknown: untrusted in any boot.
+    drop(host.take_journals());
+    host.record_clean_stop(&[0]).unwrap();
+    drop(host);
+    assert_eq!(on_disk(dir.path()).0, Some(Stamp::Unknown));
 }
