@@ -265,6 +265,12 @@ pub(crate) fn render(
             "Views the groups passed since start, as their shards saw them every 100 ms.",
             groups.views_passed,
         ),
+        (
+            "braid_vsr_step_downs_total",
+            "counter",
+            "Primaries on this node that stepped down because their prepares committed nothing for twice the view-change timeout (cut off from their quorum).",
+            groups.step_downs,
+        ),
     ] {
         metric(name, kind, help, value);
     }

@@ -278,6 +278,8 @@ pub struct Outcome {
     pub wipes: u64,
     /// The highest view reached.
     pub views: u64,
+    /// Primaries that stepped down because their prepares committed nothing.
+    pub step_downs: u64,
 }
 
 impl Outcome {
@@ -301,12 +303,13 @@ impl Outcome {
         self.power_losses += other.power_losses;
         self.wipes += other.wipes;
         self.views = self.views.max(other.views);
+        self.step_downs += other.step_downs;
     }
 
     /// The fault counts, one line.
     pub fn fault_summary(&self) -> String {
         format!(
-            "{} replica crashes, {} node crashes, {} torn writes, {} failed writes, {} corrupted entries, {} misdirected writes, {} latent read errors ({} found on read), {} durable-state slots damaged, {} checkpoint slots damaged, {} damaged messages, {} power losses ({} unsynced writes lost), {} disks lost, {} stale registers refused",
+            "{} replica crashes, {} node crashes, {} torn writes, {} failed writes, {} corrupted entries, {} misdirected writes, {} latent read errors ({} found on read), {} durable-state slots damaged, {} checkpoint slots damaged, {} damaged messages, {} power losses ({} unsynced writes lost), {} disks lost, {} stale registers refused, {} primaries stepped down",
             self.crashes,
             self.node_crashes,
             self.torn_writes,
@@ -322,6 +325,7 @@ impl Outcome {
             self.unsynced_writes_lost,
             self.wipes,
             self.stale_registers_refused,
+            self.step_downs,
         )
     }
 }

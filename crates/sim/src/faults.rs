@@ -143,7 +143,9 @@ impl Simulation {
             return;
         };
         if let Some(server) = self.servers.get_mut(&key.1) {
-            server.remove(key.0);
+            if let Some(replica) = server.remove(key.0) {
+                self.outcome.step_downs += u64::from(replica.step_downs());
+            }
         }
         let keep_percent = if forced_power_loss == Some(true) {
             0

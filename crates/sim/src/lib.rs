@@ -255,6 +255,11 @@ impl Simulation {
                 self.outcome.ticks_to_converge = self.tick - start;
                 self.outcome.ops_committed =
                     self.models.values().map(|m| m.committed.len() as u64).sum();
+                self.outcome.step_downs += self
+                    .nodes
+                    .keys()
+                    .filter_map(|key| self.replica_at(*key).map(|r| u64::from(r.step_downs())))
+                    .sum::<u64>();
                 self.outcome.views = self
                     .nodes
                     .keys()

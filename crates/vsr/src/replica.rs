@@ -48,7 +48,10 @@ pub struct Config {
     /// The primary sends a commit heartbeat this often.
     pub heartbeat_ticks: u64,
     /// A backup that hears nothing from its primary for this long starts a view change
-    /// (plus jitter up to the same again).
+    /// (plus jitter up to the same again). A primary of a group of more than one whose
+    /// prepares commit nothing for twice this long steps down the same way (it has lost
+    /// its quorum, while clients may still reach it): the clients waiting on it hear
+    /// that it no longer leads instead of waiting forever.
     pub view_change_ticks: u64,
     /// Resend prepares, requests for repairs and view change messages this often.
     pub retry_ticks: u64,
@@ -406,7 +409,8 @@ struct ViewChangeVote {
 enum Timer {
     /// Primary: send a commit heartbeat.
     Heartbeat = 0,
-    /// Backup: the primary is silent; view change: this view is not coming.
+    /// Backup: the primary is silent; view change: this view is not coming; primary
+    /// with ops in flight: nothing committed for too long (it steps down).
     ViewChange = 1,
     /// Resend what waits for answers (prepares, repairs, view change messages).
     Retry = 2,
@@ -414,7 +418,7 @@ enum Timer {
 
 const TIMERS: usize = 3;
 /// Commit heartbeats an idle primary sends before it goes quiet.
-const QUIET_AFTER_HEARTBEATS: u32 = 3;
+const QUIET_AFTER_HEARTBEATS: u8 = 3;
 /// Retries without progress before a stuck replica asks for a snapshot.
 const STALLED_RETRIES_FOR_SNAPSHOT: u32 = 4;
 
@@ -459,7 +463,7 @@ pub struct Replica<S> {
     watching: bool,
     /// Primary: commit heartbeats sent since it last had work; it goes quiet after a few,
     /// so every backup has heard the final commit.
-    idle_heartbeats: u32,
+    idle_heartbeats: u8,
     /// Restarted as the primary of its log view: it may have lost prepares it sent but
     /// had not synced, so it must never lead that view again. Its first step moves the
     /// group to the next view (as TigerBeetle's replica does on open).
@@ -478,6 +482,8 @@ pub struct Replica<S> {
     /// The first step writes the durable state (a lowered `trusted_through`).
     persist_trust: bool,
     ignored: IgnoredCounts,
+    /// Times this replica stepped down as a primary whose prepares committed nothing.
+    step_downs: u32,
     deadlines: [Option<u64>; TIMERS],
     now: u64,
     prng: u64,
@@ -546,6 +552,7 @@ impl<S: StateMachine> Replica<S> {
             trusted_through: u64::MAX,
             persist_trust: false,
             ignored: IgnoredCounts::default(),
+            step_downs: 0,
             deadlines: [None; TIMERS],
             now: 0,
             prng: config.seed ^ (u64::from(config.replica) << 56) ^ config.group,
@@ -720,6 +727,12 @@ impl<S: StateMachine> Replica<S> {
     /// Messages ignored so far, by reason.
     pub fn ignored(&self) -> IgnoredCounts {
         self.ignored
+    }
+
+    /// Times this replica stepped down as a primary whose prepares committed nothing
+    /// for twice [`Config::view_change_ticks`].
+    pub fn step_downs(&self) -> u32 {
+        self.step_downs
     }
 
     /// The replicated state.

@@ -27,6 +27,9 @@ pub(crate) struct GroupStatus {
     /// Whether its journal may be trusted (false after a power loss or a lost disk,
     /// until the group has shown it what it lost).
     pub(crate) trusted: bool,
+    /// Times it stepped down as a primary whose prepares committed nothing (it lost
+    /// its quorum), since the replica started.
+    pub(crate) step_downs: u32,
 }
 
 impl GroupStatus {
@@ -43,6 +46,7 @@ impl GroupStatus {
             commit_max: replica.commit_max(),
             commit_checksum: replica.header(commit_min).map(|h| h.checksum),
             trusted: replica.journal_trusted(),
+            step_downs: replica.step_downs(),
         }
     }
 
@@ -74,6 +78,7 @@ impl GroupStatus {
 struct ShardRows {
     groups: Vec<GroupStatus>,
     views_passed: u64,
+    step_downs: u64,
     published: bool,
 }
 
@@ -93,6 +98,8 @@ pub(crate) struct Summary {
     pub(crate) commit_lag: u64,
     /// Views the groups have passed since the node started, as their shards saw them.
     pub(crate) views_passed: u64,
+    /// Primaries that stepped down since the node started (lost their quorum).
+    pub(crate) step_downs: u64,
     /// Shards that have not published yet (just started).
     pub(crate) shards_silent: u64,
 }
@@ -125,7 +132,7 @@ impl Board {
     }
 
     /// Replaces `shard`'s rows with `groups`. A group whose view grew since the last
-    /// publication counts the views it passed.
+    /// publication counts the views it passed, and its step-downs since then.
     pub(crate) fn publish(&self, shard: usize, mut groups: Vec<GroupStatus>) {
         let Some(slot) = self.shards.get(shard) else {
             return;
@@ -135,12 +142,17 @@ impl Board {
             return;
         };
         let mut passed = 0;
+        let mut step_downs = 0;
         for group in &groups {
-            if let Ok(i) = rows.groups.binary_search_by_key(&group.group, |g| g.group) {
+            let before = rows.groups.binary_search_by_key(&group.group, |g| g.group);
+            if let Ok(i) = before {
                 passed += group.view.saturating_sub(rows.groups[i].view);
             }
+            let seen = before.map_or(0, |i| rows.groups[i].step_downs);
+            step_downs += u64::from(group.step_downs.saturating_sub(seen));
         }
         rows.views_passed += passed;
+        rows.step_downs += step_downs;
         rows.groups = groups;
         rows.published = true;
     }
@@ -165,6 +177,7 @@ impl Board {
                 continue;
             };
             summary.views_passed += rows.views_passed;
+            summary.step_downs += rows.step_downs;
             summary.shards_silent += u64::from(!rows.published);
             for group in &rows.groups {
                 summary.groups += 1;
@@ -219,6 +232,7 @@ mod tests {
             commit_max: commit.1,
             commit_checksum: Some(7),
             trusted: true,
+            step_downs: 0,
         }
     }
 
@@ -240,6 +254,12 @@ mod tests {
         assert_eq!(summary.commit_lag, 3);
         assert_eq!(summary.views_passed, 2 + 3);
         assert!(!summary.caught_up());
+        // Group 9 stepped down twice: counted once, however often it is published.
+        let mut stepped = row(9, 4, Status::ViewChange, (3, 3));
+        stepped.step_downs = 2;
+        board.publish(1, vec![stepped]);
+        board.publish(1, vec![stepped]);
+        assert_eq!(board.summary(2).step_downs, 2);
         board.publish(0, vec![row(0, 2, Status::Normal, (8, 8))]);
         board.publish(1, vec![row(9, 4, Status::Normal, (3, 3))]);
         let summary = board.summary(2);

@@ -205,6 +205,8 @@ impl<S: StateMachine> Replica<S> {
             self.prepare_oks.remove(&op);
         }
         if self.commit_max > before {
+            // Progress: the step-down deadline starts again (see `settle_step_down`).
+            self.deadlines[Timer::ViewChange as usize] = None;
             self.apply_committed(out);
             self.send_commit(out);
         }

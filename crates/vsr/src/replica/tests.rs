@@ -431,6 +431,69 @@ fn a_commit_anchor_contradicting_a_canonical_entry_is_an_assertion() {
 }
 
 #[test]
+fn a_primary_cut_off_from_its_backups_steps_down_instead_of_holding_its_client() {
+    let (mut h, session) = registered(3);
+    let window = 2 * h.replica(0).config.view_change_ticks;
+    // Idle, the primary never steps down, however long nobody writes.
+    h.run_until(10 * window, |_, _, _| true, |_| false);
+    assert_eq!(h.replica(0).step_downs(), 0);
+    // Busy, with each op committed within the window: no step-down either.
+    for request in 1..=5 {
+        h.request(0, session, request, format!("k={request}").as_bytes());
+        let start = h.replica(0).commit_min();
+        // Backups' answers held for most of the window, then delivered.
+        let mut held = Vec::new();
+        h.run_until(
+            window - 10,
+            |from, to, message| {
+                if from != 0 {
+                    held.push((from, to, message.clone()));
+                }
+                from == 0
+            },
+            |_| false,
+        );
+        h.messages.extend(held);
+        h.run_until(
+            window,
+            |_, _, _| true,
+            |h| h.replica(0).commit_min() > start,
+        );
+        assert!(
+            h.replica(0).commit_min() > start,
+            "request {request} committed"
+        );
+    }
+    assert_eq!(h.replica(0).step_downs(), 0);
+    assert!(h.replica(0).is_primary());
+    let committed = h.replica(0).commit_max();
+
+    // Cut off from its peers, but not from its client: the request is prepared and
+    // can never commit. Within the window the primary stops leading and answers
+    // nothing, so the node answers its client NotLeader.
+    h.request(0, session, 6, b"k=6");
+    let before = h.now;
+    let stepped = h.run_until(
+        window + 5,
+        |from, to, _| from != 0 && to != 0,
+        |h| !h.replica(0).is_primary(),
+    );
+    assert!(stepped, "the cut-off primary still leads");
+    assert!(h.now - before >= window, "stepped down early");
+    assert_eq!(h.replica(0).step_downs(), 1);
+    assert_eq!(h.replica(0).status(), Status::ViewChange);
+    assert_eq!(
+        h.replica(0).commit_max(),
+        committed,
+        "nothing more committed"
+    );
+    assert!(
+        h.replies.iter().all(|r| r.request != 6),
+        "the cut-off primary answered the request"
+    );
+}
+
+#[test]
 fn a_replica_restarted_as_primary_of_its_log_view_leaves_it() {
     let (mut h, session) = registered(3);
     h.request(0, session, 1, b"k=1");

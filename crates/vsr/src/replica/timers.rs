@@ -55,9 +55,22 @@ impl<S: StateMachine> Replica<S> {
             if needs(Timer::Heartbeat, self) {
                 self.arm(Timer::Heartbeat, self.config.heartbeat_ticks);
             }
+            self.settle_step_down();
         } else if needs(Timer::ViewChange, self) {
             let timeout = self.view_change_timeout();
             self.arm(Timer::ViewChange, timeout);
+        }
+    }
+
+    /// A primary's step-down deadline: set while ops are in flight in a group of more
+    /// than one, cleared by each commit (`try_commit`; so set again from there) and
+    /// when everything is committed.
+    fn settle_step_down(&mut self) {
+        let slot = Timer::ViewChange as usize;
+        if self.config.replica_count == 1 || self.op == self.commit_max {
+            self.deadlines[slot] = None;
+        } else if self.deadlines[slot].is_none() {
+            self.arm(Timer::ViewChange, 2 * self.config.view_change_ticks);
         }
     }
 
@@ -101,6 +114,12 @@ impl<S: StateMachine> Replica<S> {
             self.arm(Timer::ViewChange, timeout);
             match self.status() {
                 Status::Normal if !self.is_primary() => self.start_view_change(self.view + 1, out),
+                // Its prepares commit nothing: it cannot reach a quorum, or the quorum
+                // moved on without it. Leading on would hold its clients forever.
+                Status::Normal if self.op > self.commit_max => {
+                    self.step_downs = self.step_downs.saturating_add(1);
+                    self.start_view_change(self.view + 1, out);
+                }
                 Status::ViewChange => self.start_view_change(self.view + 1, out),
                 // Nobody answered with a StartView of our view (its primary may be us,
                 // or that view never started): move the group to a newer one.
