@@ -471,6 +471,14 @@ impl JournalFile {
         })
     }
 
+    /// The first op whose body is in the partition log at or after offset `offset`.
+    pub(crate) fn first_external_from(&self, offset: u64) -> Option<u64> {
+        self.entries.iter().find_map(|(o, e)| match e {
+            Entry::External { base_offset, .. } if *base_offset >= offset => Some(*o),
+            _ => None,
+        })
+    }
+
     /// The whole prepare at `op` if held here with `checksum`, by value.
     pub(crate) fn inline_prepare(&self, op: u64, checksum: braid_vsr::Checksum) -> Option<Prepare> {
         self.prepare(op, checksum).cloned()

@@ -118,16 +118,25 @@ pub(crate) struct PartitionJournal {
     /// The log is being copied from a peer up to a checkpoint's end: until it is in,
     /// prepares above the checkpoint wait in `pending`.
     behind: Option<Transfer>,
+    /// The highest op this replica applied (so committed): the log up to its batch is
+    /// the committed log. Above it the log may hold an old view's uncommitted suffix
+    /// (a cut-off primary's), which a state transfer must find and replace.
+    applied: u64,
 }
 
 /// A state transfer of the log: the checkpoint at `op` was installed from a peer (this
 /// replica was behind every peer's journal), and the log must hold every batch below
 /// `log_end`, the offset the checkpoint's state names, before any op above `op` can be
-/// appended. The batches come from peers' logs ([`PartitionJournal::copy_chunk`]).
+/// appended. The batches come from peers' logs ([`PartitionJournal::copy_chunk`]),
+/// from `cursor` on: below it the log is known to be the committed one. Between the
+/// cursor and the log's end each batch a peer sends is compared with the one held; at
+/// the first that differs (an uncommitted suffix of an old view) the log is cut and
+/// the peer's batches appended from there.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Transfer {
     pub(crate) op: u64,
     pub(crate) log_end: u64,
+    pub(crate) cursor: u64,
 }
 
 /// What a chunk of a peer's log did.
@@ -172,6 +181,7 @@ impl PartitionJournal {
             next_sync: 0,
             cuts: Vec::new(),
             behind: None,
+            applied: pruned,
         };
         let external: BTreeMap<u64, u64> = found.external.iter().copied().collect();
         let mut slots = Vec::with_capacity(found.slots.len());
@@ -226,9 +236,12 @@ impl PartitionJournal {
                     want = end,
                     "the partition log is copied from a peer up to its checkpoint"
                 );
+                // What the log holds is a prefix of the committed log (a transfer
+                // cuts at a difference before it appends).
                 journal.behind = Some(Transfer {
                     op: pruned,
                     log_end: end,
+                    cursor: journal.log.next_offset(),
                 });
             }
             Some(end) if journal.log.next_offset() < end => {
@@ -339,31 +352,72 @@ impl PartitionJournal {
         self.behind
     }
 
-    /// A checkpoint at `op` whose state says the log ends at `log_end` there was
-    /// written (installed from a peer, or found at open). If the log holds it already,
-    /// nothing changes; otherwise the log is copied from a peer up to `log_end`. The
-    /// prune that follows records `log_end`, so a crash during the copy resumes it.
+    /// `op` was applied: it is committed, and so is the log up to its batch.
+    pub(crate) fn applied(&mut self, op: u64) {
+        self.applied = self.applied.max(op);
+    }
+
+    /// Where the log known to be committed ends: after the batch of the highest op
+    /// applied.
+    fn applied_end(&self) -> u64 {
+        let applied = self.applied.min(self.tip);
+        self.index
+            .next_external(applied)
+            .map_or(self.log.next_offset(), |(_, base)| base)
+    }
+
+    /// A checkpoint at `op` (with `checksum`) whose state says the log ends at
+    /// `log_end` there was written (taken here, installed from a peer, or found at
+    /// open). If this journal holds that very op (the same checksum, so the same chain
+    /// below it), the log holds the committed prefix already. Otherwise the log is
+    /// brought to `log_end` from a peer's, compared from where it is known committed
+    /// ([`Transfer`]). The prune that follows records `log_end`, so a crash during the
+    /// copy resumes it.
     ///
     /// # Errors
-    /// The log could not be restarted.
+    /// The log could not be cut.
     pub(crate) fn checkpointed(
         &mut self,
         op: u64,
+        checksum: Checksum,
         log_end: u64,
         now_ms: u64,
     ) -> Result<(), PartitionJournalError> {
-        if op <= self.tip || self.behind.is_some_and(|t| t.op >= op) {
+        if self.behind.is_some_and(|t| t.op >= op) || op <= self.index.pruned().0 {
+            return Ok(());
+        }
+        let held = op <= self.tip
+            && self
+                .index
+                .entry(op)
+                .is_some_and(|(h, _)| h.checksum == checksum);
+        if held {
+            self.applied(op);
             return Ok(());
         }
         self.pending.retain(|o, _| *o > op);
-        if self.log.next_offset() > log_end {
-            // Batches past the checkpoint's end here are not the committed ones: the
-            // log starts again at the end (nothing below it is needed to go on).
-            self.log.reset(log_end, now_ms)?;
-        }
-        self.behind = Some(Transfer { op, log_end });
-        if self.log.next_offset() == log_end {
+        let cursor = self.applied_end().min(log_end);
+        self.behind = Some(Transfer {
+            op,
+            log_end,
+            cursor,
+        });
+        if cursor == log_end {
+            // Everything below the checkpoint's end is known committed.
+            self.cut_log_at(log_end)?;
             self.finish_transfer(now_ms)?;
+        }
+        Ok(())
+    }
+
+    /// Cuts the log at `offset` with every journal entry whose batch is there or
+    /// after it.
+    fn cut_log_at(&mut self, offset: u64) -> Result<(), PartitionJournalError> {
+        if let Some(op) = self.index.first_external_from(offset) {
+            self.cut_above(op.saturating_sub(1))?;
+        }
+        if self.log.next_offset() > offset {
+            self.log.truncate(offset)?;
         }
         Ok(())
     }
@@ -382,33 +436,51 @@ impl PartitionJournal {
         batches: &[u8],
         now_ms: u64,
     ) -> Result<Copied, PartitionJournalError> {
-        let Some(transfer) = self.behind else {
+        let Some(mut transfer) = self.behind else {
             return Ok(Copied::Ignored);
         };
-        if from != self.log.next_offset() {
+        if from != transfer.cursor {
             return Ok(Copied::Ignored);
         }
         if batches.is_empty() && peer_start > from {
+            // Nothing of what this log holds from the cursor on can be checked.
+            self.cut_log_at(transfer.cursor)?;
             self.log.reset(peer_start.min(transfer.log_end), now_ms)?;
+            transfer.cursor = self.log.next_offset();
         }
         let mut rest = batches;
-        while !rest.is_empty() && self.log.next_offset() < transfer.log_end {
+        while !rest.is_empty() && transfer.cursor < transfer.log_end {
             let (batch, used) = braid_proto::RecordBatch::check_frame(rest).map_err(|err| {
                 PartitionJournalError::Copy(format!("a copied batch is damaged: {err}"))
             })?;
             let header = batch.header();
             let base = header.base_offset as u64;
-            if base != self.log.next_offset() {
+            if base != transfer.cursor {
                 return Err(PartitionJournalError::Copy(format!(
-                    "a copied batch starts at {base}, the log at {}",
-                    self.log.next_offset()
+                    "a copied batch starts at {base}, the copy at {}",
+                    transfer.cursor
                 )));
             }
-            let epoch = header.partition_leader_epoch;
-            self.log.append_shared(&rest[..used], epoch, now_ms)?;
+            let theirs = &rest[..used];
             rest = &rest[used..];
+            if transfer.cursor < self.log.next_offset() {
+                match self.read_body(transfer.cursor)? {
+                    Some((ours, end)) if ours == canonical(theirs.to_vec()) => {
+                        transfer.cursor = end;
+                        continue;
+                    }
+                    // The first batch that is not the committed one: it and all after it
+                    // are an old view's, never committed.
+                    _ => self.cut_log_at(transfer.cursor)?,
+                }
+            }
+            self.log
+                .append_shared(theirs, header.partition_leader_epoch, now_ms)?;
+            transfer.cursor = self.log.next_offset();
         }
-        if self.log.next_offset() >= transfer.log_end {
+        self.behind = Some(transfer);
+        if transfer.cursor >= transfer.log_end {
+            self.cut_log_at(transfer.log_end)?;
             self.finish_transfer(now_ms)?;
             return Ok(Copied::Done);
         }
@@ -423,6 +495,7 @@ impl PartitionJournal {
         };
         self.log.sync()?;
         self.tip = self.tip.max(transfer.op);
+        self.applied(transfer.op);
         self.append_pending(now_ms)
     }
 
@@ -716,9 +789,13 @@ impl Journal for PartitionJournal {
         Ok(PartitionJournal::checkpointed(
             self,
             checkpoint.header.op,
+            checkpoint.header.checksum,
             log_end,
             crate::mailbox::now_ms(),
         )?)
+    }
+    fn applied(&mut self, op: u64) {
+        PartitionJournal::applied(self, op);
     }
 }
 

@@ -58,6 +58,9 @@ pub(crate) trait Journal {
     fn checkpointed(&mut self, _checkpoint: &braid_vsr::Checkpoint) -> Result<(), HostError> {
         Ok(())
     }
+    /// `op` was applied (committed): a journal whose bodies live elsewhere learns how
+    /// far they are the committed ones.
+    fn applied(&mut self, _op: u64) {}
 }
 
 /// What a journal held at open.
@@ -470,7 +473,10 @@ impl<S: StateMachine, J: Journal> ShardHost<S, J> {
                         files.checkpoints.write(&checkpoint)?;
                         files.journal.checkpointed(&checkpoint)?;
                     }
-                    Output::Applied { op, result, .. } => effects.applied.push((group, op, result)),
+                    Output::Applied { op, result, .. } => {
+                        files.journal.applied(op);
+                        effects.applied.push((group, op, result));
+                    }
                     Output::Evicted { .. } => {}
                 }
             }

@@ -1,7 +1,9 @@
 //! State transfer of a partition: a replica that installed a checkpoint beyond its log
 //! (it was behind every peer's journal, or its log lost batches) copies the committed
 //! batches up to the checkpoint's end from a peer's log, chunk by chunk over the bus,
-//! before any op above the checkpoint goes into its journal. A peer serves only what
+//! before any op above the checkpoint goes into its journal. It asks from where its
+//! own log is known committed; what it holds beyond that is compared batch by batch
+//! and replaced from the first that differs (see `PartitionJournal::copy_chunk`). A peer serves only what
 //! it has committed; one whose retention deleted the start answers with where its log
 //! begins, and the copy starts the log again there.
 
@@ -31,7 +33,7 @@ impl PartitionGroups {
             .journals_mut()
             .filter_map(|(group, journal)| {
                 let transfer = journal.behind()?;
-                Some((group, journal.log().next_offset(), transfer.log_end))
+                Some((group, transfer.cursor, transfer.log_end))
             })
             .collect();
         self.copies
@@ -135,11 +137,9 @@ impl PartitionGroups {
         match journal.copy_chunk(from, start, batches, now_ms) {
             Ok(Copied::Ignored) => {}
             Ok(Copied::Progress) => {
-                let (next, to) = (
-                    journal.log().next_offset(),
-                    journal.behind().map_or(0, |t| t.log_end),
-                );
-                self.ask_copy(group, next, to, 0);
+                if let Some(transfer) = journal.behind() {
+                    self.ask_copy(group, transfer.cursor, transfer.log_end, 0);
+                }
             }
             Ok(Copied::Done) => {
                 self.copies.remove(&group);

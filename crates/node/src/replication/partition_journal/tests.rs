@@ -487,7 +487,9 @@ fn an_off_thread_sync_reports_what_it_covers_and_nothing_a_later_cut_removed() {
 /// Copies `peer`'s log into `journal` in small chunks until the copy is done.
 fn copy_all(journal: &mut PartitionJournal, peer: &mut PartitionJournal, end: u64) {
     for _ in 0..1_000 {
-        let from = journal.log().next_offset();
+        let Some(from) = journal.behind().map(|t| t.cursor) else {
+            return;
+        };
         let read = peer.log().read(from, 100, end).unwrap();
         let start = peer.log().start_offset();
         match journal.copy_chunk(from, start, read.bytes(), 0).unwrap() {
@@ -517,14 +519,18 @@ fn a_checkpoint_beyond_the_log_is_copied_from_a_peer_and_a_crash_resumes_the_cop
         journal.write_prepare(p, 0).unwrap();
     }
     journal.sync().unwrap();
-    journal.checkpointed(30, end, 0).unwrap();
+    journal
+        .checkpointed(30, ops[29].header.checksum, end, 0)
+        .unwrap();
     journal.prune(30).unwrap();
     assert_eq!(
         journal.behind(),
         Some(Transfer {
             op: 30,
-            log_end: end
-        })
+            log_end: end,
+            cursor: 0,
+        }),
+        "nothing was applied: the copy checks the log from its start"
     );
     // An op above the checkpoint waits for the copy.
     let next = prepare(
@@ -540,10 +546,10 @@ fn a_checkpoint_beyond_the_log_is_copied_from_a_peer_and_a_crash_resumes_the_cop
         journal.sync().unwrap().is_empty(),
         "nothing above the copy is written"
     );
-    // A stale chunk (not where the log ends) is ignored.
-    assert_eq!(journal.copy_chunk(0, 0, &[], 0).unwrap(), Copied::Ignored);
+    // A stale chunk (not where the copy is) is ignored.
+    assert_eq!(journal.copy_chunk(5, 0, &[], 0).unwrap(), Copied::Ignored);
     // One chunk, then a crash: the copy resumes from where the log got to.
-    let from = journal.log().next_offset();
+    let from = 0;
     let read = peer.log().read(from, 100, end).unwrap();
     assert_eq!(
         journal.copy_chunk(from, 0, read.bytes(), 0).unwrap(),
@@ -551,11 +557,14 @@ fn a_checkpoint_beyond_the_log_is_copied_from_a_peer_and_a_crash_resumes_the_cop
     );
     drop(journal);
     let (mut journal, _) = open(dir.path());
+    let resumed_at = journal.log().next_offset();
+    assert!(resumed_at > 0);
     assert_eq!(
         journal.behind(),
         Some(Transfer {
             op: 30,
-            log_end: end
+            log_end: end,
+            cursor: resumed_at,
         }),
         "a restart resumes the copy"
     );
@@ -574,7 +583,7 @@ fn a_checkpoint_beyond_the_log_is_copied_from_a_peer_and_a_crash_resumes_the_cop
 fn a_copy_whose_start_the_peers_deleted_starts_the_log_again_at_theirs() {
     let dir = tempfile::tempdir().unwrap();
     let (mut journal, _) = open(dir.path());
-    journal.checkpointed(10, 500, 0).unwrap();
+    journal.checkpointed(10, 1, 500, 0).unwrap();
     journal.prune(10).unwrap();
     // The peers' logs start at 400 now: nothing below it exists anywhere.
     assert_eq!(
@@ -593,7 +602,7 @@ fn a_copy_whose_start_the_peers_deleted_starts_the_log_again_at_theirs() {
     // A batch not where the log ends is refused, not appended.
     let dir = tempfile::tempdir().unwrap();
     let (mut journal, _) = open(dir.path());
-    journal.checkpointed(5, 50, 0).unwrap();
+    journal.checkpointed(5, 1, 50, 0).unwrap();
     let mut wrong = batch("d", 3);
     set_base_offset(&mut wrong, 7);
     assert!(matches!(
@@ -604,4 +613,78 @@ fn a_copy_whose_start_the_peers_deleted_starts_the_log_again_at_theirs() {
     // Peers whose start is past the checkpoint's end: the log starts at the end.
     assert_eq!(journal.copy_chunk(0, 80, &[], 0).unwrap(), Copied::Done);
     assert_eq!(journal.log().next_offset(), 50);
+}
+
+/// Ops 1..=5 of `committed`, then an old view's uncommitted ops 6..=9 chained on op 5
+/// with batches of the same sizes as the committed ones (so the same offsets, other
+/// records): what a primary cut off from its peers holds when it comes back.
+fn divergent(committed: &[Prepare]) -> Vec<Prepare> {
+    let mut out: Vec<Prepare> = committed[..5].to_vec();
+    let mut parent = committed[4].header.checksum;
+    for op in 6..=9u64 {
+        let p = prepare(
+            op,
+            1,
+            parent,
+            Operation::Request,
+            batch(&format!("x{op}"), (op % 3 + 1) as usize),
+        );
+        parent = p.header.checksum;
+        out.push(p);
+    }
+    out
+}
+
+#[test]
+fn a_transfer_replaces_an_old_views_suffix_from_the_first_batch_that_differs() {
+    let ops = chain(30, 2, "a");
+    let peer_dir = tempfile::tempdir().unwrap();
+    let (mut peer, _) = open(peer_dir.path());
+    for p in &ops {
+        peer.write_prepare(p, 0).unwrap();
+    }
+    peer.sync().unwrap();
+    let end = peer.log().next_offset();
+    for applied in [0, 5] {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut journal, _) = open(dir.path());
+        for p in divergent(&ops) {
+            journal.write_prepare(&p, 0).unwrap();
+        }
+        journal.sync().unwrap();
+        journal.applied(applied);
+        // Ops 6 to 9 here are as long as the committed ones: a copy from the log's
+        // end would keep them and append the rest after.
+        journal
+            .checkpointed(30, ops[29].header.checksum, end, 0)
+            .unwrap();
+        copy_all(&mut journal, &mut peer, end);
+        assert_eq!(
+            journal.behind(),
+            None,
+            "applied {applied}: the copy finished"
+        );
+        assert_eq!(
+            log_batches(&mut journal),
+            log_batches(&mut peer),
+            "applied {applied}: the old view's batches are gone"
+        );
+        // The committed ops below the difference kept their entries.
+        assert_eq!(
+            journal.prepare(5, ops[4].header.checksum).unwrap(),
+            Some(ops[4].clone())
+        );
+        assert_eq!(journal.prepare(6, ops[5].header.checksum).unwrap(), None);
+    }
+    // The checkpoint of an op this journal holds (the same checksum): nothing to copy.
+    let dir = tempfile::tempdir().unwrap();
+    let (mut journal, _) = open(dir.path());
+    for p in &ops {
+        journal.write_prepare(p, 0).unwrap();
+    }
+    journal.sync().unwrap();
+    journal
+        .checkpointed(30, ops[29].header.checksum, end, 0)
+        .unwrap();
+    assert_eq!(journal.behind(), None);
 }
