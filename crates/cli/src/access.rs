@@ -98,7 +98,7 @@ impl ConnectArgs {
         Ok(ConnectOptions {
             tls,
             credentials,
-            direct: false,
+            ..ConnectOptions::default()
         })
     }
 }

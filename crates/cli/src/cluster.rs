@@ -41,7 +41,12 @@ pub(crate) async fn cluster_command(
     let led = |id: u8| -> usize {
         info.topics
             .iter()
-            .map(|t| t.partitions.iter().filter(|(_, p)| *p == id).count())
+            .map(|t| {
+                t.partitions
+                    .iter()
+                    .filter(|p| p.primary == Some(id))
+                    .count()
+            })
             .sum()
     };
     if as_json {

@@ -91,7 +91,7 @@ async fn a_local_cluster_rides_through_a_kill_of_the_primary() {
         .iter()
         .find(|t| t.topic == "t")
         .and_then(|t| t.partitions.first())
-        .map(|(_, p)| *p)
+        .and_then(|p| p.primary)
         .unwrap();
     let pid = node_pid(cluster.id(), primary).expect("the primary's process");
     signal(pid, "KILL");

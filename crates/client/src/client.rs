@@ -20,6 +20,18 @@ use crate::routes::{Routes, Target};
 /// member would otherwise hold a refresh for the OS's connect timeout).
 const DIAL_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// How long one open connection may take to say who leads what before a refresh asks
+/// the next: a member that vanished without a FIN (its link down) still looks open
+/// until the dead-peer timeout, and would hold every refresh that long.
+const INFO_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// How long a refresh waits for more answers once one member has answered.
+const ANSWER_GRACE: Duration = Duration::from_millis(50);
+
+/// How long a refresh waits for members it dials; the dials go on in the background
+/// (a member that is down must not hold every refresh for a dial timeout).
+const DIAL_WAIT: Duration = Duration::from_millis(200);
+
 /// How long, and how far apart at most, [`Client::call`] sends a request again that
 /// went to the wrong member (see [`Client::may_repeat`]): a failover takes a
 /// heartbeat timeout and a view change.
@@ -54,6 +66,8 @@ struct State {
     stale: bool,
     /// Refreshes done (a caller that waited for one need not start another).
     generation: u64,
+    /// Members being dialled in the background.
+    dialling: std::collections::HashSet<u8>,
 }
 
 impl Client {
@@ -104,6 +118,7 @@ impl Client {
                                 routes: Routes::default(),
                                 stale: true,
                                 generation: 0,
+                                dialling: std::collections::HashSet::new(),
                             }),
                             refreshing: tokio::sync::Mutex::new(0),
                         }),
@@ -271,20 +286,43 @@ impl Client {
         };
         addresses.dedup();
         let mut last = ClientError::Closed;
-        let mut answered = None;
-        for connection in candidates.drain(..) {
-            match cluster_info(&connection).await {
-                Ok(info) => {
-                    answered = Some((connection, info));
-                    break;
+        // Every open connection is asked at once and the answers merged (see
+        // `routes`): one member may be cut off and name a primary the others replaced.
+        let mut asked = tokio::task::JoinSet::new();
+        for (order, connection) in candidates.drain(..).enumerate() {
+            asked.spawn(async move {
+                let answer = ask_map(&connection).await;
+                (order, connection, answer)
+            });
+        }
+        let mut answers = Vec::new();
+        loop {
+            // Once one has answered, the others get a moment more, not a timeout each.
+            let next = if answers.is_empty() {
+                asked.join_next().await
+            } else {
+                match tokio::time::timeout(ANSWER_GRACE, asked.join_next()).await {
+                    Ok(next) => next,
+                    Err(_) => break,
                 }
-                Err(err) => last = err,
+            };
+            match next {
+                None => break,
+                Some(Ok((order, connection, Ok(info)))) => answers.push((order, connection, info)),
+                Some(Ok((_, _, Err(err)))) => last = err,
+                Some(Err(err)) => tracing::debug!(%err, "asking a member for the map failed"),
             }
         }
+        answers.sort_by_key(|(order, _, _)| *order);
+        let mut answers = answers
+            .into_iter()
+            .map(|(_, connection, info)| (connection, info));
+        let mut answered = answers.next();
+        let others: Vec<ClusterInfo> = answers.map(|(_, info)| info).collect();
         if answered.is_none() {
             for addr in &addresses {
                 match dial(addr, &options).await {
-                    Ok(connection) => match cluster_info(&connection).await {
+                    Ok(connection) => match ask_map(&connection).await {
                         Ok(info) => {
                             answered = Some((connection, info));
                             break;
@@ -298,41 +336,54 @@ impl Client {
         let Some((reached, info)) = answered else {
             return Err(last);
         };
-        let routes = Routes::new(&info, reached.addr());
+        let mut routes = Routes::new(&info, reached.addr());
+        for other in &others {
+            routes.merge(other);
+        }
         let missing: Vec<(u8, String)> = {
-            let state = self.state().ok_or(ClientError::Closed)?;
-            routes
+            let mut state = self.shared.state.lock().map_err(|_| ClientError::Closed)?;
+            state.links.insert(info.node_id, reached.clone());
+            state
+                .links
+                .retain(|id, c| routes.addr_of(*id).is_some() && !c.is_closed());
+            if state.home.is_closed() {
+                state.home = reached;
+            }
+            let missing: Vec<(u8, String)> = routes
                 .members()
                 .filter(|(id, _)| *id != info.node_id)
-                .filter(|(id, _)| state.links.get(id).is_none_or(Connection::is_closed))
+                .filter(|(id, _)| !state.links.contains_key(id))
+                .filter(|(id, _)| !state.dialling.contains(id))
                 .map(|(id, addr)| (id, addr.to_owned()))
-                .collect()
+                .collect();
+            state.dialling.extend(missing.iter().map(|(id, _)| *id));
+            state.routes = routes;
+            state.stale = false;
+            missing
         };
-        let mut dialled = tokio::task::JoinSet::new();
+        let mut dials = Vec::new();
         for (id, addr) in missing {
             let options = options.clone();
-            dialled.spawn(async move { (id, dial(&addr, &options).await) });
+            let shared = Arc::clone(&self.shared);
+            dials.push(tokio::spawn(async move {
+                let dialled = dial(&addr, &options).await;
+                let Ok(mut state) = shared.state.lock() else {
+                    return;
+                };
+                state.dialling.remove(&id);
+                match dialled {
+                    // Still a member at that address (a later map may have moved it).
+                    Ok(connection) if state.routes.addr_of(id) == Some(addr.as_str()) => {
+                        state.links.insert(id, connection);
+                    }
+                    Ok(_) => {}
+                    Err(err) => tracing::debug!(member = id, %err, "member unreachable"),
+                }
+            }));
         }
-        let mut fresh = vec![(info.node_id, reached.clone())];
-        while let Some(joined) = dialled.join_next().await {
-            match joined {
-                Ok((id, Ok(connection))) => fresh.push((id, connection)),
-                Ok((id, Err(err))) => tracing::debug!(member = id, %err, "member unreachable"),
-                Err(err) => tracing::debug!(%err, "dialling a member failed"),
-            }
-        }
-        let mut state = self.shared.state.lock().map_err(|_| ClientError::Closed)?;
-        for (id, connection) in fresh {
-            state.links.insert(id, connection);
-        }
-        state
-            .links
-            .retain(|id, c| routes.addr_of(*id).is_some() && !c.is_closed());
-        if state.home.is_closed() {
-            state.home = reached;
-        }
-        state.routes = routes;
-        state.stale = false;
+        // Members that answer at once are linked before the caller goes on; one that
+        // is down is dialled on in the background.
+        let _ = tokio::time::timeout(DIAL_WAIT, futures_join(dials)).await;
         Ok(())
     }
 
@@ -427,6 +478,27 @@ async fn cluster_info(connection: &Connection) -> Result<ClusterInfo, ClientErro
     match connection.call(&Request::ClusterInfo).await? {
         Response::Cluster(info) => Ok(info),
         other => Err(unexpected(&other)),
+    }
+}
+
+/// `ClusterInfo` on `connection`, within [`INFO_TIMEOUT`].
+async fn ask_map(connection: &Connection) -> Result<ClusterInfo, ClientError> {
+    match tokio::time::timeout(INFO_TIMEOUT, cluster_info(connection)).await {
+        Ok(result) => result,
+        Err(_) => Err(ClientError::Io {
+            kind: std::io::ErrorKind::TimedOut,
+            message: format!(
+                "{} did not say who leads what within {INFO_TIMEOUT:?}",
+                connection.addr()
+            ),
+        }),
+    }
+}
+
+/// Waits for every task in `tasks`.
+async fn futures_join(tasks: Vec<tokio::task::JoinHandle<()>>) {
+    for task in tasks {
+        let _ = task.await;
     }
 }
 

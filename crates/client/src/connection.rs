@@ -73,6 +73,7 @@ impl Connection {
     ) -> Result<Self, ClientError> {
         let stream = tokio::net::TcpStream::connect(addr).await?;
         stream.set_nodelay(true)?;
+        watch_for_a_dead_peer(&stream, options.dead_peer_timeout)?;
         let origin = addr.to_owned();
         let client = match &options.tls {
             None => {
@@ -222,6 +223,27 @@ impl Connection {
     pub(crate) async fn call(&self, request: &Request<'_>) -> Result<Response, ClientError> {
         self.start_call(request).await
     }
+}
+
+/// Makes the kernel drop the connection once the node stops acknowledging for
+/// `timeout`: unacknowledged sends (TCP_USER_TIMEOUT) and, when idle, keepalive probes
+/// from a third of it on, every second.
+fn watch_for_a_dead_peer(
+    stream: &tokio::net::TcpStream,
+    timeout: std::time::Duration,
+) -> std::io::Result<()> {
+    if timeout.is_zero() {
+        return Ok(());
+    }
+    let socket = socket2::SockRef::from(stream);
+    let second = std::time::Duration::from_secs(1);
+    let keepalive = socket2::TcpKeepalive::new()
+        .with_time((timeout / 3).max(second))
+        .with_interval(second);
+    socket.set_tcp_keepalive(&keepalive)?;
+    #[cfg(any(target_os = "linux", target_os = "android"))]
+    socket.set_tcp_user_timeout(Some(timeout))?;
+    Ok(())
 }
 
 pub(crate) fn unexpected(response: &Response) -> ClientError {

@@ -9,7 +9,7 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use crate::error::ClientError;
 
 /// Options of a connection; the default is plain TCP without a login.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct ConnectOptions {
     /// TLS, if the node's client port has it.
     pub tls: Option<TlsOptions>,
@@ -19,6 +19,24 @@ pub struct ConnectOptions {
     /// request for a partition it does not lead is answered `NotLeader`). For tools
     /// that inspect one member; applications leave it off.
     pub direct: bool,
+    /// A connection whose sent bytes go unacknowledged this long, or that answers no
+    /// keepalive probe for this long when idle, is dropped (TCP_USER_TIMEOUT and
+    /// keepalive), so a node that vanished without a FIN or RST (cut off, powered off)
+    /// fails the calls on it instead of holding them, and the client moves to another
+    /// member. The node's kernel acknowledges what a busy node has not read yet, so load
+    /// does not trip it. Zero leaves the system's defaults (minutes).
+    pub dead_peer_timeout: std::time::Duration,
+}
+
+impl Default for ConnectOptions {
+    fn default() -> Self {
+        Self {
+            tls: None,
+            credentials: None,
+            direct: false,
+            dead_peer_timeout: std::time::Duration::from_secs(5),
+        }
+    }
 }
 
 /// A user name and password. The password is never sent: the client proves it knows

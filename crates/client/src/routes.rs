@@ -1,11 +1,14 @@
 //! Where each request goes in a cluster, from the last `ClusterInfo` the client got:
 //! produce, fetch and offset lookups to their partition's primary, consumer-group
-//! calls to the coordinator, everything else to whichever member is at hand. Pure: no
-//! sockets, so the choice is tested directly.
+//! calls to the coordinator, everything else to whichever member is at hand. Answers
+//! from several members merge: for each partition the newest view whose replica knew
+//! its primary wins, so a member cut off from the others (still changing views, or
+//! still normal in an old one) does not send the client astray. Pure: no sockets, so
+//! the choice is tested directly.
 
 use std::collections::{BTreeMap, HashMap};
 
-use braid_proto::client::{ClusterInfo, Request};
+use braid_proto::client::{ClusterInfo, PartitionPrimary, Request};
 
 /// Whom a request is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -60,15 +63,16 @@ impl<'a> Target<'a> {
     }
 }
 
-/// The cluster as one `ClusterInfo` answer described it.
+/// The cluster as the `ClusterInfo` answers of one refresh described it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct Routes {
     /// Member id → the address clients reach it at.
     members: BTreeMap<u8, String>,
     coordinator: Option<u8>,
-    /// Stream → topic → partition → primary member (looked up by `&str`, so a
-    /// produce allocates nothing to find its member).
-    primaries: HashMap<String, HashMap<String, HashMap<u32, u8>>>,
+    /// Stream → topic → partition → primary member (if known) and the view it was
+    /// known in (looked up by `&str`, so a produce allocates nothing to find its
+    /// member).
+    primaries: HashMap<String, HashMap<String, HashMap<u32, (Option<u8>, u64)>>>,
 }
 
 impl Routes {
@@ -82,17 +86,41 @@ impl Routes {
             .map(|m| (m.id, m.client_addr.clone()))
             .collect();
         members.insert(info.node_id, reached_at.to_owned());
-        let mut primaries: HashMap<String, HashMap<String, HashMap<u32, u8>>> = HashMap::new();
-        for t in &info.topics {
-            primaries
-                .entry(t.stream.clone())
-                .or_default()
-                .insert(t.topic.clone(), t.partitions.iter().copied().collect());
-        }
-        Self {
+        let mut routes = Self {
             members,
             coordinator: info.coordinator,
-            primaries,
+            primaries: HashMap::new(),
+        };
+        routes.merge(info);
+        routes
+    }
+
+    /// Adds another member's answer: a partition's primary is taken from it if that
+    /// member knew it in a newer view (or this map knows none); the coordinator if
+    /// this map has none. Topics it alone names are added.
+    pub(crate) fn merge(&mut self, info: &ClusterInfo) {
+        if self.coordinator.is_none() {
+            self.coordinator = info.coordinator;
+        }
+        for t in &info.topics {
+            let topic = self
+                .primaries
+                .entry(t.stream.clone())
+                .or_default()
+                .entry(t.topic.clone())
+                .or_default();
+            for &PartitionPrimary {
+                partition,
+                primary,
+                view,
+            } in &t.partitions
+            {
+                let slot = topic.entry(partition).or_insert((primary, view));
+                let newer = primary.is_some() && (slot.0.is_none() || view > slot.1);
+                if newer {
+                    *slot = (primary, view);
+                }
+            }
         }
     }
 
@@ -103,12 +131,7 @@ impl Routes {
                 stream,
                 topic,
                 partition,
-            } => self
-                .primaries
-                .get(stream)?
-                .get(topic)?
-                .get(&partition)
-                .copied(),
+            } => self.primaries.get(stream)?.get(topic)?.get(&partition)?.0,
             Target::Coordinator => self.coordinator,
             Target::Any => None,
         }
@@ -130,6 +153,14 @@ mod tests {
     use super::*;
     use braid_proto::client::{ClusterMember, OffsetSpec, TopicPrimaries};
 
+    fn primary(partition: u32, primary: Option<u8>, view: u64) -> PartitionPrimary {
+        PartitionPrimary {
+            partition,
+            primary,
+            view,
+        }
+    }
+
     fn info() -> ClusterInfo {
         ClusterInfo {
             cluster_id: "c".into(),
@@ -144,7 +175,7 @@ mod tests {
             topics: vec![TopicPrimaries {
                 stream: "s".into(),
                 topic: "t".into(),
-                partitions: vec![(0, 0), (1, 2)],
+                partitions: vec![primary(0, Some(0), 3), primary(1, Some(2), 5)],
             }],
         }
     }
@@ -193,5 +224,35 @@ mod tests {
         assert_eq!(routes.addr_of(2), Some("0.0.0.0:7072"));
         assert_eq!(routes.members().count(), 3);
         assert_eq!(routes.addr_of(9), None);
+    }
+
+    #[test]
+    fn answers_merge_by_the_newest_view_that_knew_its_primary() {
+        // Member 1 is cut off: it still changes views (knows no primary of partition
+        // 0) and is normal in an old view of partition 1.
+        let mut cut_off = info();
+        cut_off.coordinator = None;
+        cut_off.topics[0].partitions = vec![primary(0, None, 9), primary(1, Some(1), 5)];
+        let mut routes = Routes::new(&cut_off, "10.0.0.1:7071");
+        let produce = |partition| Request::Produce {
+            stream: "s",
+            topic: "t",
+            partition,
+            batch: b"",
+        };
+        assert_eq!(routes.member_for(Target::of(&produce(0))), None);
+        // The others moved on: view 6 of partition 0 led by member 2, view 7 of 1 by 0.
+        let mut moved = info();
+        moved.topics[0].partitions = vec![primary(0, Some(2), 6), primary(1, Some(0), 7)];
+        routes.merge(&moved);
+        assert_eq!(routes.member_for(Target::of(&produce(0))), Some(2));
+        assert_eq!(routes.member_for(Target::of(&produce(1))), Some(0));
+        assert_eq!(
+            routes.member_for(Target::of(&Request::ListGroups { stream: "s" })),
+            Some(2)
+        );
+        // An older answer changes nothing.
+        routes.merge(&info());
+        assert_eq!(routes.member_for(Target::of(&produce(1))), Some(0));
     }
 }

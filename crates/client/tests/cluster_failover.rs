@@ -66,10 +66,14 @@ async fn a_producer_and_a_group_consumer_ride_through_a_primarys_stop() {
     let info = client.cluster_info().await.unwrap();
     let topic = info.topics.iter().find(|t| t.topic == "t").unwrap();
     let coordinator = info.coordinator.expect("a coordinator is known");
-    let victim = if topic.partitions.iter().any(|(_, p)| *p == coordinator) {
+    let victim = if topic
+        .partitions
+        .iter()
+        .any(|p| p.primary == Some(coordinator))
+    {
         coordinator
     } else {
-        topic.partitions[0].1
+        topic.partitions[0].primary.unwrap()
     };
     let consumer_config = ConsumerConfig {
         auto_commit: Some(Duration::from_millis(200)),

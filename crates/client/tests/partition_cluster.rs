@@ -40,10 +40,13 @@ async fn primary_of(ask: SocketAddr, partition: u32) -> u8 {
         if let Ok(client) = common::direct(ask).await {
             if let Ok(info) = client.cluster_info().await {
                 if let Some(topic) = info.topics.iter().find(|t| t.topic == "t") {
-                    if let Some((_, primary)) =
-                        topic.partitions.iter().find(|(p, _)| *p == partition)
-                    {
-                        return *primary;
+                    let known = topic
+                        .partitions
+                        .iter()
+                        .find(|p| p.partition == partition)
+                        .and_then(|p| p.primary);
+                    if let Some(primary) = known {
+                        return primary;
                     }
                 }
             }

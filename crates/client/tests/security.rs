@@ -31,7 +31,7 @@ fn login(user: &str, password: &str) -> ConnectOptions {
             user: user.into(),
             password: password.into(),
         }),
-        direct: false,
+        ..ConnectOptions::default()
     }
 }
 

@@ -79,6 +79,7 @@ pub(crate) enum Control {
     Bus {
         deliveries: mpsc::UnboundedReceiver<braid_bus::Delivery>,
         sender: braid_bus::ShardSender,
+        bundles: tokio::sync::broadcast::Receiver<braid_bus::BundleEvent>,
     },
     /// A partition journal's sync job finished (both of its files).
     GroupSynced {
@@ -118,10 +119,11 @@ pub(crate) struct NodeShared {
     /// go, read per commit; never on the produce or fetch path.
     pub(crate) high_watermarks:
         std::sync::RwLock<HashMap<PartitionKey, Arc<std::sync::atomic::AtomicU64>>>,
-    /// Each open partition's primary as its owner last saw it (`ClusterInfo` reads
-    /// it), refreshed by the owner's timer.
+    /// Each open partition's primary and view as its owner last saw it
+    /// (`crate::partition::pack_primary`; `ClusterInfo` reads it), refreshed by the
+    /// owner's timer.
     pub(crate) primaries:
-        std::sync::RwLock<HashMap<PartitionKey, Arc<std::sync::atomic::AtomicU8>>>,
+        std::sync::RwLock<HashMap<PartitionKey, Arc<std::sync::atomic::AtomicU64>>>,
     /// The member leading the metadata group, so coordinating consumer groups
     /// ([`NO_MEMBER`] while none is known), published by shard 0's timer.
     pub(crate) coordinator: std::sync::atomic::AtomicU8,

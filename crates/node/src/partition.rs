@@ -37,7 +37,19 @@ pub(crate) struct Partition {
     /// The high watermark as other shards may read it (the group coordinator).
     published: std::sync::Arc<std::sync::atomic::AtomicU64>,
     /// The group's primary as other shards may read it (`ClusterInfo`).
-    primary: std::sync::Arc<std::sync::atomic::AtomicU8>,
+    primary: std::sync::Arc<std::sync::atomic::AtomicU64>,
+}
+
+/// A primary as published for `ClusterInfo`: the view above the low byte, the member
+/// (255 while unknown) in it.
+pub(crate) fn pack_primary(primary: Option<u8>, view: u64) -> u64 {
+    (view << 8) | u64::from(primary.unwrap_or(u8::MAX))
+}
+
+/// The member and view [`pack_primary`] packed.
+pub(crate) fn unpack_primary(packed: u64) -> (Option<u8>, u64) {
+    let member = (packed & 0xff) as u8;
+    ((member != u8::MAX).then_some(member), packed >> 8)
 }
 
 impl std::fmt::Debug for Partition {
@@ -71,19 +83,21 @@ impl Partition {
             sealed: false,
             poison_reported: false,
             published: std::sync::Arc::new(std::sync::atomic::AtomicU64::new(high_watermark)),
-            primary: std::sync::Arc::default(),
+            primary: std::sync::Arc::new(std::sync::atomic::AtomicU64::new(pack_primary(None, 0))),
         }
     }
 
     /// The primary for readers on other shards.
-    pub(crate) fn published_primary(&self) -> std::sync::Arc<std::sync::atomic::AtomicU8> {
+    pub(crate) fn published_primary(&self) -> std::sync::Arc<std::sync::atomic::AtomicU64> {
         std::sync::Arc::clone(&self.primary)
     }
 
-    /// Publishes the group's primary.
-    pub(crate) fn set_primary(&self, primary: u8) {
-        self.primary
-            .store(primary, std::sync::atomic::Ordering::Relaxed);
+    /// Publishes the group's primary (`None` while its replica changes view) in `view`.
+    pub(crate) fn set_primary(&self, primary: Option<u8>, view: u64) {
+        self.primary.store(
+            pack_primary(primary, view),
+            std::sync::atomic::Ordering::Relaxed,
+        );
     }
 
     /// The high watermark for readers on other shards.

@@ -59,6 +59,9 @@ pub(crate) struct Shard {
     woken_queued: HashSet<PartitionKey>,
     /// Frames from peers for the groups of this shard (the bus delivers them here).
     deliveries: Option<mpsc::UnboundedReceiver<braid_bus::Delivery>>,
+    /// The bus's bundles coming up and going down (a bundle down wakes the quiescent
+    /// backups of that peer's groups).
+    bundles: Option<tokio::sync::broadcast::Receiver<braid_bus::BundleEvent>>,
     ticks: u64,
 }
 
@@ -96,6 +99,7 @@ impl Shard {
             woken: VecDeque::new(),
             woken_queued: HashSet::new(),
             deliveries: None,
+            bundles: None,
             ticks: 0,
         })
     }
@@ -126,11 +130,17 @@ impl Shard {
             .map_err(|e| format!("replica bus: {e}"))?;
         for (shard, deliveries) in receivers.into_iter().enumerate() {
             let sender = bus.shard_sender(shard as u16);
+            let bundles = bus.subscribe();
             if shard == self.id {
                 self.groups.attach_bus(sender);
                 self.deliveries = Some(deliveries);
+                self.bundles = Some(bundles);
             } else {
-                let _ = self.shared.controls[shard].send(Control::Bus { deliveries, sender });
+                let _ = self.shared.controls[shard].send(Control::Bus {
+                    deliveries,
+                    sender,
+                    bundles,
+                });
             }
         }
         let _ = self.shared.bus_metrics.set(bus.metrics_handle());
@@ -213,8 +223,8 @@ impl Shard {
             if let Ok(mut published) = self.shared.high_watermarks.write() {
                 published.insert(key, partition.published_high_watermark());
             }
-            if let Some(primary) = self.groups.primary_of(key) {
-                partition.set_primary(primary);
+            if let Some((primary, view)) = self.groups.primary_of(key) {
+                partition.set_primary(primary, view);
             }
             if let Ok(mut published) = self.shared.primaries.write() {
                 published.insert(key, partition.published_primary());
@@ -474,9 +484,14 @@ impl Shard {
                 let moved = self.groups.on_synced(group, job, result);
                 self.apply_moved(moved);
             }
-            Control::Bus { deliveries, sender } => {
+            Control::Bus {
+                deliveries,
+                sender,
+                bundles,
+            } => {
                 self.groups.attach_bus(sender);
                 self.deliveries = Some(deliveries);
+                self.bundles = Some(bundles);
             }
             Control::Barrier(done) => {
                 let _ = done.send(());
@@ -517,8 +532,8 @@ impl Shard {
         );
         if self.ticks.is_multiple_of(PRIMARIES_EVERY_TICKS) {
             for (key, partition) in &self.partitions {
-                if let Some(primary) = self.groups.primary_of(*key) {
-                    partition.set_primary(primary);
+                if let Some((primary, view)) = self.groups.primary_of(*key) {
+                    partition.set_primary(primary, view);
                 }
             }
             let mut rows = self.groups.statuses();
@@ -613,6 +628,10 @@ impl Shard {
                 Some(delivery) = next_delivery(&mut self.deliveries) => {
                     self.handle_delivery(delivery);
                 }
+                lost = next_bundle_down(&mut self.bundles) => {
+                    let moved = self.groups.peers_lost(&lost);
+                    self.apply_moved(moved);
+                }
                 _ = ticker.tick() => self.tick(),
             }
         }
@@ -626,6 +645,28 @@ async fn next_delivery(
     match deliveries {
         Some(deliveries) => deliveries.recv().await,
         None => std::future::pending().await,
+    }
+}
+
+/// The peers whose bundle went down (every peer, if events were missed); pending
+/// forever on a shard without a bus.
+async fn next_bundle_down(
+    bundles: &mut Option<tokio::sync::broadcast::Receiver<braid_bus::BundleEvent>>,
+) -> Vec<u8> {
+    use tokio::sync::broadcast::error::RecvError;
+    let Some(receiver) = bundles else {
+        return std::future::pending().await;
+    };
+    loop {
+        match receiver.recv().await {
+            Ok(event) if !event.up => return vec![event.peer],
+            Ok(_) => {}
+            Err(RecvError::Lagged(_)) => return (0..=u8::MAX).collect(),
+            Err(RecvError::Closed) => {
+                *bundles = None;
+                return std::future::pending().await;
+            }
+        }
     }
 }
 

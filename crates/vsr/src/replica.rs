@@ -270,6 +270,11 @@ pub enum Input {
     },
     /// A durable-state write asked for finished.
     StateWritten(DurableState),
+    /// The shell lost its connection to this replica of the group (its node's bus
+    /// link went silent or closed). A quiescent backup keeps no timer, so a primary cut
+    /// off from it would never be replaced while clients still reach that primary: a
+    /// backup of that primary stays awake and watches it, as when a client comes.
+    PeerLost(ReplicaId),
 }
 
 /// What a replica asks its shell to do.
@@ -798,6 +803,11 @@ impl<S: StateMachine> Replica<S> {
             Input::Tick => self.on_tick(out),
             Input::JournalWritten { op, checksum } => self.on_journal_written(op, checksum, out),
             Input::StateWritten(state) => self.on_state_written(state, out),
+            Input::PeerLost(peer) => {
+                if !self.is_primary() && self.primary_of(self.view) == peer {
+                    self.start_watching();
+                }
+            }
             Input::Message(message) => self.on_message(message, out),
         }
         self.settle_timers();

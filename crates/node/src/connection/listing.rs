@@ -1,7 +1,7 @@
 //! Answers the connection gives from its shard's own view, filtered by what the user
 //! may see: the stream list and the cluster map.
 
-use braid_proto::client::{ClusterInfo, Response, StreamSummary, TopicPrimaries};
+use braid_proto::client::{ClusterInfo, PartitionPrimary, Response, StreamSummary, TopicPrimaries};
 
 use super::Env;
 
@@ -49,10 +49,17 @@ pub(super) fn cluster_info(env: &Env) -> Response {
         let members = u8::try_from(cluster.members.len()).unwrap_or(u8::MAX);
         let group = crate::replication::partition_groups::group_of(key);
         let view_0 = braid_vsr::primary_of(group, 0, members);
-        primaries
+        let (primary, view) = primaries
             .as_ref()
             .and_then(|p| p.get(&key))
-            .map_or(view_0, |p| p.load(std::sync::atomic::Ordering::Relaxed))
+            .map_or((Some(view_0), 0), |p| {
+                crate::partition::unpack_primary(p.load(std::sync::atomic::Ordering::Relaxed))
+            });
+        PartitionPrimary {
+            partition,
+            primary,
+            view,
+        }
     };
     let mut topics: Vec<TopicPrimaries> = layout
         .streams
@@ -65,7 +72,7 @@ pub(super) fn cluster_info(env: &Env) -> Response {
                 partitions: route
                     .partitions
                     .iter()
-                    .map(|p| (p.id, primary_of(route.id, p.id)))
+                    .map(|p| primary_of(route.id, p.id))
                     .collect(),
             })
         })

@@ -355,10 +355,16 @@ impl PartitionGroups {
         Role::Backup(known.then(|| replica.primary_of(replica.view())))
     }
 
-    /// The view of each group, for the primaries `ClusterInfo` names.
-    pub(crate) fn primary_of(&self, key: PartitionKey) -> Option<ReplicaId> {
+    /// A group's primary, known only while its replica is in normal status (one
+    /// changing view names nobody: the view it tries may never start), and its view,
+    /// for the primaries `ClusterInfo` names.
+    pub(crate) fn primary_of(&self, key: PartitionKey) -> Option<(Option<ReplicaId>, u64)> {
         let replica = self.host.replica(group_of(key))?;
-        Some(replica.primary_of(replica.view()))
+        let known = replica.status() == Status::Normal;
+        Some((
+            known.then(|| replica.primary_of(replica.view())),
+            replica.view(),
+        ))
     }
 
     /// Queues a produce's batch for the next [`PartitionGroups::flush`]; `reply` gets
@@ -432,6 +438,33 @@ impl PartitionGroups {
         };
         let mut moved = Vec::new();
         self.step(group, Input::Message(Message::Request(request)), &mut moved);
+        moved
+    }
+
+    /// The bus lost its bundle to each of `peers`: every group's replica hears it (a
+    /// quiescent backup of a primary on that peer watches it again, so a primary cut
+    /// off from this node is replaced even while clients still reach it).
+    pub(crate) fn peers_lost(&mut self, peers: &[u8]) -> Moved {
+        let groups: Vec<u64> = self.host.replicas().map(|r| r.config().group).collect();
+        let inputs: Vec<(u64, Input)> = groups
+            .iter()
+            .flat_map(|group| {
+                let members = self.members;
+                peers
+                    .iter()
+                    .filter(move |peer| **peer < members)
+                    .map(|peer| (*group, Input::PeerLost(*peer)))
+            })
+            .collect();
+        let mut moved = Vec::new();
+        if self.failed.is_some() || inputs.is_empty() {
+            return moved;
+        }
+        match self.host.step(self.now, inputs) {
+            Ok(effects) => self.carry(effects, &mut moved),
+            Err(HostError::UnknownGroup(_)) => {}
+            Err(err) => self.fail(err),
+        }
         moved
     }
 

@@ -38,8 +38,8 @@ pub use request::{
 };
 pub use response::{
     decode_error_message, encode_fetch_prefix, error_code, ClusterInfo, ClusterMember,
-    GroupDescription, GroupMember, GroupSummary, PartitionInfo, PartitionOffsets, Response,
-    StreamSummary, TopicInfo, TopicPrimaries, TopicSummary,
+    GroupDescription, GroupMember, GroupSummary, PartitionInfo, PartitionOffsets, PartitionPrimary,
+    Response, StreamSummary, TopicInfo, TopicPrimaries, TopicSummary,
 };
 
 use crate::wire::{WireError, WireReader};

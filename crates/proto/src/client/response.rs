@@ -126,8 +126,20 @@ pub struct TopicPrimaries {
     pub stream: String,
     /// Topic name.
     pub topic: String,
-    /// `(partition id, member id of its primary)`.
-    pub partitions: Vec<(u32, u8)>,
+    /// Each partition's primary as the answering node knows it.
+    pub partitions: Vec<PartitionPrimary>,
+}
+
+/// One partition's primary in [`ClusterInfo`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PartitionPrimary {
+    /// The partition id.
+    pub partition: u32,
+    /// The member leading it, if the answering node's replica is in normal status
+    /// (it heard from the primary of its view); `None` while it changes view.
+    pub primary: Option<u8>,
+    /// The answering replica's view: of two answers, the newer view is right.
+    pub view: u64,
 }
 
 /// [`Response::Cluster`]: who is in the cluster and who leads what, as the answering
@@ -305,9 +317,10 @@ impl Response {
                     out.put_string(&t.stream);
                     out.put_string(&t.topic);
                     out.put_u32_be(t.partitions.len() as u32);
-                    for (partition, primary) in &t.partitions {
-                        out.put_u32_be(*partition);
-                        out.put_u8_be(*primary);
+                    for p in &t.partitions {
+                        out.put_u32_be(p.partition);
+                        out.put_u8_be(p.primary.unwrap_or(NO_MEMBER));
+                        out.put_u64_be(p.view);
                     }
                 }
             }
@@ -459,8 +472,16 @@ impl Response {
                     .map(|_| {
                         let stream = string(&mut r, "stream")?;
                         let topic = string(&mut r, "topic")?;
-                        let partitions = (0..r.count("partitions", 5)?)
-                            .map(|_| Ok((r.u32("partition")?, r.u8("primary")?)))
+                        let partitions = (0..r.count("partitions", 13)?)
+                            .map(|_| {
+                                let partition = r.u32("partition")?;
+                                let primary = r.u8("primary")?;
+                                Ok(PartitionPrimary {
+                                    partition,
+                                    primary: (primary != NO_MEMBER).then_some(primary),
+                                    view: r.u64("view")?,
+                                })
+                            })
                             .collect::<Result<_, WireError>>()?;
                         Ok(TopicPrimaries {
                             stream,

@@ -176,7 +176,18 @@ fn responses_round_trip() {
                 topics: vec![TopicPrimaries {
                     stream: "s".into(),
                     topic: "t".into(),
-                    partitions: vec![(0, 1), (1, 0)],
+                    partitions: vec![
+                        PartitionPrimary {
+                            partition: 0,
+                            primary: Some(1),
+                            view: 4,
+                        },
+                        PartitionPrimary {
+                            partition: 1,
+                            primary: None,
+                            view: 7,
+                        },
+                    ],
                 }],
             }),
         ),

@@ -4,18 +4,27 @@
 use super::*;
 
 impl<S: StateMachine> Replica<S> {
+    /// A normal backup with reason to doubt its primary (a client came here, or its
+    /// link to the primary is gone): awake until the primary is heard from, with its
+    /// view-change timer armed (a quiescence at the end of this step must not drop the
+    /// timer that replaces a dead primary).
+    pub(super) fn start_watching(&mut self) {
+        if self.status() != Status::Normal || self.is_primary() {
+            return;
+        }
+        self.watching = true;
+        if self.deadlines[Timer::ViewChange as usize].is_none() {
+            let timeout = self.view_change_timeout();
+            self.arm(Timer::ViewChange, timeout);
+        }
+    }
+
     pub(super) fn on_request(&mut self, request: Request, out: &mut Vec<Output>) {
         if !self.is_primary() || !self.view_durable() {
             // A client that came to a backup could not reach the primary: if this
             // replica was quiescent, it starts watching the primary again.
-            if self.status() == Status::Normal && !self.is_primary() {
-                // Awake until the primary is heard from: a quiescence at the end of
-                // this step must not drop the timer that replaces a dead one.
-                self.watching = true;
-                if self.deadlines[Timer::ViewChange as usize].is_none() {
-                    let timeout = self.view_change_timeout();
-                    self.arm(Timer::ViewChange, timeout);
-                }
+            if !self.is_primary() {
+                self.start_watching();
             }
             return;
         }

@@ -391,6 +391,40 @@ fn a_backup_a_client_woke_replaces_a_dead_quiescent_primary() {
 }
 
 #[test]
+fn a_backup_told_its_link_to_the_primary_is_gone_replaces_a_quiescent_primary() {
+    let mut h = Harness::with(3, |c| c.quiesce = true);
+    h.request(0, 0, 1, b"");
+    h.settle(50);
+    let quiet = h.run_until(
+        2_000,
+        |_, _, _| true,
+        |h| (0..3).all(|r| h.replica(r).next_deadline().is_none()),
+    );
+    assert!(quiet, "the idle group went quiet");
+    // Losing a peer that does not lead the view changes nothing.
+    h.input(1, Input::PeerLost(2));
+    assert_eq!(
+        h.replica(1).next_deadline(),
+        None,
+        "woken by a backup's loss"
+    );
+    // Replica 0 is cut off (its clients may still reach it); the shells of 1 and 2
+    // see their links to it go.
+    h.input(1, Input::PeerLost(0));
+    h.input(2, Input::PeerLost(0));
+    assert!(
+        h.replica(1).next_deadline().is_some(),
+        "watching its primary"
+    );
+    let elected = h.run_until(
+        2_000,
+        |from, to, _| from != 0 && to != 0,
+        |h| (1..3).any(|r| h.replica(r).is_primary()),
+    );
+    assert!(elected, "the backups led the group to a new view");
+}
+
+#[test]
 fn a_silent_primary_is_replaced_and_its_view_moves_on() {
     let (mut h, session) = registered(3);
     h.request(0, session, 1, b"k=1");
