@@ -1,9 +1,13 @@
-//! What the real-process tests share: free loopback ports, signals, HTTP reads.
+//! What the real-process tests share: free loopback ports, signals, HTTP reads, a
+//! cluster of real processes under load, network namespaces for network faults.
 
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
 use std::net::{SocketAddr, TcpListener};
 use std::process::Command;
+
+pub(crate) mod cluster;
+pub(crate) mod netns;
 
 /// A base port whose 30 ports (clients, HTTP, replicas) are free now.
 pub(crate) fn free_base() -> u16 {
