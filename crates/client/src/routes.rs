@@ -72,8 +72,12 @@ pub(crate) struct Routes {
     /// Stream → topic → partition → primary member (if known) and the view it was
     /// known in (looked up by `&str`, so a produce allocates nothing to find its
     /// member).
-    primaries: HashMap<String, HashMap<String, HashMap<u32, (Option<u8>, u64)>>>,
+    primaries: HashMap<String, HashMap<String, HashMap<u32, Known>>>,
 }
+
+/// A partition's primary as the routes know it (if any member knew one) and the view
+/// that named it.
+type Known = (Option<u8>, u64);
 
 impl Routes {
     /// The routes of `info`, answered by the member at `reached_at`: that member is
