@@ -501,16 +501,22 @@ fn copy_all(journal: &mut PartitionJournal, peer: &mut PartitionJournal, end: u6
     panic!("the copy never finished");
 }
 
-#[test]
-fn a_checkpoint_beyond_the_log_is_copied_from_a_peer_and_a_crash_resumes_the_copy() {
-    let ops = chain(30, 1, "a");
-    let peer_dir = tempfile::tempdir().unwrap();
-    let (mut peer, _) = open(peer_dir.path());
-    for p in &ops {
+/// A peer's journal holding `ops`, synced, with its directory and its log's end.
+fn peer_holding(ops: &[Prepare]) -> (tempfile::TempDir, PartitionJournal, u64) {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut peer, _) = open(dir.path());
+    for p in ops {
         peer.write_prepare(p, 0).unwrap();
     }
     peer.sync().unwrap();
     let end = peer.log().next_offset();
+    (dir, peer, end)
+}
+
+#[test]
+fn a_checkpoint_beyond_the_log_is_copied_from_a_peer_and_a_crash_resumes_the_copy() {
+    let ops = chain(30, 1, "a");
+    let (_peer_dir, mut peer, end) = peer_holding(&ops);
 
     // This replica had ops 1 to 3, then installed a peer's checkpoint at op 30.
     let dir = tempfile::tempdir().unwrap();
@@ -638,13 +644,7 @@ fn divergent(committed: &[Prepare]) -> Vec<Prepare> {
 #[test]
 fn a_transfer_replaces_an_old_views_suffix_from_the_first_batch_that_differs() {
     let ops = chain(30, 2, "a");
-    let peer_dir = tempfile::tempdir().unwrap();
-    let (mut peer, _) = open(peer_dir.path());
-    for p in &ops {
-        peer.write_prepare(p, 0).unwrap();
-    }
-    peer.sync().unwrap();
-    let end = peer.log().next_offset();
+    let (_peer_dir, mut peer, end) = peer_holding(&ops);
     for applied in [0, 5] {
         let dir = tempfile::tempdir().unwrap();
         let (mut journal, _) = open(dir.path());
