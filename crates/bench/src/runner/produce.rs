@@ -66,9 +66,66 @@ struct OpenBatch {
 struct InFlight {
     answer:
         std::pin::Pin<Box<dyn std::future::Future<Output = Result<Response, ClientError>> + Send>>,
+    /// What to send again if a member answers that it does not serve it.
+    resend: Resend,
     chunks: Vec<(Duration, u32)>,
     records: u32,
     _permit: tokio::sync::OwnedSemaphorePermit,
+}
+
+/// A sent batch and where it went, for sending it again.
+struct Resend {
+    client: Client,
+    stream: Arc<str>,
+    topic: Arc<str>,
+    partition: u32,
+    batch: Arc<[u8]>,
+}
+
+/// Times a batch refused as misrouted is sent again (after a refresh, 20 ms apart)
+/// before it counts as an error: a member that has not yet applied the topic's
+/// creation, or a primary that moved, answers so for a moment.
+const RESENDS_MAX: u32 = 250;
+
+impl Resend {
+    /// Sends the batch again until it is stored or refused for another reason.
+    async fn until_stored(&self, mut err: ClientError) -> Result<Response, ClientError> {
+        for _ in 0..RESENDS_MAX {
+            if !misrouted(&err) {
+                return Err(err);
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            let _ = self.client.refresh().await;
+            let request = Request::Produce {
+                stream: &self.stream,
+                topic: &self.topic,
+                partition: self.partition,
+                batch: &self.batch,
+            };
+            match self.client.call(&request).await {
+                Ok(response) => return Ok(response),
+                Err(next) => err = next,
+            }
+        }
+        Err(err)
+    }
+}
+
+/// Whether `err` says the batch went to a member that does not serve it (yet): it
+/// was not stored, and a refresh may send it right.
+fn misrouted(err: &ClientError) -> bool {
+    use braid_proto::client::ErrorCode;
+    matches!(err, ClientError::Io { .. } | ClientError::Closed)
+        || matches!(
+            err.code(),
+            Some(
+                ErrorCode::NotLeader
+                    | ErrorCode::ShuttingDown
+                    | ErrorCode::StreamNotFound
+                    | ErrorCode::TopicNotFound
+                    | ErrorCode::PartitionNotFound
+            )
+        )
 }
 
 /// Where a producer's sent batches go: a task that awaits their answers in order and
@@ -222,16 +279,25 @@ impl ProducerTask {
         let Ok(permit) = Arc::clone(&in_flight.permits).acquire_owned().await else {
             return;
         };
-        let bytes = batch.builder.finish();
+        let bytes: Arc<[u8]> = batch.builder.finish().into();
         let request = Request::Produce {
             stream: &self.plan.names.stream,
             topic: &self.plan.names.topics[topic],
             partition,
             batch: &bytes,
         };
+        let answer = Box::pin(self.client.start_call(&request));
+        let resend = Resend {
+            client: self.client.clone(),
+            stream: self.plan.names.stream.as_str().into(),
+            topic: self.plan.names.topics[topic].as_str().into(),
+            partition,
+            batch: bytes,
+        };
         // The acknowledger outlives the sender, so this cannot fail while we send.
         let _ = in_flight.sent.send(InFlight {
-            answer: Box::pin(self.client.start_call(&request)),
+            answer,
+            resend,
             chunks: batch.chunks,
             records: batch.records,
             _permit: permit,
@@ -249,7 +315,13 @@ async fn acknowledge(
 ) -> Recorder {
     let mut latencies = Recorder::new();
     while let Some(sent) = answers.recv().await {
-        let answer = sent.answer.await;
+        let answer = match sent.answer.await {
+            // A batch refused unstored is sent again (its latency counts the wait); a
+            // connection lost with it in flight may have stored it: it is sent again
+            // too, so it may be stored twice, as with any producer that retries.
+            Err(err) => sent.resend.until_stored(err).await,
+            answer => answer,
+        };
         let now = clock.now();
         match answer {
             Ok(Response::Produced { .. }) => {
