@@ -16,8 +16,7 @@ use std::time::{Duration, Instant};
 
 mod support;
 use support::cluster::{
-    check_everything_acknowledged_is_there, connect, create_topic, partition_primary, Cluster,
-    Load, NODES,
+    check_everything_acknowledged_is_there, connect, partition_primary, under_load, Cluster, NODES,
 };
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
@@ -28,11 +27,8 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "a long real-process fault run: scripts/fault-suite.sh"]
 async fn twenty_kills_of_the_primary_under_four_producers() {
-    let mut cluster = Cluster::start("never");
-    let client = connect(&cluster).await;
-    create_topic(&client).await;
-    let load = Load::start(&client).await;
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (mut cluster, client, load) =
+        under_load(Cluster::start("never"), Duration::from_secs(2)).await;
     let mut resumed = Vec::new();
     for kill in 0..20 {
         let victim = partition_primary(&cluster).await;
@@ -80,11 +76,8 @@ async fn a_rolling_kill_9_under_fsync_never_loses_nothing() {
 /// Stops each member in turn with `signal` under `fsync = never` and load, restarts
 /// it and waits for it to be caught up before the next.
 async fn rolling_restart(signal: &str) {
-    let mut cluster = Cluster::start("never");
-    let client = connect(&cluster).await;
-    create_topic(&client).await;
-    let load = Load::start(&client).await;
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (mut cluster, client, load) =
+        under_load(Cluster::start("never"), Duration::from_secs(2)).await;
     for id in 0..NODES {
         let before = load.acked();
         cluster.stop(id, signal);
@@ -117,11 +110,8 @@ async fn rolling_restart(signal: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "a long real-process fault run: scripts/fault-suite.sh"]
 async fn sigkill_of_every_member_at_once_under_fsync_always_loses_nothing() {
-    let mut cluster = Cluster::start("always");
-    let client = connect(&cluster).await;
-    create_topic(&client).await;
-    let load = Load::start(&client).await;
-    tokio::time::sleep(Duration::from_secs(4)).await;
+    let (mut cluster, _client, load) =
+        under_load(Cluster::start("always"), Duration::from_secs(4)).await;
     // All three at once: no member outlives the others long enough to flush.
     cluster.kill_all_at_once();
     let (acked, failed) = load.finish().await;

@@ -25,7 +25,7 @@ use braid_client::{Client, ConnectOptions};
 
 mod support;
 use support::cluster::{
-    check_everything_acknowledged_is_there, connect, create_topic, partition_primary, Cluster, Load,
+    check_everything_acknowledged_is_there, partition_primary, under_load, Cluster, Load,
 };
 use support::netns::Netns;
 
@@ -83,12 +83,11 @@ impl Probe {
 
 /// The cluster in namespaces, under load, with its topic.
 async fn start() -> (Cluster, Client, Load) {
-    let cluster = Cluster::start_in(Netns::create(3), "never");
-    let client = connect(&cluster).await;
-    create_topic(&client).await;
-    let load = Load::start(&client).await;
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    (cluster, client, load)
+    under_load(
+        Cluster::start_in(Netns::create(3), "never"),
+        Duration::from_secs(2),
+    )
+    .await
 }
 
 /// A counter from member `id`'s `/metrics`.

@@ -414,6 +414,15 @@ impl Load {
     }
 }
 
+/// `cluster` with its topic and the four producers writing for `warm_up`.
+pub(crate) async fn under_load(cluster: Cluster, warm_up: Duration) -> (Cluster, Client, Load) {
+    let client = connect(&cluster).await;
+    create_topic(&client).await;
+    let load = Load::start(&client).await;
+    tokio::time::sleep(warm_up).await;
+    (cluster, client, load)
+}
+
 pub(crate) async fn connect(cluster: &Cluster) -> Client {
     let seeds = cluster.seeds();
     let seeds: Vec<&str> = seeds.iter().map(String::as_str).collect();
