@@ -293,6 +293,8 @@ struct Peer {
     bundle_events: tokio::sync::broadcast::Sender<BundleEvent>,
     queues: Mutex<LinkQueues>,
     events: mpsc::UnboundedSender<PeerEvent>,
+    /// Generation, teardowns and when the bundle last went up or down (see `status`).
+    record: Mutex<status::PeerRecord>,
 }
 
 /// A node's replica bus.
@@ -521,6 +523,7 @@ impl Bus {
                     bundle_events: bundle_events.clone(),
                     queues: Mutex::new(vec![None; usize::from(config.links)]),
                     events,
+                    record: Mutex::new(status::PeerRecord::new()),
                 },
             });
             peers.push(Some(Arc::clone(&handle)));
@@ -864,6 +867,7 @@ mod dial;
 mod link;
 mod metrics;
 mod peer;
+mod status;
 
 use admission::accept_loop;
 use dial::dial;
@@ -871,3 +875,4 @@ use link::{spawn_link, BudgetShare, Deliver, DeliveryBudget, DeliveryTarget};
 use metrics::reason;
 pub use metrics::BusMetrics;
 use peer::{manage_peer, LinkTasks};
+pub use status::{BusView, PeerStatus};

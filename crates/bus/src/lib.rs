@@ -29,7 +29,7 @@ pub use handshake::{
     accept_preamble, DialerAwaitReply, Established, HandshakeConfig, Preamble, Refusal,
 };
 pub use io::{
-    BundleEvent, Bus, BusConfig, BusMetrics, Delivery, DeliveryRoute, SendError, ShardSender,
-    StartError, TlsConfig, DELIVERY_OVERHEAD_BYTES,
+    BundleEvent, Bus, BusConfig, BusMetrics, BusView, Delivery, DeliveryRoute, PeerStatus,
+    SendError, ShardSender, StartError, TlsConfig, DELIVERY_OVERHEAD_BYTES,
 };
 pub use placement::{LayoutError, LinkLayout, INBOUND_HANDSHAKES_MAX, METADATA_LINK};

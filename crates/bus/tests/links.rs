@@ -166,6 +166,15 @@ async fn frames_ride_the_link_of_their_shard_range_in_order() {
 async fn killing_one_link_tears_the_bundle_down_on_both_sides_and_it_returns() {
     let nodes = cluster(&[4, 4, 4], 2).await;
     all_up(&nodes).await;
+    let before = nodes[0].0.peer_statuses();
+    assert_eq!(before.iter().map(|p| p.peer).collect::<Vec<_>>(), [1, 2]);
+    for peer in &before {
+        assert!(
+            peer.bundle_up && peer.links_up == 2 && peer.links == 2,
+            "{peer:?}"
+        );
+        assert_eq!(peer.teardowns, 0, "{peer:?}");
+    }
     nodes[0].0.kill_link(1, 1);
     wait_until("teardowns on both sides", || {
         nodes[0].0.metrics().teardowns.load(Ordering::Relaxed) >= 1
@@ -176,6 +185,26 @@ async fn killing_one_link_tears_the_bundle_down_on_both_sides_and_it_returns() {
     assert!(
         nodes[0].0.metrics().bundles_up.load(Ordering::Relaxed) >= 3,
         "the bundle came back"
+    );
+    // The status, read from another handle, shows the new bundle and its teardown; the
+    // bundle to replica 2 was untouched.
+    let view = nodes[0].0.view();
+    wait_until("the status to show the new bundle", || {
+        view.peers()[0].links_up == 2 && view.peers()[0].bundle_up
+    })
+    .await;
+    let [to_1, to_2] = view.peers()[..] else {
+        panic!("two peers");
+    };
+    assert!(
+        to_1.teardowns >= 1 && to_1.generation > before[0].generation,
+        "{to_1:?}"
+    );
+    assert_eq!((to_2.teardowns, to_2.generation), (0, before[1].generation));
+    assert!(to_2.in_state_for >= before[1].in_state_for, "{to_2:?}");
+    assert!(
+        to_1.in_state_for < to_2.in_state_for,
+        "the bundle to 1 is the younger"
     );
 }
 

@@ -50,6 +50,7 @@ pub(super) async fn manage_peer(
     let peer_state = &handle.inner;
     let mut actions = Vec::new();
     let mut teardowns_seen = 0;
+    let mut teardowns_recorded = 0;
     // The generation that last came up, named in its down event.
     let mut up_generation = 0;
     loop {
@@ -158,6 +159,10 @@ pub(super) async fn manage_peer(
             {
                 old.abort();
             }
+        }
+        if up || down || teardowns > teardowns_recorded {
+            peer_state.record(bundle.generation(), teardowns, up || down);
+            teardowns_recorded = teardowns;
         }
         if up {
             peer_state.complete.store(true, Ordering::Release);
