@@ -221,6 +221,14 @@ struct ConsumeArgs {
 
 fn main() -> Result<()> {
     let cli = Cli::parse();
+    if !matches!(
+        cli.command,
+        Command::Server(_)
+            | Command::Bench(_)
+            | Command::Cluster(cluster::ClusterCommand::Local { .. })
+    ) {
+        stop_quietly_on_a_closed_pipe();
+    }
     // A benchmark's own output is the point; an embedded node only speaks up on trouble.
     // So is a client command's: the SDK's notes on retries (a failover) go to BRAID_LOG.
     let default_filter = if !matches!(
@@ -773,4 +781,18 @@ async fn consume(client: &Client, as_json: bool, args: ConsumeArgs) -> Result<()
     stdout.lock().flush()?;
     consumer.close().await?;
     Ok(())
+}
+
+/// A client command piped into `head` ends when the pipe closes, as other command-line
+/// tools do, instead of panicking at the next `println!`: the default action of
+/// SIGPIPE is restored (Rust starts with it ignored). Its sockets are unaffected: the
+/// standard library sends on them with `MSG_NOSIGNAL`. Nodes (and `braid bench`, which
+/// may embed them) keep SIGPIPE ignored.
+#[allow(unsafe_code)]
+fn stop_quietly_on_a_closed_pipe() {
+    // SAFETY: called first thing in `main`, before any other thread exists; setting a
+    // signal's disposition to its default has no other precondition.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
 }
