@@ -2,6 +2,7 @@
 
 use anyhow::Result;
 use braid_client::Client;
+use braid_proto::client::{NodeStatus, GROUPS_BEHIND_LISTED_MAX};
 use clap::Subcommand;
 use serde_json::json;
 
@@ -9,7 +10,8 @@ use crate::table;
 
 #[derive(Subcommand, Debug)]
 pub(crate) enum ClusterCommand {
-    /// The members, their client addresses, and how many partitions each leads.
+    /// Each member's state (caught up, groups it leads, groups in view change, commit
+    /// lag), its replica-bus bundle to each peer, and the groups not caught up.
     Status,
     /// Start a cluster of MEMBERS nodes on this machine (child processes; node i on
     /// client port 7070+i, HTTP 7080+i, replica bus 7090+i); Ctrl-C stops them.
@@ -38,7 +40,8 @@ pub(crate) async fn cluster_command(
         anyhow::bail!("`cluster local` runs nodes, not a client command");
     }
     let info = client.cluster_info().await?;
-    let led = |id: u8| -> usize {
+    let statuses = client.member_statuses().await;
+    let partitions_led = |id: u8| -> usize {
         info.topics
             .iter()
             .map(|t| {
@@ -49,11 +52,29 @@ pub(crate) async fn cluster_command(
             })
             .sum()
     };
+    let status_of = |id: u8| {
+        statuses
+            .iter()
+            .find(|s| s.id == Some(id))
+            .map(|s| s.status.as_ref())
+    };
     if as_json {
         let members: Vec<_> = info
             .members
             .iter()
-            .map(|m| json!({"id": m.id, "client_addr": m.client_addr, "primaries": led(m.id)}))
+            .map(|m| {
+                let mut member = json!({
+                    "id": m.id,
+                    "client_addr": m.client_addr,
+                    "primaries": partitions_led(m.id),
+                });
+                match status_of(m.id) {
+                    Some(Ok(status)) => member["status"] = status_json(status),
+                    Some(Err(err)) => member["error"] = json!(err.to_string()),
+                    None => member["error"] = json!("not asked"),
+                }
+                member
+            })
             .collect();
         println!(
             "{}",
@@ -76,13 +97,186 @@ pub(crate) async fn cluster_command(
         .members
         .iter()
         .map(|m| {
-            vec![
+            let mut row = vec![
                 m.id.to_string(),
                 m.client_addr.clone(),
-                led(m.id).to_string(),
-            ]
+                partitions_led(m.id).to_string(),
+            ];
+            match status_of(m.id) {
+                Some(Ok(s)) => row.extend([
+                    if s.caught_up { "caught up" } else { "behind" }.to_owned(),
+                    s.groups_led.to_string(),
+                    s.groups.to_string(),
+                    s.groups_in_view_change.to_string(),
+                    s.commit_lag_ops.to_string(),
+                    duration(s.uptime_ms),
+                ]),
+                Some(Err(_)) => row.push("unreachable".to_owned()),
+                None => row.push("not asked".to_owned()),
+            }
+            row
         })
         .collect();
-    table::print(&["MEMBER", "CLIENT ADDRESS", "PRIMARIES"], rows);
+    table::print(
+        &[
+            "MEMBER",
+            "CLIENT ADDRESS",
+            "PARTITIONS LED",
+            "STATE",
+            "GROUPS LED",
+            "GROUPS",
+            "IN VIEW CHANGE",
+            "COMMIT LAG",
+            "UP",
+        ],
+        rows,
+    );
+    for s in &statuses {
+        if let Err(err) = &s.status {
+            let member = s.id.map_or("?".to_owned(), |id| id.to_string());
+            println!("member {member} ({}): {err}", s.client_addr);
+        }
+    }
+    let answered: Vec<&NodeStatus> = statuses
+        .iter()
+        .filter_map(|s| s.status.as_ref().ok())
+        .collect();
+    let bundles: Vec<Vec<String>> = answered
+        .iter()
+        .flat_map(|s| {
+            s.peers.iter().map(|p| {
+                vec![
+                    format!("{} -> {}", s.node_id, p.peer),
+                    if p.bundle_up { "up" } else { "down" }.to_owned(),
+                    format!("{}/{}", p.links_up, p.links),
+                    p.generation.to_string(),
+                    duration(p.in_state_ms),
+                    p.teardowns.to_string(),
+                    p.frames_sent.to_string(),
+                    p.frames_received.to_string(),
+                ]
+            })
+        })
+        .collect();
+    if !bundles.is_empty() {
+        println!("\nreplica bus (each member's bundle to each peer)\n");
+        table::print(
+            &[
+                "LINK",
+                "BUNDLE",
+                "LINKS UP",
+                "GENERATION",
+                "FOR",
+                "TEARDOWNS",
+                "FRAMES SENT",
+                "FRAMES RECEIVED",
+            ],
+            bundles,
+        );
+    }
+    let behind: Vec<Vec<String>> = answered
+        .iter()
+        .flat_map(|s| {
+            s.behind.iter().map(|g| {
+                vec![
+                    s.node_id.to_string(),
+                    g.name.clone(),
+                    g.status.name().to_owned(),
+                    g.view.to_string(),
+                    g.primary.map_or("-".to_owned(), |p| p.to_string()),
+                    g.op.to_string(),
+                    g.commit_min.to_string(),
+                    g.commit_max.to_string(),
+                ]
+            })
+        })
+        .collect();
+    if !behind.is_empty() {
+        println!("\ngroups not caught up (first {GROUPS_BEHIND_LISTED_MAX} per member)\n");
+        table::print(
+            &[
+                "MEMBER",
+                "GROUP",
+                "STATUS",
+                "VIEW",
+                "PRIMARY",
+                "OP",
+                "APPLIED",
+                "COMMITTED",
+            ],
+            behind,
+        );
+    }
     Ok(())
+}
+
+/// A member's answer as JSON.
+fn status_json(s: &NodeStatus) -> serde_json::Value {
+    let peers: Vec<_> = s
+        .peers
+        .iter()
+        .map(|p| {
+            json!({
+                "peer": p.peer,
+                "bundle_up": p.bundle_up,
+                "links_up": p.links_up,
+                "links": p.links,
+                "generation": p.generation,
+                "in_state_ms": p.in_state_ms,
+                "teardowns": p.teardowns,
+                "frames_sent": p.frames_sent,
+                "frames_received": p.frames_received,
+            })
+        })
+        .collect();
+    let behind: Vec<_> = s
+        .behind
+        .iter()
+        .map(|g| {
+            json!({
+                "group": g.group,
+                "name": g.name,
+                "status": g.status.name(),
+                "view": g.view,
+                "primary": g.primary,
+                "op": g.op,
+                "commit_min": g.commit_min,
+                "commit_max": g.commit_max,
+            })
+        })
+        .collect();
+    json!({
+        "caught_up": s.caught_up,
+        "uptime_ms": s.uptime_ms,
+        "groups": s.groups,
+        "groups_led": s.groups_led,
+        "groups_in_view_change": s.groups_in_view_change,
+        "groups_behind": s.groups_behind,
+        "commit_lag_ops": s.commit_lag_ops,
+        "views_passed": s.views_passed,
+        "step_downs": s.step_downs,
+        "peers": peers,
+        "behind": behind,
+    })
+}
+
+/// Milliseconds as people read them: `850ms`, `12.3s`, `4m05s`, `3h12m`.
+fn duration(ms: u64) -> String {
+    match ms {
+        0..=999 => format!("{ms}ms"),
+        1_000..=59_999 => format!("{:.1}s", ms as f64 / 1000.0),
+        60_000..=3_599_999 => format!("{}m{:02}s", ms / 60_000, ms / 1000 % 60),
+        _ => format!("{}h{:02}m", ms / 3_600_000, ms / 60_000 % 60),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn durations_read_at_a_glance() {
+        assert_eq!(super::duration(850), "850ms");
+        assert_eq!(super::duration(12_340), "12.3s");
+        assert_eq!(super::duration(245_000), "4m05s");
+        assert_eq!(super::duration(11_520_000), "3h12m");
+    }
 }

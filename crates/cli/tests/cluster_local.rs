@@ -1,7 +1,9 @@
 //! `braid cluster local 3` as a real process tree: three `braid server` children on
 //! loopback; the SDK produces through them, the member leading the partition is
 //! killed with SIGKILL, produces go on at the new primary, every acknowledged record
-//! is read back in order, and Ctrl-C (SIGINT) stops the rest.
+//! is read back in order, and Ctrl-C (SIGINT) stops the rest. `braid cluster status`
+//! shows every bundle up before the kill, and the killed member unreachable with the
+//! bundles to it down after.
 
 // A panic in a test is a failed assertion, not a crash on outside data.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -16,6 +18,38 @@ mod support;
 use support::{free_base, signal};
 
 const BRAID: &str = env!("CARGO_BIN_EXE_braid");
+
+/// Runs `braid cluster status` against every member until its output satisfies
+/// `done` (or fails after 30 s).
+fn status_until(seeds: &[&str], what: &str, done: impl Fn(&str) -> bool) -> String {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let mut command = Command::new(BRAID);
+        for seed in seeds {
+            command.args(["--addr", seed]);
+        }
+        let output = command.args(["cluster", "status"]).output().unwrap();
+        let text = String::from_utf8_lossy(&output.stdout).into_owned();
+        if output.status.success() && done(&text) {
+            return text;
+        }
+        assert!(Instant::now() < deadline, "{what}:\n{text}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// The bundle rows (`FROM -> TO  STATE ...`) of a `braid cluster status` output.
+fn bundle_rows(text: &str) -> Vec<(u8, u8, String)> {
+    text.lines()
+        .filter_map(|line| {
+            let mut words = line.split_whitespace();
+            let from = words.next()?.parse().ok()?;
+            (words.next()? == "->").then_some(())?;
+            let to = words.next()?.parse().ok()?;
+            Some((from, to, words.next()?.to_owned()))
+        })
+        .collect()
+}
 
 /// The pid of `braid server --node-id ID`, a child of `parent`.
 fn node_pid(parent: u32, id: u8) -> Option<u32> {
@@ -83,6 +117,11 @@ async fn a_local_cluster_rides_through_a_kill_of_the_primary() {
             .unwrap();
         acked.push((stored.offset, n));
     }
+    let all_up = status_until(&seeds, "every bundle up", |text| {
+        let rows = bundle_rows(text);
+        rows.len() == 6 && rows.iter().all(|(_, _, state)| state == "up")
+    });
+    assert_eq!(all_up.matches("caught up").count(), 3, "{all_up}");
     // SIGKILL the member leading the partition.
     client.refresh().await.unwrap();
     let info = client.cluster_info().await.unwrap();
@@ -109,6 +148,17 @@ async fn a_local_cluster_rides_through_a_kill_of_the_primary() {
             .unwrap();
         acked.push((stored.offset, n));
     }
+    let shown = status_until(&seeds, "the killed member shown down", |text| {
+        let rows = bundle_rows(text);
+        rows.len() == 4
+            && rows
+                .iter()
+                .all(|(_, to, state)| (state == "down") == (*to == primary))
+    });
+    assert!(
+        shown.contains(&format!("member {primary} (")) && shown.contains("unreachable"),
+        "{shown}"
+    );
     // Every acknowledged record, at the offset it was acknowledged with.
     let mut read = Vec::new();
     let mut offset = 0;

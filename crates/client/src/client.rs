@@ -442,6 +442,88 @@ impl Client {
             other => Err(unexpected(&other)),
         }
     }
+
+    /// Every member's own account of its replicas and its bundle to each peer
+    /// (`NodeStatus`), asked of all at once, each within 2 s, over its open connection
+    /// or a new one; a member that does not answer comes back with its error. By
+    /// member id; the member at hand alone if no map is known (or the client is
+    /// direct).
+    pub async fn member_statuses(&self) -> Vec<MemberStatus> {
+        let options = self.options();
+        let (members, open) = {
+            let Some(state) = self.state() else {
+                return Vec::new();
+            };
+            let mut members: Vec<(Option<u8>, String)> = state
+                .routes
+                .members()
+                .map(|(id, addr)| (Some(id), addr.to_owned()))
+                .collect();
+            if members.is_empty() || options.direct {
+                members = vec![(None, state.home.addr().to_owned())];
+            }
+            let open: HashMap<String, Connection> = state
+                .links
+                .values()
+                .chain(std::iter::once(&state.home))
+                .filter(|c| !c.is_closed())
+                .map(|c| (c.addr().to_owned(), c.clone()))
+                .collect();
+            (members, open)
+        };
+        let mut asked = tokio::task::JoinSet::new();
+        for (id, addr) in members {
+            let connection = open.get(&addr).cloned();
+            let options = options.clone();
+            asked.spawn(async move {
+                let status = tokio::time::timeout(STATUS_TIMEOUT, async {
+                    let connection = match connection {
+                        Some(c) => c,
+                        None => dial(&addr, &options).await?,
+                    };
+                    match connection.call(&Request::NodeStatus).await? {
+                        Response::Node(status) => Ok(status),
+                        other => Err(unexpected(&other)),
+                    }
+                })
+                .await
+                .unwrap_or_else(|_| {
+                    Err(ClientError::Io {
+                        kind: std::io::ErrorKind::TimedOut,
+                        message: format!("{addr} did not answer within {STATUS_TIMEOUT:?}"),
+                    })
+                });
+                let id = id.or(status.as_ref().ok().map(|s| s.node_id));
+                MemberStatus {
+                    id,
+                    client_addr: addr,
+                    status,
+                }
+            });
+        }
+        let mut statuses = Vec::new();
+        while let Some(answer) = asked.join_next().await {
+            if let Ok(status) = answer {
+                statuses.push(status);
+            }
+        }
+        statuses.sort_by_key(|s| s.id);
+        statuses
+    }
+}
+
+/// How long [`Client::member_statuses`] waits for each member.
+const STATUS_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// One member's answer to [`Client::member_statuses`].
+#[derive(Debug)]
+pub struct MemberStatus {
+    /// Its member id (from the map, or from its answer).
+    pub id: Option<u8>,
+    /// Where it was asked.
+    pub client_addr: String,
+    /// What it said, or why it did not.
+    pub status: Result<braid_proto::client::NodeStatus, ClientError>,
 }
 
 /// Whether `err` says the request went to the wrong member or a connection is gone:
@@ -462,6 +544,7 @@ fn is_read(request: &Request<'_>) -> bool {
         request,
         Request::Ping
             | Request::ClusterInfo
+            | Request::NodeStatus
             | Request::ListStreams
             | Request::ListTopics { .. }
             | Request::DescribeTopic { .. }

@@ -36,7 +36,7 @@ mod options;
 mod producer;
 mod routes;
 
-pub use client::Client;
+pub use client::{Client, MemberStatus};
 pub use connection::{default_addr, Fetched};
 pub use consumer::{
     decode_records, Consumer, ConsumerConfig, ConsumerRecord, RecordView, StartFrom,

@@ -48,7 +48,7 @@ impl Need<'_> {
 pub(crate) fn need_of<'a>(request: &Request<'a>) -> Need<'a> {
     match request {
         Request::Ping | Request::Authenticate { .. } => Need::Nothing,
-        Request::ListStreams | Request::ClusterInfo => Need::Authenticated,
+        Request::ListStreams | Request::ClusterInfo | Request::NodeStatus => Need::Authenticated,
         Request::CreateStream { .. } => Need::Node(STREAMS),
         Request::DeleteStream { name } => Need::DeleteStream(name),
         Request::CreateTopic { stream, .. } | Request::DeleteTopic { stream, .. } => {

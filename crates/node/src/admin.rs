@@ -106,7 +106,8 @@ pub(crate) fn admin_request(request: &Request<'_>) -> Option<AdminRequest> {
         | Request::Fetch { .. }
         | Request::ListOffsets { .. }
         | Request::ListStreams
-        | Request::ClusterInfo => return None,
+        | Request::ClusterInfo
+        | Request::NodeStatus => return None,
         Request::CreateStream { name } => AdminRequest::CreateStream(own(name)),
         Request::DeleteStream { name } => AdminRequest::DeleteStream(own(name)),
         Request::CreateTopic {

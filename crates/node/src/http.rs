@@ -84,11 +84,7 @@ impl HttpServer {
                                             metrics.board.summary(metrics.cluster.node_id);
                                         (
                                             [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-                                            render(
-                                                &metrics.metrics,
-                                                metrics.bus_metrics.get(),
-                                                &summary,
-                                            ),
+                                            render(&metrics.metrics, metrics.bus.get(), &summary),
                                         )
                                             .into_response()
                                     }

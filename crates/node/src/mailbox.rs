@@ -106,8 +106,11 @@ pub(crate) struct NodeShared {
     /// Runs the partition journals' syncs under `fsync = always` off the shards, many
     /// appends to one file per `fdatasync` (group commit).
     pub(crate) syncer: Arc<braid_storage::Syncer>,
-    /// The replica bus's counters, once shard 0 started it (`/metrics`).
-    pub(crate) bus_metrics: std::sync::OnceLock<Arc<braid_bus::BusMetrics>>,
+    /// The replica bus's counters and peer states, once shard 0 started it
+    /// (`/metrics`, `NodeStatus`).
+    pub(crate) bus: std::sync::OnceLock<braid_bus::BusView>,
+    /// When the node started (`NodeStatus`'s uptime).
+    pub(crate) started: std::time::Instant,
     /// Buffers fetches read into, handed back once the answer is written.
     pub(crate) read_buffers: crate::buffers::ReadBuffers,
     /// Fetch-response bytes in flight over the node (`fetch_bytes_max`).

@@ -89,7 +89,7 @@ impl ShardMetrics {
 /// Renders the sum over shards in the Prometheus text exposition format.
 pub(crate) fn render(
     shards: &[Arc<ShardMetrics>],
-    bus: Option<&Arc<braid_bus::BusMetrics>>,
+    bus: Option<&braid_bus::BusView>,
     groups: &crate::replication::status::Summary,
 ) -> String {
     let sum = |f: &dyn Fn(&ShardMetrics) -> &AtomicU64| -> u64 {
@@ -280,7 +280,8 @@ pub(crate) fn render(
         "Frames refused: oversize or unframeable; the connection was closed.",
         sum(&|s| &s.frames_refused),
     );
-    if let Some(bus) = bus {
+    if let Some(view) = bus {
+        let bus = view.metrics();
         let load = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
         let handshake_failures = bus
             .handshake_failures
@@ -324,6 +325,18 @@ pub(crate) fn render(
             ),
         ] {
             metric(name, "counter", help, value);
+        }
+        let _ = writeln!(
+            out,
+            "# HELP braid_bus_peer_up Whether the bundle to a peer is whole (1) or down (0).\n# TYPE braid_bus_peer_up gauge"
+        );
+        for peer in view.peers() {
+            let _ = writeln!(
+                out,
+                "braid_bus_peer_up{{peer=\"{}\"}} {}",
+                peer.peer,
+                u8::from(peer.bundle_up)
+            );
         }
     }
     let _ = writeln!(

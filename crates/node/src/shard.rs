@@ -143,7 +143,7 @@ impl Shard {
                 });
             }
         }
-        let _ = self.shared.bus_metrics.set(bus.metrics_handle());
+        let _ = self.shared.bus.set(bus.view());
         meta.attach_bus(bus);
         Ok(())
     }

@@ -1,7 +1,10 @@
 //! Answers the connection gives from its shard's own view, filtered by what the user
-//! may see: the stream list and the cluster map.
+//! may see: the stream list, the cluster map and this node's status.
 
-use braid_proto::client::{ClusterInfo, PartitionPrimary, Response, StreamSummary, TopicPrimaries};
+use braid_proto::client::{
+    ClusterInfo, GroupBehind, NodeStatus, PartitionPrimary, PeerBundle, Response, StreamSummary,
+    TopicPrimaries, GROUPS_BEHIND_LISTED_MAX,
+};
 
 use super::Env;
 
@@ -88,5 +91,73 @@ pub(super) fn cluster_info(env: &Env) -> Response {
         },
         members: cluster.members.clone(),
         topics,
+    })
+}
+
+/// This node's replicas summed up, its bundle to each peer, and the first groups it
+/// has not caught up on, named when the user may see their stream.
+pub(super) fn node_status(env: &Env) -> Response {
+    let me = env.shared.cluster.node_id;
+    let summary = env.shared.board.summary(me);
+    let layout = env.layout.borrow();
+    let name_of = |group: u64| match crate::replication::partition_groups::key_of(group) {
+        None => "metadata".to_owned(),
+        Some(key) => layout
+            .streams
+            .iter()
+            .filter(|(stream, _)| sees(env, &layout, stream))
+            .find_map(|(stream, topics)| {
+                let (topic, _) = topics.iter().find(|(_, route)| route.id == key.topic_id)?;
+                Some(format!("{stream}/{topic}/{}", key.partition))
+            })
+            .unwrap_or_else(|| format!("topic #{}/{}", key.topic_id, key.partition)),
+    };
+    let behind = env
+        .shared
+        .board
+        .rows()
+        .into_iter()
+        .filter(|g| !g.caught_up())
+        .take(GROUPS_BEHIND_LISTED_MAX)
+        .map(|g| GroupBehind {
+            group: g.group,
+            name: name_of(g.group),
+            status: g.replica_status(),
+            view: g.view,
+            primary: (g.status == braid_vsr::Status::Normal).then_some(g.primary),
+            op: g.op,
+            commit_min: g.commit_min,
+            commit_max: g.commit_max,
+        })
+        .collect();
+    let peers = env.shared.bus.get().map_or_else(Vec::new, |bus| {
+        bus.peers()
+            .into_iter()
+            .map(|p| PeerBundle {
+                peer: p.peer,
+                bundle_up: p.bundle_up,
+                links_up: p.links_up,
+                links: p.links,
+                generation: p.generation,
+                in_state_ms: p.in_state_for.as_millis() as u64,
+                teardowns: p.teardowns,
+                frames_sent: p.frames_sent,
+                frames_received: p.frames_received,
+            })
+            .collect()
+    });
+    Response::Node(NodeStatus {
+        node_id: me,
+        uptime_ms: env.shared.started.elapsed().as_millis() as u64,
+        caught_up: summary.caught_up(),
+        groups: summary.groups,
+        groups_led: summary.led,
+        groups_in_view_change: summary.in_view_change,
+        groups_behind: summary.behind,
+        commit_lag_ops: summary.commit_lag,
+        views_passed: summary.views_passed,
+        step_downs: summary.step_downs,
+        peers,
+        behind,
     })
 }

@@ -502,6 +502,12 @@ async fn handle_frame(env: &Env, mut frame: BytesMut) -> Flow {
             let _ = env.out.send(Outgoing::Frame(out)).await;
             return Flow::Continue;
         }
+        Request::NodeStatus => {
+            let mut out = Vec::new();
+            listing::node_status(env).encode(request_id, command, &mut out);
+            let _ = env.out.send(Outgoing::Frame(out)).await;
+            return Flow::Continue;
+        }
         Request::ListStreams => {
             let mut out = Vec::new();
             listing::list_streams(env).encode(request_id, command, &mut out);

@@ -63,13 +63,19 @@ impl GroupStatus {
         self.status == Status::Normal && self.commit_lag() == 0
     }
 
-    /// The status as a word, for JSON and `braid cluster status`.
-    pub(crate) fn status_name(&self) -> &'static str {
+    /// The status as the client protocol carries it.
+    pub(crate) fn replica_status(&self) -> braid_proto::client::ReplicaStatus {
+        use braid_proto::client::ReplicaStatus;
         match self.status {
-            Status::Normal => "normal",
-            Status::ViewChange => "view_change",
-            Status::Recovering => "recovering",
+            Status::Normal => ReplicaStatus::Normal,
+            Status::ViewChange => ReplicaStatus::ViewChange,
+            Status::Recovering => ReplicaStatus::Recovering,
         }
+    }
+
+    /// The status as a word, for JSON.
+    pub(crate) fn status_name(&self) -> &'static str {
+        self.replica_status().name()
     }
 }
 

@@ -24,6 +24,7 @@
 //! `docs/protocol.md` specifies each body.
 
 mod access;
+mod node_status;
 mod request;
 mod response;
 
@@ -32,6 +33,9 @@ pub use access::{
     READ, STREAMS, STREAM_PERMISSIONS, USERS, WRITE,
 };
 
+pub use node_status::{
+    GroupBehind, NodeStatus, PeerBundle, ReplicaStatus, GROUPS_BEHIND_LISTED_MAX,
+};
 pub use request::{
     GroupMemberRequest, OffsetSpec, Request, TopicSettings, FSYNC_ALWAYS, FSYNC_DEFAULT,
     FSYNC_INTERVAL, FSYNC_NEVER,
@@ -139,6 +143,8 @@ codes! {
         RevokePermissions = 54,
         /// The cluster's members and each partition's primary (any node answers).
         ClusterInfo = 60,
+        /// The answering member's replicas summed up and its bundle to each peer.
+        NodeStatus = 61,
     }
 }
 

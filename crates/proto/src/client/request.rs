@@ -131,6 +131,8 @@ pub enum Request<'a> {
     ListUsers,
     /// See [`Command::ClusterInfo`].
     ClusterInfo,
+    /// See [`Command::NodeStatus`].
+    NodeStatus,
     /// See [`Command::GrantPermissions`].
     GrantPermissions {
         /// User name.
@@ -350,6 +352,7 @@ impl<'a> Request<'a> {
             Self::DeleteUser { .. } => Command::DeleteUser,
             Self::ListUsers => Command::ListUsers,
             Self::ClusterInfo => Command::ClusterInfo,
+            Self::NodeStatus => Command::NodeStatus,
             Self::GrantPermissions { .. } => Command::GrantPermissions,
             Self::RevokePermissions { .. } => Command::RevokePermissions,
             Self::CreateStream { .. } => Command::CreateStream,
@@ -381,7 +384,11 @@ impl<'a> Request<'a> {
 
     fn encode_body(&self, out: &mut Vec<u8>) {
         match self {
-            Self::Ping | Self::ListStreams | Self::ListUsers | Self::ClusterInfo => {}
+            Self::Ping
+            | Self::ListStreams
+            | Self::ListUsers
+            | Self::ClusterInfo
+            | Self::NodeStatus => {}
             Self::Authenticate { mechanism, message } => {
                 out.put_string(mechanism);
                 out.put_bytes(message);
@@ -518,6 +525,7 @@ impl<'a> Request<'a> {
             Command::ListStreams => Self::ListStreams,
             Command::ListUsers => Self::ListUsers,
             Command::ClusterInfo => Self::ClusterInfo,
+            Command::NodeStatus => Self::NodeStatus,
             Command::Authenticate => Self::Authenticate {
                 mechanism: r.string("mechanism")?,
                 message: r.bytes("message")?,

@@ -212,6 +212,8 @@ pub enum Response {
     Users(Vec<super::UserSummary>),
     /// ClusterInfo.
     Cluster(ClusterInfo),
+    /// NodeStatus.
+    Node(super::NodeStatus),
 }
 
 fn put_offsets(out: &mut Vec<u8>, offsets: &[PartitionOffsets]) {
@@ -324,6 +326,7 @@ impl Response {
                     }
                 }
             }
+            Self::Node(status) => status.encode_into(out),
             Self::Users(users) => {
                 out.put_u32_be(users.len() as u32);
                 for user in users {
@@ -498,6 +501,7 @@ impl Response {
                     topics,
                 })
             }
+            Command::NodeStatus => Self::Node(super::NodeStatus::decode(&mut r)?),
             Command::ListUsers => {
                 let count = r.count("users", 6)?;
                 let users = (0..count)

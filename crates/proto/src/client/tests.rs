@@ -136,6 +136,7 @@ fn requests_round_trip() {
         Request::DeleteUser { name: "alice" },
         Request::ListUsers,
         Request::ClusterInfo,
+        Request::NodeStatus,
         Request::GrantPermissions {
             user: "alice",
             grant: Grant {
@@ -191,6 +192,7 @@ fn responses_round_trip() {
                 }],
             }),
         ),
+        (Command::NodeStatus, Response::Node(node_status())),
         (
             Command::ListUsers,
             Response::Users(vec![UserSummary {
@@ -305,6 +307,108 @@ fn responses_round_trip() {
     long.push(0);
     assert!(Response::decode(Command::Fetch, &long).is_err());
     assert!(Response::decode_shared(Command::Fetch, &bytes::Bytes::from(long)).is_err());
+}
+
+fn node_status() -> NodeStatus {
+    NodeStatus {
+        node_id: 2,
+        uptime_ms: 90_000,
+        caught_up: false,
+        groups: 11,
+        groups_led: 4,
+        groups_in_view_change: 1,
+        groups_behind: 2,
+        commit_lag_ops: 17,
+        views_passed: 9,
+        step_downs: 1,
+        peers: vec![
+            PeerBundle {
+                peer: 0,
+                bundle_up: true,
+                links_up: 2,
+                links: 2,
+                generation: 3,
+                in_state_ms: 80_000,
+                teardowns: 1,
+                frames_sent: 1_000,
+                frames_received: 999,
+            },
+            PeerBundle {
+                peer: 1,
+                bundle_up: false,
+                links_up: 1,
+                links: 2,
+                generation: 8,
+                in_state_ms: 1_200,
+                teardowns: 4,
+                frames_sent: 0,
+                frames_received: 5,
+            },
+        ],
+        behind: vec![
+            GroupBehind {
+                group: 1 << 63 | 3 << 32 | 1,
+                name: "s/t/1".into(),
+                status: ReplicaStatus::ViewChange,
+                view: 5,
+                primary: None,
+                op: 40,
+                commit_min: 30,
+                commit_max: 39,
+            },
+            GroupBehind {
+                group: 0,
+                name: "metadata".into(),
+                status: ReplicaStatus::Normal,
+                view: 2,
+                primary: Some(0),
+                op: 12,
+                commit_min: 4,
+                commit_max: 12,
+            },
+        ],
+    }
+}
+
+#[test]
+fn a_node_status_is_refused_when_cut_or_out_of_range() {
+    let mut frame = Vec::new();
+    Response::Node(node_status()).encode(3, Command::NodeStatus, &mut frame);
+    let (_, body) = split_response(&frame).unwrap();
+    for cut in 0..body.len() {
+        assert!(
+            Response::decode(Command::NodeStatus, &body[..cut]).is_err(),
+            "cut at {cut}"
+        );
+    }
+    // A bundle state that is not a bool, and a replica status with no meaning.
+    let peer_up_at = 1 + 8 + 1 + 7 * 8 + 4 + 1;
+    let mut bad = body.to_vec();
+    bad[peer_up_at] = 2;
+    assert!(matches!(
+        Response::decode(Command::NodeStatus, &bad),
+        Err(WireError::BadValue {
+            field: "bundle_up",
+            ..
+        })
+    ));
+    let status_at = body.len() - (8 * 3 + 1 + 8 + 1);
+    let mut bad = body.to_vec();
+    bad[status_at] = 9;
+    assert!(matches!(
+        Response::decode(Command::NodeStatus, &bad),
+        Err(WireError::BadValue {
+            field: "status",
+            ..
+        })
+    ));
+    // A peer count its bytes cannot hold.
+    let mut bad = body.to_vec();
+    bad[1 + 8 + 1 + 7 * 8..][..4].copy_from_slice(&1000u32.to_be_bytes());
+    assert!(matches!(
+        Response::decode(Command::NodeStatus, &bad),
+        Err(WireError::TooManyItems { field: "peers", .. })
+    ));
 }
 
 #[test]
