@@ -386,3 +386,23 @@ fn logs_to_a_file_carry_no_colour_codes() {
         "no escape codes in:\n{written}"
     );
 }
+
+/// A client command whose reader went away (`braid ... | head`) ends by SIGPIPE, as
+/// other command-line tools do; it panicked in `println!` before.
+#[test]
+fn a_closed_output_pipe_ends_a_command_quietly() {
+    use std::os::unix::process::ExitStatusExt;
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(&dir.path().join("data"));
+    let mut child = Command::new(BRAID)
+        .args(["--addr", &server.client.to_string(), "cluster", "status"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let output = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.signal(), Some(libc::SIGPIPE), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}
