@@ -207,6 +207,7 @@ mod tests {
             recorder.record(Duration::from_micros(us * 3));
         }
         let report = Report {
+            target: String::new(),
             workload: Preset::named("end-to-end-1kb").unwrap(),
             produce: None,
             consume: None,

@@ -26,7 +26,7 @@ pub mod stamp;
 pub mod workload;
 
 pub use chart::ChartError;
-pub use embedded::{EmbeddedError, EmbeddedNode};
+pub use embedded::{EmbeddedError, EmbeddedNode, EMBEDDED_MEMBERS_MAX};
 pub use pacing::{Pacer, Pacing};
 pub use report::{
     LatencySummary, Recorder, References, Report, Sample, Throughput, CURVE_QUANTILES,

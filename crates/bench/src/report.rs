@@ -161,6 +161,7 @@ pub struct Sample {
 
 /// The top-level fields of the JSON report, for scripts that check they have them all.
 pub const REPORT_FIELDS: &[&str] = &[
+    "target",
     "workload",
     "produce",
     "consume",
@@ -178,6 +179,10 @@ pub const REPORT_FIELDS: &[&str] = &[
 /// Everything a run measured, with the workload that produced it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Report {
+    /// What ran the workload: `embedded node`, `embedded cluster of N members`, or the
+    /// addresses given (set by the caller; empty in older reports).
+    #[serde(default)]
+    pub target: String,
     /// The configuration, in full.
     pub workload: Workload,
     /// Produce throughput, if the run produced.
@@ -279,6 +284,7 @@ mod tests {
         assert_eq!(t.mb_per_sec, 512.0);
         assert_eq!(Throughput::new(5, 5, Duration::ZERO).mb_per_sec, 0.0);
         let report = Report {
+            target: String::new(),
             workload: Preset::named("throughput-1kb").unwrap(),
             produce: Some(t),
             consume: None,
@@ -303,6 +309,7 @@ mod tests {
         let mut recorder = Recorder::new();
         recorder.record(Duration::from_micros(750));
         let report = Report {
+            target: String::new(),
             workload: Preset::named("fanout").unwrap(),
             produce: Some(Throughput::new(10, 10_240, Duration::from_secs(1))),
             consume: Some(Throughput::new(40, 40_960, Duration::from_secs(1))),

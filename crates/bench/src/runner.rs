@@ -583,6 +583,7 @@ fn report(
     timeline: Vec<Sample>,
 ) -> Report {
     Report {
+        target: String::new(),
         workload: workload.clone(),
         produce,
         consume,

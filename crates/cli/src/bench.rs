@@ -28,6 +28,11 @@ pub(crate) struct BenchArgs {
     /// instead of using --addr.
     #[arg(long)]
     embedded: bool,
+    /// With --embedded: start a cluster of this many members in this process (on
+    /// loopback ports; every partition replicated on all of them) instead of one node.
+    #[arg(long, default_value_t = 1, requires = "embedded",
+          value_parser = clap::value_parser!(u8).range(1..=i64::from(braid_bench::EMBEDDED_MEMBERS_MAX)))]
+    members: u8,
     /// Where --embedded puts its temporary directory and --reference its scratch file
     /// [default: the system's temporary directory].
     #[arg(long)]
@@ -207,7 +212,10 @@ pub(crate) fn bench(
         .enable_all()
         .build()?;
     let embedded = if args.embedded {
-        Some(EmbeddedNode::start(args.data_dir.as_deref())?)
+        if args.members > 1 {
+            eprintln!("starting an embedded cluster of {} members", args.members);
+        }
+        Some(EmbeddedNode::start(args.data_dir.as_deref(), args.members)?)
     } else {
         None
     };
@@ -217,7 +225,7 @@ pub(crate) fn bench(
         (None, None) => std::env::temp_dir(),
     };
     let targets: Vec<SocketAddr> = match &embedded {
-        Some(node) => vec![node.client_addr()],
+        Some(nodes) => nodes.client_addrs(),
         None => addrs
             .iter()
             .map(|addr| {
@@ -253,6 +261,11 @@ pub(crate) fn bench(
     }
     let mut report = result?;
     report.references = references;
+    report.target = match args.members {
+        _ if !args.embedded => addrs.join(","),
+        1 => "embedded node".to_owned(),
+        n => format!("embedded cluster of {n} members"),
+    };
     let as_json = json.is_some();
     if let Some(Some(path)) = &json {
         std::fs::write(path, report.to_json()?)
@@ -398,7 +411,11 @@ fn workload_line(preset: &str, w: &Workload) -> String {
 }
 
 fn print_report(preset: &str, report: &Report) {
-    println!("{}\n", workload_line(preset, &report.workload));
+    println!("{}", workload_line(preset, &report.workload));
+    if !report.target.is_empty() {
+        println!("against {}", report.target);
+    }
+    println!();
     let loopback = report.references.map(|r| r.loopback_tcp_mb_per_sec);
     let file = report.references.map(|r| r.file_write_mb_per_sec);
     let ratio = |t: &Throughput, of: Option<f64>| {

@@ -99,6 +99,49 @@ fn each_mode_consumes_every_produced_record_and_reports_every_field() {
     );
 }
 
+/// `--embedded --members 3`: the run goes to a 3-node cluster in the bench's process,
+/// over partitions whose primaries are spread over the members; everything produced
+/// is acknowledged by a quorum and read back.
+#[test]
+fn an_embedded_cluster_of_three_takes_and_serves_the_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let (report, _, stdout) = bench(
+        dir.path(),
+        "cluster",
+        &[
+            "consume-1kb",
+            "--members",
+            "3",
+            "--partitions",
+            "3",
+            "--records",
+            "3000",
+            "--warmup",
+            "0",
+            "--record-size",
+            "256",
+            "--batch",
+            "100",
+        ],
+    );
+    assert_eq!(report.target, "embedded cluster of 3 members");
+    assert!(
+        stdout.contains("against embedded cluster of 3 members"),
+        "{stdout}"
+    );
+    assert_eq!(report.errors, 0);
+    assert_eq!(report.produce.unwrap().records, 3_000);
+    assert_eq!(report.consume.unwrap().records, 3_000);
+    assert_eq!(
+        std::fs::read_dir(dir.path())
+            .unwrap()
+            .filter(|e| e.as_ref().unwrap().path().is_dir())
+            .count(),
+        0,
+        "the members' directories are removed"
+    );
+}
+
 #[test]
 fn a_paced_run_holds_its_rate_within_five_percent() {
     let dir = tempfile::tempdir().unwrap();
