@@ -203,6 +203,16 @@ fn restarted_primary_never_reruns_the_view_it_led() {
 }
 
 #[test]
+fn a_damaged_copy_of_an_installed_snapshot_loses_nothing() {
+    // Seed 1153468: a replica that lost its disk installed snapshots of ops 192, then
+    // 206, with no journal between (it never held ops 193 and 194). A crash damaged
+    // the copy holding 206, it fell back to 192, and once the only other holder of
+    // those ops lost its disk too, no replica could apply op 193 again: the group
+    // stalled at 192 with 247 committed. An installed snapshot now fills both copies.
+    ok(run_seed(1_153_468, false));
+}
+
+#[test]
 fn restarted_primary_moves_to_the_next_view() {
     let mut sim = Simulation::new(quiet(17, 3, 1));
     sim.set_random_faults(false);

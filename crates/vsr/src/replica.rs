@@ -318,7 +318,8 @@ pub enum Output {
     },
     /// Persist the durable state; answer with [`Input::StateWritten`].
     WriteState(DurableState),
-    /// Persist a checkpoint (before pruning the journal below it).
+    /// Persist a checkpoint (before pruning the journal below it) over the older of the
+    /// two copies the shell keeps; an installed snapshot comes twice, so it fills both.
     WriteCheckpoint(Checkpoint),
     /// An op was applied (for observers and checkers).
     Applied {

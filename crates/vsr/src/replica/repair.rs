@@ -257,6 +257,11 @@ impl<S: StateMachine> Replica<S> {
             .unwrap_or(header.op)
             .max(self.faulty.iter().next_back().copied().unwrap_or(0))
             .max(header.op);
+        // Into both copies: the fallback may have no journal up to this snapshot (a
+        // replica installs one because it lacks ops below it), so it is no fallback at
+        // all, and a damaged copy of this checkpoint alone would lose committed ops
+        // (seed 1153468). Each write replaces the older copy.
+        out.push(Output::WriteCheckpoint(checkpoint.clone()));
         out.push(Output::WriteCheckpoint(checkpoint));
         if fallback > 0 {
             out.push(Output::PruneJournal { op: fallback });
