@@ -8,7 +8,8 @@
 #   scripts/bench-compare.sh BRAID_A BRAID_B [ROUNDS] [PRESET] [SECONDS]
 #
 # BENCH_DIR=/dev/shm puts the data directories on tmpfs: the comparison then weighs
-# the code's CPU cost alone, not a shared disk's writeback stalls.
+# the code's CPU cost alone, not a shared disk's writeback stalls. BENCH_ARGS adds
+# options to every run (BENCH_ARGS="--members 3": an embedded 3-node cluster).
 #
 # Build the older one with a worktree and its own target directory, e.g.
 #   git worktree add /tmp/base <commit> && (cd /tmp/base && CARGO_TARGET_DIR=/tmp/base-target cargo build --release -p braid-cli)
@@ -18,7 +19,8 @@ WORK="$(mktemp -d -p "${BENCH_DIR:-${TMPDIR:-/tmp}}")"; trap 'rm -rf "$WORK"' EX
 run() { # run BINARY -> "MB/s p99_us MB_per_cpu_s"
   rm -rf "$WORK/data"; mkdir -p "$WORK/data"
   local cpu
-  cpu="$( { /usr/bin/time -f "%U %S" "$1" bench "$PRESET" --embedded --data-dir "$WORK/data" \
+  # shellcheck disable=SC2086 # BENCH_ARGS is a list of options
+  cpu="$( { /usr/bin/time -f "%U %S" "$1" bench "$PRESET" --embedded ${BENCH_ARGS:-} --data-dir "$WORK/data" \
     --duration "$SECONDS_PER_RUN" --json "$WORK/r.json" > /dev/null; } 2>&1 | tail -1)"
   python3 - "$WORK/r.json" $cpu <<'PY'
 import json, sys

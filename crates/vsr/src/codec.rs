@@ -72,13 +72,16 @@ fn count(r: &mut Reader<'_>, item_bytes: usize) -> Result<usize, DecodeError> {
     Ok(count)
 }
 
-fn suffix(r: &mut Reader<'_>) -> Result<Vec<SuffixEntry>, DecodeError> {
+/// How a decoded body is held: copied out of the wire bytes, or a shared slice of them.
+type Share<'a> = &'a dyn Fn(&[u8]) -> bytes::Bytes;
+
+fn suffix(r: &mut Reader<'_>, share: Share<'_>) -> Result<Vec<SuffixEntry>, DecodeError> {
     (0..count(r, Header::ENCODED_BYTES + 1)?)
         .map(|_| {
             let header = header(r)?;
             let body = match r.u8()? {
                 0 => None,
-                1 => Some(bytes::Bytes::copy_from_slice(bytes(r)?)),
+                1 => Some(share(bytes(r)?)),
                 _ => {
                     return Err(DecodeError::InvalidField {
                         what: WHAT,
@@ -232,17 +235,32 @@ impl Message {
     /// A [`DecodeError`]: cut, trailing bytes, an unknown kind, a header or checkpoint
     /// whose checksum fails, a count larger than the bytes could hold.
     pub fn decode(wire: &[u8]) -> Result<Self, DecodeError> {
+        Self::decode_with(wire, &bytes::Bytes::copy_from_slice)
+    }
+
+    /// As [`Message::decode`], but request and prepare bodies (and view-change suffix
+    /// bodies) are slices of `wire`, not copies: a received prepare's batch goes to the
+    /// journal in the buffer it arrived in.
+    ///
+    /// # Errors
+    /// As [`Message::decode`].
+    pub fn decode_shared(wire: &bytes::Bytes) -> Result<Self, DecodeError> {
+        // Every body is a subslice of `wire` taken by the reader, so `slice_ref` holds.
+        Self::decode_with(wire, &|body| wire.slice_ref(body))
+    }
+
+    fn decode_with(wire: &[u8], share: Share<'_>) -> Result<Self, DecodeError> {
         let mut r = Reader::new(WHAT, wire);
         let message = match r.u8()? {
             REQUEST => Self::Request(Request {
                 client: r.u64()?,
                 session: r.u64()?,
                 request: r.u64()?,
-                body: bytes_owned(&mut r)?.into(),
+                body: share(bytes(&mut r)?),
             }),
             PREPARE => Self::Prepare(Prepare {
                 header: header(&mut r)?,
-                body: bytes_owned(&mut r)?.into(),
+                body: share(bytes(&mut r)?),
             }),
             PREPARE_OK => Self::PrepareOk {
                 view: r.u64()?,
@@ -288,7 +306,7 @@ impl Message {
                         })
                     }
                 };
-                let suffix = suffix(&mut r)?;
+                let suffix = suffix(&mut r, share)?;
                 let faulty = (0..count(&mut r, 8)?)
                     .map(|_| r.u64())
                     .collect::<Result<_, _>>()?;
@@ -308,7 +326,7 @@ impl Message {
                 view: r.u64()?,
                 op: r.u64()?,
                 commit: r.u64()?,
-                suffix: suffix(&mut r)?,
+                suffix: suffix(&mut r, share)?,
                 from: r.u8()?,
             },
             REQUEST_PREPARE => Self::RequestPrepare {
@@ -551,9 +569,21 @@ mod tests {
         fn messages_round_trip_and_every_cut_is_refused(message in message()) {
             let mut bytes = Vec::new();
             message.encode(&mut bytes);
-            prop_assert_eq!(Message::decode(&bytes).unwrap(), message);
+            prop_assert_eq!(Message::decode(&bytes).unwrap(), message.clone());
+            // The shared decoding gives the same message; a prepare's body is a slice
+            // of the received buffer, not a copy.
+            let wire = bytes::Bytes::from(bytes.clone());
+            let shared = Message::decode_shared(&wire).unwrap();
+            if let Message::Prepare(prepare) = &shared {
+                if !prepare.body.is_empty() {
+                    prop_assert!(wire.as_ptr_range().contains(&prepare.body.as_ptr()));
+                }
+            }
+            prop_assert_eq!(shared, message);
             for cut in 0..bytes.len() {
                 prop_assert!(Message::decode(&bytes[..cut]).is_err());
+                let cut = wire.slice(..cut);
+                prop_assert!(Message::decode_shared(&cut).is_err());
             }
             bytes.push(0);
             prop_assert!(Message::decode(&bytes).is_err(), "a trailing byte");
