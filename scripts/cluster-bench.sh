@@ -9,6 +9,8 @@
 # process, started afresh for each run), or with CLUSTER=processes one
 # `braid cluster local 3` (three child processes) that every run goes to by --addr.
 #
+# BENCH_ARGS adds options to every run (BENCH_ARGS="--in-flight 16").
+#
 #   [CLUSTER=embedded|processes] scripts/cluster-bench.sh [BRAID_BINARY] [ROUNDS] [SECONDS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,7 +25,8 @@ addrs="127.0.0.1:$base,127.0.0.1:$((base + 1)),127.0.0.1:$((base + 2))"
 case $cluster_kind in
 embedded)
 	trap 'rm -rf "$dir"' EXIT
-	three_nodes() { "$braid" bench --embedded --members 3 --data-dir "$dir" "$@"; }
+	# shellcheck disable=SC2086 # BENCH_ARGS is a list of options
+	three_nodes() { "$braid" bench --embedded --members 3 --data-dir "$dir" ${BENCH_ARGS:-} "$@"; }
 	;;
 processes)
 	"$braid" cluster local 3 --base-port $base --data-dir "$dir/cluster" --fsync never >"$dir/cluster.out" 2>&1 &
@@ -32,7 +35,8 @@ processes)
 	for i in 0 1 2; do
 		until [ "$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$((base + 10 + i))/ready" || true)" = 200 ]; do sleep 0.2; done
 	done
-	three_nodes() { "$braid" --addr "$addrs" bench "$@"; }
+	# shellcheck disable=SC2086
+	three_nodes() { "$braid" --addr "$addrs" bench ${BENCH_ARGS:-} "$@"; }
 	;;
 *) echo "CLUSTER is embedded or processes, not $cluster_kind" >&2; exit 2 ;;
 esac
@@ -42,7 +46,8 @@ median() { sort -n | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a
 : >"$dir/single" ; : >"$dir/three" ; : >"$dir/half_p50" ; : >"$dir/half_p99"
 for round in $(seq "$rounds"); do
 	mkdir -p "$dir/single-$round"
-	"$braid" bench --embedded --data-dir "$dir/single-$round" throughput-1kb --duration "$seconds" --json "$dir/s.json" >/dev/null
+	# shellcheck disable=SC2086
+	"$braid" bench --embedded --data-dir "$dir/single-$round" ${BENCH_ARGS:-} throughput-1kb --duration "$seconds" --json "$dir/s.json" >/dev/null
 	single=$(field "$dir/s.json" "d['produce']['mb_per_sec']")
 	rm -rf "$dir/single-$round"
 	three_nodes throughput-1kb --duration "$seconds" --json "$dir/t.json" >/dev/null
