@@ -10,6 +10,27 @@ use braid_bench::Report;
 
 const BRAID: &str = env!("CARGO_BIN_EXE_braid");
 
+/// A short run: 3,000 records of 256 bytes in batches of 100, no warm-up.
+const SMALL: [&str; 8] = [
+    "--records",
+    "3000",
+    "--warmup",
+    "0",
+    "--record-size",
+    "256",
+    "--batch",
+    "100",
+];
+
+/// Asserts the embedded nodes' directories under `dir` were removed.
+fn assert_no_directory_left(dir: &Path) {
+    let left = std::fs::read_dir(dir)
+        .unwrap()
+        .filter(|e| e.as_ref().unwrap().path().is_dir())
+        .count();
+    assert_eq!(left, 0, "the embedded nodes' data directories are removed");
+}
+
 /// Runs `braid bench ARGS --embedded --json FILE` and reads the report back.
 fn bench(dir: &Path, name: &str, args: &[&str]) -> (Report, serde_json::Value, String) {
     let json = dir.join(format!("{name}.json"));
@@ -37,16 +58,6 @@ fn bench(dir: &Path, name: &str, args: &[&str]) -> (Report, serde_json::Value, S
 #[test]
 fn each_mode_consumes_every_produced_record_and_reports_every_field() {
     let dir = tempfile::tempdir().unwrap();
-    let small = [
-        "--records",
-        "3000",
-        "--warmup",
-        "0",
-        "--record-size",
-        "256",
-        "--batch",
-        "100",
-    ];
     let cases: [(&str, &[&str], u64); 4] = [
         ("throughput-1kb", &[], 0),
         ("consume-1kb", &[], 1),
@@ -62,7 +73,7 @@ fn each_mode_consumes_every_produced_record_and_reports_every_field() {
     ];
     for (preset, extra, units) in cases {
         let mut args = vec![preset];
-        args.extend_from_slice(&small);
+        args.extend_from_slice(&SMALL);
         args.extend_from_slice(extra);
         let (report, value, stdout) = bench(dir.path(), preset, &args);
         for field in braid_bench::REPORT_FIELDS {
@@ -89,14 +100,7 @@ fn each_mode_consumes_every_produced_record_and_reports_every_field() {
             "{preset}: no table in\n{stdout}"
         );
     }
-    // Nothing is left in the data directory: the embedded node's is removed.
-    assert_eq!(
-        std::fs::read_dir(dir.path())
-            .unwrap()
-            .filter(|e| e.as_ref().unwrap().path().is_dir())
-            .count(),
-        0
-    );
+    assert_no_directory_left(dir.path());
 }
 
 /// `--embedded --members 3`: the run goes to a 3-node cluster in the bench's process,
@@ -105,25 +109,9 @@ fn each_mode_consumes_every_produced_record_and_reports_every_field() {
 #[test]
 fn an_embedded_cluster_of_three_takes_and_serves_the_run() {
     let dir = tempfile::tempdir().unwrap();
-    let (report, _, stdout) = bench(
-        dir.path(),
-        "cluster",
-        &[
-            "consume-1kb",
-            "--members",
-            "3",
-            "--partitions",
-            "3",
-            "--records",
-            "3000",
-            "--warmup",
-            "0",
-            "--record-size",
-            "256",
-            "--batch",
-            "100",
-        ],
-    );
+    let mut args = vec!["consume-1kb", "--members", "3", "--partitions", "3"];
+    args.extend_from_slice(&SMALL);
+    let (report, _, stdout) = bench(dir.path(), "cluster", &args);
     assert_eq!(report.target, "embedded cluster of 3 members");
     assert!(
         stdout.contains("against embedded cluster of 3 members"),
@@ -132,14 +120,7 @@ fn an_embedded_cluster_of_three_takes_and_serves_the_run() {
     assert_eq!(report.errors, 0);
     assert_eq!(report.produce.unwrap().records, 3_000);
     assert_eq!(report.consume.unwrap().records, 3_000);
-    assert_eq!(
-        std::fs::read_dir(dir.path())
-            .unwrap()
-            .filter(|e| e.as_ref().unwrap().path().is_dir())
-            .count(),
-        0,
-        "the members' directories are removed"
-    );
+    assert_no_directory_left(dir.path());
 }
 
 #[test]

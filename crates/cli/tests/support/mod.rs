@@ -9,10 +9,13 @@ use std::process::Command;
 pub(crate) mod cluster;
 pub(crate) mod netns;
 
-/// A base port whose 30 ports (clients, HTTP, replicas) are free now.
+/// A base port whose 30 ports (clients, HTTP, replicas) are free now, below Linux's
+/// ephemeral range (32768 up): a port in it may be taken by an outgoing connection
+/// while its member is down, and the member could not restart on it.
 pub(crate) fn free_base() -> u16 {
-    for attempt in 0..200u16 {
-        let base = 20_000 + (std::process::id() as u16 % 400 + attempt) * 100 % 40_000;
+    const BLOCKS: u16 = 120; // 20000 to 31999
+    for attempt in 0..BLOCKS {
+        let base = 20_000 + (std::process::id() as u16 % BLOCKS + attempt) % BLOCKS * 100;
         let free = (0..30).all(|i| TcpListener::bind(("127.0.0.1", base + i)).is_ok());
         if free {
             return base;
