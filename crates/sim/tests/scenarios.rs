@@ -212,6 +212,29 @@ fn a_damaged_copy_of_an_installed_snapshot_loses_nothing() {
     ok(run_seed(1_153_468, false));
 }
 
+/// Open (found by `scripts/sim-soak.sh 200000 1224000`): the group changes view for
+/// good once faults stop. A first reading of the trace: the highest log view's log
+/// has a hole (ops 214-215) that only the replicas of that view could have, one
+/// trusted without it, the other untrusted above 209; the third replica's log view is
+/// older, so it never acknowledged an op of that view, yet the hole is never dropped.
+/// Fails on the code from before 2026-12-02 too.
+#[test]
+#[ignore = "open liveness bug: a hole in the newest log view that a stale-view vote could prove never committed"]
+fn a_hole_in_the_newest_log_view_is_dropped_with_a_stale_view_vote() {
+    ok(run_seed(1_246_066, false));
+}
+
+/// Open (same soak): a first reading of the trace: all three replicas in log view 24;
+/// its primary lacks op 184 (its write never completed) while both backups are
+/// untrusted above 157 and 182, so no quorum can show op 184 was never acknowledged
+/// and none holds it: every view change stalls. Whether two partial-trust marks at
+/// once are within the simulator's fault budget is the first thing to check.
+#[test]
+#[ignore = "open liveness bug: two partly untrusted backups and a primary missing an op"]
+fn two_partly_untrusted_backups_and_a_primary_missing_an_op() {
+    ok(run_seed(1_265_781, false));
+}
+
 #[test]
 fn restarted_primary_moves_to_the_next_view() {
     let mut sim = Simulation::new(quiet(17, 3, 1));
