@@ -239,8 +239,12 @@ impl Simulation {
                 *g == group
                     && Some(*r) != except
                     && match self.replica_at((*g, *r)) {
+                        // Trusted again in memory is not enough: until the durable
+                        // state says so too, a crash brings the untrusted journal back
+                        // (seed 1265781).
                         Some(replica) => {
                             !replica.journal_trusted()
+                                || n.disk.durable_state().journal_trusted_through != u64::MAX
                                 || n.catch_up_to.is_some_and(|t| replica.commit_min() < t)
                         }
                         None if n
