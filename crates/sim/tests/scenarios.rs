@@ -212,14 +212,13 @@ fn a_damaged_copy_of_an_installed_snapshot_loses_nothing() {
     ok(run_seed(1_153_468, false));
 }
 
-/// Open (found by `scripts/sim-soak.sh 200000 1224000`): the group changes view for
-/// good once faults stop. A first reading of the trace: the highest log view's log
-/// has a hole (ops 214-215) that only the replicas of that view could have, one
-/// trusted without it, the other untrusted above 209; the third replica's log view is
-/// older, so it never acknowledged an op of that view, yet the hole is never dropped.
-/// Fails on the code from before 2026-12-02 too.
+/// Seed 1246066 (the soak from 1224000): once faults stopped the group changed view
+/// for good. The highest log view's best (trusted) vote lacked ops 214-215, the other
+/// vote of that view was untrusted above 209, and the third vote, of an older log view,
+/// held stale entries there, so it was not counted as never having had them. An op the
+/// best vote lacks was prepared in that view, which an older-view vote never
+/// acknowledged: it counts as a nack now.
 #[test]
-#[ignore = "open liveness bug: a hole in the newest log view that a stale-view vote could prove never committed"]
 fn a_hole_in_the_newest_log_view_is_dropped_with_a_stale_view_vote() {
     ok(run_seed(1_246_066, false));
 }

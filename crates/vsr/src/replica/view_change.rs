@@ -265,6 +265,22 @@ impl<S: StateMachine> Replica<S> {
             .count()
     }
 
+    /// Votes that say they never had `op`, whatever its checksum, as part of the log of
+    /// `best`'s log view. When `best` (trusted, of the highest log view) has no entry at
+    /// `op` either, the op was not in that view's starting log (which `best` holds, as
+    /// headers at least: the check above a new log's top assumes the same), so it was
+    /// prepared in that view, and a vote of an older log view was never normal there to
+    /// acknowledge it: those count too (seed 1246066).
+    fn nack_count_in(votes: &Votes, best: &ViewChangeVote, op: u64) -> usize {
+        if !Self::nacks_op(best, op, None) {
+            return Self::nack_count(votes, op, None);
+        }
+        votes
+            .values()
+            .filter(|v| v.log_view < best.log_view || Self::nacks_op(v, op, None))
+            .count()
+    }
+
     /// The new primary builds its log from the DoViewChanges: the top is the highest op
     /// of the best (log view, op) vote, and every op below is the header whose checksum
     /// the op above names as parent. Stale entries in any vote simply do not match the
@@ -351,7 +367,7 @@ impl<S: StateMachine> Replica<S> {
                     top = Some(header);
                     break;
                 }
-                if op <= commit || Self::nack_count(votes, op, None) < self.config.quorum() {
+                if op <= commit || Self::nack_count_in(votes, &best, op) < self.config.quorum() {
                     // Unknown, and perhaps committed: this view cannot start.
                     return false;
                 }
