@@ -407,15 +407,7 @@ async fn the_dialer_backs_off_from_a_peer_that_refuses_it() {
     let (a, _ra) = Bus::start(dialer, ls.next().unwrap()).unwrap();
     let (b, _rb) = Bus::start(refuser, ls.next().unwrap()).unwrap();
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let failures = |bus: &Bus| {
-        bus.metrics()
-            .handshake_failures
-            .lock()
-            .unwrap()
-            .values()
-            .sum::<u64>()
-    };
-    let attempts = failures(&a).max(failures(&b));
+    let attempts = handshake_failures(&a).max(handshake_failures(&b));
     let ups = a.metrics().bundles_up.load(Ordering::Relaxed);
     // 20 ms doubling to 640 ms: about 8 attempts in 3 s.
     assert!(attempts >= 2, "it kept trying ({attempts})");

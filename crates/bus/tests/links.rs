@@ -265,15 +265,7 @@ async fn links_run_over_mutual_tls_and_a_plain_peer_is_refused() {
     let (a, _ra) = Bus::start(with_tls, ls.next().unwrap()).unwrap();
     let (b, _rb) = Bus::start(config(1, &addresses, 4, 1), ls.next().unwrap()).unwrap();
     wait_until("a failed handshake", || {
-        let failures = |bus: &Bus| {
-            bus.metrics()
-                .handshake_failures
-                .lock()
-                .unwrap()
-                .values()
-                .sum::<u64>()
-        };
-        failures(&a) + failures(&b) > 0
+        handshake_failures(&a) + handshake_failures(&b) > 0
     })
     .await;
     assert!(!a.bundle_up(1) && !b.bundle_up(0));

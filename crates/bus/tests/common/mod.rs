@@ -156,3 +156,13 @@ pub(crate) async fn stop_and_time_the_loss(
     wait_until(what, lost).await;
     stopped.elapsed()
 }
+
+/// Handshakes `bus` counted as failed, for any reason.
+pub(crate) fn handshake_failures(bus: &Bus) -> u64 {
+    bus.metrics()
+        .handshake_failures
+        .lock()
+        .unwrap()
+        .values()
+        .sum::<u64>()
+}
