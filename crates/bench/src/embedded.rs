@@ -82,29 +82,20 @@ impl EmbeddedNode {
         let mut base = NodeConfig::default();
         base.apply_env(std::env::vars())?;
         base.http_addr = SocketAddr::from(([127, 0, 0, 1], 0));
-        let cluster = if members > 1 {
-            Some(cluster_settings(members)?)
-        } else {
-            None
-        };
-        let mut nodes = Vec::new();
-        for id in 0..members {
-            let mut config = base.clone();
-            config.data_dir = if members == 1 {
-                dir.path().to_path_buf()
-            } else {
-                dir.path().join(format!("node-{id}"))
-            };
-            config.client_addr = SocketAddr::from(([127, 0, 0, 1], 0));
-            config.cluster = cluster.clone().map(|mut cluster| {
-                cluster.node_id = id;
-                if let Some(me) = cluster.this_member() {
-                    config.client_addr = me.client_addr;
+        let mut tries = 0;
+        let nodes = loop {
+            tries += 1;
+            match start_members(&base, dir.path(), members) {
+                // A reserved port was taken before its member bound it: again, on new
+                // ports (each try's members start on fresh directories).
+                Err(EmbeddedError::Start(StartError::Bind { .. })) if tries < 10 => {
+                    for id in 0..members {
+                        let _ = std::fs::remove_dir_all(dir.path().join(format!("node-{id}")));
+                    }
                 }
-                cluster
-            });
-            nodes.push(Node::start(config)?);
-        }
+                other => break other?,
+            }
+        };
         if members > 1 {
             for (id, node) in nodes.iter().enumerate() {
                 wait_ready(node.http_addr(), Instant::now() + READY_WITHIN)
@@ -133,6 +124,43 @@ impl EmbeddedNode {
         // Dropping the directory removes it.
         drop(self.dir);
     }
+}
+
+/// Starts `members` nodes on `dir` (a single node in it, or each member in `node-ID`);
+/// on an error the ones started are stopped.
+fn start_members(base: &NodeConfig, dir: &Path, members: u8) -> Result<Vec<Node>, EmbeddedError> {
+    let cluster = if members > 1 {
+        Some(cluster_settings(members)?)
+    } else {
+        None
+    };
+    let mut nodes: Vec<Node> = Vec::new();
+    for id in 0..members {
+        let mut config = base.clone();
+        config.data_dir = if members == 1 {
+            dir.to_path_buf()
+        } else {
+            dir.join(format!("node-{id}"))
+        };
+        config.client_addr = SocketAddr::from(([127, 0, 0, 1], 0));
+        config.cluster = cluster.clone().map(|mut cluster| {
+            cluster.node_id = id;
+            if let Some(me) = cluster.this_member() {
+                config.client_addr = me.client_addr;
+            }
+            cluster
+        });
+        match Node::start(config) {
+            Ok(node) => nodes.push(node),
+            Err(err) => {
+                for node in nodes {
+                    node.shutdown();
+                }
+                return Err(err.into());
+            }
+        }
+    }
+    Ok(nodes)
 }
 
 /// The `[cluster]` of `members` members on loopback ports reserved now (bound, then

@@ -151,9 +151,21 @@ pub(crate) fn addresses(n: usize) -> Vec<std::net::SocketAddr> {
 }
 
 /// Starts `n` in-process members of one cluster on loopback ports, each with its own
-/// directory.
+/// directory. The ports are reserved (bound, then released) before the members bind
+/// them, so a test running beside it may take one meanwhile: then every member stops
+/// and the cluster starts again on new ports.
 pub(crate) fn start_cluster(n: u8, fsync: FsyncSetting) -> Vec<Member> {
-    use braid_node::{ClusterSettings, MemberSettings, Secret};
+    for _ in 0..10 {
+        if let Some(members) = try_start_cluster(n, fsync) {
+            return members;
+        }
+    }
+    panic!("no free loopback ports for a cluster of {n} in 10 tries");
+}
+
+/// One try of [`start_cluster`]: `None` if a port was taken before a member bound it.
+fn try_start_cluster(n: u8, fsync: FsyncSetting) -> Option<Vec<Member>> {
+    use braid_node::{ClusterSettings, MemberSettings, Secret, StartError};
     let replica = addresses(n.into());
     let client = addresses(n.into());
     let members: Vec<MemberSettings> = (0..n)
@@ -163,28 +175,36 @@ pub(crate) fn start_cluster(n: u8, fsync: FsyncSetting) -> Vec<Member> {
             client_addr: client[usize::from(id)],
         })
         .collect();
-    (0..n)
-        .map(|id| {
-            let dir = tempfile::tempdir().unwrap();
-            let mut config = config(dir.path(), fsync);
-            config.client_addr = client[usize::from(id)];
-            config.shutdown_grace_ms = 500;
-            config.cluster = Some(ClusterSettings {
-                id: "test".into(),
-                node_id: id,
-                members: members.clone(),
-                heartbeat_timeout_ms: 1_000,
-                secret: Some(Secret("a secret of enough bytes".into())),
-                ..ClusterSettings::default()
-            });
-            let node = Node::start(config.clone()).unwrap();
-            Member {
+    let mut started: Vec<Member> = Vec::new();
+    for id in 0..n {
+        let dir = tempfile::tempdir().unwrap();
+        let mut config = config(dir.path(), fsync);
+        config.client_addr = client[usize::from(id)];
+        config.shutdown_grace_ms = 500;
+        config.cluster = Some(ClusterSettings {
+            id: "test".into(),
+            node_id: id,
+            members: members.clone(),
+            heartbeat_timeout_ms: 1_000,
+            secret: Some(Secret("a secret of enough bytes".into())),
+            ..ClusterSettings::default()
+        });
+        match Node::start(config.clone()) {
+            Ok(node) => started.push(Member {
                 node: Some(node),
                 _dir: dir,
                 config,
+            }),
+            Err(StartError::Bind { .. }) => {
+                for member in &mut started {
+                    member.stop();
+                }
+                return None;
             }
-        })
-        .collect()
+            Err(err) => panic!("member {id} did not start: {err}"),
+        }
+    }
+    Some(started)
 }
 
 /// A client of the node at `addr` alone (no routing): what that member itself says.
