@@ -751,24 +751,9 @@ impl PartitionGroups {
         for group in &effects.unsynced {
             self.start_sync(*group);
         }
-        // A prepare goes to every backup: encoded once, its frame shared.
-        let mut last_prepare: Option<(u64, u128, braid_bus::Frame)> = None;
+        let mut framer = wire::Framer::default();
         for (group, to, message) in effects.sends {
-            let frame = match &message {
-                Message::Prepare(prepare) => match &last_prepare {
-                    Some((g, checksum, frame))
-                        if *g == group && *checksum == prepare.header.checksum =>
-                    {
-                        frame.clone()
-                    }
-                    _ => {
-                        let frame = wire::frame(group, &message);
-                        last_prepare = Some((group, prepare.header.checksum, frame.clone()));
-                        frame
-                    }
-                },
-                _ => wire::frame(group, &message),
-            };
+            let frame = framer.frame(group, &message);
             if let Some(bus) = self.bus.as_mut() {
                 // A full or down link drops the frame: consensus retransmits.
                 let _ = bus.send(to, frame);

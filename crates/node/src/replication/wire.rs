@@ -64,6 +64,31 @@ pub(crate) fn frame(group: u64, message: &Message) -> Frame {
     Frame::new(group, KIND_VSR, payload)
 }
 
+/// Frames outgoing messages; a prepare sent to several backups in a row is encoded
+/// once, its frame (one shared buffer) handed to each.
+#[derive(Debug, Default)]
+pub(crate) struct Framer {
+    last_prepare: Option<(u64, braid_vsr::Checksum, Frame)>,
+}
+
+impl Framer {
+    /// The frame that carries `message` of `group`.
+    pub(crate) fn frame(&mut self, group: u64, message: &Message) -> Frame {
+        let Message::Prepare(prepare) = message else {
+            return frame(group, message);
+        };
+        let checksum = prepare.header.checksum;
+        if let Some((g, c, frame)) = &self.last_prepare {
+            if *g == group && *c == checksum {
+                return frame.clone();
+            }
+        }
+        let encoded = frame(group, message);
+        self.last_prepare = Some((group, checksum, encoded.clone()));
+        encoded
+    }
+}
+
 /// The frame that carries `reply` of `group`.
 pub(crate) fn reply_frame(group: u64, reply: &Reply) -> Frame {
     let mut payload = Vec::new();
@@ -149,4 +174,42 @@ pub(crate) fn message(delivery: &Delivery) -> Result<(u64, Message), WireError> 
         }
     }
     Ok((frame.group, message))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use braid_vsr::{Header, Prepare};
+
+    fn prepare(op: u64, body: &'static [u8]) -> Message {
+        let header = Header {
+            op,
+            body_checksum: braid_vsr::checksum(body),
+            ..Header::root(7)
+        }
+        .seal();
+        Message::Prepare(Prepare {
+            header,
+            body: bytes::Bytes::from_static(body),
+        })
+    }
+
+    #[test]
+    fn a_prepare_for_several_backups_is_encoded_once_and_shared() {
+        let mut framer = Framer::default();
+        let first = framer.frame(7, &prepare(1, b"batch"));
+        let again = framer.frame(7, &prepare(1, b"batch"));
+        assert_eq!(first.payload.as_ptr(), again.payload.as_ptr(), "one buffer");
+        let next = framer.frame(7, &prepare(2, b"other"));
+        assert_ne!(next.payload.as_ptr(), first.payload.as_ptr());
+        // The same prepare for another group is that group's own frame.
+        let elsewhere = framer.frame(8, &prepare(2, b"other"));
+        assert_eq!(elsewhere.group, 8);
+        assert_ne!(elsewhere.payload.as_ptr(), next.payload.as_ptr());
+        // What the peer decodes is the message sent.
+        assert_eq!(
+            Message::decode_shared(&again.payload).unwrap(),
+            prepare(1, b"batch")
+        );
+    }
 }
