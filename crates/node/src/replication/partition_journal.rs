@@ -22,6 +22,16 @@
 //! cut. Batches past the last header's were never reported either and are cut. A batch
 //! that is there but does not match its header's checksum is a damaged entry, reported
 //! damaged, never absent.
+//!
+//! A batch goes only where its op belongs: the journal knows where the log ends after
+//! its tip (the tip's batch, a prune's recorded end, or the checkpoint's state when a
+//! prune could not record it), and refuses to append at any other end
+//! ([`PartitionJournalError::Misplaced`]), since a batch appended where a damaged or
+//! cut log happens to end would hold other offsets than on every other replica, with
+//! every checksum still equal (the body checksum covers the canonical batch). A cut of
+//! the journal (a truncation, a new view's header) is synced by the turn that made it,
+//! even when batches are synced off the shard: the log view written after the turn
+//! rests on it.
 
 // Partition groups join the shards next; until then only the tests use this.
 #![cfg_attr(not(test), allow(dead_code))]
@@ -52,6 +62,21 @@ pub(crate) enum PartitionJournalError {
     Sync(#[from] braid_storage::SyncError),
     #[error("partition state transfer: {0}")]
     Copy(String),
+    /// The log does not end where the journal says the tip's batch ends: appending
+    /// would store the batch at offsets the other replicas give other records.
+    #[error(
+        "partition log in {dir}: op {op}'s batch would go at offset {log_end}, but the \
+         journal's op {tip} ends at {tip_end}; the log and its journal disagree, so \
+         nothing more is appended (restart the node: the log is checked and repaired \
+         from peers)"
+    )]
+    Misplaced {
+        dir: std::path::PathBuf,
+        op: u64,
+        tip: u64,
+        tip_end: u64,
+        log_end: u64,
+    },
 }
 
 /// A sync of a partition's journal for another thread (the syncer) to run: the log's
@@ -122,6 +147,17 @@ pub(crate) struct PartitionJournal {
     /// the committed log. Above it the log may hold an old view's uncommitted suffix
     /// (a cut-off primary's), which a state transfer must find and replace.
     applied: u64,
+    /// A truncation or a header written to `vsr.journal` that no sync has covered yet.
+    /// The replica's next durable state (its log view) depends on it, so the next
+    /// [`PartitionJournal::sync`] makes it durable at once, even when batches' syncs run
+    /// off the shard: a log view on disk without the cut it rests on brings an old
+    /// view's entry back after a power loss.
+    index_changed_unsynced: bool,
+    /// Where the log ends after the tip's batch (or after the prune point), when the
+    /// journal knows it: the log must end exactly there when the next batch goes in, so
+    /// a batch is stored at the offsets its op takes on every replica, never at
+    /// whatever end a damaged or cut log happens to have.
+    tip_log_end: Option<u64>,
 }
 
 /// A state transfer of the log: the checkpoint at `op` was installed from a peer (this
@@ -182,6 +218,8 @@ impl PartitionJournal {
             cuts: Vec::new(),
             behind: None,
             applied: pruned,
+            index_changed_unsynced: false,
+            tip_log_end: None,
         };
         let external: BTreeMap<u64, u64> = found.external.iter().copied().collect();
         let mut slots = Vec::with_capacity(found.slots.len());
@@ -256,6 +294,9 @@ impl PartitionJournal {
                 log_behind = true;
             }
             _ => {}
+        }
+        if journal.behind.is_none() {
+            journal.tip_log_end = log_end;
         }
         journal.index.sync()?;
         let recovered = Recovered {
@@ -383,8 +424,32 @@ impl PartitionJournal {
         log_end: u64,
         now_ms: u64,
     ) -> Result<(), PartitionJournalError> {
-        if self.behind.is_some_and(|t| t.op >= op) || op <= self.index.pruned().0 {
+        let (pruned, pruned_log_end) = self.index.pruned();
+        if self.behind.is_some_and(|t| t.op >= op) || op < pruned {
             return Ok(());
+        }
+        if op == pruned {
+            // Found at open, its prune done. The journal holds nothing above it, so the
+            // log must end at the checkpoint's end: a prune that could not record the
+            // log's end (it came while the log was behind) left only the checkpoint to
+            // say where the next batch goes. A log that ends elsewhere is cut back or
+            // copied up to it below, never appended to where it happens to end.
+            let unsettled = self.tip == pruned
+                && self.behind.is_none()
+                && (pruned_log_end != Some(log_end) || self.log.next_offset() != log_end);
+            if !unsettled {
+                return Ok(());
+            }
+            if pruned_log_end.is_some_and(|end| end != log_end) {
+                tracing::warn!(
+                    dir = %self.log.dir().display(),
+                    op,
+                    journal = ?pruned_log_end,
+                    checkpoint = log_end,
+                    "the journal's prune and its checkpoint disagree on where the log ends; \
+                     the checkpoint's state is taken"
+                );
+            }
         }
         let held = op <= self.tip
             && self
@@ -495,6 +560,7 @@ impl PartitionJournal {
         };
         self.log.sync()?;
         self.tip = self.tip.max(transfer.op);
+        self.tip_log_end = (self.tip == transfer.op).then_some(transfer.log_end);
         self.applied(transfer.op);
         self.append_pending(now_ms)
     }
@@ -504,12 +570,22 @@ impl PartitionJournal {
         let is_batch = prepare.header.operation == Operation::Request
             && batch_records(&prepare.body).is_some();
         if is_batch {
+            if let Some(tip_end) = self.tip_log_end.filter(|e| *e != self.log.next_offset()) {
+                return Err(PartitionJournalError::Misplaced {
+                    dir: self.log.dir().to_owned(),
+                    op: prepare.header.op,
+                    tip: self.tip,
+                    tip_end,
+                    log_end: self.log.next_offset(),
+                });
+            }
             // The shared body goes to the log as it is, bar its offset and epoch.
             let appended =
                 self.log
                     .append_shared(&prepare.body, prepare.header.view as i32, now_ms)?;
             self.index
                 .write_external(&prepare.header, appended.base_offset)?;
+            self.tip_log_end = Some(appended.last_offset + 1);
         } else {
             // A register, or a body that is not one batch: kept whole with its header.
             self.index.write_prepare(prepare)?;
@@ -544,6 +620,7 @@ impl PartitionJournal {
             self.pending.remove(&op);
         }
         self.index.write_header(header)?;
+        self.index_changed_unsynced = true;
         Ok(())
     }
 
@@ -558,6 +635,7 @@ impl PartitionJournal {
             self.cut_above(op)
         } else {
             self.index.truncate(op)?;
+            self.index_changed_unsynced = true;
             Ok(())
         }
     }
@@ -574,9 +652,11 @@ impl PartitionJournal {
         self.note_cut(op);
         let first_cut = self.index.next_external(op);
         self.index.truncate(op)?;
+        self.index_changed_unsynced = true;
         if let Some((_, base)) = first_cut {
             // Durable when it returns: a crash after it leaves no batch of a cut op.
             self.log.truncate(base)?;
+            self.tip_log_end = Some(base);
         }
         self.tip = self.tip.min(op);
         self.unsynced.retain(|(o, _)| *o <= op);
@@ -643,6 +723,11 @@ impl PartitionJournal {
     pub(crate) fn sync(&mut self) -> Result<Vec<(u64, Checksum)>, PartitionJournalError> {
         if self.trusted() {
             if self.off_thread {
+                if self.index_changed_unsynced {
+                    // The state written after this turn may rest on it (see the field).
+                    drop(self.index.sync()?);
+                    self.index_changed_unsynced = false;
+                }
                 // Reported by `finish_sync` once `start_sync`'s job has run.
                 return Ok(Vec::new());
             }
@@ -732,6 +817,7 @@ impl PartitionJournal {
     pub(crate) fn sync_now(&mut self) -> Result<(), PartitionJournalError> {
         self.log.sync()?;
         drop(self.index.sync()?);
+        self.index_changed_unsynced = false;
         Ok(())
     }
 

@@ -688,3 +688,138 @@ fn a_transfer_replaces_an_old_views_suffix_from_the_first_batch_that_differs() {
         .unwrap();
     assert_eq!(journal.behind(), None);
 }
+
+/// Issue 24, finding 9: with batches synced off the shard, a turn that only cuts the
+/// journal (a view change's truncation, a new view's header) started no sync, so the
+/// states table could hold the new log view while the cut was still in the page cache.
+/// Now the turn's `sync` makes the cut durable before it returns: every crash state
+/// after it reopens without the cut entries.
+#[test]
+fn a_cut_is_durable_when_the_turn_syncs_even_with_batches_synced_off_the_shard() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("p");
+    let ops = chain(6, 1, "a");
+    let other = chain(5, 2, "b");
+    let new_view_header = prepare(
+        5,
+        2,
+        ops[3].header.checksum,
+        Operation::Request,
+        other[4].body.clone(),
+    )
+    .header;
+    hook::start_tracing();
+    let synced_at;
+    {
+        let (mut journal, _) = open(&dir);
+        journal.sync_off_thread();
+        for p in &ops {
+            journal.write_prepare(p, 0).unwrap();
+        }
+        let job = journal.start_sync().unwrap().unwrap();
+        for request in &job.requests {
+            request.run().unwrap();
+        }
+        assert_eq!(journal.finish_sync(job.id, Ok(())).unwrap().len(), 6);
+        // The view change: entries above 4 go, op 5 comes back as the new view's
+        // header (its body to be repaired). Then the turn's sync, then the log view.
+        journal.truncate(4).unwrap();
+        journal.write_header(&new_view_header).unwrap();
+        assert!(journal.sync().unwrap().is_empty());
+        synced_at = hook::trace_len();
+    }
+    let trace = hook::take().unwrap().trace;
+    let checked =
+        braid_storage::crash::for_each_crash_state(&trace, root.path(), |at, how, out| {
+            if at < synced_at {
+                return;
+            }
+            let (_, recovered) = PartitionJournal::open(&out.join("p"), config(), 0)
+                .unwrap_or_else(|e| panic!("cut at {at}, {how}: {e}"));
+            for (op, slot) in &recovered.slots {
+                let old = match slot {
+                    JournalSlot::Prepare(p) => p.header.view == 1 && *op > 4,
+                    JournalSlot::Header(h) => h.view == 1 && *op > 4,
+                    _ => false,
+                };
+                assert!(!old, "cut at {at}, {how}: the old view's op {op} is back");
+            }
+            assert!(
+                recovered
+                    .slots
+                    .iter()
+                    .any(|(op, s)| *op == 5 && *s == JournalSlot::Header(new_view_header)),
+                "cut at {at}, {how}: the new view's header at op 5 is lost"
+            );
+        });
+    assert!(checked >= 1, "{checked} crash states");
+}
+
+/// Issue 24, finding 1: a log that ends before its journal's tip (batches lost under
+/// it) took the next batch at its own end, so one member stored later batches at
+/// earlier offsets while every checksum still matched. The journal now refuses to
+/// append anywhere but where its tip's batch ends.
+#[test]
+fn a_batch_never_goes_where_the_log_happens_to_end_only_where_its_op_belongs() {
+    let dir = tempfile::tempdir().unwrap();
+    let ops = chain(8, 1, "a");
+    let (mut journal, _) = open(dir.path());
+    for p in &ops[..6] {
+        journal.write_prepare(p, 0).unwrap();
+    }
+    journal.sync().unwrap();
+    let end = journal.log().next_offset();
+    // The log loses its last batches beneath the journal.
+    let (_, base) = journal.index.entry(5).map(|(h, b)| (*h, b)).unwrap();
+    journal.log().truncate(base.unwrap()).unwrap();
+    assert!(journal.log().next_offset() < end);
+    let err = journal.write_prepare(&ops[6], 0).unwrap_err();
+    assert!(
+        matches!(err, PartitionJournalError::Misplaced { op: 7, tip: 6, tip_end, .. } if tip_end == end),
+        "{err}"
+    );
+    assert_eq!(journal.tip(), 6, "nothing appended");
+}
+
+/// A prune that could not record where the log ends (it came while the log was behind
+/// its checkpoint) leaves the checkpoint to say it: at open the log is cut back or
+/// copied up to the checkpoint's end, never appended to where it happens to end.
+#[test]
+fn at_open_the_checkpoint_says_where_the_log_ends_when_the_prune_could_not() {
+    let ops = chain(12, 1, "a");
+    let (_peer_dir, mut peer, _) = peer_holding(&ops);
+    let checkpoint_end = {
+        let (_, base) = peer.index.entry(11).map(|(h, b)| (*h, b)).unwrap();
+        base.unwrap()
+    };
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let (mut journal, _) = open(dir.path());
+        for p in &ops[..4] {
+            journal.write_prepare(p, 0).unwrap();
+        }
+        journal.sync().unwrap();
+        // Pruned at op 10 with no log end known (as a prune above the tip records it).
+        journal.index.prune_at(10, None).unwrap();
+        journal.sync_now().unwrap();
+    }
+    let (mut journal, _) = open(dir.path());
+    assert_eq!(journal.tip(), 10);
+    assert!(journal.log().next_offset() < checkpoint_end);
+    journal
+        .checkpointed(10, ops[9].header.checksum, checkpoint_end, 0)
+        .unwrap();
+    let transfer = journal
+        .behind()
+        .expect("the log is copied up to the checkpoint");
+    assert_eq!((transfer.op, transfer.log_end), (10, checkpoint_end));
+    copy_all(&mut journal, &mut peer, checkpoint_end);
+    assert_eq!(journal.log().next_offset(), checkpoint_end);
+    journal.write_prepare(&ops[10], 0).unwrap();
+    assert_eq!(journal.tip(), 11);
+    assert_eq!(
+        log_batches(&mut journal),
+        log_batches(&mut peer)[..10].to_vec(),
+        "every batch at the offsets the peer holds it"
+    );
+}
