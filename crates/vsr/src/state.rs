@@ -16,6 +16,12 @@ pub trait StateMachine {
     /// # Errors
     /// The snapshot does not decode.
     fn restore(&mut self, snapshot: &[u8]) -> Result<(), String>;
+    /// A committed request that did not run: a retry answered from the client table, an
+    /// unknown session, an old request number. Its op is committed all the same, so a
+    /// machine whose journal keeps every committed body where the machine places it
+    /// (the partition log, whose offsets the machine hands out) accounts for the body
+    /// here; most machines ignore it.
+    fn skipped(&mut self, _op: u64, _input: &[u8]) {}
 }
 
 /// A small state machine for tests: named counters. Input `key=delta` adds `delta`
@@ -220,6 +226,7 @@ impl<S: StateMachine> ReplicatedState<S> {
             }
             Operation::Request => {
                 if let Some(cached) = self.cached(session, request) {
+                    self.machine.skipped(op, body);
                     return Applied {
                         result: cached,
                         executed: false,
@@ -227,6 +234,7 @@ impl<S: StateMachine> ReplicatedState<S> {
                     };
                 }
                 let Some(entry) = self.sessions.get_mut(&session) else {
+                    self.machine.skipped(op, body);
                     return Applied {
                         result: Err(Refusal::SessionUnknown),
                         executed: false,
@@ -422,6 +430,42 @@ mod tests {
             state.apply(6, Operation::Request, 99, 1, b"a=1").result,
             Err(Refusal::SessionUnknown)
         );
+    }
+
+    /// Counts the committed requests it ran and those it was told were skipped.
+    #[derive(Debug, Default)]
+    struct Tally {
+        ran: Vec<u64>,
+        skipped: Vec<u64>,
+    }
+
+    impl StateMachine for Tally {
+        fn apply(&mut self, op: u64, _input: &[u8]) -> Vec<u8> {
+            self.ran.push(op);
+            Vec::new()
+        }
+        fn snapshot(&self) -> Vec<u8> {
+            Vec::new()
+        }
+        fn restore(&mut self, _snapshot: &[u8]) -> Result<(), String> {
+            Ok(())
+        }
+        fn skipped(&mut self, op: u64, _input: &[u8]) {
+            self.skipped.push(op);
+        }
+    }
+
+    #[test]
+    fn every_committed_request_that_does_not_run_is_told_to_the_machine() {
+        let mut state = ReplicatedState::new(Tally::default(), 4);
+        state.apply(1, Operation::Register, 0, 1, &77u64.to_be_bytes());
+        state.apply(2, Operation::Request, 1, 1, b"x");
+        state.apply(3, Operation::Request, 1, 1, b"x"); // a retry
+        state.apply(4, Operation::Request, 1, 2, b"x");
+        state.apply(5, Operation::Request, 1, 1, b"x"); // too old
+        state.apply(6, Operation::Request, 99, 1, b"x"); // unknown session
+        assert_eq!(state.machine().ran, vec![2, 4]);
+        assert_eq!(state.machine().skipped, vec![3, 5, 6]);
     }
 
     #[test]

@@ -15,6 +15,14 @@
 //! [`JournalFile::sync`] makes them durable, and only then does the host report them
 //! written, so one `fdatasync` covers every write of a turn.
 //!
+//! Every sync, once done, appends 8, a sync marker (`synced_len: u64, op_max: u64`:
+//! every record starting before that byte was made durable by a sync that finished,
+//! and for a partition so were their batches; `op_max` is the highest op held then, so
+//! an op whose record is damaged is still known). So every record reported written has an intact
+//! record after it once the marker reaches the disk: damage to the last record reported
+//! reads as damage, never as a torn tail (absent); and a partition's journal can tell
+//! an op whose batch is known synced from one that never was.
+//!
 //! Opening cuts a torn tail (a bad record that no intact record follows). Damage that
 //! intact records follow is not cut and not trusted: a lost truncation could bring a
 //! stale prepare back, so every op above the prune point is reported damaged (and the
@@ -43,6 +51,10 @@ const KIND_PRUNE: u8 = 4;
 const KIND_DAMAGED: u8 = 5;
 const KIND_EXTERNAL: u8 = 6;
 const KIND_PRUNE_AT: u8 = 7;
+const KIND_SYNCED: u8 = 8;
+/// Bytes of a sync marker record: its head, the length synced and the highest op.
+#[cfg(test)]
+const SYNC_MARKER_BYTES: usize = RECORD_HEAD + 16;
 
 /// Why the journal could not be read or written.
 #[derive(Debug, thiserror::Error)]
@@ -85,6 +97,9 @@ pub(crate) struct Recovered {
     pub(crate) external: Vec<(u64, u64)>,
     /// Where the partition log ends after the pruned op, if the prune recorded it.
     pub(crate) pruned_log_end: Option<u64>,
+    /// The ops whose entry a sync is proven to have covered (a sync marker follows its
+    /// record): written, and so perhaps reported.
+    pub(crate) synced: std::collections::BTreeSet<u64>,
 }
 
 /// An entry in memory: a whole prepare, a header alone, or an op known to have been
@@ -113,7 +128,21 @@ pub(crate) struct JournalFile {
     pruned_log_end: Option<u64>,
     /// Prepares written since the last sync (op, checksum): reported after it.
     unsynced: Vec<(u64, braid_vsr::Checksum)>,
+    /// The file's length after its last sync marker: a sync with nothing written since
+    /// adds none.
+    marked_len: u64,
+    /// How many times the file was rewritten (compacted) in this process: a sync's
+    /// covered length means nothing in a later generation's file.
+    generation: u64,
     poisoned: bool,
+}
+
+/// The bytes of a journal file a sync covers, in the file as it was when the sync
+/// began.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct SyncedLen {
+    generation: u64,
+    len: u64,
 }
 
 fn record(kind: u8, payload: &[u8]) -> Vec<u8> {
@@ -139,6 +168,9 @@ enum Decoded {
     Entry(Entry),
     Truncate(u64),
     Prune(u64, Option<u64>),
+    /// A sync marker: every record before this byte was synced, and the highest op
+    /// held then.
+    Synced(u64, u64),
 }
 
 /// The record at the start of `bytes` and its length, if its frame is intact and its
@@ -192,9 +224,23 @@ fn parse(bytes: &[u8]) -> Option<(Decoded, usize)> {
             Decoded::Prune(op, Some(end))
         }
         KIND_DAMAGED => Decoded::Entry(Entry::Damaged(op()?)),
+        KIND_SYNCED => {
+            let len = u64::from_be_bytes(payload.get(..8)?.try_into().ok()?);
+            let op_max = u64::from_be_bytes(payload.get(8..)?.try_into().ok()?);
+            Decoded::Synced(len, op_max)
+        }
         _ => return None,
     };
     Some((decoded, RECORD_HEAD + len))
+}
+
+/// The record at byte `at` of `bytes`, as [`parse`]; a sync marker that names bytes
+/// after itself (a misdirected copy) is no record.
+fn parse_at(bytes: &[u8], at: usize) -> Option<(Decoded, usize)> {
+    match parse(bytes.get(at..)?)? {
+        (Decoded::Synced(synced_len, _), _) if synced_len > at as u64 => None,
+        parsed => Some(parsed),
+    }
 }
 
 impl Entry {
@@ -249,6 +295,7 @@ fn replay(entries: &mut BTreeMap<u64, Entry>, pruned: &mut (u64, Option<u64>), d
             }
             entries.retain(|o, _| *o > op);
         }
+        Decoded::Synced(..) => {}
     }
 }
 
@@ -304,18 +351,30 @@ impl JournalFile {
         let mut at = MAGIC.len();
         let mut damaged_at = None;
         let mut highest_op = 0u64;
+        // Where each op's latest record starts, and the bytes the last marker says
+        // were synced.
+        let mut written_at = BTreeMap::new();
+        let mut synced_len = 0u64;
         while at < bytes.len() {
-            match parse(&bytes[at..]) {
+            match parse_at(&bytes, at) {
                 Some((decoded, total)) => {
-                    if let Decoded::Entry(entry) = &decoded {
-                        highest_op = highest_op.max(entry.op());
+                    match &decoded {
+                        Decoded::Entry(entry) => {
+                            highest_op = highest_op.max(entry.op());
+                            written_at.insert(entry.op(), at);
+                        }
+                        Decoded::Synced(len, op_max) => {
+                            synced_len = synced_len.max(*len);
+                            highest_op = highest_op.max(*op_max);
+                        }
+                        _ => {}
                     }
                     replay(&mut entries, &mut pruned, decoded);
                     at += total;
                 }
                 None => {
                     // Damage, or the torn tail: intact records after it tell which.
-                    let next = (at + 1..bytes.len()).find(|&o| parse(&bytes[o..]).is_some());
+                    let next = (at + 1..bytes.len()).find(|&o| parse_at(&bytes, o).is_some());
                     match next {
                         None => break,
                         Some(next) => {
@@ -351,6 +410,11 @@ impl JournalFile {
                 .collect();
         }
         let slots = entries.iter().map(|(op, e)| (*op, e.slot())).collect();
+        let synced = entries
+            .keys()
+            .filter(|op| written_at.get(op).is_some_and(|w| (*w as u64) < synced_len))
+            .copied()
+            .collect();
         let external = entries
             .iter()
             .filter_map(|(op, e)| match e {
@@ -366,12 +430,14 @@ impl JournalFile {
             pruned_through: pruned.0,
             pruned_log_end: pruned.1,
             unsynced: Vec::new(),
+            marked_len: synced_len,
+            generation: 0,
             poisoned: false,
         };
         let mut journal = journal;
         if damaged_at.is_some() {
             // Rewritten now, so the damage is not found again at every start.
-            journal.compact()?;
+            journal.compact(false)?;
         }
         let recovered = Recovered {
             slots,
@@ -380,6 +446,7 @@ impl JournalFile {
             damaged_at,
             external,
             pruned_log_end: journal.pruned_log_end,
+            synced,
         };
         Ok((journal, recovered))
     }
@@ -533,21 +600,75 @@ impl JournalFile {
     /// # Errors
     /// An IO error poisons the journal.
     pub(crate) fn sync(&mut self) -> Result<Vec<(u64, braid_vsr::Checksum)>, JournalError> {
+        self.sync_marked(true)
+    }
+
+    /// As [`JournalFile::sync`], for a holder whose records name batches this sync does
+    /// not cover: no sync marker is written for it.
+    ///
+    /// # Errors
+    /// As [`JournalFile::sync`].
+    pub(crate) fn sync_unmarked(
+        &mut self,
+    ) -> Result<Vec<(u64, braid_vsr::Checksum)>, JournalError> {
+        self.sync_marked(false)
+    }
+
+    fn sync_marked(&mut self, mark: bool) -> Result<Vec<(u64, braid_vsr::Checksum)>, JournalError> {
         if self.poisoned {
             return Err(JournalError::Poisoned(self.path.clone()));
         }
+        let synced_len = self.len;
         let file = self.handle()?;
         if let Err(err) = disk::sync_data(&file, &self.path) {
             self.poisoned = true;
             return Err(io(&self.path)(err));
         }
         if self.len > COMPACT_BYTES {
-            if let Err(err) = self.compact() {
+            if let Err(err) = self.compact(mark) {
                 self.poisoned = true;
                 return Err(err);
             }
+        } else if mark {
+            self.note_synced(SyncedLen {
+                generation: self.generation,
+                len: synced_len,
+            })?;
         }
         Ok(std::mem::take(&mut self.unsynced))
+    }
+
+    /// The sync marker saying the first `synced_len` bytes were synced.
+    fn sync_marker(&self, synced_len: u64) -> Vec<u8> {
+        let op_max = self.entries.keys().next_back().copied().unwrap_or(0);
+        let mut payload = synced_len.to_be_bytes().to_vec();
+        payload.extend_from_slice(&op_max.to_be_bytes());
+        record(KIND_SYNCED, &payload)
+    }
+
+    /// What a sync that starts now covers: every record written so far.
+    pub(crate) fn synced_len_if_synced_now(&self) -> SyncedLen {
+        SyncedLen {
+            generation: self.generation,
+            len: self.len,
+        }
+    }
+
+    /// A sync that covered `synced` finished (and, for a partition, so did the sync of
+    /// their batches): a marker says so, durable with the next sync. Ignored if the
+    /// file was rewritten since.
+    ///
+    /// # Errors
+    /// The marker's write failed (the journal is poisoned).
+    pub(crate) fn note_synced(&mut self, synced: SyncedLen) -> Result<(), JournalError> {
+        if synced.generation == self.generation
+            && synced.len > self.marked_len
+            && synced.len <= self.len
+        {
+            self.append_record(self.sync_marker(synced.len))?;
+            self.marked_len = synced.len;
+        }
+        Ok(())
     }
 
     /// The prepares written since the last sync, without syncing: for a holder that
@@ -556,8 +677,10 @@ impl JournalFile {
         std::mem::take(&mut self.unsynced)
     }
 
-    /// Writes the live entries to a new file, syncs it and renames it over this one.
-    fn compact(&mut self) -> Result<(), JournalError> {
+    /// Writes the live entries to a new file, syncs it and renames it over this one;
+    /// with `all_synced` (every entry and every batch it names was synced before), it
+    /// ends with a sync marker covering them all.
+    fn compact(&mut self, all_synced: bool) -> Result<(), JournalError> {
         let tmp = self.path.with_extension("compact");
         let mut bytes = MAGIC.to_vec();
         if self.pruned_through > 0 || self.pruned_log_end.is_some() {
@@ -565,6 +688,10 @@ impl JournalFile {
         }
         for entry in self.entries.values() {
             bytes.extend(entry.record());
+        }
+        let marked_len = if all_synced { bytes.len() as u64 } else { 0 };
+        if all_synced {
+            bytes.extend(self.sync_marker(marked_len));
         }
         disk::write_file(&tmp, &bytes).map_err(io(&tmp))?;
         let file = File::options()
@@ -578,6 +705,8 @@ impl JournalFile {
         disk::sync_dir(dir).map_err(io(dir))?;
         self.file = Some(std::sync::Arc::new(file));
         self.len = bytes.len() as u64;
+        self.marked_len = marked_len;
+        self.generation += 1;
         Ok(())
     }
 
@@ -600,7 +729,7 @@ impl JournalFile {
     /// An IO error poisons the journal.
     pub(crate) fn compact_if_large(&mut self) -> Result<(), JournalError> {
         if self.len > COMPACT_BYTES {
-            if let Err(err) = self.compact() {
+            if let Err(err) = self.compact(false) {
                 self.poisoned = true;
                 return Err(err);
             }

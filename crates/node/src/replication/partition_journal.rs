@@ -77,6 +77,19 @@ pub(crate) enum PartitionJournalError {
         tip_end: u64,
         log_end: u64,
     },
+    /// A committed op's batch is not at the offsets the partition's state gives it.
+    #[error(
+        "partition log in {dir}: committed op {op} takes offsets from {base} on in the \
+         partition's state, but its batch is stored at {stored}; the log diverged, so \
+         the partition stops rather than serve records at offsets other replicas give \
+         other records"
+    )]
+    Diverged {
+        dir: std::path::PathBuf,
+        op: u64,
+        base: u64,
+        stored: u64,
+    },
 }
 
 /// A sync of a partition's journal for another thread (the syncer) to run: the log's
@@ -93,6 +106,8 @@ pub(crate) struct SyncJob {
 struct RunningSync {
     ops: Vec<(u64, Checksum)>,
     log: Option<braid_storage::SyncRequest>,
+    /// What of `vsr.journal` it covers, for the sync marker once it is done.
+    index: super::journal_file::SyncedLen,
 }
 
 /// What opening found.
@@ -229,10 +244,28 @@ impl PartitionJournal {
         let mut log_behind = false;
         for (op, slot) in found.slots {
             let (slot, end) = match (external.get(&op), slot) {
+                (Some(_), JournalSlot::Header(_)) if !contiguous => {
+                    // Its batch lies past a hole, and the log is cut back to the hole
+                    // below: it is copied again from a peer.
+                    (JournalSlot::Damaged, None)
+                }
                 (Some(&base), JournalSlot::Header(header)) => match journal.read_body(base)? {
+                    None if found.synced.contains(&op) && base >= journal.log.start_offset() => {
+                        // A sync that finished covered its header, so its batch was
+                        // synced before it (the log syncs first): the log lost it to
+                        // damage. Damaged, never absent: it may have been acknowledged.
+                        tracing::warn!(
+                            dir = %dir.display(),
+                            op,
+                            base,
+                            "the partition log lost a synced batch; it is repaired from a peer"
+                        );
+                        (JournalSlot::Damaged, None)
+                    }
                     None => {
                         // Its batch never reached the log's synced part, so it was never
-                        // reported written, nor was anything above it.
+                        // reported written, nor was anything above it. (Or retention
+                        // deleted it, below the log's start: long committed.)
                         cut_from = Some(op);
                         break;
                     }
@@ -299,9 +332,11 @@ impl PartitionJournal {
             journal.tip_log_end = log_end;
         }
         journal.index.sync()?;
+        let damaged =
+            found.damaged_at.is_some() || slots.iter().any(|(_, s)| *s == JournalSlot::Damaged);
         let recovered = Recovered {
             slots,
-            damaged: found.damaged_at.is_some(),
+            damaged,
             log_bytes_cut,
             log_behind,
         };
@@ -396,6 +431,24 @@ impl PartitionJournal {
     /// `op` was applied: it is committed, and so is the log up to its batch.
     pub(crate) fn applied(&mut self, op: u64) {
         self.applied = self.applied.max(op);
+    }
+
+    /// Checks that committed op `op`, whose records the partition's state gave offsets
+    /// from `base` on, has its batch stored at `base`: what this replica serves at an
+    /// offset is what every replica serves there.
+    ///
+    /// # Errors
+    /// [`PartitionJournalError::Diverged`]: the batch is stored elsewhere.
+    pub(crate) fn check_placed(&self, op: u64, base: u64) -> Result<(), PartitionJournalError> {
+        match self.index.entry(op) {
+            Some((_, Some(stored))) if stored != base => Err(PartitionJournalError::Diverged {
+                dir: self.log.dir().to_owned(),
+                op,
+                base,
+                stored,
+            }),
+            _ => Ok(()),
+        }
     }
 
     /// Where the log known to be committed ends: after the batch of the highest op
@@ -725,7 +778,8 @@ impl PartitionJournal {
             if self.off_thread {
                 if self.index_changed_unsynced {
                     // The state written after this turn may rest on it (see the field).
-                    drop(self.index.sync()?);
+                    // Unmarked: the batches its records name are not synced yet.
+                    drop(self.index.sync_unmarked()?);
                     self.index_changed_unsynced = false;
                 }
                 // Reported by `finish_sync` once `start_sync`'s job has run.
@@ -762,6 +816,7 @@ impl PartitionJournal {
         let log = self.log.sync_request()?;
         let id = self.next_sync;
         self.next_sync += 1;
+        let index = self.index.synced_len_if_synced_now();
         let mut requests = vec![self.index.sync_request()?];
         requests.extend(log.clone());
         self.running.insert(
@@ -769,6 +824,7 @@ impl PartitionJournal {
             RunningSync {
                 ops: std::mem::take(&mut self.unsynced),
                 log,
+                index,
             },
         );
         Ok(Some(SyncJob { id, requests }))
@@ -794,6 +850,7 @@ impl PartitionJournal {
             self.index.poison();
             return Err(err.into());
         }
+        self.index.note_synced(done.index)?;
         let cuts = &self.cuts;
         let ops = done
             .ops
@@ -880,8 +937,12 @@ impl Journal for PartitionJournal {
             crate::mailbox::now_ms(),
         )?)
     }
-    fn applied(&mut self, op: u64) {
+    fn applied(&mut self, op: u64, result: Option<&[u8]>) -> Result<(), HostError> {
         PartitionJournal::applied(self, op);
+        if let Some((base, _)) = result.and_then(PartitionMachine::offsets) {
+            self.check_placed(op, base)?;
+        }
+        Ok(())
     }
 }
 

@@ -64,6 +64,15 @@ impl braid_vsr::StateMachine for PartitionMachine {
         }
     }
 
+    /// A batch committed but not run (a retry, an unknown session) is in the log all
+    /// the same, since the journal appended it when it was prepared: its records take
+    /// their offsets, so that every later batch's offsets are the ones it is stored at.
+    fn skipped(&mut self, _op: u64, input: &[u8]) {
+        if let Some(records) = batch_records(input) {
+            self.next_offset += records;
+        }
+    }
+
     fn snapshot(&self) -> Vec<u8> {
         self.next_offset.to_be_bytes().to_vec()
     }
@@ -112,5 +121,24 @@ mod tests {
         restored.restore(&machine.snapshot()).unwrap();
         assert_eq!(restored, machine);
         assert!(restored.restore(b"short").is_err());
+    }
+
+    /// A committed batch that did not run is in the log all the same: its records
+    /// take their offsets, so the next batch's offsets are where it is stored.
+    #[test]
+    fn a_skipped_batch_takes_its_offsets_and_anything_else_takes_none() {
+        let mut machine = PartitionMachine::default();
+        let mut builder = braid_proto::BatchBuilder::new(0);
+        for _ in 0..2 {
+            builder.push(None, Some(b"v"), &[], 0);
+        }
+        let batch = builder.finish();
+        machine.apply(1, &batch);
+        machine.skipped(2, &batch);
+        machine.skipped(3, b"not a batch");
+        assert_eq!(
+            PartitionMachine::offsets(&machine.apply(4, &batch)),
+            Some((4, 5))
+        );
     }
 }

@@ -58,9 +58,15 @@ pub(crate) trait Journal {
     fn checkpointed(&mut self, _checkpoint: &braid_vsr::Checkpoint) -> Result<(), HostError> {
         Ok(())
     }
-    /// `op` was applied (committed): a journal whose bodies live elsewhere learns how
-    /// far they are the committed ones.
-    fn applied(&mut self, _op: u64) {}
+    /// `op` was applied (committed), with `result` if the state machine ran it: a
+    /// journal whose bodies live elsewhere learns how far they are the committed ones,
+    /// and checks that the op's body is where the state machine's result places it.
+    ///
+    /// # Errors
+    /// The body is stored elsewhere than the result says (the journal diverged).
+    fn applied(&mut self, _op: u64, _result: Option<&[u8]>) -> Result<(), HostError> {
+        Ok(())
+    }
 }
 
 /// What a journal held at open.
@@ -473,8 +479,14 @@ impl<S: StateMachine, J: Journal> ShardHost<S, J> {
                         files.checkpoints.write(&checkpoint)?;
                         files.journal.checkpointed(&checkpoint)?;
                     }
-                    Output::Applied { op, result, .. } => {
-                        files.journal.applied(op);
+                    Output::Applied {
+                        op,
+                        result,
+                        executed,
+                        ..
+                    } => {
+                        let ran = result.as_deref().ok().filter(|_| executed);
+                        files.journal.applied(op, ran)?;
                         effects.applied.push((group, op, result));
                     }
                     Output::Evicted { .. } => {}

@@ -84,8 +84,9 @@ fn a_torn_tail_is_cut_and_damage_inside_marks_every_op_damaged_until_rewritten()
     drop(journal);
     let whole = std::fs::read(&path).unwrap();
 
-    // A record cut short at the end: a torn tail, cut; the rest is whole.
-    std::fs::write(&path, &whole[..whole.len() - 7]).unwrap();
+    // A record cut short at the end (with the sync marker after it): a torn tail,
+    // cut; the rest is whole.
+    std::fs::write(&path, &whole[..whole.len() - SYNC_MARKER_BYTES - 7]).unwrap();
     let (_, recovered) = JournalFile::open(&path).unwrap();
     assert_eq!(slot_ops(&recovered), [1, 2, 3, 4]);
     assert!(recovered.torn_tail_bytes > 0 && recovered.damaged_at.is_none());
@@ -319,4 +320,61 @@ fn a_failed_write_or_sync_poisons_and_keeps_what_was_synced() {
         };
         check_recovered(&recovered, synced, records, &format!("failure at {at}"));
     }
+}
+
+/// Issue 24, finding 11: one flipped bit in the last record a sync covered read back as
+/// a torn tail, so an acknowledged op became absent (a "never had it" vote). The sync
+/// marker written once the sync is done follows it, so the flip is damage; every byte
+/// of the record tried.
+#[test]
+fn damage_to_the_last_synced_record_is_damage_never_absence() {
+    let ops = chain(3, 1);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("j");
+    let (start, end) = {
+        let (mut journal, _) = JournalFile::open(&path).unwrap();
+        journal.write_prepare(&ops[0]).unwrap();
+        journal.write_prepare(&ops[1]).unwrap();
+        journal.sync().unwrap();
+        let start = journal.len;
+        journal.write_prepare(&ops[2]).unwrap();
+        let end = journal.len;
+        journal.sync().unwrap();
+        (start, end)
+    };
+    let (_, clean) = JournalFile::open(&path).unwrap();
+    assert_eq!(slot_ops(&clean), vec![1, 2, 3]);
+    assert_eq!(
+        clean.synced.iter().copied().collect::<Vec<_>>(),
+        vec![1, 2, 3]
+    );
+    let pristine = std::fs::read(&path).unwrap();
+    for at in start..end {
+        let mut bytes = pristine.clone();
+        bytes[at as usize] ^= 0x10;
+        std::fs::write(&path, &bytes).unwrap();
+        let (_, recovered) = JournalFile::open(&path).unwrap();
+        assert!(recovered.damaged_at.is_some(), "flip at {at}: not seen");
+        assert!(
+            recovered
+                .slots
+                .iter()
+                .any(|(op, s)| *op == 3 && *s == JournalSlot::Damaged),
+            "flip at {at}: op 3 is {:?}",
+            recovered.slots
+        );
+    }
+    // A write no sync covered has no marker after it: its tail is still a torn tail.
+    std::fs::write(&path, &pristine).unwrap();
+    {
+        let (mut journal, _) = JournalFile::open(&path).unwrap();
+        journal.write_prepare(&chain(4, 1)[3]).unwrap();
+    }
+    let mut bytes = std::fs::read(&path).unwrap();
+    let last = bytes.len() - 3;
+    bytes[last] ^= 0x10;
+    std::fs::write(&path, &bytes).unwrap();
+    let (_, recovered) = JournalFile::open(&path).unwrap();
+    assert_eq!(recovered.damaged_at, None);
+    assert_eq!(slot_ops(&recovered), vec![1, 2, 3]);
 }

@@ -781,6 +781,27 @@ fn a_batch_never_goes_where_the_log_happens_to_end_only_where_its_op_belongs() {
     assert_eq!(journal.tip(), 6, "nothing appended");
 }
 
+/// A committed op whose batch is stored elsewhere than the offsets the partition's
+/// state gave it is caught at apply, before any record is served from there.
+#[test]
+fn a_committed_batch_stored_off_its_offsets_stops_the_partition() {
+    let dir = tempfile::tempdir().unwrap();
+    let ops = chain(4, 1, "a");
+    let (mut journal, _) = open(dir.path());
+    for p in &ops {
+        journal.write_prepare(p, 0).unwrap();
+    }
+    journal.sync().unwrap();
+    let base = journal.index.entry(3).and_then(|(_, b)| b).unwrap();
+    journal.check_placed(3, base).unwrap();
+    let err = journal.check_placed(3, base + 1).unwrap_err();
+    assert!(
+        matches!(err, PartitionJournalError::Diverged { op: 3, stored, .. } if stored == base),
+        "{err}"
+    );
+    journal.check_placed(1, 12_345).unwrap(); // a register has no batch
+}
+
 /// A prune that could not record where the log ends (it came while the log was behind
 /// its checkpoint) leaves the checkpoint to say it: at open the log is cut back or
 /// copied up to the checkpoint's end, never appended to where it happens to end.
@@ -822,4 +843,71 @@ fn at_open_the_checkpoint_says_where_the_log_ends_when_the_prune_could_not() {
         log_batches(&mut peer)[..10].to_vec(),
         "every batch at the offsets the peer holds it"
     );
+}
+
+/// Issue 24, findings 11 and 13: a batch the log lost after its sync (a flipped bit in
+/// the active segment's last batch, cut as a torn tail by the log's recovery) made its
+/// op absent from the journal too. A finished sync's marker now proves the batch was
+/// synced, so the op is damaged (repaired from a peer; a lone replica refuses to
+/// start), while a batch no finished sync covered is still cut as never reported.
+#[test]
+fn a_synced_batch_the_log_lost_is_damaged_and_an_unsynced_one_is_cut() {
+    let dir = tempfile::tempdir().unwrap();
+    let ops = chain(6, 1, "a");
+    let base = {
+        let (mut journal, _) = open(dir.path());
+        for p in &ops[..5] {
+            journal.write_prepare(p, 0).unwrap();
+        }
+        journal.sync().unwrap();
+        journal.index.entry(4).and_then(|(_, b)| b).unwrap()
+    };
+    {
+        // The log loses ops 4 and 5's batches beneath the journal.
+        let mut log = PartitionLog::open(dir.path(), config(), 0).unwrap();
+        log.truncate(base).unwrap();
+    }
+    let (journal, recovered) = open(dir.path());
+    assert!(recovered.damaged, "a lone replica refuses to start on this");
+    let slots: Vec<_> = recovered
+        .slots
+        .iter()
+        .map(|(o, s)| (*o, s.clone()))
+        .collect();
+    assert!(matches!(
+        slots[..3],
+        [(1, JournalSlot::Prepare(_)), (2, _), (3, _)]
+    ));
+    assert_eq!(
+        slots[3..],
+        [(4, JournalSlot::Damaged), (5, JournalSlot::Damaged)],
+        "acknowledged ops are never absent"
+    );
+    assert_eq!(journal.tip(), 3);
+    assert_eq!(
+        journal.tip_log_end,
+        Some(base),
+        "repairs go in where op 4 belongs"
+    );
+    drop(journal);
+
+    // Written and never synced: cut, since it was never reported.
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let (mut journal, _) = open(dir.path());
+        for p in &ops[..3] {
+            journal.write_prepare(p, 0).unwrap();
+        }
+        journal.sync().unwrap();
+        journal.log().sync().unwrap();
+        for p in &ops[3..5] {
+            journal.write_prepare(p, 0).unwrap();
+        }
+        let base = journal.index.entry(4).and_then(|(_, b)| b).unwrap();
+        journal.log().truncate(base).unwrap();
+    }
+    let (journal, recovered) = open(dir.path());
+    assert!(!recovered.damaged);
+    assert_eq!(recovered.slots.len(), 3);
+    assert_eq!(journal.tip(), 3);
 }
