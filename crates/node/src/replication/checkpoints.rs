@@ -1,6 +1,9 @@
 //! A group's newest checkpoint (its state machine at an op, for restart and state
 //! transfer), kept as two copies: each write replaces the older copy whole, numbered
-//! by a generation before the checkpoint's own checksummed bytes.
+//! by a generation. A copy is `BRDCKP02`, the generation, the checkpoint's own
+//! checksummed bytes, and a CRC32C over all of it: a flipped bit in the generation of
+//! the older copy must not make it pass for the newer one (copies of the first layout,
+//! the generation then the checkpoint, are still read).
 //!
 //! A new store first puts in place a copy saying "no checkpoint yet" (written, synced,
 //! renamed), so from then on a copy that does not decode is damage, never "not
@@ -43,17 +46,36 @@ pub(crate) struct CheckpointStore {
     poisoned: bool,
 }
 
-/// A copy: `generation: u64`, then nothing (no checkpoint yet) or a checkpoint in
-/// `braid_vsr`'s checksummed layout.
+const MAGIC: &[u8; 8] = b"BRDCKP02";
+
+/// A copy: the magic, `generation: u64`, then nothing (no checkpoint yet) or a
+/// checkpoint in `braid_vsr`'s checksummed layout, then a CRC32C over all before it.
 fn encode(generation: u64, checkpoint: Option<&Checkpoint>) -> Vec<u8> {
-    let mut bytes = generation.to_be_bytes().to_vec();
+    let mut bytes = MAGIC.to_vec();
+    bytes.extend_from_slice(&generation.to_be_bytes());
     if let Some(checkpoint) = checkpoint {
         bytes.extend_from_slice(&checkpoint.encode());
     }
+    let crc = crc32c::crc32c(&bytes);
+    bytes.extend_from_slice(&crc.to_be_bytes());
     bytes
 }
 
 fn decode(bytes: &[u8]) -> Result<(u64, Option<Checkpoint>), String> {
+    let Some(framed) = bytes.strip_prefix(MAGIC.as_slice()) else {
+        return decode_unframed(bytes);
+    };
+    let (body, crc) = framed
+        .split_last_chunk::<4>()
+        .ok_or_else(|| format!("{} bytes", bytes.len()))?;
+    if crc32c::crc32c(&bytes[..bytes.len() - 4]) != u32::from_be_bytes(*crc) {
+        return Err("checksum mismatch".into());
+    }
+    decode_unframed(body)
+}
+
+/// The first layout: the generation, then the checkpoint or nothing.
+fn decode_unframed(bytes: &[u8]) -> Result<(u64, Option<Checkpoint>), String> {
     let (generation, rest) = bytes
         .split_first_chunk::<8>()
         .ok_or_else(|| format!("{} bytes", bytes.len()))?;
@@ -159,6 +181,44 @@ mod tests {
             CheckpointStore::open(dir.path(), "meta.checkpoint"),
             Err(CheckpointError::Damaged(_))
         ));
+    }
+
+    /// Issue 24, finding 14: the generation lay outside every checksum, so a flipped
+    /// bit there made the older copy pass for the newer. Every bit of either copy's
+    /// generation flipped: the newest checkpoint, or the one before it when the newest
+    /// copy itself is hit, never an older one taken for newer.
+    #[test]
+    fn a_flipped_generation_never_makes_the_older_copy_win() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut store, _) = CheckpointStore::open(dir.path(), "c").unwrap();
+        for op in [64, 128, 192] {
+            store.write(&checkpoint(op)).unwrap();
+        }
+        // Generation 3 (op 192) is copy 1; generation 2 (op 128) is copy 0.
+        for (copy, expected) in [(0, 192), (1, 128)] {
+            let path = dir.path().join(format!("c.{copy}"));
+            let pristine = std::fs::read(&path).unwrap();
+            for at in MAGIC.len()..MAGIC.len() + 8 {
+                for bit in 0..8 {
+                    let mut bytes = pristine.clone();
+                    bytes[at] ^= 1 << bit;
+                    std::fs::write(&path, &bytes).unwrap();
+                    let (_, found) = CheckpointStore::open(dir.path(), "c").unwrap();
+                    assert_eq!(
+                        found.map(|c| c.header.op),
+                        Some(expected),
+                        "copy {copy}, byte {at}, bit {bit}"
+                    );
+                }
+            }
+            std::fs::write(&path, &pristine).unwrap();
+        }
+        // A copy of the first layout (no magic, no CRC) is still read.
+        let mut old = 9u64.to_be_bytes().to_vec();
+        old.extend_from_slice(&checkpoint(256).encode());
+        std::fs::write(dir.path().join("c.1"), &old).unwrap();
+        let (_, found) = CheckpointStore::open(dir.path(), "c").unwrap();
+        assert_eq!(found.map(|c| c.header.op), Some(256));
     }
 
     /// Every crash state at every sync boundary opens to the last checkpoint written,
