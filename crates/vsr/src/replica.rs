@@ -792,6 +792,7 @@ impl<S: StateMachine> Replica<S> {
     pub fn step(&mut self, now: u64, input: Input, out: &mut Vec<Output>) {
         debug_assert!(now >= self.now, "time went backwards");
         self.now = now.max(self.now);
+        let before = self.progress();
         out.append(&mut self.startup);
         if std::mem::take(&mut self.persist_trust) {
             self.write_state(out);
@@ -812,6 +813,7 @@ impl<S: StateMachine> Replica<S> {
             Input::Message(message) => self.on_message(message, out),
         }
         self.settle_timers();
+        self.check_progress(before);
         self.check_invariants();
     }
 

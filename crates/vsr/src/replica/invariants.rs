@@ -1,10 +1,63 @@
-//! What must hold after every step. Checked in debug builds and with the `invariants`
-//! feature (on in the simulator's release runs); see the `invariant!` macro.
+//! What must hold after every step. The few that keep agreement and cost nothing (a
+//! view, a commit, never goes back; nothing applied beyond the commit; the durable view
+//! never ahead of the view) are asserted in every build, release too: a replica that
+//! breaks one stops rather than acknowledge or apply on a broken state. The rest, which
+//! walk the journal, are checked in debug builds and with the `invariants` feature (on in
+//! the simulator's release runs); see the `invariant!` macro.
 
 use super::{Replica, Status};
 use crate::state::StateMachine;
 
+/// What a step may only move forward.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Progress {
+    view: u64,
+    commit_min: u64,
+    commit_max: u64,
+}
+
 impl<S: StateMachine> Replica<S> {
+    pub(super) fn progress(&self) -> Progress {
+        Progress {
+            view: self.view,
+            commit_min: self.commit_min,
+            commit_max: self.commit_max,
+        }
+    }
+
+    /// The agreement invariants checked in every build, after every step.
+    pub(super) fn check_progress(&self, before: Progress) {
+        let group = self.config.group;
+        let replica = self.config.replica;
+        assert!(
+            self.view >= before.view,
+            "g{group}r{replica}: view went back from {} to {}",
+            before.view,
+            self.view
+        );
+        assert!(
+            self.commit_min >= before.commit_min && self.commit_max >= before.commit_max,
+            "g{group}r{replica}: commit went back from {}/{} to {}/{}",
+            before.commit_min,
+            before.commit_max,
+            self.commit_min,
+            self.commit_max
+        );
+        assert!(
+            self.commit_min <= self.commit_max,
+            "g{group}r{replica}: applied {} beyond commit {}",
+            self.commit_min,
+            self.commit_max
+        );
+        assert!(
+            self.durable.view <= self.view && self.log_view <= self.view,
+            "g{group}r{replica}: durable view {} or log view {} ahead of view {}",
+            self.durable.view,
+            self.log_view,
+            self.view
+        );
+    }
+
     pub(super) fn check_invariants(&self) {
         invariant!(self.commit_min <= self.commit_max, "applied beyond commit");
         invariant!(self.durable.view <= self.view, "durable view ahead of view");
