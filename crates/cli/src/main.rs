@@ -9,7 +9,8 @@ use anyhow::{bail, Context, Result};
 use braid_client::{Client, Consumer, ConsumerConfig, Producer, ProducerConfig, StartFrom};
 use braid_node::{FsyncSetting, Node, NodeConfig};
 use braid_proto::client::{
-    TopicSettings, FSYNC_ALWAYS, FSYNC_DEFAULT, FSYNC_INTERVAL, FSYNC_NEVER,
+    TopicSettings, FSYNC_ALWAYS, FSYNC_DEFAULT, FSYNC_INTERVAL, FSYNC_INTERVAL_MS_MAX, FSYNC_NEVER,
+    RETENTION_BYTES_MAX, RETENTION_FOREVER, RETENTION_MS_MAX,
 };
 use clap::{Parser, Subcommand, ValueEnum};
 use serde_json::json;
@@ -150,19 +151,22 @@ enum TopicCommand {
         /// fsync policy [default: the node's].
         #[arg(long)]
         fsync: Option<Fsync>,
-        /// For --fsync interval (ms).
-        #[arg(long, default_value_t = 0)]
+        /// For --fsync interval (ms, at most 3600000 = 1 hour; 0: the node's default).
+        #[arg(long, default_value_t = 0,
+              value_parser = clap::value_parser!(u64).range(0..=FSYNC_INTERVAL_MS_MAX))]
         fsync_interval_ms: u64,
-        /// Retention by size per partition (bytes; 0: the node's default).
-        #[arg(long, default_value_t = 0)]
+        /// Retention by size per partition (bytes, at most 2^60; `forever`: no size
+        /// limit; 0: the node's default).
+        #[arg(long, default_value = "0", value_parser = parse_retention_bytes)]
         retention_bytes: u64,
-        /// Retention by age (ms; 0: the node's default).
-        #[arg(long, default_value_t = 0)]
+        /// Retention by age (ms, at most 3155760000000 = 100 years; `forever`: keep
+        /// forever; 0: the node's default).
+        #[arg(long, default_value = "0", value_parser = parse_retention_ms)]
         retention_ms: u64,
-        /// Largest batch (bytes; 0: the node's default).
+        /// Largest batch (bytes, 1024 to the segment size; 0: the node's default).
         #[arg(long, default_value_t = 0)]
         max_batch_bytes: u32,
-        /// Log segment size (bytes; 0: the node's default).
+        /// Log segment size (bytes, 1024 to 2147483647; 0: the node's default).
         #[arg(long, default_value_t = 0)]
         segment_bytes: u32,
     },
@@ -353,6 +357,39 @@ fn server(args: ServerArgs) -> Result<()> {
     Ok(())
 }
 
+/// A retention flag: `forever` ([`RETENTION_FOREVER`], as the protocol writes it), or
+/// a whole number from 0 (the node's default) to `max`.
+fn parse_retention(value: &str, max: u64, unit: &str) -> Result<u64, String> {
+    if value == "forever" {
+        return Ok(RETENTION_FOREVER);
+    }
+    match value.parse::<u64>() {
+        Ok(n) if n <= max || n == RETENTION_FOREVER => Ok(n),
+        Ok(n) => Err(format!(
+            "{n} is out of range: 0 (the node's default), 1 to {max} {unit}, or `forever`"
+        )),
+        Err(e) => Err(format!("{e}: expected a whole number or `forever`")),
+    }
+}
+
+fn parse_retention_ms(value: &str) -> Result<u64, String> {
+    parse_retention(value, RETENTION_MS_MAX, "ms (100 years)")
+}
+
+fn parse_retention_bytes(value: &str) -> Result<u64, String> {
+    parse_retention(value, RETENTION_BYTES_MAX, "bytes (1 EiB)")
+}
+
+/// A retention setting as `topic describe` prints it (a node reports no limit as
+/// [`RETENTION_FOREVER`]; an older one as 0).
+fn retention_text(value: u64, unit: &str, unlimited: &str) -> String {
+    if value == RETENTION_FOREVER || value == 0 {
+        unlimited.to_owned()
+    } else {
+        format!("{value} {unit}")
+    }
+}
+
 fn fsync_code(fsync: Option<Fsync>) -> u8 {
     match fsync {
         None => FSYNC_DEFAULT,
@@ -515,14 +552,14 @@ async fn topic_command(client: &Client, as_json: bool, command: TopicCommand) ->
                 println!("{value}");
             } else {
                 println!(
-                    "topic {}/{} (id {}, layout epoch {})\nfsync {} | retention {} bytes, {} ms | max batch {} bytes | segment {} bytes\n",
+                    "topic {}/{} (id {}, layout epoch {})\nfsync {} | retention {}, {} | max batch {} bytes | segment {} bytes\n",
                     info.stream,
                     info.name,
                     info.id,
                     info.epoch,
                     fsync_name(s.fsync),
-                    s.retention_bytes,
-                    s.retention_ms,
+                    retention_text(s.retention_bytes, "bytes", "no size limit"),
+                    retention_text(s.retention_ms, "ms", "kept forever"),
                     s.max_batch_bytes,
                     s.segment_bytes
                 );

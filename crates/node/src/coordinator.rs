@@ -11,7 +11,7 @@ use std::sync::Arc;
 use braid_proto::client::{
     ErrorCode, Grant, GroupDescription, GroupMember, GroupSummary, PartitionInfo, PartitionOffsets,
     Response, TopicInfo, TopicSettings, TopicSummary, UserSummary, FSYNC_ALWAYS, FSYNC_DEFAULT,
-    FSYNC_INTERVAL, FSYNC_NEVER,
+    FSYNC_INTERVAL, FSYNC_NEVER, RETENTION_FOREVER,
 };
 use tokio::sync::oneshot;
 
@@ -26,6 +26,12 @@ use crate::replication::meta_group::{MetaGroup, Turn};
 
 type Reply = oneshot::Sender<Result<Response, NodeError>>;
 
+// The protocol states the storage's segment sizes as its range.
+const _: () = assert!(
+    braid_proto::client::SEGMENT_BYTES_MIN == braid_storage::SEGMENT_BYTES_MIN
+        && braid_proto::client::SEGMENT_BYTES_MAX == braid_storage::SEGMENT_BYTES_MAX
+);
+
 /// Shortest and longest session timeouts a member may ask for (ms).
 const SESSION_TIMEOUT_MS_MIN: u32 = 100;
 const SESSION_TIMEOUT_MS_MAX: u32 = 300_000;
@@ -37,9 +43,17 @@ pub(crate) struct MetaService {
     groups: GroupCoordinator,
 }
 
-/// Fills the settings a creator left at 0 with the node's defaults.
+/// Fills the settings a creator left at 0 with the node's defaults, giving the form the
+/// topic is stored in. A retention setting of [`RETENTION_FOREVER`] (the wire's and
+/// the config's "no limit") is stored as 0, which has always meant no limit in a
+/// stored topic: a node of an older version that applies the op keeps the data too.
+/// [`reported_settings`] turns it back.
 pub(crate) fn resolve_settings(settings: TopicSettings, defaults: &TopicDefaults) -> TopicSettings {
     let or = |value: u64, default: u64| if value == 0 { default } else { value };
+    let retention = |value: u64, default: u64| match or(value, default) {
+        RETENTION_FOREVER => 0,
+        resolved => resolved,
+    };
     TopicSettings {
         partitions: settings.partitions,
         fsync: match settings.fsync {
@@ -51,13 +65,25 @@ pub(crate) fn resolve_settings(settings: TopicSettings, defaults: &TopicDefaults
             other => other,
         },
         fsync_interval_ms: or(settings.fsync_interval_ms, defaults.fsync_interval_ms),
-        retention_bytes: or(settings.retention_bytes, defaults.retention_bytes),
-        retention_ms: or(settings.retention_ms, defaults.retention_ms),
+        retention_bytes: retention(settings.retention_bytes, defaults.retention_bytes),
+        retention_ms: retention(settings.retention_ms, defaults.retention_ms),
         max_batch_bytes: or(
             settings.max_batch_bytes.into(),
             defaults.max_batch_bytes.into(),
         ) as u32,
         segment_bytes: or(settings.segment_bytes.into(), defaults.segment_bytes.into()) as u32,
+    }
+}
+
+/// A stored topic's settings as a TopicInfo states them: every default filled in, and
+/// no retention limit (stored as 0) as [`RETENTION_FOREVER`], since 0 on the wire is
+/// "the node's default".
+pub(crate) fn reported_settings(stored: TopicSettings) -> TopicSettings {
+    let forever_if_none = |value: u64| if value == 0 { RETENTION_FOREVER } else { value };
+    TopicSettings {
+        retention_bytes: forever_if_none(stored.retention_bytes),
+        retention_ms: forever_if_none(stored.retention_ms),
+        ..stored
     }
 }
 
@@ -406,7 +432,7 @@ impl MetaService {
                         name: topic,
                         id: meta.id,
                         epoch: meta.epoch,
-                        settings: meta.settings,
+                        settings: reported_settings(meta.settings),
                         partitions,
                     })));
                 });
@@ -683,5 +709,76 @@ impl MetaService {
                 offsets,
             })));
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::layout::TopicRoute;
+
+    fn log_config(stored: TopicSettings) -> braid_storage::LogConfig {
+        TopicRoute {
+            id: 1,
+            name: "t".into(),
+            settings: stored,
+            partitions: Vec::new(),
+        }
+        .log_config(&crate::config::NodeConfig::default())
+    }
+
+    /// "Keep forever" on the wire (2^64 - 1) is stored as 0, as no limit always was,
+    /// reported back as 2^64 - 1, and reaches the log as no limit; the wire's 0 takes
+    /// the node's default, which may itself be forever.
+    #[test]
+    fn forever_is_stored_as_no_limit_and_reported_as_forever() {
+        let week = 7 * 24 * 3600 * 1000;
+        let defaults = TopicDefaults::default();
+        assert_eq!(defaults.retention_ms, week);
+        let new = |retention_ms, retention_bytes| TopicSettings {
+            partitions: 1,
+            retention_ms,
+            retention_bytes,
+            ..TopicSettings::default()
+        };
+        let stored = resolve_settings(new(RETENTION_FOREVER, RETENTION_FOREVER), &defaults);
+        assert_eq!((stored.retention_ms, stored.retention_bytes), (0, 0));
+        let reported = reported_settings(stored);
+        assert_eq!(
+            (reported.retention_ms, reported.retention_bytes),
+            (RETENTION_FOREVER, RETENTION_FOREVER)
+        );
+        let log = log_config(stored);
+        assert_eq!((log.retention_ms, log.retention_bytes), (None, None));
+
+        let stored = resolve_settings(new(0, 0), &defaults);
+        assert_eq!((stored.retention_ms, stored.retention_bytes), (week, 0));
+        assert_eq!(log_config(stored).retention_ms, Some(week));
+        assert_eq!(reported_settings(stored).retention_ms, week);
+
+        for forever in [0, RETENTION_FOREVER] {
+            let defaults = TopicDefaults {
+                retention_ms: forever,
+                retention_bytes: forever,
+                ..TopicDefaults::default()
+            };
+            let stored = resolve_settings(new(0, 0), &defaults);
+            assert_eq!((stored.retention_ms, stored.retention_bytes), (0, 0));
+            let stored = resolve_settings(new(60_000, 1 << 30), &defaults);
+            assert_eq!(
+                (stored.retention_ms, stored.retention_bytes),
+                (60_000, 1 << 30)
+            );
+            assert_eq!(log_config(stored).retention_ms, Some(60_000));
+        }
+        // A topic stored before the ranges were checked keeps its value, which the
+        // log's arithmetic takes without wrapping.
+        let legacy = new(1 << 63, 0);
+        assert_eq!(log_config(legacy).retention_ms, Some(1 << 63));
+        assert_eq!(
+            log_config(new(RETENTION_FOREVER, 0)).retention_ms,
+            None,
+            "a forever stored as the wire form"
+        );
     }
 }

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use braid_proto::client::{TopicSettings, FSYNC_ALWAYS, FSYNC_INTERVAL};
+use braid_proto::client::{TopicSettings, FSYNC_ALWAYS, FSYNC_INTERVAL, RETENTION_FOREVER};
 use braid_storage::{FsyncPolicy, LogConfig};
 
 use crate::metadata::{Metadata, PartitionMeta};
@@ -33,6 +33,14 @@ impl PartitionKey {
             .join(self.topic_id.to_string())
             .join(self.partition.to_string())
     }
+}
+
+/// A stored retention setting as the log takes it: 0 (how "no limit" is stored) and
+/// [`RETENTION_FOREVER`] are no limit. A topic stored before the ranges were checked may
+/// hold any other value; the log's arithmetic takes every `u64`, so such a limit just
+/// never comes.
+fn retention_limit(stored: u64) -> Option<u64> {
+    (stored != 0 && stored != RETENTION_FOREVER).then_some(stored)
 }
 
 /// One topic as the shards see it.
@@ -66,8 +74,8 @@ impl TopicRoute {
                 },
                 _ => FsyncPolicy::Never,
             },
-            retention_bytes: (s.retention_bytes > 0).then_some(s.retention_bytes),
-            retention_ms: (s.retention_ms > 0).then_some(s.retention_ms),
+            retention_bytes: retention_limit(s.retention_bytes),
+            retention_ms: retention_limit(s.retention_ms),
             write_behind_bytes: node.write_behind_bytes,
             cached_tail_bytes: (node.cached_tail_bytes > 0).then_some(node.cached_tail_bytes),
             recovery: node.recovery.mode(),

@@ -11,8 +11,9 @@ use braid_proto::hash::equal_ranges;
 use braid_proto::scram::ScramCredential;
 use braid_proto::wire::{WireError, WireReader, WireWrite};
 
-/// Most partitions a topic may be created with.
-pub const TOPIC_PARTITIONS_MAX: u32 = 10_000;
+/// Most partitions a topic may be created with (the protocol's range, also checked
+/// when a CreateTopic request is decoded).
+pub const TOPIC_PARTITIONS_MAX: u32 = braid_proto::client::TOPIC_PARTITIONS_MAX;
 
 /// One partition of a topic's layout.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -33,9 +33,6 @@ const REQUESTS_PER_TURN: usize = 64;
 /// How often a shard runs its timers (interval syncs, group expiry).
 const TICK_MS: u64 = crate::replication::meta_group::TICK_MS;
 
-/// How often retention runs.
-const RETENTION_EVERY_MS: u64 = 60_000;
-
 /// Woken waiting fetches a shard answers per turn of its loop, between its other
 /// requests.
 const WOKEN_FETCHES_PER_TURN: usize = 64;
@@ -540,7 +537,7 @@ impl Shard {
             rows.extend(self.meta.as_ref().and_then(|meta| meta.status()));
             self.shared.board.publish(self.id, rows);
         }
-        if now.saturating_sub(self.last_retention_ms) >= RETENTION_EVERY_MS {
+        if now.saturating_sub(self.last_retention_ms) >= self.shared.config.retention_check_ms {
             self.last_retention_ms = now;
             self.apply_retention(now);
         }

@@ -43,6 +43,19 @@ pub enum WireError {
         /// The value found.
         value: u64,
     },
+    /// A number of a well-formed request is outside the range its field takes (a
+    /// bad argument, like [`WireError::InvalidName`]).
+    #[error("{field} at byte {at} is {value}, out of range: {range}")]
+    OutOfRange {
+        /// Byte offset of the field.
+        at: usize,
+        /// The field.
+        field: &'static str,
+        /// The value found.
+        value: u64,
+        /// The values the field takes.
+        range: &'static str,
+    },
     /// A stream, topic or group name breaks the name rule (1 to 249 bytes of
     /// `a-z A-Z 0-9 - _ .`): a well-formed request with a bad argument.
     #[error("{field} at byte {at} is not a valid name: {reason}")]

@@ -157,8 +157,12 @@ impl ClusterSettings {
         if !(1..=16).contains(&self.links_per_peer) {
             return bad(format!("links_per_peer {} (1 to 16)", self.links_per_peer));
         }
-        if self.heartbeat_timeout_ms < 100 {
-            return bad("heartbeat_timeout_ms must be at least 100".into());
+        if !(100..=super::TIMEOUT_MS_MAX).contains(&self.heartbeat_timeout_ms) {
+            return bad(format!(
+                "cluster.heartbeat_timeout_ms = {} is out of range: 100 to {} (1 day)",
+                self.heartbeat_timeout_ms,
+                super::TIMEOUT_MS_MAX
+            ));
         }
         Ok(())
     }
@@ -231,6 +235,7 @@ mod tests {
         ));
         assert!(broken(&|c| c.links_per_peer = 0));
         assert!(broken(&|c| c.heartbeat_timeout_ms = 10));
+        assert!(broken(&|c| c.heartbeat_timeout_ms = u64::MAX));
         assert!(
             broken(&|c| c.secret = None),
             "three members without a secret"

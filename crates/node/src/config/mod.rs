@@ -5,9 +5,25 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
+use braid_proto::client::{
+    FSYNC_INTERVAL_MS_MAX, MAX_BATCH_BYTES_MIN, RETENTION_BYTES_MAX, RETENTION_FOREVER,
+    RETENTION_MS_MAX,
+};
 use serde::Deserialize;
 
 pub mod cluster;
+
+/// Longest of the node's timeouts and graces (`connection_*_ms`, `shutdown_grace_ms`,
+/// `cluster.heartbeat_timeout_ms`): one day. A deadline that far out is a setting
+/// mistaken for "never", and one beyond the clock's range would panic.
+pub const TIMEOUT_MS_MAX: u64 = 86_400_000;
+
+/// The ranges `docs/config.md` states, in the words of the errors.
+const FSYNC_INTERVAL_MS_RANGE: &str = "1 to 3600000 (1 hour)";
+const RETENTION_MS_RANGE: &str =
+    "1 to 3155760000000 (100 years), or \"forever\" (also 0 or 18446744073709551615)";
+const RETENTION_BYTES_RANGE: &str =
+    "1 to 1152921504606846976 (2^60, 1 EiB), or \"forever\" for no size limit (also 0 or 18446744073709551615)";
 
 pub use cluster::{ClusterSettings, MemberSettings};
 
@@ -29,6 +45,8 @@ pub struct NodeConfig {
     pub open_logs_per_shard: usize,
     /// How long a graceful shutdown waits for in-flight requests (ms).
     pub shutdown_grace_ms: u64,
+    /// How often each shard applies retention to its partitions (ms).
+    pub retention_check_ms: u64,
     /// Each partition log starts the kernel's write-back every this many appended bytes
     /// instead of letting dirty pages pile up; 0 leaves write-back to the kernel.
     pub write_behind_bytes: u64,
@@ -128,14 +146,62 @@ pub struct TopicDefaults {
     pub fsync: FsyncSetting,
     /// For `fsync = "interval"` (ms).
     pub fsync_interval_ms: u64,
-    /// Retention by size per partition (bytes), 0 for none.
+    /// Retention by size per partition (bytes), at most [`RETENTION_BYTES_MAX`];
+    /// [`RETENTION_FOREVER`] (`"forever"` in TOML and `BRAID_RETENTION_BYTES`) for no
+    /// size limit. 0, the older spelling, means the same.
+    #[serde(deserialize_with = "retention")]
     pub retention_bytes: u64,
-    /// Retention by age (ms), 0 for none.
+    /// Retention by age (ms), at most [`RETENTION_MS_MAX`]; [`RETENTION_FOREVER`]
+    /// (`"forever"` in TOML and `BRAID_RETENTION_MS`) to keep forever. 0, the older
+    /// spelling, means the same.
+    #[serde(deserialize_with = "retention")]
     pub retention_ms: u64,
     /// Largest batch a producer may send (bytes).
     pub max_batch_bytes: u32,
     /// Log segment size (bytes).
     pub segment_bytes: u32,
+}
+
+/// Reads a retention setting: a whole number, or `"forever"` ([`RETENTION_FOREVER`]).
+/// Its range is checked by [`NodeConfig::resolve`].
+fn retention<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<u64, D::Error> {
+    struct Retention;
+    impl serde::de::Visitor<'_> for Retention {
+        type Value = u64;
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("a whole number or \"forever\"")
+        }
+        fn visit_u64<E: serde::de::Error>(self, value: u64) -> Result<u64, E> {
+            Ok(value)
+        }
+        fn visit_i64<E: serde::de::Error>(self, value: i64) -> Result<u64, E> {
+            u64::try_from(value).map_err(|_| {
+                E::custom(format!(
+                    "{value} is negative: expected a whole number or \"forever\""
+                ))
+            })
+        }
+        fn visit_str<E: serde::de::Error>(self, value: &str) -> Result<u64, E> {
+            parse_retention(value).map_err(E::custom)
+        }
+    }
+    deserializer.deserialize_any(Retention)
+}
+
+/// Parses a retention setting's text: a whole number, or `forever`.
+fn parse_retention(value: &str) -> Result<u64, String> {
+    match value {
+        "forever" => Ok(RETENTION_FOREVER),
+        _ => value
+            .parse::<u64>()
+            .map_err(|e| format!("{e}: expected a whole number or \"forever\"")),
+    }
+}
+
+/// Whether a retention setting of the config is in its range: 0 or
+/// [`RETENTION_FOREVER`] (no limit), or 1 to `max`.
+fn retention_in_range(value: u64, max: u64) -> bool {
+    value <= max || value == RETENTION_FOREVER
 }
 
 /// The `recovery` setting's values.
@@ -194,6 +260,7 @@ impl Default for NodeConfig {
             frame_bytes_max: braid_proto::client::FRAME_BYTES_MAX_DEFAULT,
             open_logs_per_shard: 1024,
             shutdown_grace_ms: 10_000,
+            retention_check_ms: 60_000,
             write_behind_bytes: braid_storage::WRITE_BEHIND_BYTES_DEFAULT,
             cached_tail_bytes: 0,
             recovery: RecoverySetting::Strict,
@@ -303,6 +370,7 @@ impl NodeConfig {
                 "FRAME_BYTES_MAX" => self.frame_bytes_max = parse(&value).map_err(bad)?,
                 "OPEN_LOGS_PER_SHARD" => self.open_logs_per_shard = parse(&value).map_err(bad)?,
                 "SHUTDOWN_GRACE_MS" => self.shutdown_grace_ms = parse(&value).map_err(bad)?,
+                "RETENTION_CHECK_MS" => self.retention_check_ms = parse(&value).map_err(bad)?,
                 "WRITE_BEHIND_BYTES" => self.write_behind_bytes = parse(&value).map_err(bad)?,
                 "CACHED_TAIL_BYTES" => self.cached_tail_bytes = parse(&value).map_err(bad)?,
                 "CONNECTION_REQUESTS_MAX" => {
@@ -372,9 +440,11 @@ impl NodeConfig {
                     self.topic_defaults.fsync_interval_ms = parse(&value).map_err(bad)?
                 }
                 "RETENTION_BYTES" => {
-                    self.topic_defaults.retention_bytes = parse(&value).map_err(bad)?
+                    self.topic_defaults.retention_bytes = parse_retention(&value).map_err(bad)?
                 }
-                "RETENTION_MS" => self.topic_defaults.retention_ms = parse(&value).map_err(bad)?,
+                "RETENTION_MS" => {
+                    self.topic_defaults.retention_ms = parse_retention(&value).map_err(bad)?
+                }
                 "MAX_BATCH_BYTES" => {
                     self.topic_defaults.max_batch_bytes = parse(&value).map_err(bad)?
                 }
@@ -461,21 +531,87 @@ impl NodeConfig {
                 "tls.client_ca_file needs tls.cert_file and tls.key_file".into(),
             ));
         }
-        let defaults = &self.topic_defaults;
-        if defaults.max_batch_bytes as u64 + 1024 > u64::from(self.frame_bytes_max) {
+        if !(1..=TIMEOUT_MS_MAX).contains(&self.retention_check_ms) {
             return Err(ConfigError::Invalid(format!(
-                "topic_defaults.max_batch_bytes ({}) must leave room in frame_bytes_max ({})",
-                defaults.max_batch_bytes, self.frame_bytes_max
+                "retention_check_ms = {} is out of range: 1 to {TIMEOUT_MS_MAX} (1 day)",
+                self.retention_check_ms
             )));
+        }
+        for (name, value) in [
+            ("shutdown_grace_ms", self.shutdown_grace_ms),
+            ("connection_first_frame_ms", self.connection_first_frame_ms),
+            ("connection_frame_ms", self.connection_frame_ms),
+            ("connection_idle_ms", self.connection_idle_ms),
+            ("connection_login_ms", self.connection_login_ms),
+            (
+                "connection_write_timeout_ms",
+                self.connection_write_timeout_ms,
+            ),
+        ] {
+            if value > TIMEOUT_MS_MAX {
+                return Err(ConfigError::Invalid(format!(
+                    "{name} = {value} is out of range: at most {TIMEOUT_MS_MAX} (1 day)"
+                )));
+            }
+        }
+        self.topic_defaults.check(self.frame_bytes_max)?;
+        Ok(self)
+    }
+}
+
+impl TopicDefaults {
+    /// Checks every setting against its range (`docs/config.md`), on a node whose
+    /// largest frame is `frame_bytes_max`.
+    ///
+    /// # Errors
+    /// [`ConfigError::Invalid`], naming the first setting out of range and its range.
+    pub fn check(&self, frame_bytes_max: u32) -> Result<(), ConfigError> {
+        let out_of_range = |name: &str, value: u64, range: &str| {
+            Err(ConfigError::Invalid(format!(
+                "topic_defaults.{name} = {value} is out of range: {range}"
+            )))
+        };
+        let defaults = self;
+        if !(1..=FSYNC_INTERVAL_MS_MAX).contains(&defaults.fsync_interval_ms) {
+            return out_of_range(
+                "fsync_interval_ms",
+                defaults.fsync_interval_ms,
+                FSYNC_INTERVAL_MS_RANGE,
+            );
+        }
+        if !retention_in_range(defaults.retention_ms, RETENTION_MS_MAX) {
+            return out_of_range("retention_ms", defaults.retention_ms, RETENTION_MS_RANGE);
+        }
+        if !retention_in_range(defaults.retention_bytes, RETENTION_BYTES_MAX) {
+            return out_of_range(
+                "retention_bytes",
+                defaults.retention_bytes,
+                RETENTION_BYTES_RANGE,
+            );
         }
         if !(braid_storage::SEGMENT_BYTES_MIN..=braid_storage::SEGMENT_BYTES_MAX)
             .contains(&defaults.segment_bytes)
         {
-            return Err(ConfigError::Invalid(
-                "topic_defaults.segment_bytes out of range".into(),
-            ));
+            return out_of_range(
+                "segment_bytes",
+                defaults.segment_bytes.into(),
+                "1024 to 2147483647 (2 GiB - 1)",
+            );
         }
-        Ok(self)
+        if !(MAX_BATCH_BYTES_MIN..=defaults.segment_bytes).contains(&defaults.max_batch_bytes) {
+            return out_of_range(
+                "max_batch_bytes",
+                defaults.max_batch_bytes.into(),
+                &format!("1024 to segment_bytes ({})", defaults.segment_bytes),
+            );
+        }
+        if defaults.max_batch_bytes as u64 + 1024 > u64::from(frame_bytes_max) {
+            return Err(ConfigError::Invalid(format!(
+                "topic_defaults.max_batch_bytes ({}) must leave room in frame_bytes_max ({})",
+                defaults.max_batch_bytes, frame_bytes_max
+            )));
+        }
+        Ok(())
     }
 }
 
@@ -613,5 +749,134 @@ mod tests {
         );
         config.tls.key_file = Some("/etc/braid/key.pem".into());
         assert!(config.resolve().is_ok());
+    }
+
+    #[test]
+    fn topic_defaults_out_of_range_are_refused_naming_the_setting_and_its_range() {
+        let refusal = |config: NodeConfig| match config.resolve() {
+            Err(ConfigError::Invalid(message)) => message,
+            other => panic!("resolved as {other:?}"),
+        };
+        let from_env = |name: &str, value: &str| {
+            let mut config = NodeConfig::default();
+            config
+                .apply_env([(format!("BRAID_{name}"), value.to_owned())])
+                .unwrap();
+            config
+        };
+        // A sync interval of 2^64 - 1 ms (and any beyond an hour, or 0) is refused.
+        let message = refusal(from_env("FSYNC_INTERVAL_MS", &u64::MAX.to_string()));
+        assert!(
+            message.contains("topic_defaults.fsync_interval_ms = 18446744073709551615")
+                && message.contains("1 to 3600000"),
+            "{message}"
+        );
+        for bad in [0, FSYNC_INTERVAL_MS_MAX + 1] {
+            let mut config = NodeConfig::default();
+            config.topic_defaults.fsync_interval_ms = bad;
+            refusal(config);
+        }
+        from_env("FSYNC_INTERVAL_MS", "3600000").resolve().unwrap();
+
+        // Retention: "forever" is the explicit form; 2^64 - 1 is the same value, and
+        // 0 (the older spelling) still means it. 2^63, which once wrapped negative and
+        // deleted every sealed segment, is refused, as is anything beyond 100 years.
+        for name in ["RETENTION_MS", "RETENTION_BYTES"] {
+            for forever in ["forever", "18446744073709551615", "0"] {
+                let config = from_env(name, forever).resolve().unwrap();
+                let value = if name == "RETENTION_MS" {
+                    config.topic_defaults.retention_ms
+                } else {
+                    config.topic_defaults.retention_bytes
+                };
+                assert!(value == RETENTION_FOREVER || value == 0, "{name}={forever}");
+            }
+            let message = refusal(from_env(name, "9223372036854775808"));
+            assert!(
+                message.contains(&name.to_lowercase()) && message.contains("\"forever\""),
+                "{message}"
+            );
+            let mut config = NodeConfig::default();
+            assert!(matches!(
+                config.apply_env([(format!("BRAID_{name}"), "never".to_owned())]),
+                Err(ConfigError::Env { .. })
+            ));
+        }
+        let mut config = NodeConfig::default();
+        config.topic_defaults.retention_ms = RETENTION_MS_MAX + 1;
+        refusal(config);
+        let mut config = NodeConfig::default();
+        config.topic_defaults.retention_ms = RETENTION_MS_MAX;
+        config.topic_defaults.retention_bytes = RETENTION_BYTES_MAX;
+        config.resolve().unwrap();
+
+        // The same from a file: "forever" (or its value), or a number in range.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("braid.toml");
+        let file = |text: &str| {
+            std::fs::write(&path, format!("[topic_defaults]\n{text}\n")).unwrap();
+            NodeConfig::from_file(&path)
+        };
+        let config = file("retention_ms = \"forever\"\nretention_bytes = \"forever\"").unwrap();
+        assert_eq!(
+            (
+                config.topic_defaults.retention_ms,
+                config.topic_defaults.retention_bytes
+            ),
+            (RETENTION_FOREVER, RETENTION_FOREVER)
+        );
+        config.resolve().unwrap();
+        assert_eq!(
+            file("retention_ms = 86400000")
+                .unwrap()
+                .topic_defaults
+                .retention_ms,
+            86_400_000
+        );
+        assert_eq!(
+            file("retention_ms = 18446744073709551615")
+                .unwrap()
+                .topic_defaults
+                .retention_ms,
+            RETENTION_FOREVER
+        );
+        for bad in [
+            "retention_ms = -1",
+            "retention_ms = \"never\"",
+            "retention_ms = 1.5",
+        ] {
+            assert!(matches!(file(bad), Err(ConfigError::Parse { .. })), "{bad}");
+        }
+        for bad in [
+            "retention_ms = 9223372036854775807",
+            "retention_bytes = 9223372036854775807",
+            "fsync_interval_ms = 9223372036854775807",
+            "max_batch_bytes = 1",
+            "max_batch_bytes = 8192\nsegment_bytes = 4096",
+        ] {
+            let message = refusal(file(bad).unwrap());
+            let setting = bad.split(' ').next().unwrap();
+            assert!(
+                message.contains(&format!("topic_defaults.{setting}")),
+                "{bad}: {message}"
+            );
+        }
+
+        // The node's timeouts stop at a day: a deadline of 2^64 - 1 ms would panic.
+        for name in [
+            "CONNECTION_IDLE_MS",
+            "CONNECTION_LOGIN_MS",
+            "CONNECTION_FRAME_MS",
+            "CONNECTION_FIRST_FRAME_MS",
+            "CONNECTION_WRITE_TIMEOUT_MS",
+            "SHUTDOWN_GRACE_MS",
+            "RETENTION_CHECK_MS",
+        ] {
+            let message = refusal(from_env(name, &u64::MAX.to_string()));
+            assert!(message.contains(&name.to_lowercase()), "{message}");
+            from_env(name, &TIMEOUT_MS_MAX.to_string())
+                .resolve()
+                .unwrap();
+        }
     }
 }

@@ -469,10 +469,11 @@ async fn handle_frame(env: &Env, mut frame: BytesMut) -> Flow {
     let request = match Request::decode(command, body) {
         Ok(request) => request,
         Err(err) => {
-            // A bad name is a bad argument of a well-formed request; anything else
-            // could not be decoded at all.
+            // A bad name or a number out of its range is a bad argument of a
+            // well-formed request; anything else could not be decoded at all.
             let code_for = match err {
-                braid_proto::wire::WireError::InvalidName { .. } => ErrorCode::InvalidArgument,
+                braid_proto::wire::WireError::InvalidName { .. }
+                | braid_proto::wire::WireError::OutOfRange { .. } => ErrorCode::InvalidArgument,
                 _ => ErrorCode::MalformedRequest,
             };
             tracing::info!(?command, %err, "refused request");

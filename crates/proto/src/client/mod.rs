@@ -37,8 +37,10 @@ pub use node_status::{
     GroupBehind, NodeStatus, PeerBundle, ReplicaStatus, GROUPS_BEHIND_LISTED_MAX,
 };
 pub use request::{
-    GroupMemberRequest, OffsetSpec, Request, TopicSettings, FSYNC_ALWAYS, FSYNC_DEFAULT,
-    FSYNC_INTERVAL, FSYNC_NEVER,
+    GroupMemberRequest, OffsetSpec, Request, SettingOutOfRange, TopicSettings, FSYNC_ALWAYS,
+    FSYNC_DEFAULT, FSYNC_INTERVAL, FSYNC_INTERVAL_MS_MAX, FSYNC_NEVER, MAX_BATCH_BYTES_MIN,
+    RETENTION_BYTES_MAX, RETENTION_FOREVER, RETENTION_MS_MAX, SEGMENT_BYTES_MAX, SEGMENT_BYTES_MIN,
+    TOPIC_PARTITIONS_MAX,
 };
 pub use response::{
     decode_error_message, encode_fetch_prefix, error_code, ClusterInfo, ClusterMember,

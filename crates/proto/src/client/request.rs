@@ -12,27 +12,80 @@ pub const FSYNC_INTERVAL: u8 = 2;
 /// `fsync` mode value: never.
 pub const FSYNC_NEVER: u8 = 3;
 
-/// Settings of a new topic. Zero in a size or time field means "the node's default"
-/// (retention: keep forever).
+/// Most partitions a topic may be created with.
+pub const TOPIC_PARTITIONS_MAX: u32 = 10_000;
+/// The one explicit "keep forever" form of [`TopicSettings::retention_ms`], and "no
+/// size limit" of [`TopicSettings::retention_bytes`]: `u64::MAX` (2^64 − 1). The CLI
+/// and the node's config spell it `forever`. (0 on the wire is the node's default.)
+pub const RETENTION_FOREVER: u64 = u64::MAX;
+/// Longest retention by age other than [`RETENTION_FOREVER`]: 100 years of 365.25 days,
+/// in ms (3,155,760,000,000).
+pub const RETENTION_MS_MAX: u64 = 36_525 * 24 * 3600 * 1000;
+/// Largest retention by size other than [`RETENTION_FOREVER`]: 1 EiB per partition.
+pub const RETENTION_BYTES_MAX: u64 = 1 << 60;
+/// Longest `fsync_interval_ms`: one hour. Data that may wait longer for its sync is
+/// better served by `never`, which says so.
+pub const FSYNC_INTERVAL_MS_MAX: u64 = 3_600_000;
+/// Smallest log segment size (1 KiB; the storage's `SEGMENT_BYTES_MIN`).
+pub const SEGMENT_BYTES_MIN: u32 = 1024;
+/// Largest log segment size (2 GiB − 1; the storage's `SEGMENT_BYTES_MAX`): index
+/// entries hold 32-bit positions.
+pub const SEGMENT_BYTES_MAX: u32 = i32::MAX as u32;
+/// Smallest `max_batch_bytes` (1 KiB); the largest is [`SEGMENT_BYTES_MAX`], and a
+/// topic's must also fit in its segments and in the node's frames.
+pub const MAX_BATCH_BYTES_MIN: u32 = 1024;
+
+/// Settings of a new topic. Zero in a size or time field means "the node's default";
+/// [`RETENTION_FOREVER`] in a retention field means no limit. [`TopicSettings::check`]
+/// states every field's range, and a CreateTopic request whose settings break it is
+/// refused at decode ([`WireError::OutOfRange`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct TopicSettings {
-    /// Number of partitions, at least 1.
+    /// Number of partitions, 1 to [`TOPIC_PARTITIONS_MAX`].
     pub partitions: u32,
     /// [`FSYNC_DEFAULT`], [`FSYNC_ALWAYS`], [`FSYNC_INTERVAL`] or [`FSYNC_NEVER`].
     pub fsync: u8,
-    /// Interval for [`FSYNC_INTERVAL`] (ms).
+    /// Interval for [`FSYNC_INTERVAL`] (ms), at most [`FSYNC_INTERVAL_MS_MAX`]; 0: the
+    /// node's default.
     pub fsync_interval_ms: u64,
-    /// Retention by size per partition (bytes); 0: none.
+    /// Retention by size per partition (bytes), at most [`RETENTION_BYTES_MAX`]; 0: the
+    /// node's default; [`RETENTION_FOREVER`]: no size limit.
     pub retention_bytes: u64,
-    /// Retention by age (ms); 0: none.
+    /// Retention by age (ms), at most [`RETENTION_MS_MAX`]; 0: the node's default;
+    /// [`RETENTION_FOREVER`]: keep forever.
     pub retention_ms: u64,
-    /// Largest batch a producer may send (bytes); 0: the node's default.
+    /// Largest batch a producer may send (bytes), [`MAX_BATCH_BYTES_MIN`] to
+    /// [`SEGMENT_BYTES_MAX`]; 0: the node's default.
     pub max_batch_bytes: u32,
-    /// Log segment size (bytes); 0: the node's default.
+    /// Log segment size (bytes), [`SEGMENT_BYTES_MIN`] to [`SEGMENT_BYTES_MAX`]; 0: the
+    /// node's default.
     pub segment_bytes: u32,
 }
 
+/// A [`TopicSettings`] field outside its range.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("{field} = {value} is out of range: {range}")]
+pub struct SettingOutOfRange {
+    /// The field.
+    pub field: &'static str,
+    /// Its value.
+    pub value: u64,
+    /// The values it may take.
+    pub range: &'static str,
+}
+
+/// Byte offsets of the fields in the settings' wire form.
+const OFFSET_PARTITIONS: usize = 0;
+const OFFSET_FSYNC_INTERVAL_MS: usize = 5;
+const OFFSET_RETENTION_BYTES: usize = 13;
+const OFFSET_RETENTION_MS: usize = 21;
+const OFFSET_MAX_BATCH_BYTES: usize = 29;
+const OFFSET_SEGMENT_BYTES: usize = 33;
+
 impl TopicSettings {
+    /// Bytes of the settings' wire form.
+    pub const WIRE_BYTES: usize = 37;
+
     /// Appends the settings' wire form.
     pub fn encode_into(&self, out: &mut Vec<u8>) {
         out.put_u32_be(self.partitions);
@@ -44,7 +97,9 @@ impl TopicSettings {
         out.put_u32_be(self.segment_bytes);
     }
 
-    /// Reads the settings' wire form.
+    /// Reads the settings' wire form, checking only that `fsync` names a mode: stored
+    /// settings and [`TopicInfo`](super::TopicInfo) answers are read with it. A new
+    /// topic's settings are read with [`TopicSettings::decode_checked`].
     ///
     /// # Errors
     /// A [`WireError`].
@@ -68,6 +123,103 @@ impl TopicSettings {
             max_batch_bytes: reader.u32("max_batch_bytes")?,
             segment_bytes: reader.u32("segment_bytes")?,
         })
+    }
+
+    /// Reads a new topic's settings: [`TopicSettings::decode`], then every field
+    /// checked against its range ([`TopicSettings::check`]).
+    ///
+    /// # Errors
+    /// A [`WireError`]; [`WireError::OutOfRange`] for a field outside its range.
+    pub fn decode_checked(reader: &mut WireReader<'_>) -> Result<Self, WireError> {
+        let start = reader.position();
+        let settings = Self::decode(reader)?;
+        settings.check().map_err(|err| WireError::OutOfRange {
+            at: start + field_offset(err.field),
+            field: err.field,
+            value: err.value,
+            range: err.range,
+        })?;
+        Ok(settings)
+    }
+
+    /// Checks every field against its range, as a CreateTopic request states it (0
+    /// is the node's default in every field but `partitions` and `fsync`).
+    ///
+    /// # Errors
+    /// The first field out of range.
+    pub fn check(&self) -> Result<(), SettingOutOfRange> {
+        let refuse = |field, value: u64, range| {
+            Err(SettingOutOfRange {
+                field,
+                value,
+                range,
+            })
+        };
+        if !(1..=TOPIC_PARTITIONS_MAX).contains(&self.partitions) {
+            return refuse("partitions", self.partitions.into(), "1 to 10000");
+        }
+        if self.fsync > FSYNC_NEVER {
+            return refuse("fsync", self.fsync.into(), "0 to 3");
+        }
+        if self.fsync_interval_ms > FSYNC_INTERVAL_MS_MAX {
+            return refuse(
+                "fsync_interval_ms",
+                self.fsync_interval_ms,
+                "0 (the node's default) or 1 to 3600000 (1 hour)",
+            );
+        }
+        if !retention_in_range(self.retention_bytes, RETENTION_BYTES_MAX) {
+            return refuse(
+                "retention_bytes",
+                self.retention_bytes,
+                "0 (the node's default), 1 to 2^60 (1 EiB), or 2^64 - 1 (no size limit)",
+            );
+        }
+        if !retention_in_range(self.retention_ms, RETENTION_MS_MAX) {
+            return refuse(
+                "retention_ms",
+                self.retention_ms,
+                "0 (the node's default), 1 to 3155760000000 (100 years), or \
+                 2^64 - 1 = 18446744073709551615 (keep forever)",
+            );
+        }
+        if self.max_batch_bytes != 0
+            && !(MAX_BATCH_BYTES_MIN..=SEGMENT_BYTES_MAX).contains(&self.max_batch_bytes)
+        {
+            return refuse(
+                "max_batch_bytes",
+                self.max_batch_bytes.into(),
+                "0 (the node's default) or 1024 to 2^31 - 1",
+            );
+        }
+        if self.segment_bytes != 0
+            && !(SEGMENT_BYTES_MIN..=SEGMENT_BYTES_MAX).contains(&self.segment_bytes)
+        {
+            return refuse(
+                "segment_bytes",
+                self.segment_bytes.into(),
+                "0 (the node's default) or 1024 to 2^31 - 1",
+            );
+        }
+        Ok(())
+    }
+}
+
+/// Whether a retention setting is 0 (the default), at most `max`, or
+/// [`RETENTION_FOREVER`].
+fn retention_in_range(value: u64, max: u64) -> bool {
+    value <= max || value == RETENTION_FOREVER
+}
+
+fn field_offset(field: &str) -> usize {
+    match field {
+        "partitions" => OFFSET_PARTITIONS,
+        "fsync" => OFFSET_PARTITIONS + 4,
+        "fsync_interval_ms" => OFFSET_FSYNC_INTERVAL_MS,
+        "retention_bytes" => OFFSET_RETENTION_BYTES,
+        "retention_ms" => OFFSET_RETENTION_MS,
+        "max_batch_bytes" => OFFSET_MAX_BATCH_BYTES,
+        _ => OFFSET_SEGMENT_BYTES,
     }
 }
 
@@ -570,7 +722,7 @@ impl<'a> Request<'a> {
             Command::CreateTopic => Self::CreateTopic {
                 stream: name(&mut r, "stream")?,
                 topic: name(&mut r, "topic")?,
-                settings: TopicSettings::decode(&mut r)?,
+                settings: TopicSettings::decode_checked(&mut r)?,
             },
             Command::DeleteTopic => Self::DeleteTopic {
                 stream: name(&mut r, "stream")?,

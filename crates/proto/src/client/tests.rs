@@ -584,3 +584,165 @@ fn protocol_doc_example_holds() {
     );
     assert_eq!(&error[14..18], &[0, 0x0b, 0, 0x1c]);
 }
+
+/// A CreateTopic request carrying `settings`, decoded.
+fn create_topic(settings: TopicSettings) -> Result<TopicSettings, WireError> {
+    let mut frame = Vec::new();
+    Request::CreateTopic {
+        stream: "s",
+        topic: "t",
+        settings,
+    }
+    .encode(1, &mut frame);
+    let (_, body) = split_request(&frame).unwrap();
+    match Request::decode(Command::CreateTopic, body)? {
+        Request::CreateTopic { settings, .. } => Ok(settings),
+        other => panic!("decoded {other:?}"),
+    }
+}
+
+#[test]
+fn topic_settings_are_checked_against_their_ranges_at_decode() {
+    let valid = TopicSettings {
+        partitions: 1,
+        ..TopicSettings::default()
+    };
+    // Every field at 0 (the node's default), at each end of its range, and the
+    // explicit forever form of the retention fields.
+    for settings in [
+        valid,
+        TopicSettings {
+            partitions: TOPIC_PARTITIONS_MAX,
+            fsync: FSYNC_NEVER,
+            fsync_interval_ms: FSYNC_INTERVAL_MS_MAX,
+            retention_bytes: RETENTION_BYTES_MAX,
+            retention_ms: RETENTION_MS_MAX,
+            max_batch_bytes: SEGMENT_BYTES_MAX,
+            segment_bytes: SEGMENT_BYTES_MAX,
+        },
+        TopicSettings {
+            fsync_interval_ms: 1,
+            retention_bytes: 1,
+            retention_ms: 1,
+            max_batch_bytes: MAX_BATCH_BYTES_MIN,
+            segment_bytes: SEGMENT_BYTES_MIN,
+            ..valid
+        },
+        TopicSettings {
+            retention_bytes: RETENTION_FOREVER,
+            retention_ms: RETENTION_FOREVER,
+            ..valid
+        },
+    ] {
+        assert_eq!(create_topic(settings), Ok(settings));
+        assert_eq!(settings.check(), Ok(()));
+    }
+    // 2^64 - 1 is forever; 2^63 (what once wrapped negative) and everything else
+    // between the largest age and forever is refused, naming the field and its byte.
+    let refused = |settings: TopicSettings| match create_topic(settings) {
+        Err(WireError::OutOfRange {
+            at, field, value, ..
+        }) => {
+            assert_eq!(
+                settings.check().map_err(|e| (e.field, e.value)),
+                Err((field, value))
+            );
+            (at, field, value)
+        }
+        other => panic!("{settings:?} decoded as {other:?}"),
+    };
+    // The settings start after the two names ("s" and "t", 3 bytes each).
+    let start = 6;
+    for retention_ms in [
+        RETENTION_MS_MAX + 1,
+        1 << 63,
+        (1 << 63) - 1,
+        RETENTION_FOREVER - 1,
+    ] {
+        assert_eq!(
+            refused(TopicSettings {
+                retention_ms,
+                ..valid
+            }),
+            (start + 21, "retention_ms", retention_ms)
+        );
+    }
+    for retention_bytes in [RETENTION_BYTES_MAX + 1, 1 << 63, RETENTION_FOREVER - 1] {
+        assert_eq!(
+            refused(TopicSettings {
+                retention_bytes,
+                ..valid
+            }),
+            (start + 13, "retention_bytes", retention_bytes)
+        );
+    }
+    for fsync_interval_ms in [FSYNC_INTERVAL_MS_MAX + 1, u64::MAX] {
+        assert_eq!(
+            refused(TopicSettings {
+                fsync: FSYNC_INTERVAL,
+                fsync_interval_ms,
+                ..valid
+            }),
+            (start + 5, "fsync_interval_ms", fsync_interval_ms)
+        );
+    }
+    for partitions in [0, TOPIC_PARTITIONS_MAX + 1, u32::MAX] {
+        assert_eq!(
+            refused(TopicSettings {
+                partitions,
+                ..valid
+            }),
+            (start, "partitions", partitions.into())
+        );
+    }
+    for max_batch_bytes in [1, MAX_BATCH_BYTES_MIN - 1, SEGMENT_BYTES_MAX + 1, u32::MAX] {
+        assert_eq!(
+            refused(TopicSettings {
+                max_batch_bytes,
+                ..valid
+            }),
+            (start + 29, "max_batch_bytes", max_batch_bytes.into())
+        );
+    }
+    for segment_bytes in [1, SEGMENT_BYTES_MIN - 1, SEGMENT_BYTES_MAX + 1, u32::MAX] {
+        assert_eq!(
+            refused(TopicSettings {
+                segment_bytes,
+                ..valid
+            }),
+            (start + 33, "segment_bytes", segment_bytes.into())
+        );
+    }
+    // The message names the field, its value and the explicit forever form.
+    let message = create_topic(TopicSettings {
+        retention_ms: 1 << 63,
+        ..valid
+    })
+    .unwrap_err()
+    .to_string();
+    assert!(
+        message.contains("retention_ms") && message.contains("18446744073709551615 (keep forever)"),
+        "{message}"
+    );
+    // The ranges the messages state are the constants'.
+    assert_eq!(RETENTION_MS_MAX, 3_155_760_000_000);
+    assert_eq!(RETENTION_BYTES_MAX, 1 << 60);
+    assert_eq!(FSYNC_INTERVAL_MS_MAX, 3_600_000);
+    assert_eq!(TOPIC_PARTITIONS_MAX, 10_000);
+    assert_eq!((MAX_BATCH_BYTES_MIN, SEGMENT_BYTES_MIN), (1024, 1024));
+    assert_eq!(SEGMENT_BYTES_MAX, (1 << 31) - 1);
+    // Stored settings and TopicInfo answers are read as they are: a topic created
+    // before the ranges were checked still loads.
+    let mut stored = Vec::new();
+    TopicSettings {
+        retention_ms: 1 << 63,
+        ..valid
+    }
+    .encode_into(&mut stored);
+    assert_eq!(stored.len(), TopicSettings::WIRE_BYTES);
+    let mut reader = crate::wire::WireReader::new(&stored);
+    assert_eq!(
+        TopicSettings::decode(&mut reader).unwrap().retention_ms,
+        1 << 63
+    );
+}

@@ -292,6 +292,40 @@ fn retention_deletes_whole_old_segments_by_size_and_age() {
     assert_eq!((log.segment_count(), log.next_offset()), (1, 60));
 }
 
+/// A retention age of 2^63 ms or more (`u64::MAX` is the wire's "keep forever") keeps
+/// every sealed segment, whatever the clock or the records' timestamps say. Such an age
+/// once wrapped negative as an `i64` and the first retention pass deleted them all.
+#[test]
+fn retention_ages_of_2_pow_63_and_more_keep_every_sealed_segment() {
+    let now_ms = 1_700_000_000_000u64;
+    for keep_ms in [1 << 63, (1 << 63) + 1, u64::MAX - 1, u64::MAX] {
+        let dir = tempfile::tempdir().unwrap();
+        let config = LogConfig {
+            retention_ms: Some(keep_ms),
+            ..small_config()
+        };
+        let mut log = PartitionLog::open(dir.path(), config, 0).unwrap();
+        // Old records, the oldest possible timestamp among them.
+        log.append(batch_of(&records(2, i64::MIN, 200, 0)), 0)
+            .unwrap();
+        for i in 0..30 {
+            log.append(batch_of(&records(2, 1_000 + i, 200, i as u8)), 0)
+                .unwrap();
+        }
+        let segments = log.segment_count();
+        assert!(segments > 2, "the test needs sealed segments");
+        for now in [0, now_ms, i64::MAX as u64, u64::MAX / 2] {
+            let outcome = log.apply_retention(now).unwrap();
+            assert_eq!(
+                (outcome.segments_deleted, log.segment_count()),
+                (0, segments),
+                "retention_ms {keep_ms} at {now}"
+            );
+        }
+        assert_eq!(read_all(&mut log).len(), 62);
+    }
+}
+
 fn log_files(dir: &Path) -> Vec<std::path::PathBuf> {
     let mut files: Vec<_> = std::fs::read_dir(dir)
         .unwrap()

@@ -191,9 +191,7 @@ impl PartitionLog {
                 Some(keep_ms) => {
                     self.ensure_index(0)?;
                     match self.segments[0].max_timestamp {
-                        MaxTimestamp::At { timestamp, .. } => {
-                            timestamp.saturating_add(keep_ms as i64) < now_ms as i64
-                        }
+                        MaxTimestamp::At { timestamp, .. } => expired(timestamp, keep_ms, now_ms),
                         MaxTimestamp::Empty => true,
                         MaxTimestamp::Unknown => false,
                     }
@@ -216,5 +214,36 @@ impl PartitionLog {
         }
         outcome.start_offset = self.start_offset();
         Ok(outcome)
+    }
+}
+
+/// Whether a segment whose newest record is stamped `timestamp` (ms, any `i64`: a
+/// producer chooses it) is older than `keep_ms` at `now_ms`. Computed in `i128`,
+/// where the sum of any `i64` and `u64` is exact: no setting or timestamp can wrap
+/// (a `keep_ms` of 2^63 or more once wrapped negative as an `i64` and expired every
+/// segment).
+fn expired(timestamp: i64, keep_ms: u64, now_ms: u64) -> bool {
+    i128::from(timestamp) + i128::from(keep_ms) < i128::from(now_ms)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::expired;
+
+    #[test]
+    fn expiry_is_exact_at_the_ends_of_every_range() {
+        assert!(!expired(1_000, 500, 1_500), "exactly the age is kept");
+        assert!(expired(1_000, 500, 1_501));
+        for keep in [1 << 63, u64::MAX] {
+            assert!(!expired(0, keep, 1_700_000_000_000));
+            assert!(!expired(i64::MAX, keep, u64::MAX));
+        }
+        assert!(!expired(i64::MIN, u64::MAX, u64::MAX / 2));
+        assert!(expired(i64::MIN, 0, 0));
+        assert!(
+            expired(i64::MIN, u64::MAX, u64::MAX),
+            "2^63 ms beyond the age"
+        );
+        assert!(!expired(i64::MAX, 0, i64::MAX as u64));
     }
 }
