@@ -252,8 +252,30 @@ impl<S: StateMachine, J: Journal> ShardHost<S, J> {
                 "its journal is damaged and it has no peer to repair it from".into(),
             ));
         }
-        let fresh = durable.is_none() && checkpoint.is_none() && opened.slots.is_empty();
-        let replica = if fresh && self.fresh_untrusted && config.replica_count > 1 {
+        // Its view, log view and commit are damaged in both copies of the states table:
+        // the views it voted in are unknown, so it restarts as a replica that lost its
+        // disk (it abstains until a quorum shows it a view as new as any it may have
+        // voted in), keeping its journal and checkpoint, untrusted, for repair.
+        let state_lost = self.states.damaged_groups().contains(&group);
+        if state_lost && config.replica_count == 1 {
+            return Err(start(format!(
+                "its durable state (view, log view, commit) is damaged in both copies of \
+                 the states table in {} and it has no peer to learn it from",
+                self.dir.display()
+            )));
+        }
+        let fresh =
+            !state_lost && durable.is_none() && checkpoint.is_none() && opened.slots.is_empty();
+        let replica = if state_lost {
+            let lost = Persisted::after_disk_loss();
+            self.states.stage(group, lost.durable);
+            let persisted = Persisted {
+                checkpoint,
+                journal: opened.slots,
+                ..lost
+            };
+            Replica::restart(config, machine, persisted).map_err(|e| start(e.to_string()))?
+        } else if fresh && self.fresh_untrusted && config.replica_count > 1 {
             let persisted = Persisted::after_disk_loss();
             // Stamped with this boot, so that its journal's unsynced writes are trusted
             // after a process crash (its state still says "untrusted from 0").

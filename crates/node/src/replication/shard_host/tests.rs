@@ -284,6 +284,74 @@ fn three_replicas_on_real_disks_agree_through_restarts() {
     );
 }
 
+/// Issue 24, finding 10: a group whose durable state is damaged in both copies of
+/// the states table restarts as a replica that lost its disk, never from an older or
+/// an empty state; the others serve meanwhile and it catches up with every op. A lone
+/// replica with the same damage refuses to start.
+#[test]
+fn a_state_damaged_in_both_copies_restarts_as_a_lost_disk_and_catches_up() {
+    let mut trio = Trio::new();
+    trio.run(100);
+    let (mut client, register) = MetaClient::register(5);
+    client.session = trio.request(register).session;
+    for i in 0..30 {
+        let reply = trio.request(client.propose(&stream(&format!("s{i}"))));
+        MetadataMachine::outcome(&reply.result.unwrap()).unwrap();
+        if i == 20 {
+            let backup = (trio.primary() + 1) % 3;
+            trio.hosts[backup as usize] = None;
+            damage_group_slots(trio.dirs[backup as usize].path());
+            trio.restart(backup);
+            let host = trio.hosts[backup as usize].as_ref().unwrap();
+            assert_eq!(
+                host.replica(0).unwrap().view(),
+                0,
+                "restarted as a lost disk"
+            );
+        }
+    }
+    trio.run(600);
+    let states: Vec<_> = trio
+        .hosts
+        .iter()
+        .flatten()
+        .map(|h| h.replica(0).unwrap().state().machine().state().clone())
+        .collect();
+    assert_eq!(
+        states[0].streams.len(),
+        30,
+        "every acknowledged op is there"
+    );
+    assert!(
+        states.iter().all(|s| s == &states[0]),
+        "the replicas disagree"
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let mut host = open(dir.path(), 0, 1).unwrap();
+        step(&mut host, 1, Input::Tick);
+    }
+    damage_group_slots(dir.path());
+    let refused = open(dir.path(), 0, 1).unwrap_err();
+    assert!(refused.to_string().contains("states table"), "{refused}");
+}
+
+/// Flips a bit in the state of every group slot of both copies of shard 0's table.
+fn damage_group_slots(dir: &std::path::Path) {
+    for copy in 0..2 {
+        let path = dir.join(format!("shard-0.{copy}"));
+        let mut bytes = std::fs::read(&path).unwrap();
+        // Slots of 128 bytes after a 128-byte header; the state sits past the identity.
+        let mut at = 128 + 64;
+        while at < bytes.len() {
+            bytes[at] ^= 0x40;
+            at += 128;
+        }
+        std::fs::write(&path, &bytes).unwrap();
+    }
+}
+
 /// Many groups on each of three shard hosts: each turn delivers a host every message
 /// waiting for it, across groups, in one step (one states write for all of them); a
 /// host restarts in the middle; every group ends with its ops on all three.
