@@ -61,6 +61,21 @@ pub enum IdentityError {
         /// In the config.
         configured: String,
     },
+    /// The directory held a node's data, and a file or directory every such node has
+    /// is gone: the data is damaged, not new.
+    #[error(
+        "the data directory {dir} held this node's data (its identity says so), but \
+         {missing} is gone: the node does not start as if it were new, which would forget \
+         what it acknowledged. {way_out}"
+    )]
+    Missing {
+        /// The data directory.
+        dir: std::path::PathBuf,
+        /// What is gone, relative to it.
+        missing: &'static str,
+        /// What the operator can do.
+        way_out: &'static str,
+    },
     /// The directory is another member's.
     #[error(
         "the data directory is member {found}'s of cluster {cluster:?}, but this node is \
@@ -87,6 +102,88 @@ pub(crate) struct Identity {
     /// groups that start with nothing on disk start untrusted, at every start.
     #[serde(default)]
     pub(crate) rejoined: bool,
+    /// A start finished opening the directory's metadata once: from then on the
+    /// files every started node has must be there (see [`check_intact`]).
+    #[serde(default)]
+    pub(crate) initialized: bool,
+}
+
+/// What every node that once started has in its data directory, with a reading for
+/// an operator. The metadata journal, its checkpoint copies and shard 0's states are
+/// written by the first open, before any client is served.
+const STARTED_NODE_HAS: [(&str, &[&str]); 4] = [
+    ("partitions/", &["partitions"]),
+    ("metadata/group-0.journal", &["metadata/group-0.journal"]),
+    (
+        "metadata/group-0.checkpoint.0 and .1",
+        &[
+            "metadata/group-0.checkpoint.0",
+            "metadata/group-0.checkpoint.1",
+        ],
+    ),
+    (
+        "metadata/shard-0.0 and .1",
+        &["metadata/shard-0.0", "metadata/shard-0.1"],
+    ),
+];
+
+/// Refuses a data directory that held a node's data and lost a file every started node
+/// has (a `partitions/` directory, the metadata journal, its checkpoints or its
+/// states): starting on it as on a new directory would serve less than was
+/// acknowledged and hand out offsets again. Call before anything creates them.
+///
+/// # Errors
+/// [`IdentityError::Missing`], or the identity file cannot be read.
+pub(crate) fn check_intact(data_dir: &Path, clustered: bool) -> Result<(), IdentityError> {
+    let path = data_dir.join(IDENTITY_FILE);
+    let text = match std::fs::read_to_string(&path) {
+        Ok(text) => text,
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(source) => return Err(IdentityError::Io { path, source }),
+    };
+    let Ok(found) = toml::from_str::<Identity>(&text) else {
+        // Reported with its reason by `claim`.
+        return Ok(());
+    };
+    if !found.initialized {
+        return Ok(());
+    }
+    let way_out = if clustered {
+        "Restore the directory from a backup, or move it aside and start this member \
+         with --rejoin on an empty directory: it then copies everything from its peers \
+         and votes only once they have shown it the current view."
+    } else {
+        "Restore the directory from a backup; a single node has no peer to copy the \
+         lost data from."
+    };
+    for (missing, any_of) in STARTED_NODE_HAS {
+        if !any_of.iter().any(|p| data_dir.join(p).exists()) {
+            return Err(IdentityError::Missing {
+                dir: data_dir.to_owned(),
+                missing,
+                way_out,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Records that a start finished opening the directory (once): from the next start on,
+/// [`check_intact`] holds it to it.
+///
+/// # Errors
+/// The identity file could not be written.
+pub(crate) fn mark_initialized(data_dir: &Path, identity: &Identity) -> Result<(), IdentityError> {
+    if identity.initialized {
+        return Ok(());
+    }
+    write_identity(
+        data_dir,
+        &Identity {
+            initialized: true,
+            ..identity.clone()
+        },
+    )
 }
 
 impl Identity {
@@ -100,6 +197,12 @@ impl Identity {
             text.push_str(
                 "# This member lost its data once: what it starts with nothing of starts \
                  untrusted.\nrejoined = true\n",
+            );
+        }
+        if self.initialized {
+            text.push_str(
+                "# A start finished here: a missing metadata file or partitions/ is damage.\n\
+                 initialized = true\n",
             );
         }
         text
@@ -175,6 +278,7 @@ pub(crate) fn claim(
                 cluster_id,
                 node_id,
                 rejoined: rejoin,
+                initialized: false,
             };
             write_identity(data_dir, &identity)?;
             Ok(identity)
@@ -269,6 +373,66 @@ mod tests {
         );
         assert!(refused.to_string().contains("older"), "{refused}");
         assert!(!old.path().join(IDENTITY_FILE).exists());
+    }
+
+    /// Issue 24, finding 13: a lost `partitions/` or metadata file started the node as
+    /// an empty one, without a word. Once a start has finished, each is refused,
+    /// naming what is gone; before that (a crash during the first start) nothing is.
+    #[test]
+    fn a_started_directory_that_lost_a_file_every_node_has_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let layout = |dir: &Path| {
+            std::fs::create_dir_all(dir.join("partitions")).unwrap();
+            std::fs::create_dir_all(dir.join("metadata")).unwrap();
+            for f in [
+                "group-0.journal",
+                "group-0.checkpoint.0",
+                "shard-0.0",
+                "shard-0.1",
+            ] {
+                std::fs::write(dir.join("metadata").join(f), b"x").unwrap();
+            }
+        };
+        check_intact(dir.path(), false).unwrap();
+        let identity = claim(dir.path(), None, false, || "local-1".into()).unwrap();
+        // Claimed, first start not finished: nothing is demanded yet.
+        check_intact(dir.path(), false).unwrap();
+        layout(dir.path());
+        mark_initialized(dir.path(), &identity).unwrap();
+        assert!(
+            claim(dir.path(), None, false, String::new)
+                .unwrap()
+                .initialized
+        );
+        check_intact(dir.path(), false).unwrap();
+        for gone in [
+            "partitions",
+            "metadata/group-0.journal",
+            "metadata/group-0.checkpoint.0",
+            "metadata/shard-0.0",
+        ] {
+            let path = dir.path().join(gone);
+            if gone == "partitions" {
+                std::fs::remove_dir(&path).unwrap();
+            } else {
+                std::fs::remove_file(&path).unwrap();
+            }
+            let result = check_intact(dir.path(), true);
+            if gone == "metadata/shard-0.0" {
+                // One copy of two is enough to start from.
+                result.unwrap();
+                std::fs::remove_file(dir.path().join("metadata/shard-0.1")).unwrap();
+            }
+            let refused = check_intact(dir.path(), true).unwrap_err();
+            let text = refused.to_string();
+            assert!(matches!(refused, IdentityError::Missing { .. }), "{text}");
+            assert!(text.contains(gone.split('.').next().unwrap()), "{text}");
+            assert!(text.contains("--rejoin"), "{text}");
+            layout(dir.path());
+        }
+        std::fs::remove_file(dir.path().join("metadata/group-0.journal")).unwrap();
+        let single = check_intact(dir.path(), false).unwrap_err().to_string();
+        assert!(single.contains("no peer"), "{single}");
     }
 
     #[test]

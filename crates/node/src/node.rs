@@ -82,6 +82,8 @@ impl Node {
             // peers must not leave a directory behind that says it did.
             cluster.read_secret()?;
         }
+        let clustered = config.cluster.as_ref().is_some_and(|c| c.members.len() > 1);
+        crate::identity::check_intact(&config.data_dir, clustered)?;
         let topic_id_floor = crate::data_dir::prepare(&config.data_dir)?;
         let configured = config.cluster.as_ref().map(|c| (c.id.as_str(), c.node_id));
         let rejoin = config.cluster.as_ref().is_some_and(|c| c.rejoin);
@@ -97,6 +99,7 @@ impl Node {
             "data directory claimed"
         );
         let meta = open_metadata(&config, &identity, topic_id_floor)?;
+        crate::identity::mark_initialized(&config.data_dir, &identity)?;
         let bus_start = match &config.cluster {
             Some(cluster) if cluster.members.len() > 1 => Some(bus_start(&config, cluster)?),
             _ => None,

@@ -89,3 +89,37 @@ fn a_cluster_member_without_a_secret_is_refused_before_it_claims_its_directory()
         "a refused start claimed the directory"
     );
 }
+
+/// Issue 24, finding 13: a node whose `partitions/` directory, metadata journal or
+/// metadata states were lost started as an empty node without a word. Each is now
+/// refused by name, and the directory restored is served again.
+#[test]
+fn a_started_directory_that_lost_its_metadata_or_partitions_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    Node::start(config(dir.path())).unwrap().shutdown();
+    let identity = std::fs::read_to_string(dir.path().join("identity")).unwrap();
+    assert!(identity.contains("initialized = true"), "{identity}");
+    for gone in ["partitions", "metadata/group-0.journal", "metadata/shard-0"] {
+        let aside = tempfile::tempdir().unwrap();
+        let moved: Vec<String> = if gone == "metadata/shard-0" {
+            vec!["metadata/shard-0.0".into(), "metadata/shard-0.1".into()]
+        } else {
+            vec![gone.into()]
+        };
+        for (i, path) in moved.iter().enumerate() {
+            std::fs::rename(dir.path().join(path), aside.path().join(i.to_string())).unwrap();
+        }
+        let refused = Node::start(config(dir.path())).unwrap_err();
+        let text = refused.to_string();
+        assert!(text.contains(gone), "{gone}: {text}");
+        assert!(text.contains("backup"), "{text}");
+        assert!(
+            !dir.path().join(&moved[0]).exists(),
+            "nothing was recreated"
+        );
+        for (i, path) in moved.iter().enumerate() {
+            std::fs::rename(aside.path().join(i.to_string()), dir.path().join(path)).unwrap();
+        }
+        Node::start(config(dir.path())).unwrap().shutdown();
+    }
+}
