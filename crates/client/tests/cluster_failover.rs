@@ -150,3 +150,91 @@ async fn a_producer_and_a_group_consumer_ride_through_a_primarys_stop() {
         member.stop();
     }
 }
+
+/// Issue 24, finding 6: member ids and generations started again at 1 at a new
+/// coordinator, so a consumer from before the failover (a zombie) passed for the new
+/// member 1 and its commit moved the group's offsets back from 25 to 11. Raw protocol
+/// calls, as a zombie would make them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_consumer_from_before_a_coordinator_failover_cannot_move_offsets_back() {
+    use braid_proto::client::{GroupMemberRequest, Request, Response};
+    let mut members = start_cluster(3, FsyncSetting::Always);
+    let client = Client::connect(members[0].addr()).await.unwrap();
+    common::create_topic(&client, "s", "t", 1).await;
+    let producer = Producer::new(&client, "s", "t", ProducerConfig::default())
+        .await
+        .unwrap();
+    for i in 0..30 {
+        producer
+            .send(Some(b"k"), format!("v{i}").as_bytes())
+            .await
+            .unwrap();
+    }
+    let join = Request::JoinGroup {
+        stream: "s",
+        group: "g",
+        topic: "t",
+        member_name: "m",
+        session_timeout_ms: 60_000,
+    };
+    let joined = |response| match response {
+        Response::Assignment {
+            member_id,
+            generation,
+            ..
+        } => (member_id, generation),
+        other => panic!("not an assignment: {other:?}"),
+    };
+    let commit = |(member_id, generation): (u64, u32), offset: u64| Request::CommitOffsets {
+        member: GroupMemberRequest {
+            stream: "s",
+            group: "g",
+            member_id,
+            generation,
+        },
+        offsets: vec![(0, offset)],
+    };
+    let zombie = joined(client.call(&join).await.unwrap());
+    client.call(&commit(zombie, 11)).await.unwrap();
+
+    let coordinator = client.cluster_info().await.unwrap().coordinator.unwrap();
+    members[usize::from(coordinator)].stop();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let fresh = loop {
+        match client.call(&join).await {
+            Ok(response) => break joined(response),
+            Err(err) => {
+                assert!(Instant::now() < deadline, "no new coordinator: {err}");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    };
+    assert_ne!(
+        fresh, zombie,
+        "the new coordinator gave the old id and generation"
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while let Err(err) = client.call(&commit(fresh, 25)).await {
+        assert!(
+            Instant::now() < deadline,
+            "the new member cannot commit: {err}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let refused = client.call(&commit(zombie, 11)).await;
+    assert!(
+        refused.is_err(),
+        "the zombie's commit was taken: {refused:?}"
+    );
+    let offsets = client
+        .call(&Request::FetchOffsets {
+            stream: "s",
+            group: "g",
+        })
+        .await
+        .unwrap();
+    let Response::Offsets(offsets) = offsets else {
+        panic!("not offsets: {offsets:?}");
+    };
+    assert_eq!(offsets[0].committed, Some(25), "{offsets:?}");
+}

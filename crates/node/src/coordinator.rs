@@ -307,6 +307,7 @@ impl MetaService {
                 self.finish(shared, turn);
                 return;
             }
+            self.groups.enter_epoch(self.group.view());
         }
         match request {
             AdminRequest::CreateStream(name) => {

@@ -102,15 +102,23 @@ pub struct GroupView {
 }
 
 /// Every live group of a node, keyed by (stream, group).
+///
+/// Its state lives in memory at the coordinator (the metadata group's primary) and
+/// starts again at each new one, so each coordinator has an epoch, the metadata view it
+/// leads: member ids are `epoch << 32 | n`, and a group's generations start at
+/// `epoch << 16`, so no id or generation is ever given again by a later coordinator. A
+/// consumer from before a failover is an unknown member at the new one, never taken for
+/// a new member that happens to get its old id.
 #[derive(Debug, Default)]
 pub struct GroupCoordinator {
     groups: HashMap<(String, String), Group>,
     next_member_id: u64,
+    epoch: u64,
 }
 
 impl Group {
     fn rebalance(&mut self) {
-        self.generation += 1;
+        self.generation = self.generation.wrapping_add(1);
         let count = self.members.len();
         if count == 0 {
             return;
@@ -183,6 +191,17 @@ impl Group {
 }
 
 impl GroupCoordinator {
+    /// This node coordinates in `epoch` (the metadata view it leads). A newer epoch than
+    /// the one it had means another coordinator served in between: what this one held
+    /// is stale, so it starts empty, with ids and generations of the new epoch.
+    pub fn enter_epoch(&mut self, epoch: u64) {
+        if epoch > self.epoch {
+            self.groups.clear();
+            self.next_member_id = 0;
+            self.epoch = epoch;
+        }
+    }
+
     /// Adds a member to a group (creating the group), rebalances, and returns the
     /// member's grant (often empty until others release partitions).
     ///
@@ -200,10 +219,13 @@ impl GroupCoordinator {
         now_ms: u64,
     ) -> Result<Grant, GroupError> {
         let key = (stream.to_owned(), group.to_owned());
+        // The low 16 bits of the epoch, shifted: a group's generations are this
+        // coordinator's alone unless 65,536 rebalances or views pass.
+        let generation = ((self.epoch & 0xFFFF) as u32) << 16;
         let entry = self.groups.entry(key).or_insert_with(|| Group {
             topic: topic.to_owned(),
             partitions: partitions.to_vec(),
-            generation: 0,
+            generation,
             members: BTreeMap::new(),
         });
         if entry.topic != topic {
@@ -217,7 +239,7 @@ impl GroupCoordinator {
         }
         entry.partitions = partitions.to_vec();
         self.next_member_id += 1;
-        let member_id = self.next_member_id;
+        let member_id = self.epoch << 32 | (self.next_member_id & 0xFFFF_FFFF);
         entry.members.insert(
             member_id,
             Member {
@@ -390,6 +412,38 @@ mod tests {
     use super::*;
 
     const PARTITIONS: [u32; 8] = [0, 1, 2, 3, 4, 5, 6, 7];
+
+    /// Issue 24, finding 6: after a coordinator failover, ids and generations started
+    /// again at 1, so a consumer from before it passed for the new member 1 and its
+    /// commit moved the group's offsets back. Each coordinator now has its epoch.
+    #[test]
+    fn a_consumer_from_before_a_failover_is_never_taken_for_a_new_one() {
+        let mut old = GroupCoordinator::default();
+        old.enter_epoch(4);
+        let zombie = old.join("s", "g", "t", &PARTITIONS, "a", 1_000, 0).unwrap();
+        let mut new = GroupCoordinator::default();
+        new.enter_epoch(5);
+        let fresh = new.join("s", "g", "t", &PARTITIONS, "b", 1_000, 0).unwrap();
+        assert_ne!(zombie.member_id, fresh.member_id);
+        assert_ne!(zombie.generation, fresh.generation);
+        let refused = new.check_commit("s", "g", zombie.member_id, zombie.generation, 0);
+        assert!(
+            matches!(refused, Err(GroupError::UnknownMember { .. })),
+            "{refused:?}"
+        );
+        new.check_commit("s", "g", fresh.member_id, fresh.generation, 0)
+            .unwrap();
+        // The old coordinator leading again later starts afresh, in its new epoch.
+        old.enter_epoch(7);
+        assert!(old.describe("s", "g").is_none(), "stale groups dropped");
+        let again = old.join("s", "g", "t", &PARTITIONS, "c", 1_000, 0).unwrap();
+        assert!(again.member_id > fresh.member_id && again.generation > fresh.generation);
+        old.enter_epoch(6);
+        assert!(
+            old.describe("s", "g").is_some(),
+            "an older epoch changes nothing"
+        );
+    }
 
     #[test]
     fn a_grant_is_owned_before_the_first_heartbeat() {

@@ -173,6 +173,12 @@ impl<T> MetaGroup<T> {
         self.host.take_repairs()
     }
 
+    /// The metadata replica's view: it grows with every change of primary, so it
+    /// numbers the coordinators of consumer groups (see `GroupCoordinator::enter_epoch`).
+    pub(crate) fn view(&self) -> u64 {
+        self.replica().map_or(0, Replica::view)
+    }
+
     /// The member that leads the group, if this replica knows one in normal status.
     pub(crate) fn primary(&self) -> Option<ReplicaId> {
         let replica = self.replica()?;
