@@ -94,3 +94,47 @@ async fn a_change_through_any_node_is_on_every_node_and_outlives_the_primary() {
         member.stop();
     }
 }
+
+/// Issue 24, finding 7: a restarted member answered from empty metadata for about
+/// 200 ms (`ListStreams` empty, `StreamNotFound` to producers) before its metadata
+/// replica caught up. It now answers `NotLeader` until then: every answer it gives
+/// right after its start is a refusal or the whole list, never less.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_member_serves_nothing_before_its_metadata_caught_up() {
+    let mut members = start_cluster(3, FsyncSetting::Always);
+    let client = Client::connect(members[0].addr()).await.unwrap();
+    let names: Vec<String> = (0..300).map(|i| format!("s{i}")).collect();
+    for name in &names {
+        client.create_stream(name).await.unwrap();
+    }
+    let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+    until_everywhere(&members, &refs).await;
+    for round in 0..3 {
+        let id = 1 + round % 2;
+        members[id].stop();
+        members[id].start();
+        let (mut refused, mut whole) = (0, 0);
+        let deadline = Instant::now() + Duration::from_secs(3);
+        while Instant::now() < deadline {
+            let Ok(direct) = common::direct(members[id].addr()).await else {
+                continue;
+            };
+            match direct.list_streams().await {
+                Ok(streams) => {
+                    assert_eq!(
+                        streams.len(),
+                        names.len(),
+                        "round {round}: member {id} answered from metadata that lags"
+                    );
+                    whole += 1;
+                }
+                Err(err) => {
+                    assert!(err.to_string().contains("catching up"), "{err}");
+                    refused += 1;
+                }
+            }
+        }
+        println!("round {round}: member {id}: {refused} refused, then {whole} whole lists");
+        assert!(whole > 0, "it served again once caught up");
+    }
+}

@@ -41,6 +41,8 @@ const SESSION_TIMEOUT_MS_MAX: u32 = 300_000;
 pub(crate) struct MetaService {
     group: MetaGroup<Reply>,
     groups: GroupCoordinator,
+    /// The barrier that ends the catching up at start was sent to the shards.
+    caught_up_barrier_sent: bool,
 }
 
 /// Fills the settings a creator left at 0 with the node's defaults, giving the form the
@@ -142,6 +144,7 @@ impl MetaService {
         Self {
             group,
             groups: GroupCoordinator::default(),
+            caught_up_barrier_sent: false,
         }
     }
 
@@ -197,6 +200,39 @@ impl MetaService {
         shared
             .coordinator
             .store(primary, std::sync::atomic::Ordering::Relaxed);
+        self.serve_once_caught_up(shared);
+    }
+
+    /// Once the metadata replica has caught up after the start, lets clients in as soon
+    /// as every shard has handled the layouts published before now (a barrier behind
+    /// them on each shard's control channel).
+    fn serve_once_caught_up(&mut self, shared: &Arc<NodeShared>) {
+        use std::sync::atomic::Ordering;
+        if self.caught_up_barrier_sent || shared.metadata_caught_up.load(Ordering::Relaxed) {
+            return;
+        }
+        if !self.group.status().is_some_and(|s| s.caught_up()) {
+            return;
+        }
+        self.caught_up_barrier_sent = true;
+        let barriers: Vec<_> = shared
+            .controls
+            .iter()
+            .filter_map(|control| {
+                let (done, wait) = oneshot::channel();
+                control.send(Control::Barrier(done)).ok().map(|()| wait)
+            })
+            .collect();
+        let shared = Arc::clone(shared);
+        tokio::task::spawn_local(async move {
+            for wait in barriers {
+                if wait.await.is_err() {
+                    return;
+                }
+            }
+            shared.metadata_caught_up.store(true, Ordering::Relaxed);
+            tracing::info!("the metadata has caught up: serving clients");
+        });
     }
 
     /// `NotLeader` for a consumer-group call on a member that does not lead the

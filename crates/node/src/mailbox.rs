@@ -130,6 +130,12 @@ pub(crate) struct NodeShared {
     /// The member leading the metadata group, so coordinating consumer groups
     /// ([`NO_MEMBER`] while none is known), published by shard 0's timer.
     pub(crate) coordinator: std::sync::atomic::AtomicU8,
+    /// Whether this member's metadata has caught up since the node started (its
+    /// replica normal and every op it knows committed applied, and every shard holding
+    /// the layout that follows): until then clients are answered `NotLeader`, never
+    /// from metadata that lags (an empty stream list, `StreamNotFound`). Set once, by
+    /// shard 0; a lone node is caught up when it starts.
+    pub(crate) metadata_caught_up: std::sync::atomic::AtomicBool,
     /// TLS on the client port, if configured.
     pub(crate) tls: Option<crate::tls::ClientTls>,
     /// Derives the stand-in credential shown for unknown users (drawn at start).

@@ -169,6 +169,7 @@ impl Node {
             high_watermarks: std::sync::RwLock::default(),
             primaries: std::sync::RwLock::default(),
             coordinator: std::sync::atomic::AtomicU8::new(crate::mailbox::NO_MEMBER),
+            metadata_caught_up: std::sync::atomic::AtomicBool::new(!clustered),
             tls,
             stand_in_secret,
             cluster,

@@ -487,6 +487,27 @@ async fn handle_frame(env: &Env, mut frame: BytesMut) -> Flow {
         send_error(env, request_id, code, &err).await;
         return Flow::Continue;
     }
+    let about_the_member = matches!(
+        request,
+        Request::Ping | Request::Authenticate { .. } | Request::NodeStatus
+    );
+    if !about_the_member
+        && !env
+            .shared
+            .metadata_caught_up
+            .load(std::sync::atomic::Ordering::Relaxed)
+    {
+        let err = NodeError::new(
+            ErrorCode::NotLeader,
+            format!(
+                "member {} is catching up its metadata after its start; retry, or ask \
+                 another member",
+                env.shared.cluster.node_id
+            ),
+        );
+        send_error(env, request_id, code, &err).await;
+        return Flow::Continue;
+    }
     let result = match request {
         Request::Ping => {
             let mut out = Vec::new();
