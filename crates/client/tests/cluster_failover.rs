@@ -195,9 +195,21 @@ async fn a_consumer_from_before_a_coordinator_failover_cannot_move_offsets_back(
         offsets: vec![(0, offset)],
     };
     let zombie = joined(client.call(&join).await.unwrap());
+    // Finding 8: a member that does not coordinate names the one that does in the
+    // documented form of every NotLeader.
+    let coordinator = client.cluster_info().await.unwrap().coordinator.unwrap();
+    let other = (usize::from(coordinator) + 1) % 3;
+    let direct = common::direct(members[other].addr()).await.unwrap();
+    let refused = direct.call(&join).await.unwrap_err().to_string();
+    let leader_addr = members[usize::from(coordinator)].addr();
+    assert!(
+        refused.contains(&format!(
+            "does not lead consumer groups: node {coordinator} at {leader_addr} leads it"
+        )),
+        "{refused}"
+    );
     client.call(&commit(zombie, 11)).await.unwrap();
 
-    let coordinator = client.cluster_info().await.unwrap().coordinator.unwrap();
     members[usize::from(coordinator)].stop();
     let deadline = Instant::now() + Duration::from_secs(60);
     let fresh = loop {

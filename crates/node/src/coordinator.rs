@@ -243,19 +243,11 @@ impl MetaService {
         if shared.cluster.members.len() <= 1 {
             return None;
         }
-        let me = shared.cluster.node_id;
         let primary = self.group.primary();
-        if primary == Some(me) {
+        if primary == Some(shared.cluster.node_id) {
             return None;
         }
-        let hint = match primary.and_then(|p| shared.client_addr_of(p).map(|a| (p, a))) {
-            Some((p, addr)) => format!("node {p} at {addr} coordinates them"),
-            None => "the cluster is choosing a coordinator; retry".into(),
-        };
-        Some(NodeError::new(
-            ErrorCode::NotLeader,
-            format!("node {me} does not coordinate consumer groups: {hint}"),
-        ))
+        Some(shared.not_leader("consumer groups", primary))
     }
 
     /// A frame from a peer for the metadata group.

@@ -174,6 +174,23 @@ impl NodeShared {
             .map(|m| m.client_addr.as_str())
     }
 
+    /// A `NotLeader` answer from this member for `what` ("this partition", "consumer
+    /// groups"), led by `leader` if one is known: one form for every `NotLeader`,
+    /// "node 1 does not lead this partition: node 2 at 127.0.0.1:7072 leads it", as
+    /// `docs/protocol.md` gives it.
+    pub(crate) fn not_leader(&self, what: &str, leader: Option<u8>) -> crate::error::NodeError {
+        let hint = leader
+            .and_then(|p| {
+                self.client_addr_of(p)
+                    .map(|addr| format!("node {p} at {addr} leads it"))
+            })
+            .unwrap_or_else(|| "it is choosing a primary; retry".into());
+        crate::error::NodeError::new(
+            braid_proto::client::ErrorCode::NotLeader,
+            format!("node {} does not lead {what}: {hint}", self.cluster.node_id),
+        )
+    }
+
     pub(crate) fn shards(&self) -> usize {
         self.inboxes.len()
     }

@@ -177,19 +177,7 @@ impl Shard {
 
     /// The `NotLeader` answer for a partition led by `primary`, naming where it is.
     fn not_leader(&self, primary: Option<u8>) -> NodeError {
-        let hint = primary.and_then(|p| {
-            self.shared
-                .client_addr_of(p)
-                .map(|addr| format!("node {p} at {addr} leads it"))
-        });
-        NodeError::new(
-            ErrorCode::NotLeader,
-            format!(
-                "node {} does not lead this partition: {}",
-                self.shared.cluster.node_id,
-                hint.unwrap_or_else(|| "it is choosing a primary; retry".into())
-            ),
-        )
+        self.shared.not_leader("this partition", primary)
     }
 
     fn metrics(&self) -> &ShardMetrics {
