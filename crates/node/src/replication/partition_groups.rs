@@ -208,7 +208,11 @@ impl PartitionGroups {
     pub(crate) fn statuses(&self) -> Vec<super::status::GroupStatus> {
         self.host
             .replicas()
-            .map(super::status::GroupStatus::of)
+            .map(|replica| {
+                let mut status = super::status::GroupStatus::of(replica);
+                status.journal = self.host.journal(status.group).map(|j| j.progress());
+                status
+            })
             .collect()
     }
 

@@ -385,6 +385,15 @@ impl PartitionJournal {
         self.tip
     }
 
+    /// How far the journal has its bodies in the log (`/replication`).
+    pub(crate) fn progress(&self) -> super::status::JournalProgress {
+        super::status::JournalProgress {
+            tip: self.tip,
+            waiting: self.pending.len() as u64,
+            copying: self.behind.map(|t| (t.cursor, t.log_end)),
+        }
+    }
+
     /// Writes a prepare at its op, replacing what is there. Reported written by a later
     /// [`PartitionJournal::sync`], once it and every op below it are in place.
     ///

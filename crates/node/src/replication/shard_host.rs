@@ -377,6 +377,11 @@ impl<S: StateMachine, J: Journal> ShardHost<S, J> {
         Ok(effects)
     }
 
+    /// A group's journal.
+    pub(crate) fn journal(&self, group: u64) -> Option<&J> {
+        self.files.get(&group).map(|f| &f.journal)
+    }
+
     pub(crate) fn journal_mut(&mut self, group: u64) -> Option<&mut J> {
         self.files.get_mut(&group).map(|f| &mut f.journal)
     }

@@ -30,6 +30,20 @@ pub(crate) struct GroupStatus {
     /// Times it stepped down as a primary whose prepares committed nothing (it lost
     /// its quorum), since the replica started.
     pub(crate) step_downs: u32,
+    /// For a partition: what its journal holds in the log (see [`JournalProgress`]).
+    pub(crate) journal: Option<JournalProgress>,
+}
+
+/// How far a partition's journal has its bodies in the log, for an operator who asks
+/// why a replica does not catch up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct JournalProgress {
+    /// The highest op whose batch is in the log with every op below it.
+    pub(crate) tip: u64,
+    /// Prepares above the tip waiting for an op below them.
+    pub(crate) waiting: u64,
+    /// A state transfer running: the offset copied to and the offset it copies up to.
+    pub(crate) copying: Option<(u64, u64)>,
 }
 
 impl GroupStatus {
@@ -47,6 +61,7 @@ impl GroupStatus {
             commit_checksum: replica.header(commit_min).map(|h| h.checksum),
             trusted: replica.journal_trusted(),
             step_downs: replica.step_downs(),
+            journal: None,
         }
     }
 
@@ -207,8 +222,18 @@ pub(crate) fn rows_json(node: ReplicaId, rows: &[GroupStatus]) -> String {
         let checksum = g
             .commit_checksum
             .map_or_else(|| "null".to_string(), |c| format!("\"{c:032x}\""));
+        let journal = g.journal.map_or_else(String::new, |j| {
+            let copying = j.copying.map_or_else(
+                || "null".to_string(),
+                |(at, to)| format!("{{\"at\":{at},\"to\":{to}}}"),
+            );
+            format!(
+                ",\"journal_tip\":{},\"journal_waiting\":{},\"copying\":{copying}",
+                j.tip, j.waiting
+            )
+        });
         out.push_str(&format!(
-            "{{\"group\":{},\"view\":{},\"status\":\"{}\",\"primary\":{},\"op\":{},\"commit_min\":{},\"commit_max\":{},\"commit_checksum\":{checksum},\"trusted\":{}}}",
+            "{{\"group\":{},\"view\":{},\"status\":\"{}\",\"primary\":{},\"op\":{},\"commit_min\":{},\"commit_max\":{},\"commit_checksum\":{checksum},\"trusted\":{}{journal}}}",
             g.group,
             g.view,
             g.status_name(),
@@ -239,6 +264,7 @@ mod tests {
             commit_checksum: Some(7),
             trusted: true,
             step_downs: 0,
+            journal: None,
         }
     }
 
