@@ -149,9 +149,13 @@ impl Simulation {
             .collect();
         for ((group, replica), node) in self.nodes.iter_mut() {
             let durable = node.disk.durable_state();
-            if durable.view < node.max_view.min(durable.view) {
-                failures.push(format!("g{group}r{replica}: durable view went backwards"));
+            if durable.view < node.max_durable_view {
+                failures.push(format!(
+                    "g{group}r{replica}: durable view went backwards ({} < {})",
+                    durable.view, node.max_durable_view
+                ));
             }
+            node.max_durable_view = node.max_durable_view.max(durable.view);
             if durable.commit < node.max_durable_commit {
                 failures.push(format!(
                     "g{group}r{replica}: durable commit went backwards ({} < {})",
@@ -177,5 +181,46 @@ impl Simulation {
         for what in failures {
             self.fail(what);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 24, finding 14: the check compared the durable view with the smaller of
+    /// itself and the highest view, so it could never fire. A disk whose durable state
+    /// goes back to an older view (as a damaged newest copy taken silently would) now
+    /// fails the run.
+    #[test]
+    fn a_durable_view_that_goes_back_fails_the_run() {
+        let config = SimConfig {
+            replica_count: 3,
+            ..SimConfig::from_seed(7)
+        };
+        let mut sim = Simulation::new(config);
+        let key = *sim.nodes.keys().next().unwrap();
+        let node = sim.nodes.get_mut(&key).unwrap();
+        node.disk.rewrite_state(braid_vsr::DurableState {
+            view: 5,
+            log_view: 5,
+            ..braid_vsr::DurableState::default()
+        });
+        sim.check();
+        // (Its replica, still in view 0, runs below that durable view: another check.)
+        let first = sim.failure.take();
+        assert!(
+            !format!("{first:?}").contains("went backwards"),
+            "{first:?}"
+        );
+        let node = sim.nodes.get_mut(&key).unwrap();
+        node.disk.rewrite_state(braid_vsr::DurableState {
+            view: 3,
+            log_view: 3,
+            ..braid_vsr::DurableState::default()
+        });
+        sim.check();
+        let failure = sim.failure.take().expect("the step back is seen");
+        assert!(format!("{failure:?}").contains("durable view went backwards"));
     }
 }

@@ -183,6 +183,7 @@ impl Simulation {
             node.journal_trusted = false;
             // Its durable view and commit went with the disk.
             node.max_view = 0;
+            node.max_durable_view = 0;
             node.max_durable_commit = 0;
             self.outcome.wipes += 1;
             if self.trace {

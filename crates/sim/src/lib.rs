@@ -36,6 +36,9 @@ struct Node {
     /// state says otherwise.
     journal_trusted: bool,
     max_view: u64,
+    /// The highest durable view its disk has held: it never goes back (a damaged copy
+    /// of the state must never roll it back), until the disk is lost.
+    max_durable_view: u64,
     max_durable_commit: u64,
     /// Its disk was lost once: whatever it restarts with nothing of restarts untrusted
     /// (what `braid server --rejoin` records in the data directory).
@@ -170,6 +173,7 @@ impl Simulation {
                         journal_trusted: true,
                         restart_at: None,
                         max_view: 0,
+                        max_durable_view: 0,
                         max_durable_commit: 0,
                         rejoined: false,
                         catch_up_to: None,
