@@ -207,14 +207,16 @@ impl Message {
                 out.push(REQUEST_SNAPSHOT);
                 out.push(*from);
             }
-            Self::RequestViews { from } => {
+            Self::RequestViews { from, nonce } => {
                 out.push(REQUEST_VIEWS);
                 out.push(*from);
+                put_u64(out, *nonce);
             }
-            Self::Views { view, from } => {
+            Self::Views { view, from, nonce } => {
                 out.push(VIEWS);
                 put_u64(out, *view);
                 out.push(*from);
+                put_u64(out, *nonce);
             }
             Self::Snapshot {
                 checkpoint,
@@ -335,10 +337,14 @@ impl Message {
                 from: r.u8()?,
             },
             REQUEST_SNAPSHOT => Self::RequestSnapshot { from: r.u8()? },
-            REQUEST_VIEWS => Self::RequestViews { from: r.u8()? },
+            REQUEST_VIEWS => Self::RequestViews {
+                from: r.u8()?,
+                nonce: r.u64()?,
+            },
             VIEWS => Self::Views {
                 view: r.u64()?,
                 from: r.u8()?,
+                nonce: r.u64()?,
             },
             SNAPSHOT => Self::Snapshot {
                 checkpoint: Checkpoint::decode(bytes(&mut r)?)?,
@@ -551,8 +557,10 @@ mod tests {
             (any::<u64>(), any::<u128>(), any::<u8>())
                 .prop_map(|(op, checksum, from)| Message::RequestPrepare { op, checksum, from }),
             any::<u8>().prop_map(|from| Message::RequestSnapshot { from }),
-            any::<u8>().prop_map(|from| Message::RequestViews { from }),
-            (any::<u64>(), any::<u8>()).prop_map(|(view, from)| Message::Views { view, from }),
+            (any::<u8>(), any::<u64>())
+                .prop_map(|(from, nonce)| Message::RequestViews { from, nonce }),
+            (any::<u64>(), any::<u8>(), any::<u64>())
+                .prop_map(|(view, from, nonce)| Message::Views { view, from, nonce }),
             (0u64..100, small, any::<u64>(), any::<u8>()).prop_map(|(op, state, view, from)| {
                 Message::Snapshot {
                     checkpoint: Checkpoint::new(header(op, 1), state),

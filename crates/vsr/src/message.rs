@@ -287,6 +287,9 @@ pub enum Message {
     RequestViews {
         /// The sender.
         from: ReplicaId,
+        /// Drawn by this incarnation of the sender: only an answer that echoes it
+        /// counts, never one to a request from before the disk was lost.
+        nonce: u64,
     },
     /// The answer: the highest view the sender has taken part in.
     Views {
@@ -294,6 +297,8 @@ pub enum Message {
         view: u64,
         /// The sender.
         from: ReplicaId,
+        /// The request's nonce.
+        nonce: u64,
     },
     /// Asks for the applied state (the sender is behind every journal).
     RequestSnapshot {
@@ -326,7 +331,7 @@ impl Message {
             | Self::RequestStartView { from, .. }
             | Self::Committed { from, .. }
             | Self::RequestSnapshot { from }
-            | Self::RequestViews { from }
+            | Self::RequestViews { from, .. }
             | Self::Views { from, .. }
             | Self::Snapshot { from, .. } => Some(*from),
         }

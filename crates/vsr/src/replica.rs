@@ -392,6 +392,9 @@ struct ViewChangeState {
 /// A replica that lost its disk, learning how new a view must be to trust it again.
 #[derive(Debug, Clone, Default)]
 struct Rejoin {
+    /// Drawn when the replica restarted without its disk; its RequestViews carry it
+    /// and only answers that echo it count.
+    nonce: u64,
     /// Peer -> the view it said it is in.
     views: BTreeMap<ReplicaId, u64>,
     /// Set once a quorum of peers answered: the highest view among them. Every view
@@ -612,7 +615,11 @@ impl<S: StateMachine> Replica<S> {
             replica.persist_trust = replica.trusted_through != durable.journal_trusted_through;
         }
         if replica.trusted_through == 0 && config.replica_count > 1 {
-            replica.rejoin = Some(Box::default());
+            let nonce = splitmix(&mut replica.prng);
+            replica.rejoin = Some(Box::new(Rejoin {
+                nonce,
+                ..Rejoin::default()
+            }));
         }
         replica.commit_min = checkpoint_header.op;
         replica.commit_max = durable.commit.max(checkpoint_header.op);

@@ -112,16 +112,17 @@ impl<S: StateMachine> Replica<S> {
                 ..
             } => self.on_committed(view, commit, checksum, out),
             Message::RequestSnapshot { from } => self.on_request_snapshot(from, out),
-            Message::RequestViews { from } => {
+            Message::RequestViews { from, nonce } => {
                 out.push(Output::Send {
                     to: from,
                     message: Message::Views {
                         view: self.view,
                         from: self.config.replica,
+                        nonce,
                     },
                 });
             }
-            Message::Views { view, from } => self.on_views(view, from, out),
+            Message::Views { view, from, nonce } => self.on_views(view, from, nonce, out),
             Message::Snapshot {
                 checkpoint, view, ..
             } => self.on_snapshot(checkpoint, view, out),

@@ -300,22 +300,31 @@ impl<S: StateMachine> Replica<S> {
     /// Asks every peer for its view, while a replica that lost its disk has not heard
     /// from a quorum.
     pub(super) fn ask_views(&self, out: &mut Vec<Output>) {
-        if self.rejoin.as_ref().is_some_and(|r| r.trust_from.is_none()) {
+        if let Some(rejoin) = self.rejoin.as_ref().filter(|r| r.trust_from.is_none()) {
             self.send_to_others(
                 Message::RequestViews {
                     from: self.config.replica,
+                    nonce: rejoin.nonce,
                 },
                 out,
             );
         }
     }
 
-    pub(super) fn on_views(&mut self, view: u64, from: ReplicaId, out: &mut Vec<Output>) {
+    pub(super) fn on_views(
+        &mut self,
+        view: u64,
+        from: ReplicaId,
+        nonce: u64,
+        out: &mut Vec<Output>,
+    ) {
         let quorum = self.config.quorum();
         let Some(rejoin) = self.rejoin.as_mut() else {
             return;
         };
-        if rejoin.trust_from.is_some() {
+        if rejoin.trust_from.is_some() || rejoin.nonce != nonce {
+            // Trusted already, or an answer to another incarnation's request (sent
+            // before the disk was lost, and as old as that).
             return;
         }
         rejoin.views.insert(from, view);

@@ -925,3 +925,53 @@ fn a_snapshot_install_keeps_the_journal_above_its_fallback_checkpoint() {
         "pruned through {pruned}, above the fallback checkpoint {fallback}: ops 7..=11 would go with a damaged newest checkpoint"
     );
 }
+
+/// Issue 24, finding 14: a replica that lost its disk counted any `Views` answer, so a
+/// delayed answer to a request from before the loss (naming an old view) could make
+/// it trust itself too early. Only answers that echo this incarnation's nonce count.
+#[test]
+fn a_rejoining_replica_counts_only_answers_to_its_own_request() {
+    let mut h = Harness::new(3);
+    let config = *h.replica(1).config();
+    h.replicas[1] = Replica::restart(
+        config,
+        CounterMachine::default(),
+        Persisted::after_disk_loss(),
+    )
+    .unwrap();
+    // Its own request, with the nonce it drew.
+    h.input(1, Input::Tick);
+    let mut ticks = 0;
+    let nonce = loop {
+        if let Some(nonce) = h.messages.iter().find_map(|(from, _, m)| match m {
+            Message::RequestViews { nonce, .. } if *from == 1 => Some(*nonce),
+            _ => None,
+        }) {
+            break nonce;
+        }
+        ticks += 1;
+        assert!(ticks < 1_000, "it never asked for views");
+        h.now += 1;
+        h.input(1, Input::Tick);
+    };
+    h.messages.clear();
+    // Two stale answers (another nonce) from a quorum of peers: not trusted yet.
+    for from in [0, 2] {
+        let stale = Message::Views {
+            view: 0,
+            from,
+            nonce: nonce ^ 1,
+        };
+        h.input(1, Input::Message(stale));
+    }
+    assert!(!h.replica(1).may_trust_in(0), "stale answers counted");
+    for from in [0, 2] {
+        let fresh = Message::Views {
+            view: 0,
+            from,
+            nonce,
+        };
+        h.input(1, Input::Message(fresh));
+    }
+    assert!(h.replica(1).may_trust_in(0), "its own answers count");
+}
