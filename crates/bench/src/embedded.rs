@@ -189,6 +189,8 @@ fn cluster_settings(members: u8) -> Result<ClusterSettings, EmbeddedError> {
             })
             .collect(),
         secret: Some(Secret(random_secret())),
+        // Every member starts on a new temporary directory, in a new cluster.
+        init: true,
         ..ClusterSettings::default()
     })
 }

@@ -57,6 +57,10 @@ pub(crate) fn run(members: u8, root: &Path, base: u16, fsync: Option<&str>) -> R
             format!("{id}=127.0.0.1:{replica}/127.0.0.1:{client}")
         })
         .collect();
+    // A new root starts a new cluster (every member --init); a member whose directory
+    // is gone from a root whose others have theirs lost its data (--rejoin).
+    let claimed = |id: u8| root.join(format!("node-{id}")).join("identity").exists();
+    let new_cluster = !(0..members).any(claimed);
     let mut children: Vec<(u8, Child)> = Vec::new();
     let mut rows = Vec::new();
     for id in 0..members {
@@ -88,6 +92,11 @@ pub(crate) fn run(members: u8, root: &Path, base: u16, fsync: Option<&str>) -> R
         }
         if let Some(fsync) = fsync {
             command.arg("--fsync").arg(fsync);
+        }
+        if members > 1 && new_cluster {
+            command.arg("--init");
+        } else if members > 1 && !claimed(id) {
+            command.arg("--rejoin");
         }
         let child = command
             .stdin(Stdio::null())

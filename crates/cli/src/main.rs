@@ -118,6 +118,11 @@ struct ServerArgs {
     /// directory.
     #[arg(long)]
     rejoin: bool,
+    /// This member starts for the first time, in a new cluster: its empty data
+    /// directory is new, not lost. A member of a cluster of several refuses an empty
+    /// directory without this or --rejoin. Give it on the first start only.
+    #[arg(long, conflicts_with = "rejoin")]
+    init: bool,
 }
 
 #[derive(Copy, Clone, Debug, ValueEnum)]
@@ -324,6 +329,9 @@ fn server(args: ServerArgs) -> Result<()> {
     }
     if args.rejoin {
         config.cluster_mut().rejoin = true;
+    }
+    if args.init {
+        config.cluster_mut().init = true;
     }
     let node = Node::start(config).context("starting the node")?;
     // The handlers go in before the listening line: a supervisor (or a test) that

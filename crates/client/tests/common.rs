@@ -189,7 +189,13 @@ fn try_start_cluster(n: u8, fsync: FsyncSetting) -> Option<Vec<Member>> {
             secret: Some(Secret("a secret of enough bytes".into())),
             ..ClusterSettings::default()
         });
-        match Node::start(config.clone()) {
+        // The first start of a new cluster's member says so (--init); later starts
+        // use the config kept, without it.
+        let mut first = config.clone();
+        if let Some(cluster) = first.cluster.as_mut() {
+            cluster.init = true;
+        }
+        match Node::start(first) {
             Ok(node) => started.push(Member {
                 node: Some(node),
                 _dir: dir,

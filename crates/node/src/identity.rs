@@ -76,6 +76,21 @@ pub enum IdentityError {
         /// What the operator can do.
         way_out: &'static str,
     },
+    /// A member of a cluster of several found an empty data directory without being
+    /// told whether it is new or lost its data.
+    #[error(
+        "the data directory {dir} is empty and this node is member {node} of a cluster of \
+         several: start it once with --init if it is a new member of a new cluster, or \
+         with --rejoin if it lost its data (its peers then keep every record it \
+         acknowledged); started as new after losing its data, it could help them drop \
+         acknowledged records"
+    )]
+    NewOrLost {
+        /// The data directory.
+        dir: std::path::PathBuf,
+        /// This member.
+        node: u8,
+    },
     /// The directory is another member's.
     #[error(
         "the data directory is member {found}'s of cluster {cluster:?}, but this node is \
@@ -216,9 +231,37 @@ impl Identity {
 ///
 /// # Errors
 /// An [`IdentityError`] saying why the directory is not this node's.
+#[cfg(test)]
 pub(crate) fn claim(
     data_dir: &Path,
     configured: Option<(&str, u8)>,
+    rejoin: bool,
+    draw_single_id: impl FnOnce() -> String,
+) -> Result<Identity, IdentityError> {
+    claim_as(data_dir, configured, Start::Any, rejoin, draw_single_id)
+}
+
+/// How an empty data directory may be claimed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Start {
+    /// As new (a single node, a cluster of one).
+    Any,
+    /// As new only when told (`--init`) or as a rejoin (`--rejoin`): a member of a
+    /// cluster of several.
+    Told {
+        /// `--init`: a new member of a new cluster.
+        init: bool,
+    },
+}
+
+/// As [`claim`], refusing an empty directory that `start` does not allow.
+///
+/// # Errors
+/// As [`claim`], and [`IdentityError::NewOrLost`].
+pub(crate) fn claim_as(
+    data_dir: &Path,
+    configured: Option<(&str, u8)>,
+    start: Start,
     rejoin: bool,
     draw_single_id: impl FnOnce() -> String,
 ) -> Result<Identity, IdentityError> {
@@ -268,6 +311,12 @@ pub(crate) fn claim(
         Err(err) if err.kind() == std::io::ErrorKind::NotFound => {
             if data_dir.join(FORMAT_1_OP_LOG).exists() {
                 return Err(IdentityError::Format { found: 1 });
+            }
+            if start == (Start::Told { init: false }) && !rejoin {
+                return Err(IdentityError::NewOrLost {
+                    dir: data_dir.to_owned(),
+                    node: configured.map_or(0, |(_, node)| node),
+                });
             }
             let (cluster_id, node_id) = match configured {
                 Some((cluster, node)) => (cluster.to_owned(), node),

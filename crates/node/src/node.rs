@@ -87,12 +87,20 @@ impl Node {
         let topic_id_floor = crate::data_dir::prepare(&config.data_dir)?;
         let configured = config.cluster.as_ref().map(|c| (c.id.as_str(), c.node_id));
         let rejoin = config.cluster.as_ref().is_some_and(|c| c.rejoin);
-        let identity = crate::identity::claim(&config.data_dir, configured, rejoin, || {
-            let mut bytes = [0u8; 8];
-            // A single node's cluster name only has to differ from others'.
-            let _ = crate::admin_bootstrap::random_bytes(&mut bytes);
-            format!("local-{:016x}", u64::from_be_bytes(bytes))
-        })?;
+        let start = if clustered {
+            crate::identity::Start::Told {
+                init: config.cluster.as_ref().is_some_and(|c| c.init),
+            }
+        } else {
+            crate::identity::Start::Any
+        };
+        let identity =
+            crate::identity::claim_as(&config.data_dir, configured, start, rejoin, || {
+                let mut bytes = [0u8; 8];
+                // A single node's cluster name only has to differ from others'.
+                let _ = crate::admin_bootstrap::random_bytes(&mut bytes);
+                format!("local-{:016x}", u64::from_be_bytes(bytes))
+            })?;
         tracing::debug!(
             cluster = identity.cluster_id,
             node = identity.node_id,

@@ -123,3 +123,67 @@ fn a_started_directory_that_lost_its_metadata_or_partitions_is_refused() {
         Node::start(config(dir.path())).unwrap().shutdown();
     }
 }
+
+/// Issue 24, finding 4: a member whose directory was wiped and restarted as before
+/// (without `--rejoin`) started as a new member, and the cluster then lost 99
+/// acknowledged records. A member of a cluster of several now refuses an empty
+/// directory unless told it is new (`--init`) or lost its data (`--rejoin`); a
+/// directory it claimed before needs neither.
+#[test]
+fn a_cluster_member_refuses_an_empty_directory_unless_told_new_or_rejoining() {
+    let two = |node_id: u8, init: bool, rejoin: bool| {
+        let mut cluster = member_of("prod");
+        cluster.node_id = node_id;
+        cluster.members.push(MemberSettings {
+            id: 1,
+            replica_addr: "127.0.0.1:7391".parse().unwrap(),
+            client_addr: "127.0.0.1:7371".parse().unwrap(),
+        });
+        cluster.members.push(MemberSettings {
+            id: 2,
+            replica_addr: "127.0.0.1:7392".parse().unwrap(),
+            client_addr: "127.0.0.1:7372".parse().unwrap(),
+        });
+        cluster.init = init;
+        cluster.rejoin = rejoin;
+        cluster
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let refused = Node::start(NodeConfig {
+        cluster: Some(two(1, false, false)),
+        ..config(dir.path())
+    })
+    .unwrap_err()
+    .to_string();
+    assert!(
+        refused.contains("--init") && refused.contains("--rejoin"),
+        "{refused}"
+    );
+    assert!(
+        !dir.path().join("identity").exists(),
+        "nothing claimed: the same command with a flag still works"
+    );
+    for (init, rejoin) in [(true, false), (false, true)] {
+        let dir = tempfile::tempdir().unwrap();
+        let cluster = two(1, init, rejoin);
+        let started = Node::start(NodeConfig {
+            cluster: Some(cluster),
+            shutdown_grace_ms: 100,
+            ..config(dir.path())
+        });
+        assert!(
+            started.is_ok(),
+            "init {init} rejoin {rejoin}: {:?}",
+            started.err()
+        );
+        started.unwrap().shutdown();
+        // Claimed: later starts need no flag.
+        Node::start(NodeConfig {
+            cluster: Some(two(1, false, false)),
+            shutdown_grace_ms: 100,
+            ..config(dir.path())
+        })
+        .unwrap()
+        .shutdown();
+    }
+}

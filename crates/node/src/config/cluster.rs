@@ -52,6 +52,13 @@ pub struct ClusterSettings {
     /// start untrusted, so it never helps a view change drop an op it once
     /// acknowledged. A member rejoining without it could.
     pub rejoin: bool,
+    /// This member starts for the first time, in a new cluster: its empty data
+    /// directory is new, not lost (`braid server --init`). Without it (or `rejoin`), a
+    /// member of a cluster of several refuses an empty data directory: it cannot tell
+    /// a first start from a member whose disk was wiped, and a wiped member that
+    /// started as new could help its peers drop records it had acknowledged. Used on
+    /// the first start only; leave it out of a config kept for later starts.
+    pub init: bool,
 }
 
 impl Default for ClusterSettings {
@@ -65,6 +72,7 @@ impl Default for ClusterSettings {
             secret_file: None,
             secret: None,
             rejoin: false,
+            init: false,
         }
     }
 }

@@ -421,6 +421,7 @@ impl NodeConfig {
                     self.cluster_mut().heartbeat_timeout_ms = parse(&value).map_err(bad)?
                 }
                 "CLUSTER_REJOIN" => self.cluster_mut().rejoin = parse(&value).map_err(bad)?,
+                "CLUSTER_INIT" => self.cluster_mut().init = parse(&value).map_err(bad)?,
                 "RECOVERY" => {
                     self.recovery = match value.as_str() {
                         "strict" => RecoverySetting::Strict,
