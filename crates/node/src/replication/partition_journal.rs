@@ -716,9 +716,16 @@ impl PartitionJournal {
         self.index.truncate(op)?;
         self.index_changed_unsynced = true;
         if let Some((_, base)) = first_cut {
-            // Durable when it returns: a crash after it leaves no batch of a cut op.
-            self.log.truncate(base)?;
-            self.tip_log_end = Some(base);
+            // An entry above a hole may name a batch past the log's end (the log lost
+            // its tail, or a transfer cut it back): nothing of it is in the log to cut.
+            if base < self.log.next_offset() {
+                // Durable when it returns: a crash after it leaves no batch of a cut op.
+                self.log.truncate(base)?;
+            }
+            if op < self.tip {
+                // Contiguous up to op: the first cut batch starts where op's ends.
+                self.tip_log_end = Some(base);
+            }
         }
         self.tip = self.tip.min(op);
         self.unsynced.retain(|(o, _)| *o <= op);

@@ -911,3 +911,46 @@ fn a_synced_batch_the_log_lost_is_damaged_and_an_unsynced_one_is_cut() {
     assert_eq!(recovered.slots.len(), 3);
     assert_eq!(journal.tip(), 3);
 }
+
+/// Issue 24, finding 2: "partition log: offset X is outside the log [0, Y]" stopped a
+/// member's start after a state transfer, one partition per start. Entries above a
+/// hole (their batches lost with the log's tail, or cut by a transfer) name bases past
+/// the log's end, and cutting them tried to truncate the log beyond its end. Such a cut
+/// now drops the entries and leaves the log as it is.
+#[test]
+fn cutting_entries_whose_batches_lie_past_the_log_end_is_no_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let ops = chain(10, 1, "a");
+    let (hole, past) = {
+        let (mut journal, _) = open(dir.path());
+        for p in &ops {
+            journal.write_prepare(p, 0).unwrap();
+        }
+        journal.sync().unwrap();
+        let base = |op| journal.index.entry(op).and_then(|(_, b)| b).unwrap();
+        (base(6), base(8))
+    };
+    {
+        let mut log = PartitionLog::open(dir.path(), config(), 0).unwrap();
+        log.truncate(hole).unwrap();
+    }
+    let (mut journal, recovered) = open(dir.path());
+    assert!(recovered.damaged);
+    assert_eq!(journal.tip(), 5);
+    assert_eq!(journal.log().next_offset(), hole);
+    // A transfer's end at the hole + 1: the first entry from there names `past`.
+    journal.cut_log_at(hole + 1).unwrap();
+    assert!(
+        journal.index.entry(8).is_none(),
+        "the entries past the end are cut"
+    );
+    assert!(past > journal.log().next_offset());
+    assert_eq!(journal.log().next_offset(), hole, "the log is as it was");
+    assert_eq!(
+        journal.tip_log_end,
+        Some(hole),
+        "op 6 still goes at the hole"
+    );
+    journal.write_prepare(&ops[5], 0).unwrap();
+    assert_eq!(journal.tip(), 6);
+}
