@@ -3,10 +3,11 @@
 //! each producer's order, records stored twice counted, and every group at one commit
 //! point on all members.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -35,6 +36,8 @@ pub(crate) struct Cluster {
     net: Net,
     fsync: &'static str,
     children: Vec<Option<Child>>,
+    /// Where each member's log file ended when it was last started.
+    log_marks: Vec<usize>,
 }
 
 impl Cluster {
@@ -60,6 +63,7 @@ impl Cluster {
             net,
             fsync,
             children: (0..NODES).map(|_| None).collect(),
+            log_marks: vec![0; usize::from(NODES)],
         };
         for id in 0..NODES {
             cluster.spawn(id);
@@ -106,6 +110,7 @@ impl Cluster {
             .append(true)
             .open(self.root.path().join(format!("node-{id}.log")))
             .unwrap();
+        self.log_marks[usize::from(id)] = log.metadata().unwrap().len() as usize;
         let mut command = match &self.net {
             Net::Loopback { .. } => Command::new(BRAID),
             Net::Namespaces(netns) => {
@@ -130,6 +135,12 @@ impl Cluster {
             .arg("--cluster-secret-file")
             .arg(self.root.path().join("secret"))
             .args(["--fsync", self.fsync]);
+        let dir = self.root.path().join(format!("node-{id}"));
+        if !dir.join("identity").exists() {
+            // The first start of a new cluster's member (a member of several refuses an
+            // empty directory it is not told is new).
+            command.arg("--init");
+        }
         for member in 0..NODES {
             let replica = self.addr(member, 2);
             let client = self.client_addr(member);
@@ -151,6 +162,15 @@ impl Cluster {
         let mut child = self.children[usize::from(id)].take().expect("running");
         signal(child.id(), sig);
         child.wait().unwrap();
+    }
+
+    /// Copies member `id`'s data directory (it is stopped) to `node-ID.as-stopped`,
+    /// replacing the last copy: the evidence if its next start fails (a failed start
+    /// may already have repaired or cut some of its files).
+    pub(crate) fn keep_copy(&self, id: u8) {
+        let copy = self.root.path().join(format!("node-{id}.as-stopped"));
+        let _ = std::fs::remove_dir_all(&copy);
+        copy_dir(&self.root.path().join(format!("node-{id}")), &copy);
     }
 
     /// SIGKILL to every member in one `kill`, and waits for them.
@@ -178,6 +198,66 @@ impl Cluster {
         tail.join("\n")
     }
 
+    /// Member `id`'s process has exited (it is a zombie not yet waited for).
+    fn exited(&self, id: u8) -> bool {
+        let Some(child) = &self.children[usize::from(id)] else {
+            return false;
+        };
+        // /proc/PID/stat: "PID (COMM) STATE ...".
+        std::fs::read_to_string(format!("/proc/{}/stat", child.id()))
+            .ok()
+            .and_then(|stat| {
+                let (_, rest) = stat.rsplit_once(')')?;
+                rest.split_whitespace().next().map(|state| state == "Z")
+            })
+            .unwrap_or(false)
+    }
+
+    /// What member `id` logged since it was last started, without the frames of a
+    /// backtrace.
+    pub(crate) fn start_error(&self, id: u8) -> String {
+        let log =
+            std::fs::read(self.root.path().join(format!("node-{id}.log"))).unwrap_or_default();
+        let since = log
+            .get(self.log_marks[usize::from(id)]..)
+            .unwrap_or_default();
+        String::from_utf8_lossy(since)
+            .lines()
+            .take_while(|l| !l.starts_with("Stack backtrace"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    /// Waits until member `id` answers `/ready` with 200, or its process exits (the
+    /// error: what it logged since its start); panics if neither comes `within`.
+    pub(crate) async fn until_ready_or_exited(
+        &mut self,
+        id: u8,
+        within: Duration,
+    ) -> Result<(), String> {
+        let deadline = Instant::now() + within;
+        loop {
+            let answer = http_get(self.http_addr(id), "/ready").await;
+            if let Some((200, _)) = answer {
+                return Ok(());
+            }
+            if self.exited(id) {
+                if let Some(mut child) = self.children[usize::from(id)].take() {
+                    child.wait().unwrap();
+                }
+                return Err(self.start_error(id));
+            }
+            if Instant::now() >= deadline {
+                let rows = http_get(self.http_addr(id), "/replication").await;
+                panic!(
+                    "member {id} never caught up: {answer:?} {rows:?}\n{}",
+                    self.log_tail(id, 30)
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
     /// Waits until member `id` answers `/ready` with 200 (every group caught up).
     pub(crate) async fn until_ready(&self, id: u8, within: Duration) {
         let deadline = Instant::now() + within;
@@ -185,6 +265,12 @@ impl Cluster {
             let answer = http_get(self.http_addr(id), "/ready").await;
             if let Some((200, _)) = answer {
                 return;
+            }
+            if self.exited(id) {
+                panic!(
+                    "member {id} exited while starting:\n{}",
+                    self.start_error(id)
+                );
             }
             if Instant::now() >= deadline {
                 let rows = http_get(self.http_addr(id), "/replication").await;
@@ -203,29 +289,45 @@ impl Cluster {
     /// records compared per member. `/replication` compares VSR headers; this compares
     /// the bytes a consumer would read.
     pub(crate) fn stop_and_compare_logs(&mut self) -> usize {
+        self.stop_and_compare_partition_logs().values().sum()
+    }
+
+    /// As [`Cluster::stop_and_compare_logs`], partition by partition: every member
+    /// holds the same partitions, and in each the same records (offset and value);
+    /// returns the records of each partition (keyed by topic id and partition).
+    pub(crate) fn stop_and_compare_partition_logs(&mut self) -> BTreeMap<(u32, u32), usize> {
         for id in 0..NODES {
             if self.children[usize::from(id)].is_some() {
                 self.stop(id, "TERM");
             }
         }
-        let logs: Vec<Vec<(u64, Option<Vec<u8>>)>> = (0..NODES)
-            .map(|id| member_records(&self.root.path().join(format!("node-{id}"))))
+        let logs: Vec<BTreeMap<(u32, u32), Vec<Record>>> = (0..NODES)
+            .map(|id| member_partition_records(&self.root.path().join(format!("node-{id}"))))
             .collect();
         for (id, log) in logs.iter().enumerate().skip(1) {
-            if let Some(at) =
-                (0..log.len().max(logs[0].len())).find(|i| log.get(*i) != logs[0].get(*i))
-            {
-                panic!(
-                    "member {id}'s log differs from member 0's at record {at}: {:?} against {:?}",
-                    log.get(at)
-                        .map(|(o, v)| (o, v.as_deref().map(String::from_utf8_lossy))),
-                    logs[0]
-                        .get(at)
-                        .map(|(o, v)| (o, v.as_deref().map(String::from_utf8_lossy)))
-                );
+            let theirs: Vec<_> = log.keys().collect();
+            let ours: Vec<_> = logs[0].keys().collect();
+            assert_eq!(
+                theirs, ours,
+                "member {id} holds other partitions (topic, partition) than member 0"
+            );
+            for (partition, records) in log {
+                let first = &logs[0][partition];
+                if let Some(at) =
+                    (0..records.len().max(first.len())).find(|i| records.get(*i) != first.get(*i))
+                {
+                    panic!(
+                        "member {id}'s log of partition {partition:?} differs from member 0's at record {at}:\n{}\nthe members' logs:\n{}",
+                        describe_difference(records, first, at),
+                        (0..NODES)
+                            .map(|m| format!("member {m}:\n{}", self.log_tail(m, 30)))
+                            .collect::<Vec<_>>()
+                            .join("\n")
+                    );
+                }
             }
         }
-        logs[0].len()
+        logs[0].iter().map(|(p, r)| (*p, r.len())).collect()
     }
 
     /// Every member's `/replication` rows and last log lines, for a failure message.
@@ -266,6 +368,20 @@ impl Cluster {
                 "commit points never agreed: {points:?}"
             );
             tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+}
+
+/// Copies directory `from` to `to`, recursively.
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap().flatten() {
+        let path = entry.path();
+        let target = to.join(entry.file_name());
+        if path.is_dir() {
+            copy_dir(&path, &target);
+        } else {
+            std::fs::copy(&path, &target).unwrap();
         }
     }
 }
@@ -314,55 +430,109 @@ pub(crate) fn commit_points(body: &str) -> Vec<(u64, u64, String)> {
 pub(crate) struct Acked {
     pub(crate) sent: Instant,
     pub(crate) acked: Instant,
+    pub(crate) partition: u32,
     pub(crate) offset: u64,
     pub(crate) value: String,
 }
 
-/// Four producers writing keyed records until told to stop.
+/// How the load's producers key their records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Keys {
+    /// Producer `p` keys every record `[p]`: each writes one partition.
+    OnePerProducer,
+    /// Each record is keyed by its value (`p-seq`): every producer writes every
+    /// partition.
+    Spread,
+}
+
+/// Producers writing keyed records until told to stop, one send at a time each.
 pub(crate) struct Load {
     stop: Arc<AtomicBool>,
+    paused: Arc<AtomicBool>,
+    in_flight: Arc<AtomicUsize>,
     acked: Arc<Mutex<Vec<Acked>>>,
     failed: Arc<Mutex<u64>>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
 impl Load {
+    /// Four producers, each on the partition of its own key.
     pub(crate) async fn start(client: &Client) -> Self {
+        Self::start_with(client, PRODUCERS, Keys::OnePerProducer).await
+    }
+
+    /// `producers` producers keying their records as `keys` says.
+    pub(crate) async fn start_with(client: &Client, producers: usize, keys: Keys) -> Self {
         let stop = Arc::new(AtomicBool::new(false));
+        let paused = Arc::new(AtomicBool::new(false));
+        let in_flight = Arc::new(AtomicUsize::new(0));
         let acked = Arc::new(Mutex::new(Vec::new()));
         let failed = Arc::new(Mutex::new(0));
         let mut tasks = Vec::new();
-        for p in 0..PRODUCERS {
+        for p in 0..producers {
             let config = ProducerConfig {
                 linger: Duration::from_millis(1),
                 ..ProducerConfig::default()
             };
             let producer = Producer::new(client, "s", "t", config).await.unwrap();
-            let (stop, acked, failed) = (stop.clone(), acked.clone(), failed.clone());
+            let (stop, paused, in_flight) = (stop.clone(), paused.clone(), in_flight.clone());
+            let (acked, failed) = (acked.clone(), failed.clone());
             tasks.push(tokio::spawn(async move {
                 let mut seq = 0u64;
                 while !stop.load(Ordering::Relaxed) {
+                    // Counted in flight before the pause is looked at: a pause that
+                    // sees none in flight sees every later send paused.
+                    in_flight.fetch_add(1, Ordering::SeqCst);
+                    if paused.load(Ordering::SeqCst) {
+                        in_flight.fetch_sub(1, Ordering::SeqCst);
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                        continue;
+                    }
                     let value = format!("{p}-{seq}");
+                    let key = match keys {
+                        Keys::OnePerProducer => vec![p as u8],
+                        Keys::Spread => value.clone().into_bytes(),
+                    };
                     let sent = Instant::now();
-                    match producer.send(Some(&[p as u8]), value.as_bytes()).await {
+                    match producer.send(Some(&key), value.as_bytes()).await {
                         Ok(stored) => acked.lock().unwrap().push(Acked {
                             sent,
                             acked: Instant::now(),
+                            partition: stored.partition,
                             offset: stored.offset,
                             value,
                         }),
                         Err(_) => *failed.lock().unwrap() += 1,
                     }
+                    in_flight.fetch_sub(1, Ordering::SeqCst);
                     seq += 1;
                 }
             }));
         }
         Self {
             stop,
+            paused,
+            in_flight,
             acked,
             failed,
             tasks,
         }
+    }
+
+    /// Stops new sends and waits until every send started is answered (a send is
+    /// retried for at most the producer's 30 s).
+    pub(crate) async fn pause(&self) {
+        self.paused.store(true, Ordering::SeqCst);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while self.in_flight.load(Ordering::SeqCst) > 0 {
+            assert!(Instant::now() < deadline, "a send was never answered");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    /// Sends again after [`Load::pause`].
+    pub(crate) fn resume(&self) {
+        self.paused.store(false, Ordering::SeqCst);
     }
 
     pub(crate) fn acked(&self) -> usize {
@@ -403,10 +573,13 @@ impl Load {
         }
     }
 
+    /// Stops the producers and waits up to 30 s in all for their last sends (after
+    /// every member was killed at once, a send may still be retrying then).
     pub(crate) async fn finish(self) -> (Vec<Acked>, u64) {
         self.stop.store(true, Ordering::Relaxed);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
         for task in self.tasks {
-            let _ = tokio::time::timeout(Duration::from_secs(30), task).await;
+            let _ = tokio::time::timeout_at(deadline, task).await;
         }
         let acked = self.acked.lock().unwrap().clone();
         let failed = *self.failed.lock().unwrap();
@@ -417,7 +590,7 @@ impl Load {
 /// `cluster` with its topic and the four producers writing for `warm_up`.
 pub(crate) async fn under_load(cluster: Cluster, warm_up: Duration) -> (Cluster, Client, Load) {
     let client = connect(&cluster).await;
-    create_topic(&client).await;
+    create_topic(&client, 1).await;
     let load = Load::start(&client).await;
     tokio::time::sleep(warm_up).await;
     (cluster, client, load)
@@ -443,14 +616,15 @@ pub(crate) async fn connect(cluster: &Cluster) -> Client {
     }
 }
 
-pub(crate) async fn create_topic(client: &Client) {
+/// Stream `s` and its topic `t` of `partitions` partitions.
+pub(crate) async fn create_topic(client: &Client, partitions: u32) {
     let deadline = Instant::now() + Duration::from_secs(30);
     while client.create_stream("s").await.is_err() {
         assert!(Instant::now() < deadline, "the stream was never created");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     let settings = TopicSettings {
-        partitions: 1,
+        partitions,
         ..TopicSettings::default()
     };
     client.create_topic("s", "t", settings).await.unwrap();
@@ -459,35 +633,70 @@ pub(crate) async fn create_topic(client: &Client) {
 /// The member leading the partition now, as the members themselves say: the primary
 /// of the newest view any member is normal in (a client's map may lag a failover).
 pub(crate) async fn partition_primary(cluster: &Cluster) -> u8 {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let mut newest: Option<(u64, u8)> = None;
-        for id in 0..NODES {
-            let Some((_, body)) = http_get(cluster.http_addr(id), "/replication").await else {
-                continue;
-            };
-            for row in replication_rows(&body) {
-                // Group 0 is the metadata; the topic's one partition is the other.
-                let partition = row["group"].as_u64().is_some_and(|g| g != 0);
-                let normal = row["status"] == "normal";
-                if let (true, true, Some(view), Some(primary)) = (
-                    partition,
-                    normal,
-                    row["view"].as_u64(),
-                    row["primary"].as_u64(),
-                ) {
-                    if newest.is_none_or(|(v, _)| view > v) {
-                        newest = Some((view, primary as u8));
-                    }
+    primary_of(cluster, 0).await
+}
+
+/// The partition of a replication group, `None` for the metadata's group 0.
+pub(crate) fn group_partition(group: u64) -> Option<u32> {
+    // 1 << 63 | topic id << 32 | partition.
+    (group >> 63 == 1).then_some((group & 0xffff_ffff) as u32)
+}
+
+/// Each group's primary, as the members say: the primary of the newest view any
+/// member is normal in.
+pub(crate) async fn group_primaries(cluster: &Cluster) -> BTreeMap<u64, u8> {
+    let mut newest: BTreeMap<u64, (u64, u8)> = BTreeMap::new();
+    for id in 0..NODES {
+        let Some((_, body)) = http_get(cluster.http_addr(id), "/replication").await else {
+            continue;
+        };
+        for row in replication_rows(&body) {
+            let normal = row["status"] == "normal";
+            if let (true, Some(group), Some(view), Some(primary)) = (
+                normal,
+                row["group"].as_u64(),
+                row["view"].as_u64(),
+                row["primary"].as_u64(),
+            ) {
+                let known = newest.get(&group).is_some_and(|(v, _)| *v >= view);
+                if !known {
+                    newest.insert(group, (view, primary as u8));
                 }
             }
         }
-        if let Some((_, primary)) = newest {
-            return primary;
+    }
+    newest.into_iter().map(|(g, (_, p))| (g, p)).collect()
+}
+
+/// The member leading `partition` of the (one) topic now, as [`group_primaries`].
+pub(crate) async fn primary_of(cluster: &Cluster, partition: u32) -> u8 {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let primaries = group_primaries(cluster).await;
+        let found = primaries
+            .iter()
+            .find(|(g, _)| group_partition(**g) == Some(partition));
+        if let Some((_, primary)) = found {
+            return *primary;
         }
-        assert!(Instant::now() < deadline, "no member leads the partition");
+        assert!(
+            Instant::now() < deadline,
+            "no member leads partition {partition}"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// What [`check_partitions`] read back.
+pub(crate) struct Stored {
+    /// Records read, over all partitions (copies stored twice included).
+    pub(crate) records: usize,
+    /// Values stored more than once.
+    pub(crate) twice: usize,
+    /// Records read per partition.
+    pub(crate) per_partition: Vec<usize>,
+    /// Every value read, at its (partition, offset).
+    pub(crate) at: HashMap<(u32, u64), String>,
 }
 
 /// Reads the partition whole; asserts every acknowledged record is at its offset and
@@ -497,72 +706,111 @@ pub(crate) async fn check_everything_acknowledged_is_there(
     client: &Client,
     acked: &[Acked],
 ) -> (usize, usize) {
-    let mut stored: HashMap<u64, String> = HashMap::new();
+    let stored = check_partitions(client, acked, 1).await;
+    (stored.records, stored.twice)
+}
+
+/// Reads partitions `0..partitions` whole; asserts every acknowledged record is at its
+/// partition and offset, and each producer's records are stored in each partition in
+/// the order it sent them.
+pub(crate) async fn check_partitions(client: &Client, acked: &[Acked], partitions: u32) -> Stored {
+    let mut stored = Stored {
+        records: 0,
+        twice: 0,
+        per_partition: Vec::new(),
+        at: HashMap::new(),
+    };
+    for partition in 0..partitions {
+        let order = read_partition(client, partition, &mut stored.at).await;
+        stored.records += order.len();
+        stored.per_partition.push(order.len());
+        // Per producer, the first copy of each value comes in send order.
+        let mut seen = std::collections::HashSet::new();
+        let mut last: HashMap<String, u64> = HashMap::new();
+        for value in &order {
+            if !seen.insert(value.clone()) {
+                stored.twice += 1;
+                continue;
+            }
+            let (p, seq) = value.split_once('-').unwrap();
+            let seq: u64 = seq.parse().unwrap();
+            if let Some(prev) = last.insert(p.to_string(), seq) {
+                assert!(
+                    seq > prev,
+                    "producer {p}: {seq} stored after {prev} in partition {partition}"
+                );
+            }
+        }
+    }
+    for a in acked {
+        if stored.at.get(&(a.partition, a.offset)) != Some(&a.value) {
+            let elsewhere: Vec<(u32, u64)> = stored
+                .at
+                .iter()
+                .filter(|(_, v)| **v == a.value)
+                .map(|(at, _)| *at)
+                .collect();
+            let around: Vec<(u64, Option<&String>)> = (a.offset.saturating_sub(3)..a.offset + 4)
+                .map(|o| (o, stored.at.get(&(a.partition, o))))
+                .collect();
+            panic!(
+                "acknowledged {} at partition {} offset {} is not there ({} records stored in it): stored at {elsewhere:?}; around it {around:?}",
+                a.value,
+                a.partition,
+                a.offset,
+                stored.per_partition[a.partition as usize],
+            );
+        }
+    }
+    stored
+}
+
+/// Reads `partition` whole into `at`; returns its values in offset order.
+async fn read_partition(
+    client: &Client,
+    partition: u32,
+    at: &mut HashMap<(u32, u64), String>,
+) -> Vec<String> {
     let mut offset = 0;
     let mut order = Vec::new();
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        let fetched = match client.fetch("s", "t", 0, offset, 4 << 20, 500).await {
+        let fetched = match client
+            .fetch("s", "t", partition, offset, 4 << 20, 500)
+            .await
+        {
             Ok(f) => f,
             Err(_) => {
-                assert!(Instant::now() < deadline, "the partition could not be read");
+                assert!(
+                    Instant::now() < deadline,
+                    "partition {partition} could not be read"
+                );
                 tokio::time::sleep(Duration::from_millis(100)).await;
                 continue;
             }
         };
         let mut records = std::collections::VecDeque::new();
-        braid_client::decode_records(0, offset, &fetched.batches, &mut records).unwrap();
+        braid_client::decode_records(partition, offset, &fetched.batches, &mut records).unwrap();
         if records.is_empty() && offset >= fetched.high_watermark {
-            break;
+            return order;
         }
         for record in records {
             offset = record.offset + 1;
             let value = String::from_utf8(record.value.unwrap().to_vec()).unwrap();
             order.push(value.clone());
-            stored.insert(record.offset, value);
+            at.insert((partition, record.offset), value);
         }
     }
-    for a in acked {
-        if stored.get(&a.offset) != Some(&a.value) {
-            let elsewhere: Vec<u64> = stored
-                .iter()
-                .filter(|(_, v)| **v == a.value)
-                .map(|(o, _)| *o)
-                .collect();
-            let around: Vec<(u64, Option<&String>)> = (a.offset.saturating_sub(3)..a.offset + 4)
-                .map(|o| (o, stored.get(&o)))
-                .collect();
-            panic!(
-                "acknowledged {} at offset {} is not there ({} records stored, high watermark {}): stored at {elsewhere:?}; around it {around:?}",
-                a.value,
-                a.offset,
-                stored.len(),
-                offset
-            );
-        }
-    }
-    // Per producer, the first copy of each value comes in send order.
-    let mut seen = std::collections::HashSet::new();
-    let mut last: HashMap<String, u64> = HashMap::new();
-    let mut twice = 0;
-    for value in &order {
-        if !seen.insert(value.clone()) {
-            twice += 1;
-            continue;
-        }
-        let (p, seq) = value.split_once('-').unwrap();
-        let seq: u64 = seq.parse().unwrap();
-        if let Some(prev) = last.insert(p.to_string(), seq) {
-            assert!(seq > prev, "producer {p}: {seq} stored after {prev}");
-        }
-    }
-    (order.len(), twice)
 }
 
-/// Every record (offset, value) in the partition logs under a member's data directory,
-/// segment by segment in offset order.
-fn member_records(data_dir: &std::path::Path) -> Vec<(u64, Option<Vec<u8>>)> {
-    let mut segments = Vec::new();
+/// A record as a log holds it: its offset and value.
+type Record = (u64, Option<Vec<u8>>);
+
+/// Every record (offset, value) in the partition logs under a member's data directory
+/// (`partitions/TOPIC/PARTITION/*.log`), per (topic id, partition), segment by segment
+/// in offset order.
+fn member_partition_records(data_dir: &Path) -> BTreeMap<(u32, u32), Vec<Record>> {
+    let mut segments: BTreeMap<(u32, u32), Vec<PathBuf>> = BTreeMap::new();
     let mut dirs = vec![data_dir.join("partitions")];
     while let Some(dir) = dirs.pop() {
         let Ok(entries) = std::fs::read_dir(&dir) else {
@@ -573,16 +821,88 @@ fn member_records(data_dir: &std::path::Path) -> Vec<(u64, Option<Vec<u8>>)> {
             if path.is_dir() {
                 dirs.push(path);
             } else if path.extension().is_some_and(|e| e == "log") {
-                segments.push(path);
+                let number = |p: Option<&Path>| -> u32 {
+                    p.and_then(Path::file_name)
+                        .and_then(|n| n.to_str())
+                        .and_then(|n| n.parse().ok())
+                        .unwrap_or_else(|| panic!("a segment outside TOPIC/PARTITION: {path:?}"))
+                };
+                let partition_dir = path.parent();
+                let key = (
+                    number(partition_dir.and_then(Path::parent)),
+                    number(partition_dir),
+                );
+                segments.entry(key).or_default().push(path);
             }
         }
     }
-    segments.sort();
-    let mut records = std::collections::VecDeque::new();
-    for segment in segments {
-        let bytes = std::fs::read(&segment).unwrap();
-        braid_client::decode_records(0, 0, &bytes, &mut records)
-            .unwrap_or_else(|e| panic!("{}: {e}", segment.display()));
+    segments
+        .into_iter()
+        .map(|(key, mut paths)| {
+            // Named by base offset, zero-padded: in name order is in offset order.
+            paths.sort();
+            let mut records = std::collections::VecDeque::new();
+            for segment in paths {
+                let bytes = std::fs::read(&segment).unwrap();
+                braid_client::decode_records(key.1, 0, &bytes, &mut records)
+                    .unwrap_or_else(|e| panic!("{}: {e}", segment.display()));
+            }
+            let records = records.into_iter().map(|r| (r.offset, r.value)).collect();
+            (key, records)
+        })
+        .collect()
+}
+
+/// Where two members' logs of a partition part, from record `at` on: the offsets and
+/// values each holds that the other does not there, and where the other holds them.
+fn describe_difference(theirs: &[Record], ours: &[Record], at: usize) -> String {
+    let span = |log: &[Record]| log.first().map(|f| (f.0, log[log.len() - 1].0));
+    let mut out = vec![format!(
+        "it holds {} records (offsets {:?}), member 0 {} (offsets {:?})",
+        theirs.len(),
+        span(theirs),
+        ours.len(),
+        span(ours)
+    )];
+    for (name, other, a, b) in [
+        ("it", "member 0", theirs, ours),
+        ("member 0", "it", ours, theirs),
+    ] {
+        out.push(differing_run(name, other, a, b, at));
     }
-    records.into_iter().map(|r| (r.offset, r.value)).collect()
+    out.join("\n")
+}
+
+/// The run of `a`'s records from record `at` on that `b` does not hold at the same
+/// offset, summarised.
+fn differing_run(name: &str, other: &str, a: &[Record], b: &[Record], at: usize) -> String {
+    let show = |v: &Option<Vec<u8>>| {
+        v.as_deref()
+            .map(|v| String::from_utf8_lossy(v).into_owned())
+    };
+    let b_at: HashMap<u64, &Option<Vec<u8>>> = b.iter().map(|(o, v)| (*o, v)).collect();
+    let mut b_where: HashMap<&Option<Vec<u8>>, u64> = HashMap::new();
+    for (o, v) in b {
+        b_where.entry(v).or_insert(*o);
+    }
+    let run: Vec<&Record> = a
+        .iter()
+        .skip(at)
+        .take_while(|(o, v)| b_at.get(o) != Some(&v))
+        .collect();
+    let (Some(first), Some(last)) = (run.first(), run.last()) else {
+        return format!("{name} holds nothing from record {at} on that {other} lacks");
+    };
+    format!(
+        "{name} holds at offsets {}..={} ({} records, values {:?} to {:?}) what {other} does not hold there; {other} holds those values at offsets {:?} to {:?}, and at offset {} it holds {:?}",
+        first.0,
+        last.0,
+        run.len(),
+        show(&first.1),
+        show(&last.1),
+        b_where.get(&first.1),
+        b_where.get(&last.1),
+        first.0,
+        b_at.get(&first.0).map(|v| show(v))
+    )
 }
