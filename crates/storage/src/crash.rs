@@ -175,13 +175,14 @@ enum Entries {
     SyncedAndOne(PathBuf),
 }
 
-/// Writes one crash state of `model` under `out`, where `root` stood.
+/// Writes one crash state of `model` under `out`, where `root` stood; `how` says, by
+/// inode number, how each file's unsynced writes landed.
 fn materialize(
     model: &Model,
     root: &Path,
     out: &Path,
     entries: &Entries,
-    how: &dyn Fn(&Inode) -> Persisted,
+    how: &dyn Fn(usize) -> Persisted,
 ) {
     let mut chosen;
     let entries = match entries {
@@ -211,12 +212,13 @@ fn materialize(
         if !target.parent().is_some_and(Path::is_dir) {
             continue; // its directory's entry was lost: so is it
         }
+        let number = inode;
         let inode = &model.inodes[inode];
         if inode.is_dir {
             std::fs::create_dir_all(&target)
                 .unwrap_or_else(|err| panic!("{}: {err}", target.display()));
         } else {
-            std::fs::write(&target, content_of(inode, how(inode)))
+            std::fs::write(&target, content_of(inode, how(number)))
                 .unwrap_or_else(|err| panic!("{}: {err}", target.display()));
         }
     }
@@ -306,4 +308,121 @@ fn scratch_dir() -> PathBuf {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap_or_else(|err| panic!("{}: {err}", dir.display()));
     dir
+}
+
+/// One directory tree under the POSIX model, followed event by event, from which the
+/// state a power cut would leave can be drawn at any moment: the simulator's disk
+/// under the node's real files.
+#[derive(Debug, Clone)]
+pub struct PowerModel {
+    model: Model,
+    root: PathBuf,
+}
+
+impl PowerModel {
+    /// The tree at `root` as it is now, all of it durable (as after a reboot, or
+    /// before anything ran).
+    ///
+    /// # Errors
+    /// The tree cannot be read.
+    pub fn of_dir(root: &Path) -> std::io::Result<Self> {
+        let mut model = Model::default();
+        model.new_inode(root, true);
+        let mut dirs = vec![root.to_owned()];
+        while let Some(dir) = dirs.pop() {
+            let mut entries: Vec<PathBuf> = std::fs::read_dir(&dir)?
+                .map(|entry| entry.map(|e| e.path()))
+                .collect::<Result<_, _>>()?;
+            entries.sort();
+            for path in entries {
+                if path.is_dir() {
+                    model.new_inode(&path, true);
+                    dirs.push(path);
+                } else {
+                    let bytes = std::fs::read(&path)?;
+                    model.new_inode(&path, false);
+                    if let Some(inode) = model.inodes.last_mut() {
+                        inode.current.clone_from(&bytes);
+                        inode.durable = bytes;
+                    }
+                }
+            }
+        }
+        model.durable = model.current.clone();
+        Ok(Self {
+            model,
+            root: root.to_owned(),
+        })
+    }
+
+    /// Follows one disk operation; those outside the tree are not its own.
+    pub fn apply(&mut self, event: &Event) {
+        let inside = match event {
+            Event::Write { path, .. }
+            | Event::SetLen { path, .. }
+            | Event::Sync { path }
+            | Event::Create { path }
+            | Event::Remove { path } => path.starts_with(&self.root),
+            Event::Rename { from, to } => {
+                from.starts_with(&self.root) && to.starts_with(&self.root)
+            }
+            Event::DirSync { dir } | Event::MkDir { dir } => dir.starts_with(&self.root),
+        };
+        if inside {
+            self.model.apply(event);
+        }
+    }
+
+    /// Writes into `out` (an empty directory) a state a power cut now could leave,
+    /// drawing with `draw(n)` (a number below `n`) the directories' entries (as synced,
+    /// as the page cache had them, or as synced plus one later change) and, file by
+    /// file, how its unsynced writes landed (none, all, a prefix, the last alone with
+    /// the earlier ones zeroed, or all with the last torn at a page). Returns what was
+    /// drawn, for a failure's report.
+    pub fn cut_into(&self, out: &Path, draw: &mut dyn FnMut(usize) -> usize) -> String {
+        let changed: Vec<PathBuf> = self
+            .model
+            .current
+            .iter()
+            .filter(|(path, inode)| self.model.durable.get(*path) != Some(inode))
+            .map(|(path, _)| path.clone())
+            .chain(
+                self.model
+                    .durable
+                    .keys()
+                    .filter(|path| !self.model.current.contains_key(*path))
+                    .cloned(),
+            )
+            .collect();
+        let entries = match draw(3) {
+            0 => Entries::Synced,
+            1 => Entries::All,
+            _ => match changed.get(draw(changed.len().max(1))) {
+                Some(path) => Entries::SyncedAndOne(path.clone()),
+                None => Entries::Synced,
+            },
+        };
+        let hows: Vec<Persisted> = self
+            .model
+            .inodes
+            .iter()
+            .map(|inode| match draw(5) {
+                0 => Persisted::None,
+                1 => Persisted::All,
+                2 if inode.pending.len() > 1 => Persisted::Prefix(draw(inode.pending.len())),
+                2 => Persisted::All,
+                3 => Persisted::LastOnlyEarlierZeroed,
+                _ => Persisted::LastTorn,
+            })
+            .collect();
+        materialize(&self.model, &self.root, out, &entries, &|inode| {
+            hows.get(inode).copied().unwrap_or(Persisted::None)
+        });
+        let lost = hows
+            .iter()
+            .zip(&self.model.inodes)
+            .filter(|(how, inode)| !inode.pending.is_empty() && !matches!(how, Persisted::All))
+            .count();
+        format!("entries {entries:?}, {lost} files lost some unsynced writes")
+    }
 }

@@ -18,4 +18,7 @@ pub(crate) mod status;
 pub(crate) mod wire;
 
 #[cfg(test)]
+mod shell_sim;
+
+#[cfg(test)]
 mod over_bus_tests;

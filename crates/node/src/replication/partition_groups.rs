@@ -38,6 +38,12 @@ mod copy;
 /// Most produce requests a primary keeps in flight per partition.
 const PIPELINE_MAX: u64 = 16;
 
+/// Ops between a partition's checkpoints, and ops its journal keeps below the last
+/// one. A checkpoint is the next offset and the client table, and the bodies of
+/// applied ops leave memory at once: checkpoints (and the durable-state writes paced
+/// by them) can be rare.
+const CHECKPOINT_INTERVAL: u64 = 1_024;
+
 /// The group id of a partition: the high bit set (group 0 is the metadata), then the
 /// topic id and the partition.
 pub(crate) fn group_of(key: PartitionKey) -> u64 {
@@ -150,7 +156,7 @@ pub(crate) struct PartitionGroups {
     client_id: u64,
     timing: Timing,
     now: u64,
-    bus: Option<ShardSender>,
+    bus: Outbox,
     sync: Option<SyncLink>,
     /// Sync jobs handed to the syncer since the last [`PartitionGroups::take_syncs_started`].
     syncs_started: u64,
@@ -159,6 +165,35 @@ pub(crate) struct PartitionGroups {
     /// State transfers finished since the last [`PartitionGroups::take_transfers_done`].
     transfers_done: u64,
     failed: Option<String>,
+    /// [`CHECKPOINT_INTERVAL`], but for simulator runs that want more checkpoints.
+    checkpoint_interval: u64,
+}
+
+/// Where the shard's frames to peers go.
+#[derive(Debug, Default)]
+enum Outbox {
+    /// Nowhere: no bus is attached (a lone node, or before the bus is up).
+    #[default]
+    Nowhere,
+    /// The replica bus.
+    Bus(ShardSender),
+    /// Kept for the caller to carry (the simulator's network).
+    #[cfg(test)]
+    Kept(Vec<(u8, braid_bus::Frame)>),
+}
+
+impl Outbox {
+    /// Sends `frame` to `to`; a full or down link drops it (consensus retransmits).
+    fn send(&mut self, to: u8, frame: braid_bus::Frame) {
+        match self {
+            Self::Nowhere => {}
+            Self::Bus(bus) => {
+                let _ = bus.send(to, frame);
+            }
+            #[cfg(test)]
+            Self::Kept(kept) => kept.push((to, frame)),
+        }
+    }
 }
 
 /// Where sync jobs run and where their completions come back.
@@ -181,8 +216,34 @@ impl PartitionGroups {
         timing: Timing,
         nonce: u64,
     ) -> Result<Self, HostError> {
-        Ok(Self {
-            host: ShardHost::open(dir, shard)?,
+        let host = ShardHost::open(dir, shard)?;
+        Ok(Self::with_host(host, node, members, timing, nonce))
+    }
+
+    /// As [`PartitionGroups::open`], in boot `boot` (the simulator stands for a reboot
+    /// after a power loss with another).
+    #[cfg(test)]
+    pub(crate) fn open_in_boot(
+        dir: &Path,
+        node: ReplicaId,
+        members: u8,
+        timing: Timing,
+        nonce: u64,
+        boot: super::boot::BootId,
+    ) -> Result<Self, HostError> {
+        let host = ShardHost::open_in_boot(dir, 0, boot)?;
+        Ok(Self::with_host(host, node, members, timing, nonce))
+    }
+
+    fn with_host(
+        host: ShardHost<PartitionMachine, PartitionJournal>,
+        node: ReplicaId,
+        members: u8,
+        timing: Timing,
+        nonce: u64,
+    ) -> Self {
+        Self {
+            host,
             clients: HashMap::new(),
             pending: Vec::new(),
             node,
@@ -190,13 +251,33 @@ impl PartitionGroups {
             client_id: client_id(node, nonce),
             timing,
             now: 0,
-            bus: None,
+            bus: Outbox::Nowhere,
             sync: None,
             syncs_started: 0,
             copies: HashMap::new(),
             transfers_done: 0,
             failed: None,
-        })
+            checkpoint_interval: CHECKPOINT_INTERVAL,
+        }
+    }
+
+    /// Checkpoints every `ops` ops in the partitions added from now on (the simulator
+    /// runs short seeds through many checkpoints and state transfers).
+    #[cfg(test)]
+    pub(crate) fn set_checkpoint_interval(&mut self, ops: u64) {
+        self.checkpoint_interval = ops;
+    }
+
+    /// The journal of a partition (the simulator's reports).
+    #[cfg(test)]
+    pub(crate) fn journal(&self, key: PartitionKey) -> Option<&PartitionJournal> {
+        self.host.journal(group_of(key))
+    }
+
+    /// Why the groups stopped, if they did (a failed write, or damage found in use).
+    #[cfg(test)]
+    pub(crate) fn failure(&self) -> Option<&str> {
+        self.failed.as_deref()
     }
 
     /// Sync jobs handed to the syncer since the last call (for the metrics).
@@ -234,7 +315,22 @@ impl PartitionGroups {
 
     /// Sends through `bus` from now on.
     pub(crate) fn attach_bus(&mut self, bus: ShardSender) {
-        self.bus = Some(bus);
+        self.bus = Outbox::Bus(bus);
+    }
+
+    /// Keeps the frames to peers for [`PartitionGroups::take_sent`] (the simulator).
+    #[cfg(test)]
+    pub(crate) fn keep_sent(&mut self) {
+        self.bus = Outbox::Kept(Vec::new());
+    }
+
+    /// The frames to peers kept since the last call.
+    #[cfg(test)]
+    pub(crate) fn take_sent(&mut self) -> Vec<(u8, braid_bus::Frame)> {
+        match &mut self.bus {
+            Outbox::Kept(kept) => std::mem::take(kept),
+            _ => Vec::new(),
+        }
     }
 
     /// Opens a partition's group: its log in `dir` with its journal and checkpoints.
@@ -261,11 +357,8 @@ impl PartitionGroups {
         };
         let config = Config {
             pipeline_max: PIPELINE_MAX,
-            // A checkpoint is the next offset and the client table, and the bodies of
-            // applied ops leave memory at once: checkpoints (and the durable-state
-            // writes paced by them) can be rare.
-            checkpoint_interval: 1_024,
-            journal_keep: 1_024,
+            checkpoint_interval: self.checkpoint_interval,
+            journal_keep: self.checkpoint_interval,
             compact_committed: true,
             sessions_max: 8,
             heartbeat_ticks: self.timing.heartbeat_ticks,
@@ -474,8 +567,13 @@ impl PartitionGroups {
 
     /// A frame from a peer.
     pub(crate) fn deliver(&mut self, delivery: &Delivery) -> Moved {
+        self.deliver_frame(delivery.peer, &delivery.frame)
+    }
+
+    /// A frame from `peer` (as the bus authenticated it).
+    pub(crate) fn deliver_frame(&mut self, peer: u8, frame: &braid_bus::Frame) -> Moved {
         let mut moved = Vec::new();
-        match wire::received(delivery) {
+        match wire::received_from(peer, frame) {
             Ok(Received::Message(group, message)) => {
                 self.step(group, Input::Message(message), &mut moved);
             }
@@ -483,7 +581,7 @@ impl PartitionGroups {
                 tracing::debug!(group, "a reply for a partition group: its primary is local");
             }
             Ok(Received::LogFetch { group, from, to }) => {
-                self.serve_copy(delivery, group, from, to);
+                self.serve_copy(peer, group, from, to);
             }
             Ok(Received::LogChunk {
                 group,
@@ -492,7 +590,7 @@ impl PartitionGroups {
                 batches,
             }) => self.take_copy(group, from, start, &batches, &mut moved),
             Err(err) => {
-                tracing::warn!(peer = delivery.peer, %err, "a replica frame that does not decode");
+                tracing::warn!(peer, %err, "a replica frame that does not decode");
             }
         }
         // An answer (a register's, say) may have let queued produces go.
@@ -547,12 +645,12 @@ impl PartitionGroups {
     /// peer: a backup that a client woke (its primary may be gone) hears that it is
     /// not, and sleeps again; one whose primary is gone hears nothing and replaces it.
     fn send_quiet_heartbeats(&mut self) {
-        let Some(bus) = self.bus.as_mut() else {
+        if matches!(self.bus, Outbox::Nowhere) {
             return;
-        };
+        }
         for (group, message) in self.host.quiet_heartbeats() {
             for to in (0..self.members).filter(|m| *m != self.node) {
-                let _ = bus.send(to, wire::frame(group, &message));
+                self.bus.send(to, wire::frame(group, &message));
             }
         }
     }
@@ -757,11 +855,7 @@ impl PartitionGroups {
         }
         let mut framer = wire::Framer::default();
         for (group, to, message) in effects.sends {
-            let frame = framer.frame(group, &message);
-            if let Some(bus) = self.bus.as_mut() {
-                // A full or down link drops the frame: consensus retransmits.
-                let _ = bus.send(to, frame);
-            }
+            self.bus.send(to, framer.frame(group, &message));
         }
         let mut touched = Vec::new();
         for (group, _, _) in &effects.applied {

@@ -77,18 +77,23 @@ pub(crate) enum PartitionJournalError {
         tip_end: u64,
         log_end: u64,
     },
-    /// A committed op's batch is not at the offsets the partition's state gives it.
+    /// A committed op's batch is not the one stored, or not at the offsets the
+    /// partition's state gives it.
     #[error(
         "partition log in {dir}: committed op {op} takes offsets from {base} on in the \
-         partition's state, but its batch is stored at {stored}; the log diverged, so \
-         the partition stops rather than serve records at offsets other replicas give \
-         other records"
+         partition's state, but the journal holds {} there; the log diverged, so the \
+         partition stops rather than serve records at offsets other replicas give other \
+         records",
+        match stored {
+            Some(at) => format!("a batch stored at {at}"),
+            None => "another prepare".to_owned(),
+        }
     )]
     Diverged {
         dir: std::path::PathBuf,
         op: u64,
         base: u64,
-        stored: u64,
+        stored: Option<u64>,
     },
 }
 
@@ -432,30 +437,62 @@ impl PartitionJournal {
         Ok(())
     }
 
+    /// The entries of ops `from..=to`: (op, checksum, the base of its batch).
+    #[cfg(test)]
+    pub(crate) fn entries(&self, from: u64, to: u64) -> Vec<(u64, Checksum, Option<u64>)> {
+        (from..=to)
+            .filter_map(|op| self.index.entry(op).map(|(h, base)| (op, h.checksum, base)))
+            .collect()
+    }
+
     /// The copy from a peer that runs, if any.
     pub(crate) fn behind(&self) -> Option<Transfer> {
         self.behind
     }
 
-    /// `op` was applied: it is committed, and so is the log up to its batch.
-    pub(crate) fn applied(&mut self, op: u64) {
-        self.applied = self.applied.max(op);
+    /// `op`, whose prepare has `checksum`, was applied: it is committed. Only when its
+    /// batch is in the log as this journal holds it (at or below the tip, with that
+    /// checksum, no copy running) is the log up to it the committed log: an op applied
+    /// from a prepare held in memory (above the tip, or while the log is copied) says
+    /// nothing of what the log holds, which may be an old view's suffix that a copy
+    /// must compare and replace.
+    pub(crate) fn applied(&mut self, op: u64, checksum: Checksum) {
+        let in_log = self.behind.is_none()
+            && op <= self.tip
+            && self
+                .index
+                .entry(op)
+                .is_some_and(|(header, _)| header.checksum == checksum);
+        if in_log {
+            self.applied = self.applied.max(op);
+        }
     }
 
-    /// Checks that committed op `op`, whose records the partition's state gave offsets
-    /// from `base` on, has its batch stored at `base`: what this replica serves at an
-    /// offset is what every replica serves there.
+    /// Checks that committed op `op` (its prepare's `checksum`), whose records the
+    /// partition's state gave offsets from `base` on, is what the journal holds at
+    /// `op`, its batch stored at `base`: what this replica serves at an offset is what
+    /// every replica serves there.
     ///
     /// # Errors
-    /// [`PartitionJournalError::Diverged`]: the batch is stored elsewhere.
-    pub(crate) fn check_placed(&self, op: u64, base: u64) -> Result<(), PartitionJournalError> {
+    /// [`PartitionJournalError::Diverged`]: the journal holds another prepare at `op`
+    /// within its tip, or the batch is stored elsewhere.
+    pub(crate) fn check_placed(
+        &self,
+        op: u64,
+        checksum: Checksum,
+        base: u64,
+    ) -> Result<(), PartitionJournalError> {
+        let diverged = |stored: Option<u64>| PartitionJournalError::Diverged {
+            dir: self.log.dir().to_owned(),
+            op,
+            base,
+            stored,
+        };
         match self.index.entry(op) {
-            Some((_, Some(stored))) if stored != base => Err(PartitionJournalError::Diverged {
-                dir: self.log.dir().to_owned(),
-                op,
-                base,
-                stored,
-            }),
+            Some((header, stored)) if op <= self.tip && header.checksum != checksum => {
+                Err(diverged(stored))
+            }
+            Some((_, Some(stored))) if stored != base => Err(diverged(Some(stored))),
             _ => Ok(()),
         }
     }
@@ -490,6 +527,7 @@ impl PartitionJournal {
         if self.behind.is_some_and(|t| t.op >= op) || op < pruned {
             return Ok(());
         }
+        tracing::trace!(dir = %self.log.dir().display(), op, log_end, pruned, tip = self.tip, applied = self.applied, log_next = self.log.next_offset(), "checkpointed");
         if op == pruned {
             // Found at open, its prune done. The journal holds nothing above it, so the
             // log must end at the checkpoint's end: a prune that could not record the
@@ -519,7 +557,7 @@ impl PartitionJournal {
                 .entry(op)
                 .is_some_and(|(h, _)| h.checksum == checksum);
         if held {
-            self.applied(op);
+            self.applied(op, checksum);
             return Ok(());
         }
         self.pending.retain(|o, _| *o > op);
@@ -617,18 +655,29 @@ impl PartitionJournal {
     /// The log holds every batch up to the checkpoint's end: synced, it stands for
     /// every op up to the checkpoint, and the ops above it go in.
     fn finish_transfer(&mut self, now_ms: u64) -> Result<(), PartitionJournalError> {
+        tracing::trace!(dir = %self.log.dir().display(), transfer = ?self.behind, tip = self.tip, log_end = self.log.next_offset(), "transfer done");
         let Some(transfer) = self.behind.take() else {
             return Ok(());
         };
         self.log.sync()?;
+        // Entries at or below the checkpoint's op are covered by it, and their batches
+        // were copied, not appended: a header written there before the copy (a view's
+        // suffix whose bodies were to be repaired) would read at the next open as a
+        // hole below the batches appended from here on, and the open would cut them.
+        if transfer.op > self.index.pruned().0 {
+            self.index.prune_at(transfer.op, Some(transfer.log_end))?;
+            drop(self.index.sync_unmarked()?);
+        }
         self.tip = self.tip.max(transfer.op);
         self.tip_log_end = (self.tip == transfer.op).then_some(transfer.log_end);
-        self.applied(transfer.op);
+        // The copy made the log the committed one up to the checkpoint's end.
+        self.applied = self.applied.max(transfer.op);
         self.append_pending(now_ms)
     }
 
     /// Appends `prepare` at `tip + 1`.
     fn append(&mut self, prepare: &Prepare, now_ms: u64) -> Result<(), PartitionJournalError> {
+        tracing::trace!(dir = %self.log.dir().display(), op = prepare.header.op, view = prepare.header.view, tip = self.tip, log_end = self.log.next_offset(), "append");
         let is_batch = prepare.header.operation == Operation::Request
             && batch_records(&prepare.body).is_some();
         if is_batch {
@@ -691,6 +740,7 @@ impl PartitionJournal {
     /// # Errors
     /// A write or the log's truncation failed.
     pub(crate) fn truncate(&mut self, op: u64) -> Result<(), PartitionJournalError> {
+        tracing::trace!(dir = %self.log.dir().display(), op, tip = self.tip, "truncate");
         self.pending.retain(|o, _| *o <= op);
         self.note_cut(op);
         if op < self.tip {
@@ -711,6 +761,7 @@ impl PartitionJournal {
 
     /// Cuts the index and the log back to `op` (`op < tip`).
     fn cut_above(&mut self, op: u64) -> Result<(), PartitionJournalError> {
+        tracing::trace!(dir = %self.log.dir().display(), op, tip = self.tip, log_end = self.log.next_offset(), "cut above");
         self.note_cut(op);
         let first_cut = self.index.next_external(op);
         self.index.truncate(op)?;
@@ -738,6 +789,7 @@ impl PartitionJournal {
     /// # Errors
     /// A write failed.
     pub(crate) fn prune(&mut self, op: u64) -> Result<(), PartitionJournalError> {
+        tracing::trace!(dir = %self.log.dir().display(), op, tip = self.tip, log_end = self.log.next_offset(), "prune");
         self.pending.retain(|o, _| *o > op);
         let copying = self.behind.filter(|t| t.op == op).map(|t| t.log_end);
         let log_end = copying.or_else(|| {
@@ -953,11 +1005,16 @@ impl Journal for PartitionJournal {
             crate::mailbox::now_ms(),
         )?)
     }
-    fn applied(&mut self, op: u64, result: Option<&[u8]>) -> Result<(), HostError> {
-        PartitionJournal::applied(self, op);
+    fn applied(
+        &mut self,
+        op: u64,
+        checksum: Checksum,
+        result: Option<&[u8]>,
+    ) -> Result<(), HostError> {
         if let Some((base, _)) = result.and_then(PartitionMachine::offsets) {
-            self.check_placed(op, base)?;
+            self.check_placed(op, checksum, base)?;
         }
+        PartitionJournal::applied(self, op, checksum);
         Ok(())
     }
 }

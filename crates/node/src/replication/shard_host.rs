@@ -58,13 +58,19 @@ pub(crate) trait Journal {
     fn checkpointed(&mut self, _checkpoint: &braid_vsr::Checkpoint) -> Result<(), HostError> {
         Ok(())
     }
-    /// `op` was applied (committed), with `result` if the state machine ran it: a
+    /// `op` (its prepare's `checksum`) was applied (committed), with `result` if the
+    /// state machine ran it: a
     /// journal whose bodies live elsewhere learns how far they are the committed ones,
     /// and checks that the op's body is where the state machine's result places it.
     ///
     /// # Errors
     /// The body is stored elsewhere than the result says (the journal diverged).
-    fn applied(&mut self, _op: u64, _result: Option<&[u8]>) -> Result<(), HostError> {
+    fn applied(
+        &mut self,
+        _op: u64,
+        _checksum: Checksum,
+        _result: Option<&[u8]>,
+    ) -> Result<(), HostError> {
         Ok(())
     }
 }
@@ -508,12 +514,13 @@ impl<S: StateMachine, J: Journal> ShardHost<S, J> {
                     }
                     Output::Applied {
                         op,
+                        checksum,
                         result,
                         executed,
                         ..
                     } => {
                         let ran = result.as_deref().ok().filter(|_| executed);
-                        files.journal.applied(op, ran)?;
+                        files.journal.applied(op, checksum, ran)?;
                         effects.applied.push((group, op, result));
                     }
                     Output::Evicted { .. } => {}

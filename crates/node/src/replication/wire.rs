@@ -128,7 +128,11 @@ fn two_words(payload: &[u8]) -> Result<(u64, u64), WireError> {
 
 /// What a delivery carries: a message, a reply, or a piece of a log copy.
 pub(crate) fn received(delivery: &Delivery) -> Result<Received, WireError> {
-    let frame = &delivery.frame;
+    received_from(delivery.peer, &delivery.frame)
+}
+
+/// What `frame`, from `peer` (as the bus authenticated it), carries.
+pub(crate) fn received_from(peer: u8, frame: &Frame) -> Result<Received, WireError> {
     match frame.kind {
         KIND_REPLY => {
             let reply = Reply::decode(&frame.payload)?;
@@ -153,24 +157,25 @@ pub(crate) fn received(delivery: &Delivery) -> Result<Received, WireError> {
         }
         _ => {}
     }
-    let (group, message) = message(delivery)?;
+    let (group, message) = message_from(peer, frame)?;
     Ok(Received::Message(group, message))
 }
 
 /// The group and message a delivery carries. A replica message must come from the
 /// peer it names: the bus authenticated the peer, not the bytes' claim.
+#[cfg(test)]
 pub(crate) fn message(delivery: &Delivery) -> Result<(u64, Message), WireError> {
-    let frame = &delivery.frame;
+    message_from(delivery.peer, &delivery.frame)
+}
+
+fn message_from(peer: u8, frame: &Frame) -> Result<(u64, Message), WireError> {
     if frame.kind != KIND_VSR {
         return Err(WireError::Kind(frame.kind));
     }
     let message = Message::decode_shared(&frame.payload)?;
     if let Some(claimed) = message.from() {
-        if claimed != delivery.peer {
-            return Err(WireError::Impostor {
-                claimed,
-                peer: delivery.peer,
-            });
+        if claimed != peer {
+            return Err(WireError::Impostor { claimed, peer });
         }
     }
     Ok((frame.group, message))

@@ -7,8 +7,6 @@
 //! it has committed; one whose retention deleted the start answers with where its log
 //! begins, and the copy starts the log again there.
 
-use braid_bus::Delivery;
-
 use super::{key_of, wire, Moved, PartitionGroups};
 use crate::replication::partition_journal::{Copied, PartitionJournalError};
 use crate::replication::shard_host::HostError;
@@ -69,14 +67,13 @@ impl PartitionGroups {
         } else {
             fallback
         };
-        if let Some(bus) = self.bus.as_mut() {
-            let _ = bus.send(to_peer, wire::log_fetch_frame(group, from, to));
-        }
+        self.bus
+            .send(to_peer, wire::log_fetch_frame(group, from, to));
         self.copies.insert(group, (self.now, attempt));
     }
 
     /// A peer asks for committed batches of `group` in `[from, to)`.
-    pub(super) fn serve_copy(&mut self, delivery: &Delivery, group: u64, from: u64, to: u64) {
+    pub(super) fn serve_copy(&mut self, peer: u8, group: u64, from: u64, to: u64) {
         let Some(key) = key_of(group) else {
             return;
         };
@@ -113,12 +110,8 @@ impl PartitionGroups {
                 }
             }
         };
-        if let Some(bus) = self.bus.as_mut() {
-            let _ = bus.send(
-                delivery.peer,
-                wire::log_chunk_frame(group, from, start, &batches),
-            );
-        }
+        self.bus
+            .send(peer, wire::log_chunk_frame(group, from, start, &batches));
     }
 
     /// A chunk of a peer's log arrived for a copy.

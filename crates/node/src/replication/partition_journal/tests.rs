@@ -652,7 +652,10 @@ fn a_transfer_replaces_an_old_views_suffix_from_the_first_batch_that_differs() {
             journal.write_prepare(&p, 0).unwrap();
         }
         journal.sync().unwrap();
-        journal.applied(applied);
+        if applied > 0 {
+            let op = &ops[applied as usize - 1];
+            journal.applied(op.header.op, op.header.checksum);
+        }
         // Ops 6 to 9 here are as long as the committed ones: a copy from the log's
         // end would keep them and append the rest after.
         journal
@@ -669,12 +672,10 @@ fn a_transfer_replaces_an_old_views_suffix_from_the_first_batch_that_differs() {
             log_batches(&mut peer),
             "applied {applied}: the old view's batches are gone"
         );
-        // The committed ops below the difference kept their entries.
-        assert_eq!(
-            journal.prepare(5, ops[4].header.checksum).unwrap(),
-            Some(ops[4].clone())
-        );
-        assert_eq!(journal.prepare(6, ops[5].header.checksum).unwrap(), None);
+        // The checkpoint covers every op up to it: the finished copy prunes their
+        // entries, so none can read as a hole below the batches appended next.
+        assert_eq!(journal.index.pruned(), (30, Some(end)));
+        assert_eq!(journal.prepare(5, ops[4].header.checksum).unwrap(), None);
     }
     // The checkpoint of an op this journal holds (the same checksum): nothing to copy.
     let dir = tempfile::tempdir().unwrap();
@@ -793,13 +794,63 @@ fn a_committed_batch_stored_off_its_offsets_stops_the_partition() {
     }
     journal.sync().unwrap();
     let base = journal.index.entry(3).and_then(|(_, b)| b).unwrap();
-    journal.check_placed(3, base).unwrap();
-    let err = journal.check_placed(3, base + 1).unwrap_err();
+    let sum = ops[2].header.checksum;
+    journal.check_placed(3, sum, base).unwrap();
+    let err = journal.check_placed(3, sum, base + 1).unwrap_err();
     assert!(
-        matches!(err, PartitionJournalError::Diverged { op: 3, stored, .. } if stored == base),
+        matches!(err, PartitionJournalError::Diverged { op: 3, stored, .. } if stored == Some(base)),
         "{err}"
     );
-    journal.check_placed(1, 12_345).unwrap(); // a register has no batch
+    // Another prepare committed at op 3 than the one whose batch the log holds there.
+    let err = journal.check_placed(3, sum ^ 1, base).unwrap_err();
+    assert!(
+        matches!(err, PartitionJournalError::Diverged { op: 3, .. }),
+        "{err}"
+    );
+    // A register has no batch.
+    journal
+        .check_placed(1, ops[0].header.checksum, 12_345)
+        .unwrap();
+}
+
+/// Ops applied from prepares held in memory (above the journal's tip, or while the
+/// log is copied) say nothing of what the log holds: a later copy still compares the
+/// log from the end of the last op applied from it (found by the shell simulator: a
+/// second checkpoint installed during a copy took the log's end as committed, keeping
+/// an old view's batches).
+#[test]
+fn ops_applied_from_memory_do_not_vouch_for_the_log() {
+    let ops = chain(30, 2, "a");
+    let (_peer_dir, mut peer, end) = peer_holding(&ops);
+    let dir = tempfile::tempdir().unwrap();
+    let (mut journal, _) = open(dir.path());
+    let old = divergent(&ops);
+    for p in &old {
+        journal.write_prepare(p, 0).unwrap();
+    }
+    journal.sync().unwrap();
+    // Ops 1 to 5 are applied from the log; 6 to 20 from memory (the log holds an old
+    // view's 6 to 9).
+    for p in &ops[..20] {
+        journal.applied(p.header.op, p.header.checksum);
+    }
+    let end_20 = peer.index.entry(21).and_then(|(_, base)| base).unwrap();
+    journal
+        .checkpointed(20, ops[19].header.checksum, end_20, 0)
+        .unwrap();
+    let first = journal.behind().unwrap();
+    // A newer checkpoint comes before the copy moved.
+    journal
+        .checkpointed(30, ops[29].header.checksum, end, 0)
+        .unwrap();
+    assert_eq!(
+        journal.behind().map(|t| t.cursor),
+        Some(first.cursor),
+        "the copy still compares from the end of op 5"
+    );
+    copy_all(&mut journal, &mut peer, end);
+    assert_eq!(journal.behind(), None);
+    assert_eq!(log_batches(&mut journal), log_batches(&mut peer));
 }
 
 /// A prune that could not record where the log ends (it came while the log was behind

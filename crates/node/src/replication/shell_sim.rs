@@ -1,0 +1,889 @@
+//! The node's replication shell under the simulator: three members, each the node's
+//! real [`PartitionGroups`] (its [`super::shard_host::ShardHost`] turn ordering, the
+//! partition journal over the storage crate's partition log, the shared states table,
+//! checkpoints, boot stamps, state transfer by segments and the partition state
+//! machine), with the node's pipeline and session counts, on real files in a directory
+//! of its own. Everything else is drawn from one seed: which member a producer finds
+//! leading, the network between members (delay, loss, duplication, reordering, cut
+//! links), and crashes, as `kill -9` (the page cache survives) or as power loss.
+//!
+//! Power loss is the POSIX model over every disk operation the shell made since the
+//! member's last boot ([`PowerModel`], fed from the storage crate's disk hook): unsynced
+//! writes lost, kept, cut to a prefix, zeroed below a later write that landed, or torn
+//! at a page, file by file, and directory entries lost or kept. The member then boots
+//! again (a new boot id) from what that left.
+//!
+//! What is checked: a member restarts from every state a crash leaves; no offset is
+//! acknowledged twice for different records; and at the end, with faults stopped, every
+//! member holds the same log, batch by batch and byte for byte, in which every
+//! acknowledged record sits at its acknowledged offset, before and after a clean
+//! restart of all members.
+//!
+//! `cargo test -p braid-node --lib shell_sim` runs the seeds CI runs;
+//! `scripts/sim-soak.sh --shell` runs many more.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use braid_bus::Frame;
+use braid_proto::{BatchBuilder, RecordBatch, ValidatedBatch};
+use braid_sim::Prng;
+use braid_storage::crash::PowerModel;
+use braid_storage::disk::hook;
+use braid_storage::{FsyncPolicy, LogConfig};
+use tokio::sync::oneshot;
+
+use super::boot::BootId;
+use super::meta_group::Timing;
+use super::partition_groups::{PartitionGroups, Role};
+use crate::error::NodeError;
+use crate::layout::PartitionKey;
+
+const MEMBERS: u8 = 3;
+/// The node's default heartbeat timeout, so the groups keep the node's timing.
+const HEARTBEAT_TIMEOUT_MS: u64 = 2_000;
+
+/// The shape of one run, drawn from its seed.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Shape {
+    pub(crate) partitions: u32,
+    /// Ops between checkpoints (the node's 1,024, or fewer, so that a short run goes
+    /// through many checkpoints, prunes and state transfers).
+    pub(crate) checkpoint_interval: u64,
+    /// Segment size: small ones seal (and index) often.
+    pub(crate) segment_bytes: u32,
+    /// Ticks with faults, then at most `liveness_ticks` to converge without them.
+    pub(crate) safety_ticks: u64,
+    pub(crate) liveness_ticks: u64,
+    /// Chance per tick, in percent, that a producer sends a batch.
+    pub(crate) produce_percent: u64,
+    /// Chance per tick, per 10,000, that a member crashes.
+    pub(crate) crash_per_10k: u64,
+    /// Of the crashes, the percent that are power losses.
+    pub(crate) power_loss_percent: u64,
+    /// Network faults.
+    pub(crate) loss_percent: u64,
+    pub(crate) duplicate_percent: u64,
+    pub(crate) delay_ticks_max: u64,
+    /// Chance per tick, per 10,000, that a link is cut or healed.
+    pub(crate) cut_per_10k: u64,
+}
+
+impl Shape {
+    fn from_seed(prng: &mut Prng) -> Self {
+        Self {
+            partitions: 1 + prng.below(3) as u32,
+            checkpoint_interval: [16, 32, 64, 1_024][prng.below(4) as usize],
+            segment_bytes: [2_048, 8_192, 1 << 20][prng.below(3) as usize],
+            safety_ticks: 3_000 + prng.below(3_000),
+            liveness_ticks: 20_000,
+            produce_percent: 20 + prng.below(60),
+            crash_per_10k: prng.below(40),
+            power_loss_percent: prng.below(101),
+            loss_percent: prng.below(10),
+            duplicate_percent: prng.below(5),
+            delay_ticks_max: 1 + prng.below(8),
+            cut_per_10k: prng.below(20),
+        }
+    }
+}
+
+/// What a run did.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Outcome {
+    pub(crate) records_acknowledged: u64,
+    pub(crate) produces_failed: u64,
+    pub(crate) kills: u64,
+    pub(crate) power_losses: u64,
+    pub(crate) cuts: u64,
+    pub(crate) frames_lost: u64,
+    pub(crate) ticks_to_converge: u64,
+    /// Records in each member's log at the end (the same in all).
+    pub(crate) records_stored: u64,
+}
+
+/// Why a run failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Failure {
+    pub(crate) seed: u64,
+    pub(crate) tick: u64,
+    pub(crate) what: String,
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "seed {} tick {}: {}", self.seed, self.tick, self.what)
+    }
+}
+
+#[derive(Debug)]
+struct Member {
+    dir: PathBuf,
+    groups: Option<PartitionGroups>,
+    /// The disk as the POSIX model sees it since this member's last boot.
+    power: PowerModel,
+    /// Boots so far: a power loss starts a new one.
+    boots: u64,
+    restart_at: Option<u64>,
+}
+
+#[derive(Debug)]
+struct Packet {
+    at: u64,
+    from: u8,
+    to: u8,
+    frame: Frame,
+}
+
+#[derive(Debug)]
+struct Waiting {
+    partition: u32,
+    values: Vec<Vec<u8>>,
+    answer: oneshot::Receiver<Result<(u64, u64), NodeError>>,
+}
+
+/// One seeded run.
+#[derive(Debug)]
+pub(crate) struct Run {
+    seed: u64,
+    prng: Prng,
+    shape: Shape,
+    tick: u64,
+    /// Removed with the run.
+    _root: tempfile::TempDir,
+    members: Vec<Member>,
+    network: Vec<Packet>,
+    /// One-way cuts (from, to).
+    cut: Vec<(u8, u8)>,
+    waiting: Vec<Waiting>,
+    /// (partition, offset) -> the value acknowledged there.
+    acked: BTreeMap<(u32, u64), Vec<u8>>,
+    next_value: u64,
+    outcome: Outcome,
+    failure: Option<String>,
+    /// Print faults and boots to stderr (`BRAID_SHELL_SIM_TRACE=1`).
+    trace: bool,
+}
+
+fn key(partition: u32) -> PartitionKey {
+    PartitionKey {
+        topic_id: 1,
+        partition,
+    }
+}
+
+impl Run {
+    /// Builds the cluster of `seed` in a new temporary directory.
+    ///
+    /// # Errors
+    /// A member cannot be created.
+    pub(crate) fn new(seed: u64) -> Result<Self, Failure> {
+        let mut prng = Prng::new(seed);
+        let shape = Shape::from_seed(&mut prng);
+        Self::with_shape(seed, prng, shape)
+    }
+
+    pub(crate) fn with_shape(seed: u64, prng: Prng, shape: Shape) -> Result<Self, Failure> {
+        let fail = |what: String| Failure {
+            seed,
+            tick: 0,
+            what,
+        };
+        let root = tempfile::Builder::new()
+            .prefix("braid-shell-sim-")
+            .tempdir()
+            .map_err(|e| fail(format!("temporary directory: {e}")))?;
+        let mut members = Vec::new();
+        for m in 0..MEMBERS {
+            let dir = root.path().join(format!("member-{m}"));
+            for p in 0..shape.partitions {
+                std::fs::create_dir_all(dir.join(format!("p{p}")))
+                    .map_err(|e| fail(format!("{}: {e}", dir.display())))?;
+            }
+            let power = PowerModel::of_dir(&dir).map_err(|e| fail(e.to_string()))?;
+            members.push(Member {
+                dir,
+                groups: None,
+                power,
+                boots: 0,
+                restart_at: None,
+            });
+        }
+        let mut run = Self {
+            seed,
+            prng,
+            shape,
+            tick: 0,
+            _root: root,
+            members,
+            network: Vec::new(),
+            cut: Vec::new(),
+            waiting: Vec::new(),
+            acked: BTreeMap::new(),
+            next_value: 0,
+            outcome: Outcome::default(),
+            failure: None,
+            trace: std::env::var_os("BRAID_SHELL_SIM_TRACE").is_some(),
+        };
+        hook::start_tracing();
+        for m in 0..MEMBERS {
+            run.boot(m);
+        }
+        match run.failure.take() {
+            Some(what) => Err(fail(what)),
+            None => Ok(run),
+        }
+    }
+
+    fn fail(&mut self, what: String) {
+        self.failure.get_or_insert(what);
+    }
+
+    fn timing() -> Timing {
+        Timing::from_heartbeat_timeout_ms(HEARTBEAT_TIMEOUT_MS)
+    }
+
+    fn log_config(&self) -> LogConfig {
+        LogConfig {
+            segment_bytes_max: self.shape.segment_bytes,
+            index_interval_bytes: 512,
+            fsync: FsyncPolicy::Always,
+            write_behind_bytes: 0,
+            cached_tail_bytes: None,
+            ..LogConfig::default()
+        }
+    }
+
+    fn now_ms(&self) -> u64 {
+        1_800_000_000_000 + self.tick * super::meta_group::TICK_MS
+    }
+
+    /// Starts member `m` from what its directory holds, as the node does.
+    fn boot(&mut self, m: u8) {
+        let log_config = self.log_config();
+        let now_ms = self.now_ms();
+        let nonce = self.prng.next_u64();
+        let interval = self.shape.checkpoint_interval;
+        let partitions = self.shape.partitions;
+        let member = &mut self.members[usize::from(m)];
+        let mut boot_bytes = [0u8; 16];
+        boot_bytes[..8].copy_from_slice(&member.boots.to_be_bytes());
+        boot_bytes[8] = m;
+        let boot = BootId::from_bytes(boot_bytes);
+        let opened =
+            PartitionGroups::open_in_boot(&member.dir, m, MEMBERS, Self::timing(), nonce, boot);
+        let mut groups = match opened {
+            Ok(groups) => groups,
+            Err(err) => {
+                let what = format!("member {m} cannot start: {err}");
+                self.fail(what);
+                return;
+            }
+        };
+        groups.keep_sent();
+        groups.set_checkpoint_interval(interval);
+        for p in 0..partitions {
+            let dir = member.dir.join(format!("p{p}"));
+            if let Err(err) = groups.add(key(p), &dir, log_config, now_ms) {
+                let what = format!("member {m} cannot start partition {p}: {err}");
+                self.fail(what);
+                return;
+            }
+        }
+        member.groups = Some(groups);
+        member.restart_at = None;
+        if self.trace {
+            eprintln!("t{} m{m} boots ({})", self.tick, self.describe_member(m));
+        }
+    }
+
+    fn describe_member(&self, m: u8) -> String {
+        let Some(groups) = self.members[usize::from(m)].groups.as_ref() else {
+            return "down".into();
+        };
+        groups
+            .statuses()
+            .iter()
+            .map(|s| {
+                format!(
+                    "g{}: {:?} v{} op{} c{}/{} hw{} {:?}",
+                    s.group & 0xff,
+                    s.status,
+                    s.view,
+                    s.op,
+                    s.commit_min,
+                    s.commit_max,
+                    groups.high_watermark(key((s.group & 0xff) as u32)),
+                    s.journal
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
+    /// Feeds the disk operations since the last call to every member's model.
+    fn drain_trace(&mut self) {
+        let Some(plan) = hook::take() else {
+            hook::start_tracing();
+            return;
+        };
+        hook::start_tracing();
+        for event in &plan.trace {
+            for member in &mut self.members {
+                member.power.apply(event);
+            }
+        }
+    }
+
+    /// Member `m` dies: its process only (`kill -9`), or the machine's power.
+    fn crash(&mut self, m: u8, power_loss: bool) {
+        self.drain_trace();
+        let seed = self.seed;
+        let member = &mut self.members[usize::from(m)];
+        if member.groups.take().is_none() {
+            return;
+        }
+        let downtime = 20 + self.prng.below(300);
+        member.restart_at = Some(self.tick + downtime);
+        if self.trace {
+            eprintln!("t{} m{m} crashes (power loss: {power_loss})", self.tick);
+        }
+        if !power_loss {
+            self.outcome.kills += 1;
+            return;
+        }
+        self.outcome.power_losses += 1;
+        let out = member.dir.with_extension(format!("cut-{}", member.boots));
+        let mut draws = Prng::new(seed ^ self.prng.next_u64());
+        let result = std::fs::create_dir(&out).and_then(|()| {
+            member
+                .power
+                .cut_into(&out, &mut |n| draws.below(n as u64) as usize);
+            std::fs::remove_dir_all(&member.dir)?;
+            std::fs::rename(&out, &member.dir)?;
+            PowerModel::of_dir(&member.dir)
+        });
+        match result {
+            Ok(power) => {
+                member.power = power;
+                member.boots += 1;
+            }
+            Err(err) => self.fail(format!("member {m}: writing its power-cut state: {err}")),
+        }
+    }
+
+    fn is_cut(&self, from: u8, to: u8) -> bool {
+        self.cut.contains(&(from, to))
+    }
+
+    fn send(&mut self, from: u8, to: u8, frame: Frame) {
+        if self.is_cut(from, to) || self.prng.chance(self.shape.loss_percent) {
+            self.outcome.frames_lost += 1;
+            return;
+        }
+        let copies = if self.prng.chance(self.shape.duplicate_percent) {
+            2
+        } else {
+            1
+        };
+        for _ in 0..copies {
+            let at = self.tick + 1 + self.prng.below(self.shape.delay_ticks_max);
+            self.network.push(Packet {
+                at,
+                from,
+                to,
+                frame: frame.clone(),
+            });
+        }
+    }
+
+    fn collect_sent(&mut self, m: u8) {
+        let sent = match self.members[usize::from(m)].groups.as_mut() {
+            Some(groups) => groups.take_sent(),
+            None => return,
+        };
+        for (to, frame) in sent {
+            self.send(m, to, frame);
+        }
+    }
+
+    fn inject_faults(&mut self) {
+        for m in 0..MEMBERS {
+            let up = self.members[usize::from(m)].groups.is_some();
+            if up && self.prng.below(10_000) < self.shape.crash_per_10k {
+                let power = self.prng.chance(self.shape.power_loss_percent);
+                self.crash(m, power);
+            }
+        }
+        if self.prng.below(10_000) < self.shape.cut_per_10k {
+            if self.cut.is_empty() || self.prng.chance(50) {
+                let from = self.prng.below(u64::from(MEMBERS)) as u8;
+                let to = (from + 1 + self.prng.below(u64::from(MEMBERS) - 1) as u8) % MEMBERS;
+                self.cut.push((from, to));
+                if self.prng.chance(50) {
+                    self.cut.push((to, from));
+                }
+                self.outcome.cuts += 1;
+            } else {
+                self.cut.clear();
+            }
+        }
+    }
+
+    /// A producer sends one batch to whichever member says it leads the partition.
+    fn produce(&mut self) {
+        let partition = self.prng.below(u64::from(self.shape.partitions)) as u32;
+        let leader = (0..MEMBERS).find(|m| {
+            self.members[usize::from(*m)]
+                .groups
+                .as_ref()
+                .is_some_and(|g| g.role(key(partition)) == Role::Primary)
+        });
+        let Some(leader) = leader else {
+            return;
+        };
+        let records = 1 + self.prng.below(4) as usize;
+        let mut builder = BatchBuilder::new(1_000);
+        let mut values = Vec::new();
+        for _ in 0..records {
+            self.next_value += 1;
+            let value = format!("s{}-v{}", self.seed, self.next_value).into_bytes();
+            builder.push(None, Some(&value), &[], 1_000);
+            values.push(value);
+        }
+        let batch = match ValidatedBatch::new(builder.finish()) {
+            Ok(batch) => batch,
+            Err(err) => {
+                self.fail(format!("the producer built a bad batch: {err}"));
+                return;
+            }
+        };
+        let (reply, answer) = oneshot::channel();
+        if let Some(groups) = self.members[usize::from(leader)].groups.as_mut() {
+            groups.produce(key(partition), batch, reply);
+            groups.flush();
+        }
+        self.waiting.push(Waiting {
+            partition,
+            values,
+            answer,
+        });
+        self.collect_sent(leader);
+    }
+
+    /// Takes the answers that came: an acknowledged batch's offsets are its own.
+    fn take_answers(&mut self) {
+        let mut still = Vec::new();
+        for mut waiting in std::mem::take(&mut self.waiting) {
+            match waiting.answer.try_recv() {
+                Err(oneshot::error::TryRecvError::Empty) => still.push(waiting),
+                Err(oneshot::error::TryRecvError::Closed) | Ok(Err(_)) => {
+                    self.outcome.produces_failed += 1;
+                }
+                Ok(Ok((base, last))) => {
+                    let count = waiting.values.len() as u64;
+                    if last + 1 < base || last + 1 - base != count {
+                        self.fail(format!(
+                            "a batch of {count} records was acknowledged at {base}..={last}"
+                        ));
+                        continue;
+                    }
+                    for (i, value) in waiting.values.into_iter().enumerate() {
+                        let at = (waiting.partition, base + i as u64);
+                        if let Some(earlier) = self.acked.insert(at, value.clone()) {
+                            if earlier != value {
+                                self.fail(format!(
+                                    "partition {} offset {} acknowledged twice: {} then {}",
+                                    at.0,
+                                    at.1,
+                                    String::from_utf8_lossy(&earlier),
+                                    String::from_utf8_lossy(&value)
+                                ));
+                            }
+                        }
+                        self.outcome.records_acknowledged += 1;
+                    }
+                }
+            }
+        }
+        self.waiting = still;
+    }
+
+    fn step(&mut self, faults: bool) {
+        self.tick += 1;
+        if faults {
+            self.inject_faults();
+        }
+        for m in 0..MEMBERS {
+            let member = &self.members[usize::from(m)];
+            if member.groups.is_none() && member.restart_at.is_some_and(|t| t <= self.tick) {
+                self.boot(m);
+            }
+        }
+        let due: Vec<Packet> = {
+            let (due, later) = std::mem::take(&mut self.network)
+                .into_iter()
+                .partition(|p| p.at <= self.tick);
+            self.network = later;
+            due
+        };
+        for packet in due {
+            let to = usize::from(packet.to);
+            if let Some(groups) = self.members[to].groups.as_mut() {
+                groups.deliver_frame(packet.from, &packet.frame);
+                self.collect_sent(packet.to);
+            }
+        }
+        for m in 0..MEMBERS {
+            if let Some(groups) = self.members[usize::from(m)].groups.as_mut() {
+                groups.tick();
+                self.collect_sent(m);
+            }
+        }
+        if faults && self.prng.chance(self.shape.produce_percent) {
+            self.produce();
+        }
+        self.take_answers();
+        for m in 0..MEMBERS {
+            let stopped = self.members[usize::from(m)]
+                .groups
+                .as_ref()
+                .and_then(|g| g.failure().map(str::to_owned));
+            if let Some(reason) = stopped {
+                self.fail(format!("member {m}'s partition groups stopped: {reason}"));
+            }
+        }
+        self.drain_trace();
+    }
+
+    fn converged(&self) -> bool {
+        if !self.waiting.is_empty() {
+            return false;
+        }
+        (0..self.shape.partitions).all(|p| {
+            let mut marks = self.members.iter().map(|member| {
+                member.groups.as_ref().map(|g| {
+                    let role = g.role(key(p));
+                    (g.high_watermark(key(p)), role)
+                })
+            });
+            let Some(Some((mark, _))) = marks.next() else {
+                return false;
+            };
+            let primaries = self
+                .members
+                .iter()
+                .filter(|member| {
+                    member
+                        .groups
+                        .as_ref()
+                        .is_some_and(|g| g.role(key(p)) == Role::Primary)
+                })
+                .count();
+            primaries == 1
+                && marks.all(|other| {
+                    other.is_some_and(|(m, role)| m == mark && role != Role::Backup(None))
+                })
+        })
+    }
+
+    /// Runs the seed: faults, then convergence, then the checks of every member's log.
+    ///
+    /// # Errors
+    /// The first violation found.
+    pub(crate) fn run(mut self) -> Result<Outcome, Failure> {
+        let result = self.run_phases();
+        let _ = hook::take();
+        result.map_err(|what| Failure {
+            seed: self.seed,
+            tick: self.tick,
+            what,
+        })
+    }
+
+    fn run_phases(&mut self) -> Result<Outcome, String> {
+        for _ in 0..self.shape.safety_ticks {
+            self.step(true);
+            if let Some(what) = self.failure.take() {
+                return Err(what);
+            }
+        }
+        self.cut.clear();
+        for m in 0..MEMBERS {
+            if self.members[usize::from(m)].groups.is_none() {
+                self.boot(m);
+            }
+        }
+        let start = self.tick;
+        let mut stable = 0;
+        while self.tick - start < self.shape.liveness_ticks {
+            self.step(false);
+            if let Some(what) = self.failure.take() {
+                return Err(what);
+            }
+            // Converged for a while: a heartbeat has carried every commit.
+            stable = if self.converged() { stable + 1 } else { 0 };
+            if stable >= 50 {
+                self.outcome.ticks_to_converge = self.tick - start;
+                if self.trace {
+                    eprintln!("t{} converged: {}", self.tick, self.describe());
+                }
+                let before = self.compare_logs()?;
+                self.restart_all_cleanly()?;
+                let after = self.compare_logs()?;
+                if before != after {
+                    return Err(format!(
+                        "a clean restart changed the logs: {before} records, then {after}"
+                    ));
+                }
+                self.outcome.records_stored = after;
+                return Ok(self.outcome);
+            }
+        }
+        Err(format!(
+            "no convergence within {} ticks: {}",
+            self.shape.liveness_ticks,
+            self.describe()
+        ))
+    }
+
+    fn describe(&self) -> String {
+        let members: Vec<String> = (0..MEMBERS)
+            .map(|m| format!("m{m}: {}", self.describe_member(m)))
+            .collect();
+        format!(
+            "{} produces waiting; {}",
+            self.waiting.len(),
+            members.join("; ")
+        )
+    }
+
+    fn restart_all_cleanly(&mut self) -> Result<(), String> {
+        for m in 0..MEMBERS {
+            if let Some(mut groups) = self.members[usize::from(m)].groups.take() {
+                groups.close();
+            }
+            self.boot(m);
+            if let Some(what) = self.failure.take() {
+                return Err(what);
+            }
+        }
+        // Let them find their views again before reading.
+        for _ in 0..2_000 {
+            self.step(false);
+            if let Some(what) = self.failure.take() {
+                return Err(what);
+            }
+            if self.converged() {
+                return Ok(());
+            }
+        }
+        Err(format!(
+            "no convergence after a clean restart: {}",
+            self.describe()
+        ))
+    }
+
+    /// Every member's log of every partition, batch by batch: the same bytes at the
+    /// same offsets on all, every acknowledged record at its offset. Returns the
+    /// records in each member's logs.
+    fn compare_logs(&mut self) -> Result<u64, String> {
+        let mut records = 0;
+        for p in 0..self.shape.partitions {
+            let mut logs = Vec::new();
+            let mut unreadable = None;
+            for m in 0..MEMBERS {
+                let groups = self.members[usize::from(m)]
+                    .groups
+                    .as_mut()
+                    .ok_or_else(|| format!("member {m} is down at the end"))?;
+                let mark = groups.high_watermark(key(p));
+                let log = groups
+                    .log(key(p))
+                    .ok_or_else(|| format!("member {m} has no partition {p}"))?;
+                let batches = read_batches(log, mark);
+                logs.push((mark, batches.0));
+                if let Some(err) = batches.1 {
+                    unreadable.get_or_insert(format!("member {m} partition {p}: {err}"));
+                }
+            }
+            if self.trace {
+                for m in 0..MEMBERS {
+                    let Some(groups) = self.members[usize::from(m)].groups.as_ref() else {
+                        continue;
+                    };
+                    let Some(journal) = groups.journal(key(p)) else {
+                        continue;
+                    };
+                    let tip = journal.tip();
+                    let entries: Vec<String> = journal
+                        .entries(tip.saturating_sub(6), tip + 20)
+                        .iter()
+                        .map(|(op, sum, base)| format!("{op}:{:x}@{base:?}", sum >> 112))
+                        .collect();
+                    let batches: Vec<String> = logs[usize::from(m)]
+                        .1
+                        .iter()
+                        .rev()
+                        .take(12)
+                        .map(|(base, bytes)| format!("{base}+{}", bytes.len()))
+                        .collect();
+                    eprintln!("m{m} p{p}: journal {entries:?}; last batches {batches:?}");
+                }
+            }
+            if let Some(err) = unreadable {
+                return Err(err);
+            }
+            let (mark, first) = &logs[0];
+            for (m, (other_mark, other)) in logs.iter().enumerate().skip(1) {
+                if other_mark != mark {
+                    return Err(format!(
+                        "partition {p}: member 0 ends at {mark}, member {m} at {other_mark}"
+                    ));
+                }
+                if let Some(at) = first.iter().zip(other).position(|(a, b)| a != b) {
+                    return Err(format!(
+                        "partition {p}: member 0 and member {m} differ at batch {at} (offset {} vs {})",
+                        first[at].0, other[at].0
+                    ));
+                }
+                if first.len() != other.len() {
+                    return Err(format!(
+                        "partition {p}: member 0 holds {} batches, member {m} {}",
+                        first.len(),
+                        other.len()
+                    ));
+                }
+            }
+            let mut values = BTreeMap::new();
+            for (base, bytes) in first {
+                let (batch, _) =
+                    RecordBatch::validate(bytes).map_err(|e| format!("batch at {base}: {e}"))?;
+                for record in batch.records() {
+                    let record = record.map_err(|e| format!("batch at {base}: {e}"))?;
+                    let offset = base + u64::try_from(record.offset_delta).unwrap_or(0);
+                    values.insert(offset, record.value.map(<[u8]>::to_vec));
+                }
+            }
+            let start = values.keys().next().copied().unwrap_or(0);
+            if let Some((i, offset)) = values
+                .keys()
+                .enumerate()
+                .find(|(i, offset)| **offset != start + *i as u64)
+            {
+                return Err(format!(
+                    "partition {p}: the log skips from offset {} to {offset}",
+                    start + i as u64
+                ));
+            }
+            records += values.len() as u64;
+            for ((_, offset), value) in self.acked.range((p, 0)..(p + 1, 0)) {
+                match values.get(offset) {
+                    Some(Some(held)) if held == value => {}
+                    held => {
+                        return Err(format!(
+                            "partition {p} offset {offset}: acknowledged {}, the logs hold {:?}",
+                            String::from_utf8_lossy(value),
+                            held.as_ref().map(|h| h
+                                .as_ref()
+                                .map(|v| String::from_utf8_lossy(v).into_owned()))
+                        ))
+                    }
+                }
+            }
+        }
+        Ok(records)
+    }
+}
+
+/// The batches of `log` below `end`: (base offset, bytes), and why the read stopped
+/// short, if it did.
+fn read_batches(
+    log: &mut braid_storage::PartitionLog,
+    end: u64,
+) -> (Vec<(u64, Vec<u8>)>, Option<String>) {
+    let mut out = Vec::new();
+    let mut at = log.start_offset();
+    while at < end {
+        let read = match log.read(at, 1 << 20, end) {
+            Ok(read) => read,
+            Err(err) => return (out, Some(err.to_string())),
+        };
+        if read.batch_count == 0 || read.next_offset <= at {
+            return (
+                out,
+                Some(format!("the log reads nothing at {at} below {end}")),
+            );
+        }
+        let mut bytes = read.bytes();
+        while !bytes.is_empty() {
+            let (batch, used) = match RecordBatch::validate(bytes) {
+                Ok(valid) => valid,
+                Err(err) => return (out, Some(format!("at {at}: {err}"))),
+            };
+            let base = u64::try_from(batch.header().base_offset).unwrap_or(u64::MAX);
+            out.push((base, bytes[..used].to_vec()));
+            bytes = &bytes[used..];
+        }
+        at = read.next_offset;
+    }
+    (out, None)
+}
+
+/// Runs `seed`; a panic (a broken assertion in the shell or the core) is its failure.
+pub(crate) fn run_seed(seed: u64) -> Result<Outcome, Failure> {
+    let result = std::panic::catch_unwind(|| Run::new(seed)?.run());
+    result.unwrap_or_else(|panic| {
+        let _ = hook::take();
+        let what = panic
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+            .unwrap_or_else(|| "a panic".to_owned());
+        Err(Failure {
+            seed,
+            tick: 0,
+            what: format!("panicked: {what}"),
+        })
+    })
+}
+
+/// Runs seeds `from..from + count` on `jobs` threads; returns the failures and the
+/// outcomes summed.
+pub(crate) fn run_seeds(from: u64, count: u64, jobs: usize) -> (Vec<Failure>, Outcome, u64) {
+    let next = std::sync::atomic::AtomicU64::new(from);
+    let results = std::sync::Mutex::new((Vec::new(), Outcome::default(), 0u64));
+    std::thread::scope(|scope| {
+        for _ in 0..jobs.max(1) {
+            scope.spawn(|| loop {
+                let seed = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                if seed >= from + count {
+                    return;
+                }
+                let result = run_seed(seed);
+                let Ok(mut all) = results.lock() else {
+                    return;
+                };
+                match result {
+                    Ok(outcome) => {
+                        all.2 += 1;
+                        all.1.records_acknowledged += outcome.records_acknowledged;
+                        all.1.produces_failed += outcome.produces_failed;
+                        all.1.kills += outcome.kills;
+                        all.1.power_losses += outcome.power_losses;
+                        all.1.cuts += outcome.cuts;
+                        all.1.frames_lost += outcome.frames_lost;
+                        all.1.records_stored += outcome.records_stored;
+                    }
+                    Err(failure) => all.0.push(failure),
+                }
+            });
+        }
+    });
+    results
+        .into_inner()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+#[cfg(test)]
+mod tests;
