@@ -163,10 +163,11 @@ pub(crate) struct PartitionJournal {
     /// The log is being copied from a peer up to a checkpoint's end: until it is in,
     /// prepares above the checkpoint wait in `pending`.
     behind: Option<Transfer>,
-    /// The highest op this replica applied (so committed): the log up to its batch is
-    /// the committed log. Above it the log may hold an old view's uncommitted suffix
-    /// (a cut-off primary's), which a state transfer must find and replace.
-    applied: u64,
+    /// Where the log known to be the committed one ends: after the batch of the
+    /// highest op applied from the log itself (or the end of a finished copy). A
+    /// checkpoint installed later copies from here, comparing what lies beyond. An
+    /// offset, not an op: the ops below it leave the journal when it is pruned.
+    applied_end: u64,
     /// A truncation or a header written to `vsr.journal` that no sync has covered yet.
     /// The replica's next durable state (its log view) depends on it, so the next
     /// [`PartitionJournal::sync`] makes it durable at once, even when batches' syncs run
@@ -237,7 +238,7 @@ impl PartitionJournal {
             next_sync: 0,
             cuts: Vec::new(),
             behind: None,
-            applied: pruned,
+            applied_end: 0,
             index_changed_unsynced: false,
             tip_log_end: None,
         };
@@ -336,6 +337,12 @@ impl PartitionJournal {
         if journal.behind.is_none() {
             journal.tip_log_end = log_end;
         }
+        // The ops at or below the prune point are committed and applied: the log is
+        // the committed one up to the first batch above it.
+        journal.applied_end = journal
+            .index
+            .next_external(pruned)
+            .map_or(journal.log.next_offset(), |(_, base)| base);
         journal.index.sync()?;
         let damaged =
             found.damaged_at.is_some() || slots.iter().any(|(_, s)| *s == JournalSlot::Damaged);
@@ -464,7 +471,11 @@ impl PartitionJournal {
                 .entry(op)
                 .is_some_and(|(header, _)| header.checksum == checksum);
         if in_log {
-            self.applied = self.applied.max(op);
+            let end = match self.index.next_external(op) {
+                Some((next, base)) if next <= self.tip => base,
+                _ => self.tip_log_end.unwrap_or(self.log.next_offset()),
+            };
+            self.applied_end = self.applied_end.max(end);
         }
     }
 
@@ -497,13 +508,11 @@ impl PartitionJournal {
         }
     }
 
-    /// Where the log known to be committed ends: after the batch of the highest op
-    /// applied.
+    /// Where the log known to be committed ends, within the log.
     fn applied_end(&self) -> u64 {
-        let applied = self.applied.min(self.tip);
-        self.index
-            .next_external(applied)
-            .map_or(self.log.next_offset(), |(_, base)| base)
+        self.applied_end
+            .min(self.log.next_offset())
+            .max(self.log.start_offset())
     }
 
     /// A checkpoint at `op` (with `checksum`) whose state says the log ends at
@@ -527,7 +536,7 @@ impl PartitionJournal {
         if self.behind.is_some_and(|t| t.op >= op) || op < pruned {
             return Ok(());
         }
-        tracing::trace!(dir = %self.log.dir().display(), op, log_end, pruned, tip = self.tip, applied = self.applied, log_next = self.log.next_offset(), "checkpointed");
+        tracing::trace!(dir = %self.log.dir().display(), op, log_end, pruned, tip = self.tip, applied_end = self.applied_end, log_next = self.log.next_offset(), "checkpointed");
         if op == pruned {
             // Found at open, its prune done. The journal holds nothing above it, so the
             // log must end at the checkpoint's end: a prune that could not record the
@@ -628,6 +637,7 @@ impl PartitionJournal {
             }
             let theirs = &rest[..used];
             rest = &rest[used..];
+            tracing::trace!(dir = %self.log.dir().display(), cursor = transfer.cursor, log_next = self.log.next_offset(), op = transfer.op, "copy: a batch");
             if transfer.cursor < self.log.next_offset() {
                 match self.read_body(transfer.cursor)? {
                     Some((ours, end)) if ours == canonical(theirs.to_vec()) => {
@@ -671,7 +681,7 @@ impl PartitionJournal {
         self.tip = self.tip.max(transfer.op);
         self.tip_log_end = (self.tip == transfer.op).then_some(transfer.log_end);
         // The copy made the log the committed one up to the checkpoint's end.
-        self.applied = self.applied.max(transfer.op);
+        self.applied_end = self.applied_end.max(transfer.log_end);
         self.append_pending(now_ms)
     }
 

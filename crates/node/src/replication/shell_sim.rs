@@ -580,7 +580,19 @@ impl Run {
                         .is_some_and(|g| g.role(key(p)) == Role::Primary)
                 })
                 .count();
+            // Every op any member holds is applied: no suffix is left uncommitted.
+            let settled = self.members.iter().all(|member| {
+                member.groups.as_ref().is_some_and(|g| {
+                    g.statuses().iter().all(|s| {
+                        s.status == braid_vsr::Status::Normal
+                            && s.commit_min == s.op
+                            && s.journal
+                                .is_some_and(|j| j.copying.is_none() && j.tip == s.op)
+                    })
+                })
+            });
             primaries == 1
+                && settled
                 && marks.all(|other| {
                     other.is_some_and(|(m, role)| m == mark && role != Role::Backup(None))
                 })
@@ -743,8 +755,9 @@ impl Run {
                 }
                 if let Some(at) = first.iter().zip(other).position(|(a, b)| a != b) {
                     return Err(format!(
-                        "partition {p}: member 0 and member {m} differ at batch {at} (offset {} vs {})",
-                        first[at].0, other[at].0
+                        "partition {p}: member 0 and member {m} differ at batch {at}: {} vs {}",
+                        describe_batch(&first[at]),
+                        describe_batch(&other[at])
                     ));
                 }
                 if first.len() != other.len() {
@@ -828,6 +841,22 @@ fn read_batches(
         at = read.next_offset;
     }
     (out, None)
+}
+
+/// A batch's offset, epoch and values, for a failure's report.
+fn describe_batch((base, bytes): &(u64, Vec<u8>)) -> String {
+    let Ok((batch, _)) = RecordBatch::validate(bytes) else {
+        return format!("{base}: damaged");
+    };
+    let values: Vec<String> = batch
+        .records()
+        .filter_map(Result::ok)
+        .map(|r| String::from_utf8_lossy(r.value.unwrap_or_default()).into_owned())
+        .collect();
+    format!(
+        "{base} (epoch {}) {values:?}",
+        batch.header().partition_leader_epoch
+    )
 }
 
 /// Runs `seed`; a panic (a broken assertion in the shell or the core) is its failure.
