@@ -433,11 +433,19 @@ impl PartitionGroups {
             .map(PartitionJournal::log)
     }
 
-    /// The committed offsets' end: the high watermark.
+    /// The committed offsets' end that this replica's log holds: the high watermark.
+    /// The partition's state may count ops whose batches are not in the log yet (a
+    /// copy from a peer runs, or an op below them is being repaired): reads stop where
+    /// the log does, never promise records it does not hold.
     pub(crate) fn high_watermark(&self, key: PartitionKey) -> u64 {
+        let group = group_of(key);
+        let next = self
+            .host
+            .replica(group)
+            .map_or(0, |r| r.state().machine().next_offset());
         self.host
-            .replica(group_of(key))
-            .map_or(0, |r| r.state().machine().next_offset())
+            .journal(group)
+            .map_or(next, |journal| next.min(journal.committed_end()))
     }
 
     /// Who serves the partition here.

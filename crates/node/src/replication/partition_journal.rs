@@ -168,6 +168,10 @@ pub(crate) struct PartitionJournal {
     /// checkpoint installed later copies from here, comparing what lies beyond. An
     /// offset, not an op: the ops below it leave the journal when it is pruned.
     applied_end: u64,
+    /// Committed ops applied from prepares held in memory, not yet in the log (above
+    /// the tip, or while the log is copied), with their checksums: each raises
+    /// `applied_end` when its batch goes in.
+    applied_ahead: BTreeMap<u64, Checksum>,
     /// A truncation or a header written to `vsr.journal` that no sync has covered yet.
     /// The replica's next durable state (its log view) depends on it, so the next
     /// [`PartitionJournal::sync`] makes it durable at once, even when batches' syncs run
@@ -239,6 +243,7 @@ impl PartitionJournal {
             cuts: Vec::new(),
             behind: None,
             applied_end: 0,
+            applied_ahead: BTreeMap::new(),
             index_changed_unsynced: false,
             tip_log_end: None,
         };
@@ -476,6 +481,8 @@ impl PartitionJournal {
                 _ => self.tip_log_end.unwrap_or(self.log.next_offset()),
             };
             self.applied_end = self.applied_end.max(end);
+        } else if op > self.index.pruned().0 {
+            self.applied_ahead.insert(op, checksum);
         }
     }
 
@@ -506,6 +513,14 @@ impl PartitionJournal {
             Some((_, Some(stored))) if stored != base => Err(diverged(Some(stored))),
             _ => Ok(()),
         }
+    }
+
+    /// Where the records this replica may serve end: the log known to be the
+    /// committed one. Below the partition's state's next offset while ops applied from
+    /// memory wait for their batches (a copy runs, or an op below them is repaired),
+    /// so that no read is promised records the log does not hold yet.
+    pub(crate) fn committed_end(&self) -> u64 {
+        self.applied_end()
     }
 
     /// Where the log known to be committed ends, within the log.
@@ -570,6 +585,7 @@ impl PartitionJournal {
             return Ok(());
         }
         self.pending.retain(|o, _| *o > op);
+        self.applied_ahead.retain(|o, _| *o > op);
         let cursor = self.applied_end().min(log_end);
         self.behind = Some(Transfer {
             op,
@@ -682,6 +698,7 @@ impl PartitionJournal {
         self.tip_log_end = (self.tip == transfer.op).then_some(transfer.log_end);
         // The copy made the log the committed one up to the checkpoint's end.
         self.applied_end = self.applied_end.max(transfer.log_end);
+        self.applied_ahead.retain(|o, _| *o > transfer.op);
         self.append_pending(now_ms)
     }
 
@@ -710,6 +727,13 @@ impl PartitionJournal {
         } else {
             // A register, or a body that is not one batch: kept whole with its header.
             self.index.write_prepare(prepare)?;
+        }
+        let op = prepare.header.op;
+        if self.applied_ahead.get(&op) == Some(&prepare.header.checksum) {
+            // Applied before its batch was here: the log now holds it, committed.
+            self.applied_ahead.remove(&op);
+            let end = self.tip_log_end.unwrap_or(self.log.next_offset());
+            self.applied_end = self.applied_end.max(end);
         }
         self.tip = prepare.header.op;
         self.unsynced
@@ -752,6 +776,7 @@ impl PartitionJournal {
     pub(crate) fn truncate(&mut self, op: u64) -> Result<(), PartitionJournalError> {
         tracing::trace!(dir = %self.log.dir().display(), op, tip = self.tip, "truncate");
         self.pending.retain(|o, _| *o <= op);
+        self.applied_ahead.retain(|o, _| *o <= op);
         self.note_cut(op);
         if op < self.tip {
             self.cut_above(op)
@@ -801,6 +826,7 @@ impl PartitionJournal {
     pub(crate) fn prune(&mut self, op: u64) -> Result<(), PartitionJournalError> {
         tracing::trace!(dir = %self.log.dir().display(), op, tip = self.tip, log_end = self.log.next_offset(), "prune");
         self.pending.retain(|o, _| *o > op);
+        self.applied_ahead.retain(|o, _| *o > op);
         let copying = self.behind.filter(|t| t.op == op).map(|t| t.log_end);
         let log_end = copying.or_else(|| {
             (op <= self.tip).then(|| match self.index.next_external(op) {

@@ -40,6 +40,8 @@ use crate::error::NodeError;
 use crate::layout::PartitionKey;
 
 const MEMBERS: u8 = 3;
+/// How often (ticks) every member's readable records are checked.
+const SERVE_CHECK_TICKS: u64 = 100;
 /// The node's default heartbeat timeout, so the groups keep the node's timing.
 const HEARTBEAT_TIMEOUT_MS: u64 = 2_000;
 
@@ -544,6 +546,9 @@ impl Run {
             self.produce();
         }
         self.take_answers();
+        if self.tick.is_multiple_of(SERVE_CHECK_TICKS) {
+            self.check_served();
+        }
         for m in 0..MEMBERS {
             let stopped = self.members[usize::from(m)]
                 .groups
@@ -554,6 +559,46 @@ impl Run {
             }
         }
         self.drain_trace();
+    }
+
+    /// What every member would serve now, below its high watermark, is readable and
+    /// holds each acknowledged record at its offset: no reader is ever promised a
+    /// record the log does not hold, or handed another one.
+    fn check_served(&mut self) {
+        let mut problem = None;
+        for m in 0..MEMBERS {
+            let Some(groups) = self.members[usize::from(m)].groups.as_mut() else {
+                continue;
+            };
+            for p in 0..self.shape.partitions {
+                let mark = groups.high_watermark(key(p));
+                let Some(log) = groups.log(key(p)) else {
+                    continue;
+                };
+                let (batches, stopped) = read_batches(log, mark);
+                if let Some(err) = stopped {
+                    problem.get_or_insert(format!(
+                        "member {m} partition {p} promises records below {mark}: {err}"
+                    ));
+                    continue;
+                }
+                let values = values_of(&batches);
+                for ((_, offset), value) in self.acked.range((p, 0)..(p, mark)) {
+                    if let Ok(held) = &values {
+                        if held.get(offset).and_then(Option::as_ref) != Some(value) {
+                            problem.get_or_insert(format!(
+                                "member {m} partition {p} would serve offset {offset} below \
+                                 its high watermark {mark} without its acknowledged record {}",
+                                String::from_utf8_lossy(value)
+                            ));
+                        }
+                    }
+                }
+            }
+        }
+        if let Some(problem) = problem {
+            self.fail(problem);
+        }
     }
 
     fn converged(&self) -> bool {
@@ -768,16 +813,7 @@ impl Run {
                     ));
                 }
             }
-            let mut values = BTreeMap::new();
-            for (base, bytes) in first {
-                let (batch, _) =
-                    RecordBatch::validate(bytes).map_err(|e| format!("batch at {base}: {e}"))?;
-                for record in batch.records() {
-                    let record = record.map_err(|e| format!("batch at {base}: {e}"))?;
-                    let offset = base + u64::try_from(record.offset_delta).unwrap_or(0);
-                    values.insert(offset, record.value.map(<[u8]>::to_vec));
-                }
-            }
+            let values = values_of(first)?;
             let start = values.keys().next().copied().unwrap_or(0);
             if let Some((i, offset)) = values
                 .keys()
@@ -841,6 +877,21 @@ fn read_batches(
         at = read.next_offset;
     }
     (out, None)
+}
+
+/// The value of every record in `batches`, by offset.
+fn values_of(batches: &[(u64, Vec<u8>)]) -> Result<BTreeMap<u64, Option<Vec<u8>>>, String> {
+    let mut values = BTreeMap::new();
+    for (base, bytes) in batches {
+        let (batch, _) =
+            RecordBatch::validate(bytes).map_err(|e| format!("batch at {base}: {e}"))?;
+        for record in batch.records() {
+            let record = record.map_err(|e| format!("batch at {base}: {e}"))?;
+            let offset = base + u64::try_from(record.offset_delta).unwrap_or(0);
+            values.insert(offset, record.value.map(<[u8]>::to_vec));
+        }
+    }
+    Ok(values)
 }
 
 /// A batch's offset, epoch and values, for a failure's report.

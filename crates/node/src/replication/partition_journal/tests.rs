@@ -1007,3 +1007,38 @@ fn cutting_entries_whose_batches_lie_past_the_log_end_is_no_error() {
     journal.write_prepare(&ops[5], 0).unwrap();
     assert_eq!(journal.tip(), 6);
 }
+
+/// The records a replica may serve end where its log holds the committed ones: ops
+/// applied from prepares in memory count once their batches are in (found by the
+/// shell simulator: backups promised reads below a high watermark their logs did not
+/// reach yet).
+#[test]
+fn what_may_be_served_ends_where_the_log_holds_the_applied_ops() {
+    let dir = tempfile::tempdir().unwrap();
+    let ops = chain(6, 1, "a");
+    let (mut journal, _) = open(dir.path());
+    for p in &ops[..3] {
+        journal.write_prepare(p, 0).unwrap();
+    }
+    // Op 5 waits for op 4, which is being repaired.
+    journal.write_prepare(&ops[4], 0).unwrap();
+    journal.sync().unwrap();
+    for p in &ops[..3] {
+        journal.applied(p.header.op, p.header.checksum);
+    }
+    let end_3 = journal.log().next_offset();
+    assert_eq!(journal.committed_end(), end_3);
+    // Ops 4 and 5 commit and are applied from memory: the log does not hold them.
+    journal.applied(4, ops[3].header.checksum);
+    journal.applied(5, ops[4].header.checksum);
+    assert_eq!(
+        journal.committed_end(),
+        end_3,
+        "nothing promised past the log"
+    );
+    // The repair brings op 4; op 5 follows it into the log.
+    journal.write_prepare(&ops[3], 0).unwrap();
+    assert_eq!(journal.tip(), 5);
+    assert_eq!(journal.committed_end(), journal.log().next_offset());
+    assert!(journal.committed_end() > end_3);
+}
