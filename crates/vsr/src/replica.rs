@@ -731,6 +731,12 @@ impl<S: StateMachine> Replica<S> {
         self.commit_max
     }
 
+    /// The latest view in which this replica's log was the view's log (it was normal
+    /// in it, or took its StartView).
+    pub fn log_view(&self) -> u64 {
+        self.log_view
+    }
+
     /// Whether this replica's journal is trusted: false after a restart that may have
     /// lost acknowledged writes, until it is normal in a newer view.
     pub fn journal_trusted(&self) -> bool {

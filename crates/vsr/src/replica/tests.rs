@@ -975,3 +975,52 @@ fn a_rejoining_replica_counts_only_answers_to_its_own_request() {
     }
     assert!(h.replica(1).may_trust_in(0), "its own answers count");
 }
+
+/// A vote holding an uncommitted op as its header alone never wrote its body (a body
+/// written and lost is a damaged slot), so it says it never had it; a damaged slot, a
+/// committed op and an op above a vote's trusted journal never count so.
+#[test]
+fn a_header_held_alone_above_the_commit_is_a_nack_and_a_damaged_slot_is_not() {
+    let entry = |op: u64, body: Option<&'static [u8]>| SuffixEntry {
+        header: Header {
+            op,
+            ..Header::root(1)
+        }
+        .seal(),
+        body: body.map(bytes::Bytes::from_static),
+    };
+    let vote = ViewChangeVote {
+        log_view: 3,
+        op: 9,
+        commit: 6,
+        commit_checksum: None,
+        suffix: vec![
+            entry(6, None),
+            entry(7, Some(b"body")),
+            entry(8, None),
+            entry(9, None),
+        ],
+        faulty: vec![9],
+        trusted_through: u64::MAX,
+    };
+    let nacks = |vote: &ViewChangeVote, op| Replica::<CounterMachine>::nacks_op(vote, op, None);
+    assert!(
+        !nacks(&vote, 6),
+        "committed: its body left memory when applied"
+    );
+    assert!(!nacks(&vote, 7), "held whole");
+    assert!(
+        nacks(&vote, 8),
+        "a header alone above the commit: never written here"
+    );
+    assert!(
+        !nacks(&vote, 9),
+        "damaged: perhaps acknowledged before the damage"
+    );
+    assert!(nacks(&vote, 10), "above its log");
+    let untrusted = ViewChangeVote {
+        trusted_through: 7,
+        ..vote
+    };
+    assert!(!nacks(&untrusted, 8), "above what its journal vouches for");
+}

@@ -241,8 +241,13 @@ impl<S: StateMachine> Replica<S> {
     }
     /// Whether `vote` says it never had `op` (with `checksum`, if one is named): the op
     /// is above its log, or inside its suffix range with another checksum, or absent
-    /// there and not one of its damaged slots. A damaged entry is never a nack: the
-    /// sender may have acknowledged it before the damage.
+    /// there and not one of its damaged slots, or held above its commit as a header
+    /// alone (the header of a view's log, whose body it never wrote: a body written
+    /// and then lost is a damaged slot, and bodies leave memory only once applied). A
+    /// damaged entry is never a nack: the sender may have acknowledged it before the
+    /// damage. (Without the header-alone rule, an op whose prepare reached no disk but
+    /// whose header every replica held could never be dropped, and no view could
+    /// start: the shell simulator's seed 39.)
     pub(super) fn nacks_op(vote: &ViewChangeVote, op: u64, checksum: Option<Checksum>) -> bool {
         if op > vote.trusted_through {
             return false; // it may have had it and lost it
@@ -252,7 +257,10 @@ impl<S: StateMachine> Replica<S> {
         }
         let anchor = vote.suffix.first().map_or(vote.commit, |e| e.header.op);
         match vote.suffix.iter().find(|e| e.header.op == op) {
-            Some(e) => checksum.is_some_and(|c| c != e.header.checksum),
+            Some(e) => {
+                checksum.is_some_and(|c| c != e.header.checksum)
+                    || (e.body.is_none() && op > vote.commit && !vote.faulty.contains(&op))
+            }
             None => op > anchor && !vote.faulty.contains(&op),
         }
     }
