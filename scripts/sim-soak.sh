@@ -1,10 +1,30 @@
 #!/usr/bin/env bash
-# The long simulator run: 200,000 seeds (or $1) on every core, one summary. Each failure
-# prints its seed and the replay command. Not part of CI (about 20 minutes on 2 cores).
+# The long simulator runs, not part of CI.
+#
+#   scripts/sim-soak.sh [SEEDS] [FROM]           the VSR core over the model disk:
+#                                                200,000 seeds by default (about 20
+#                                                minutes on 2 cores), one summary line
+#   scripts/sim-soak.sh --shell [SEEDS] [FROM]   the node's replication shell on real
+#                                                files (crates/node/src/replication/
+#                                                shell_sim.rs): 10,000 seeds by default
+#                                                (about 15 minutes on 2 cores)
+#
+# Each failure prints its seed; replay one with its trace:
+#   target/release/braid-sim --seed N --trace
+#   BRAID_SHELL_SIM_SEED=N BRAID_SHELL_SIM_TRACE=1 BRAID_LOG=braid_node::replication=trace \
+#     cargo test --release -p braid-node --lib replay_one_seed -- --ignored --nocapture
 set -euo pipefail
 cd "$(dirname "$0")/.."
+jobs="$(nproc)"
+if [[ "${1:-}" == "--shell" ]]; then
+  shift
+  export BRAID_SHELL_SIM_SEEDS="${1:-10000}"
+  export BRAID_SHELL_SIM_FROM="${2:-1}"
+  export BRAID_SHELL_SIM_JOBS="$jobs"
+  exec cargo test --release -p braid-node --lib \
+    replication::shell_sim::tests::the_shell_keeps_every_acknowledged_record -- --nocapture
+fi
 seeds="${1:-200000}"
 from="${2:-1}"
-jobs="$(nproc)"
 cargo build --release -p braid-sim
 exec target/release/braid-sim --seeds "$seeds" --from "$from" --jobs "$jobs"

@@ -373,6 +373,26 @@ impl PowerModel {
         }
     }
 
+    /// Every file with writes not yet synced: (path, durable length, current length,
+    /// writes pending), for a simulator's trace.
+    pub fn unsynced(&self) -> Vec<(PathBuf, usize, usize, usize)> {
+        self.model
+            .current
+            .iter()
+            .filter_map(|(path, &inode)| {
+                let inode = &self.model.inodes[inode];
+                (!inode.pending.is_empty()).then(|| {
+                    (
+                        path.clone(),
+                        inode.durable.len(),
+                        inode.current.len(),
+                        inode.pending.len(),
+                    )
+                })
+            })
+            .collect()
+    }
+
     /// Writes into `out` (an empty directory) a state a power cut now could leave,
     /// drawing with `draw(n)` (a number below `n`) the directories' entries (as synced,
     /// as the page cache had them, or as synced plus one later change) and, file by

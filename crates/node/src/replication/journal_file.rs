@@ -52,6 +52,7 @@ const KIND_DAMAGED: u8 = 5;
 const KIND_EXTERNAL: u8 = 6;
 const KIND_PRUNE_AT: u8 = 7;
 const KIND_SYNCED: u8 = 8;
+const KIND_COMMITTED_END: u8 = 9;
 /// Bytes of a sync marker record: its head, the length synced and the highest op.
 #[cfg(test)]
 const SYNC_MARKER_BYTES: usize = RECORD_HEAD + 16;
@@ -97,6 +98,8 @@ pub(crate) struct Recovered {
     pub(crate) external: Vec<(u64, u64)>,
     /// Where the partition log ends after the pruned op, if the prune recorded it.
     pub(crate) pruned_log_end: Option<u64>,
+    /// Where the partition log was last recorded to be the committed one, if it was.
+    pub(crate) committed_end: Option<u64>,
     /// The ops whose entry a sync is proven to have covered (a sync marker follows its
     /// record): written, and so perhaps reported.
     pub(crate) synced: std::collections::BTreeSet<u64>,
@@ -126,6 +129,8 @@ pub(crate) struct JournalFile {
     pruned_through: u64,
     /// Where the partition log ends after `pruned_through`, if known.
     pruned_log_end: Option<u64>,
+    /// Where the partition log was last recorded to be the committed one.
+    committed_end: Option<u64>,
     /// Prepares written since the last sync (op, checksum): reported after it.
     unsynced: Vec<(u64, braid_vsr::Checksum)>,
     /// The file's length after its last sync marker: a sync with nothing written since
@@ -168,6 +173,8 @@ enum Decoded {
     Entry(Entry),
     Truncate(u64),
     Prune(u64, Option<u64>),
+    /// The partition log is the committed one up to this offset.
+    CommittedEnd(u64),
     /// A sync marker: every record before this byte was synced, and the highest op
     /// held then.
     Synced(u64, u64),
@@ -224,6 +231,7 @@ fn parse(bytes: &[u8]) -> Option<(Decoded, usize)> {
             Decoded::Prune(op, Some(end))
         }
         KIND_DAMAGED => Decoded::Entry(Entry::Damaged(op()?)),
+        KIND_COMMITTED_END => Decoded::CommittedEnd(op()?),
         KIND_SYNCED => {
             let len = u64::from_be_bytes(payload.get(..8)?.try_into().ok()?);
             let op_max = u64::from_be_bytes(payload.get(8..)?.try_into().ok()?);
@@ -281,7 +289,12 @@ impl Entry {
     }
 }
 
-fn replay(entries: &mut BTreeMap<u64, Entry>, pruned: &mut (u64, Option<u64>), decoded: Decoded) {
+fn replay(
+    entries: &mut BTreeMap<u64, Entry>,
+    pruned: &mut (u64, Option<u64>),
+    committed_end: &mut Option<u64>,
+    decoded: Decoded,
+) {
     match decoded {
         Decoded::Entry(entry) => {
             if entry.op() > pruned.0 {
@@ -295,6 +308,7 @@ fn replay(entries: &mut BTreeMap<u64, Entry>, pruned: &mut (u64, Option<u64>), d
             }
             entries.retain(|o, _| *o > op);
         }
+        Decoded::CommittedEnd(end) => *committed_end = Some(end),
         Decoded::Synced(..) => {}
     }
 }
@@ -348,6 +362,7 @@ impl JournalFile {
         }
         let mut entries = BTreeMap::new();
         let mut pruned = (0u64, None);
+        let mut committed_end = None;
         let mut at = MAGIC.len();
         let mut damaged_at = None;
         let mut highest_op = 0u64;
@@ -369,7 +384,7 @@ impl JournalFile {
                         }
                         _ => {}
                     }
-                    replay(&mut entries, &mut pruned, decoded);
+                    replay(&mut entries, &mut pruned, &mut committed_end, decoded);
                     at += total;
                 }
                 None => {
@@ -429,6 +444,7 @@ impl JournalFile {
             entries,
             pruned_through: pruned.0,
             pruned_log_end: pruned.1,
+            committed_end,
             unsynced: Vec::new(),
             marked_len: synced_len,
             generation: 0,
@@ -446,6 +462,7 @@ impl JournalFile {
             damaged_at,
             external,
             pruned_log_end: journal.pruned_log_end,
+            committed_end: journal.committed_end,
             synced,
         };
         Ok((journal, recovered))
@@ -585,6 +602,20 @@ impl JournalFile {
         Ok(())
     }
 
+    /// Records that the partition log is the committed one up to `end` (unsynced, like
+    /// any record): what a restart may trust of the log when the journal no longer
+    /// holds the ops that showed it.
+    ///
+    /// # Errors
+    /// The write failed (the journal is poisoned).
+    pub(crate) fn write_committed_end(&mut self, end: u64) -> Result<(), JournalError> {
+        if self.committed_end != Some(end) {
+            self.append_record(record(KIND_COMMITTED_END, &end.to_be_bytes()))?;
+            self.committed_end = Some(end);
+        }
+        Ok(())
+    }
+
     /// The prepare at `op`, if held whole with `checksum` (a repair answer).
     pub(crate) fn prepare(&self, op: u64, checksum: braid_vsr::Checksum) -> Option<&Prepare> {
         match self.entries.get(&op) {
@@ -685,6 +716,9 @@ impl JournalFile {
         let mut bytes = MAGIC.to_vec();
         if self.pruned_through > 0 || self.pruned_log_end.is_some() {
             bytes.extend(prune_record(self.pruned_through, self.pruned_log_end));
+        }
+        if let Some(end) = self.committed_end {
+            bytes.extend(record(KIND_COMMITTED_END, &end.to_be_bytes()));
         }
         for entry in self.entries.values() {
             bytes.extend(entry.record());

@@ -274,6 +274,32 @@ impl PartitionGroups {
         self.host.journal(group_of(key))
     }
 
+    /// A partition's replica's journal entries from `from` to its op: (op, checksum's
+    /// top bits, body held, canonical) (the simulator's reports).
+    #[cfg(test)]
+    pub(crate) fn entry_states(&self, key: PartitionKey, from: u64) -> Vec<String> {
+        let Some(replica) = self.host.replica(group_of(key)) else {
+            return Vec::new();
+        };
+        (from..=replica.op())
+            .map(|op| match replica.entry_state(op) {
+                Some((sum, body, canonical)) => format!(
+                    "{op}:{:04x}{}{}",
+                    sum >> 112,
+                    if body { "+b" } else { "-b" },
+                    if canonical { "c" } else { "" }
+                ),
+                None => format!("{op}:none"),
+            })
+            .collect()
+    }
+
+    /// A partition's replica's log view (the simulator's reports).
+    #[cfg(test)]
+    pub(crate) fn log_view(&self, key: PartitionKey) -> Option<u64> {
+        self.host.replica(group_of(key)).map(|r| r.log_view())
+    }
+
     /// Why the groups stopped, if they did (a failed write, or damage found in use).
     #[cfg(test)]
     pub(crate) fn failure(&self) -> Option<&str> {

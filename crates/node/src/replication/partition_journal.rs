@@ -248,6 +248,7 @@ impl PartitionJournal {
             tip_log_end: None,
         };
         let external: BTreeMap<u64, u64> = found.external.iter().copied().collect();
+        let recorded_end = found.committed_end;
         let mut slots = Vec::with_capacity(found.slots.len());
         let mut log_end = pruned_log_end;
         let mut contiguous = true;
@@ -291,7 +292,11 @@ impl PartitionJournal {
                 },
                 (_, slot) => (slot, None),
             };
+            let was = contiguous;
             contiguous &= op == journal.tip + 1 && matches!(slot, JournalSlot::Prepare(_));
+            if was && !contiguous {
+                tracing::trace!(dir = %dir.display(), op, tip = journal.tip, pruned, external = ?external.get(&op), slot = ?std::mem::discriminant(&slot), damaged = matches!(slot, JournalSlot::Damaged), header = matches!(slot, JournalSlot::Header(_)), "open: the journal's contiguous ops end");
+            }
             if contiguous {
                 journal.tip = op;
                 log_end = end.or(log_end);
@@ -342,12 +347,14 @@ impl PartitionJournal {
         if journal.behind.is_none() {
             journal.tip_log_end = log_end;
         }
-        // The ops at or below the prune point are committed and applied: the log is
-        // the committed one up to the first batch above it.
-        journal.applied_end = journal
-            .index
-            .next_external(pruned)
-            .map_or(journal.log.next_offset(), |(_, base)| base);
+        // Where the log was last recorded to be the committed one. (A journal written
+        // before that record existed: up to the first batch above the prune point.)
+        journal.applied_end = recorded_end.unwrap_or_else(|| {
+            journal
+                .index
+                .next_external(pruned)
+                .map_or(journal.log.next_offset(), |(_, base)| base)
+        });
         journal.index.sync()?;
         let damaged =
             found.damaged_at.is_some() || slots.iter().any(|(_, s)| *s == JournalSlot::Damaged);
@@ -434,8 +441,22 @@ impl PartitionJournal {
             }
             self.cut_above(op - 1)?;
         }
+        tracing::trace!(dir = %self.log.dir().display(), op, tip = self.tip, behind = self.behind.is_some(), "pending");
         self.pending.insert(op, prepare.clone());
-        self.append_pending(now_ms)
+        self.append_pending(now_ms)?;
+        if self.pending.contains_key(&op)
+            && self.index.entry(op).map(|(h, _)| h.checksum) != Some(prepare.header.checksum)
+        {
+            // It waits (for an op below it, or for a copy): its header goes to disk
+            // now, before the replica's next durable state. That state may name a log
+            // view whose log holds this op; restarted without a trace of it, the
+            // replica would vote that view's log ends below it, and a view change
+            // could drop it though it was committed (found by the shell simulator,
+            // seed 42). With its header, the op is known and its body repaired.
+            self.index.write_header(&prepare.header)?;
+            self.index_changed_unsynced = true;
+        }
+        Ok(())
     }
 
     /// Appends the prepares that wait for nothing any more.
@@ -443,7 +464,21 @@ impl PartitionJournal {
         if self.behind.is_some() {
             return Ok(());
         }
-        while let Some(next) = self.pending.remove(&(self.tip + 1)) {
+        while let Some(next) = self.pending.get(&(self.tip + 1)) {
+            // A prepare goes in only on the one it chains to: one that arrived before
+            // its op's new view's predecessor waits for it, instead of going in on an
+            // old view's entry that the predecessor's arrival would then cut, taking
+            // it along unseen by the replica that reported it written.
+            let chains = self
+                .index
+                .entry(self.tip)
+                .is_none_or(|(tip, _)| tip.checksum == next.header.parent);
+            if !chains {
+                break;
+            }
+            let Some(next) = self.pending.remove(&(self.tip + 1)) else {
+                break;
+            };
             self.append(&next, now_ms)?;
         }
         Ok(())
@@ -686,19 +721,20 @@ impl PartitionJournal {
             return Ok(());
         };
         self.log.sync()?;
+        // The copy made the log the committed one up to the checkpoint's end.
+        self.applied_end = self.applied_end.max(transfer.log_end);
+        self.applied_ahead.retain(|o, _| *o > transfer.op);
         // Entries at or below the checkpoint's op are covered by it, and their batches
         // were copied, not appended: a header written there before the copy (a view's
         // suffix whose bodies were to be repaired) would read at the next open as a
         // hole below the batches appended from here on, and the open would cut them.
+        self.index.write_committed_end(self.applied_end())?;
         if transfer.op > self.index.pruned().0 {
             self.index.prune_at(transfer.op, Some(transfer.log_end))?;
-            drop(self.index.sync_unmarked()?);
         }
+        drop(self.index.sync_unmarked()?);
         self.tip = self.tip.max(transfer.op);
         self.tip_log_end = (self.tip == transfer.op).then_some(transfer.log_end);
-        // The copy made the log the committed one up to the checkpoint's end.
-        self.applied_end = self.applied_end.max(transfer.log_end);
-        self.applied_ahead.retain(|o, _| *o > transfer.op);
         self.append_pending(now_ms)
     }
 
@@ -834,6 +870,11 @@ impl PartitionJournal {
                 _ => self.log.next_offset(),
             })
         });
+        // The entries that showed how far the log is the committed one may go with the
+        // prune: a restart reads it from this record instead (found by the shell
+        // simulator, seed 50: a prune above the log's tip left a restart taking the
+        // whole log, an old view's batches in it, as committed).
+        self.index.write_committed_end(self.applied_end())?;
         self.index.prune_at(op, log_end)?;
         Ok(())
     }

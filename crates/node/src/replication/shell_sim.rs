@@ -69,6 +69,10 @@ pub(crate) struct Shape {
     pub(crate) delay_ticks_max: u64,
     /// Chance per tick, per 10,000, that a link is cut or healed.
     pub(crate) cut_per_10k: u64,
+    /// Of the power losses of the one member whose disk may be damaged (member
+    /// `seed % 3`: one faulty member at a time, as VSR tolerates with three), the
+    /// percent after which a file of it is damaged at rest.
+    pub(crate) damage_percent: u64,
 }
 
 impl Shape {
@@ -86,6 +90,11 @@ impl Shape {
             duplicate_percent: prng.below(5),
             delay_ticks_max: 1 + prng.below(8),
             cut_per_10k: prng.below(20),
+            damage_percent: if prng.chance(50) {
+                0
+            } else {
+                20 + prng.below(60)
+            },
         }
     }
 }
@@ -99,6 +108,8 @@ pub(crate) struct Outcome {
     pub(crate) power_losses: u64,
     pub(crate) cuts: u64,
     pub(crate) frames_lost: u64,
+    /// Files damaged at rest: a bit flipped, or a page zeroed.
+    pub(crate) damaged_files: u64,
     pub(crate) ticks_to_converge: u64,
     /// Records in each member's log at the end (the same in all).
     pub(crate) records_stored: u64,
@@ -179,9 +190,12 @@ impl Run {
     ///
     /// # Errors
     /// A member cannot be created.
-    pub(crate) fn new(seed: u64) -> Result<Self, Failure> {
+    pub(crate) fn new(seed: u64, damage: bool) -> Result<Self, Failure> {
         let mut prng = Prng::new(seed);
-        let shape = Shape::from_seed(&mut prng);
+        let mut shape = Shape::from_seed(&mut prng);
+        if !damage {
+            shape.damage_percent = 0;
+        }
         Self::with_shape(seed, prng, shape)
     }
 
@@ -191,10 +205,19 @@ impl Run {
             tick: 0,
             what,
         };
+        // In memory where the machine has it: the simulated disk is the model, and
+        // the real one's syncs would only slow the seeds.
+        let parent = std::env::var_os("BRAID_SHELL_SIM_DIR")
+            .map(PathBuf::from)
+            .or_else(|| {
+                let shm = PathBuf::from("/dev/shm");
+                shm.is_dir().then_some(shm)
+            })
+            .unwrap_or_else(std::env::temp_dir);
         let root = tempfile::Builder::new()
             .prefix("braid-shell-sim-")
-            .tempdir()
-            .map_err(|e| fail(format!("temporary directory: {e}")))?;
+            .tempdir_in(&parent)
+            .map_err(|e| fail(format!("temporary directory in {}: {e}", parent.display())))?;
         let mut members = Vec::new();
         for m in 0..MEMBERS {
             let dir = root.path().join(format!("member-{m}"));
@@ -307,11 +330,13 @@ impl Run {
             .statuses()
             .iter()
             .map(|s| {
+                let lv = groups.log_view(key((s.group & 0xff) as u32));
                 format!(
-                    "g{}: {:?} v{} op{} c{}/{} hw{} {:?}",
+                    "g{}: {:?} v{} lv{lv:?} t{} op{} c{}/{} hw{} {:?}",
                     s.group & 0xff,
                     s.status,
                     s.view,
+                    s.trusted,
                     s.op,
                     s.commit_min,
                     s.commit_max,
@@ -355,16 +380,36 @@ impl Run {
             return;
         }
         self.outcome.power_losses += 1;
+        if self.trace {
+            for (path, durable, current, pending) in member.power.unsynced() {
+                eprintln!(
+                    "  unsynced at the cut: {} durable {durable} current {current} ({pending} writes)",
+                    path.display()
+                );
+            }
+        }
         let out = member.dir.with_extension(format!("cut-{}", member.boots));
         let mut draws = Prng::new(seed ^ self.prng.next_u64());
+        let damage = u64::from(m) == seed % u64::from(MEMBERS)
+            && self.prng.chance(self.shape.damage_percent);
+        let mut damaged = None;
         let result = std::fs::create_dir(&out).and_then(|()| {
             member
                 .power
                 .cut_into(&out, &mut |n| draws.below(n as u64) as usize);
             std::fs::remove_dir_all(&member.dir)?;
             std::fs::rename(&out, &member.dir)?;
+            if damage {
+                damaged = damage_at_rest(&member.dir, &mut draws)?;
+            }
             PowerModel::of_dir(&member.dir)
         });
+        if let Some(what) = damaged {
+            self.outcome.damaged_files += 1;
+            if self.trace {
+                eprintln!("t{} m{m} damaged at rest: {what}", self.tick);
+            }
+        }
         match result {
             Ok(power) => {
                 member.power = power;
@@ -460,6 +505,14 @@ impl Run {
                 return;
             }
         };
+        if self.trace {
+            eprintln!(
+                "t{} m{leader} takes a produce to p{partition}: {}..={}",
+                self.tick,
+                self.next_value + 1 - records as u64,
+                self.next_value
+            );
+        }
         let (reply, answer) = oneshot::channel();
         if let Some(groups) = self.members[usize::from(leader)].groups.as_mut() {
             groups.produce(key(partition), batch, reply);
@@ -484,6 +537,18 @@ impl Run {
                 }
                 Ok(Ok((base, last))) => {
                     let count = waiting.values.len() as u64;
+                    if self.trace {
+                        eprintln!(
+                            "t{} acked p{} {base}..={last} {:?}",
+                            self.tick,
+                            waiting.partition,
+                            waiting
+                                .values
+                                .iter()
+                                .map(|v| String::from_utf8_lossy(v).into_owned())
+                                .collect::<Vec<_>>()
+                        );
+                    }
                     if last + 1 < base || last + 1 - base != count {
                         self.fail(format!(
                             "a batch of {count} records was acknowledged at {base}..={last}"
@@ -705,9 +770,23 @@ impl Run {
     }
 
     fn describe(&self) -> String {
-        let members: Vec<String> = (0..MEMBERS)
+        let mut members: Vec<String> = (0..MEMBERS)
             .map(|m| format!("m{m}: {}", self.describe_member(m)))
             .collect();
+        for m in 0..MEMBERS {
+            let Some(groups) = self.members[usize::from(m)].groups.as_ref() else {
+                continue;
+            };
+            for status in groups.statuses() {
+                if status.status != braid_vsr::Status::Normal {
+                    let p = (status.group & 0xff) as u32;
+                    members.push(format!(
+                        "m{m} p{p} entries {:?}",
+                        groups.entry_states(key(p), status.commit_min + 1)
+                    ));
+                }
+            }
+        }
         format!(
             "{} produces waiting; {}",
             self.waiting.len(),
@@ -879,6 +958,46 @@ fn read_batches(
     (out, None)
 }
 
+/// Damages one file under `dir` at rest, as a disk does: a flipped bit, or a zeroed
+/// 4 KiB page (a lost or misdirected write). Returns what was done, if any file was
+/// there to damage.
+fn damage_at_rest(dir: &std::path::Path, draws: &mut Prng) -> std::io::Result<Option<String>> {
+    let mut files = Vec::new();
+    let mut dirs = vec![dir.to_owned()];
+    while let Some(d) = dirs.pop() {
+        let mut entries: Vec<PathBuf> = std::fs::read_dir(&d)?
+            .map(|e| e.map(|e| e.path()))
+            .collect::<Result<_, _>>()?;
+        entries.sort();
+        for path in entries {
+            if path.is_dir() {
+                dirs.push(path);
+            } else if std::fs::metadata(&path)?.len() > 0 {
+                files.push(path);
+            }
+        }
+    }
+    files.sort();
+    let Some(path) = files.get(draws.below(files.len() as u64) as usize) else {
+        return Ok(None);
+    };
+    let mut bytes = std::fs::read(path)?;
+    let len = bytes.len() as u64;
+    let what = if draws.chance(80) {
+        let at = draws.below(len) as usize;
+        let bit = draws.below(8);
+        bytes[at] ^= 1 << bit;
+        format!("bit {bit} of byte {at} of {} flipped", path.display())
+    } else {
+        let page = draws.below(len.div_ceil(4096)) as usize * 4096;
+        let end = (page + 4096).min(bytes.len());
+        bytes[page..end].fill(0);
+        format!("page at {page} of {} zeroed", path.display())
+    };
+    std::fs::write(path, &bytes)?;
+    Ok(Some(what))
+}
+
 /// The value of every record in `batches`, by offset.
 fn values_of(batches: &[(u64, Vec<u8>)]) -> Result<BTreeMap<u64, Option<Vec<u8>>>, String> {
     let mut values = BTreeMap::new();
@@ -910,9 +1029,10 @@ fn describe_batch((base, bytes): &(u64, Vec<u8>)) -> String {
     )
 }
 
-/// Runs `seed`; a panic (a broken assertion in the shell or the core) is its failure.
-pub(crate) fn run_seed(seed: u64) -> Result<Outcome, Failure> {
-    let result = std::panic::catch_unwind(|| Run::new(seed)?.run());
+/// Runs `seed`, with damage at rest if `damage`; a panic (a broken assertion in the
+/// shell or the core) is its failure.
+pub(crate) fn run_seed(seed: u64, damage: bool) -> Result<Outcome, Failure> {
+    let result = std::panic::catch_unwind(|| Run::new(seed, damage)?.run());
     result.unwrap_or_else(|panic| {
         let _ = hook::take();
         let what = panic
@@ -928,9 +1048,14 @@ pub(crate) fn run_seed(seed: u64) -> Result<Outcome, Failure> {
     })
 }
 
-/// Runs seeds `from..from + count` on `jobs` threads; returns the failures and the
-/// outcomes summed.
-pub(crate) fn run_seeds(from: u64, count: u64, jobs: usize) -> (Vec<Failure>, Outcome, u64) {
+/// Runs seeds `from..from + count` on `jobs` threads (with damage at rest if
+/// `damage`); returns the failures, the outcomes summed, and the seeds passed.
+pub(crate) fn run_seeds(
+    from: u64,
+    count: u64,
+    jobs: usize,
+    damage: bool,
+) -> (Vec<Failure>, Outcome, u64) {
     let next = std::sync::atomic::AtomicU64::new(from);
     let results = std::sync::Mutex::new((Vec::new(), Outcome::default(), 0u64));
     std::thread::scope(|scope| {
@@ -940,7 +1065,7 @@ pub(crate) fn run_seeds(from: u64, count: u64, jobs: usize) -> (Vec<Failure>, Ou
                 if seed >= from + count {
                     return;
                 }
-                let result = run_seed(seed);
+                let result = run_seed(seed, damage);
                 let Ok(mut all) = results.lock() else {
                     return;
                 };
@@ -953,6 +1078,7 @@ pub(crate) fn run_seeds(from: u64, count: u64, jobs: usize) -> (Vec<Failure>, Ou
                         all.1.power_losses += outcome.power_losses;
                         all.1.cuts += outcome.cuts;
                         all.1.frames_lost += outcome.frames_lost;
+                        all.1.damaged_files += outcome.damaged_files;
                         all.1.records_stored += outcome.records_stored;
                     }
                     Err(failure) => all.0.push(failure),

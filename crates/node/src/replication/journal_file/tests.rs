@@ -190,7 +190,7 @@ fn model(records: usize) -> Vec<(u64, JournalSlot)> {
             Step::Prune(op) => Decoded::Prune(op, None),
             Step::Sync => continue,
         };
-        replay(&mut entries, &mut pruned, decoded);
+        replay(&mut entries, &mut pruned, &mut None, decoded);
     }
     entries.iter().map(|(op, e)| (*op, e.slot())).collect()
 }

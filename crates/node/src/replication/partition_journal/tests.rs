@@ -1042,3 +1042,47 @@ fn what_may_be_served_ends_where_the_log_holds_the_applied_ops() {
     assert_eq!(journal.committed_end(), journal.log().next_offset());
     assert!(journal.committed_end() > end_3);
 }
+
+/// How far the log is the committed one survives a restart after a prune took the
+/// entries that showed it: a prune above the log's tip (a copy runs for a newer
+/// checkpoint) must not leave the next open taking the whole log, an old view's
+/// batches in it, as committed (found by the shell simulator, seed 50).
+#[test]
+fn a_restart_after_a_prune_above_the_tip_still_compares_the_unproven_batches() {
+    let ops = chain(30, 2, "a");
+    let (_peer_dir, mut peer, end) = peer_holding(&ops);
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let (mut journal, _) = open(dir.path());
+        for p in &divergent(&ops) {
+            journal.write_prepare(p, 0).unwrap();
+        }
+        journal.sync().unwrap();
+        for p in &ops[..5] {
+            journal.applied(p.header.op, p.header.checksum);
+        }
+        let end_20 = peer.index.entry(21).and_then(|(_, base)| base).unwrap();
+        journal
+            .checkpointed(20, ops[19].header.checksum, end_20, 0)
+            .unwrap();
+        // A newer checkpoint replaces the copy; the replica prunes what the first
+        // covers, above the log's tip (op 9), and the process dies.
+        journal
+            .checkpointed(30, ops[29].header.checksum, end, 0)
+            .unwrap();
+        journal.prune(20).unwrap();
+        journal.sync_now().unwrap();
+    }
+    let (mut journal, _) = open(dir.path());
+    let end_5 = peer.index.entry(6).and_then(|(_, base)| base).unwrap();
+    journal
+        .checkpointed(30, ops[29].header.checksum, end, 0)
+        .unwrap();
+    assert_eq!(
+        journal.behind().map(|t| t.cursor),
+        Some(end_5),
+        "the copy compares from the end of op 5, the last op applied from the log"
+    );
+    copy_all(&mut journal, &mut peer, end);
+    assert_eq!(log_batches(&mut journal), log_batches(&mut peer));
+}

@@ -7,18 +7,15 @@ fn env_u64(name: &str, default: u64) -> u64 {
         .unwrap_or(default)
 }
 
-/// The seeds CI runs; `BRAID_SHELL_SIM_FROM`, `BRAID_SHELL_SIM_SEEDS` and
-/// `BRAID_SHELL_SIM_JOBS` choose others (`scripts/sim-soak.sh --shell`).
-#[test]
-#[ignore = "the shell still fails some seeds (issue 24); run it by name"]
-fn the_shell_keeps_every_acknowledged_record_and_the_same_log_on_every_member() {
+fn run(damage: bool) {
     let from = env_u64("BRAID_SHELL_SIM_FROM", 1);
-    let count = env_u64("BRAID_SHELL_SIM_SEEDS", 8);
+    let count = env_u64("BRAID_SHELL_SIM_SEEDS", 300);
     let jobs = env_u64("BRAID_SHELL_SIM_JOBS", 2) as usize;
     let started = std::time::Instant::now();
-    let (failures, outcome, passed) = run_seeds(from, count, jobs);
+    let (failures, outcome, passed) = run_seeds(from, count, jobs, damage);
     println!(
-        "shell simulator: seeds {from}..{}: {passed} passed, {} failed in {:?}; {outcome:?}",
+        "shell simulator{}: seeds {from}..{}: {passed} passed, {} failed in {:?}; {outcome:?}",
+        if damage { " with damage at rest" } else { "" },
         from + count,
         failures.len(),
         started.elapsed()
@@ -33,9 +30,26 @@ fn the_shell_keeps_every_acknowledged_record_and_the_same_log_on_every_member() 
     );
 }
 
+/// The seeds CI runs, with crashes and power losses of any member; `BRAID_SHELL_SIM_FROM`,
+/// `BRAID_SHELL_SIM_SEEDS` and `BRAID_SHELL_SIM_JOBS` choose others
+/// (`scripts/sim-soak.sh --shell`).
+#[test]
+fn the_shell_keeps_every_acknowledged_record_and_the_same_log_on_every_member() {
+    run(false);
+}
+
+/// As above, and one member's files damaged at rest (a flipped bit, a zeroed page)
+/// after some of its power losses: the damaged member must repair from its peers,
+/// and nobody may serve a damaged record.
+#[test]
+#[ignore = "damage at rest is not yet repaired everywhere (issue 24): scripts/sim-soak.sh --shell-damage"]
+fn damage_at_rest_on_one_member_is_repaired_and_never_served() {
+    run(true);
+}
+
 /// One seed with its faults and boots traced: `BRAID_SHELL_SIM_SEED=N`.
 #[test]
-#[ignore = "replays one seed: BRAID_SHELL_SIM_SEED=N BRAID_SHELL_SIM_TRACE=1"]
+#[ignore = "replays one seed: BRAID_SHELL_SIM_SEED=N BRAID_SHELL_SIM_TRACE=1 [BRAID_SHELL_SIM_DAMAGE=1]"]
 fn replay_one_seed() {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(
@@ -45,7 +59,8 @@ fn replay_one_seed() {
         .with_writer(std::io::stderr)
         .try_init();
     let seed = env_u64("BRAID_SHELL_SIM_SEED", 1);
-    match run_seed(seed) {
+    let damage = std::env::var_os("BRAID_SHELL_SIM_DAMAGE").is_some();
+    match run_seed(seed, damage) {
         Ok(outcome) => println!("seed {seed} passed: {outcome:?}"),
         Err(failure) => panic!("{failure}"),
     }
