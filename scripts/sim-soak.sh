@@ -8,6 +8,9 @@
 #                                                files (crates/node/src/replication/
 #                                                shell_sim.rs): 10,000 seeds by default
 #                                                (about 15 minutes on 2 cores)
+#   scripts/sim-soak.sh --shell-damage [SEEDS] [FROM]
+#                                                as --shell, and one member's files
+#                                                damaged at rest after its power losses
 #
 # Each failure prints its seed; replay one with its trace:
 #   target/release/braid-sim --seed N --trace
@@ -16,14 +19,18 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs="$(nproc)"
-if [[ "${1:-}" == "--shell" ]]; then
-  shift
-  export BRAID_SHELL_SIM_SEEDS="${1:-10000}"
-  export BRAID_SHELL_SIM_FROM="${2:-1}"
-  export BRAID_SHELL_SIM_JOBS="$jobs"
-  exec cargo test --release -p braid-node --lib \
-    replication::shell_sim::tests::the_shell_keeps_every_acknowledged_record -- --nocapture
-fi
+case "${1:-}" in
+  --shell | --shell-damage)
+    test=the_shell_keeps_every_acknowledged_record
+    [[ "$1" == "--shell-damage" ]] && test=damage_at_rest_on_one_member
+    shift
+    export BRAID_SHELL_SIM_SEEDS="${1:-10000}"
+    export BRAID_SHELL_SIM_FROM="${2:-1}"
+    export BRAID_SHELL_SIM_JOBS="$jobs"
+    exec cargo test --release -p braid-node --lib "replication::shell_sim::tests::$test" \
+      -- --include-ignored --nocapture
+    ;;
+esac
 seeds="${1:-200000}"
 from="${2:-1}"
 cargo build --release -p braid-sim
