@@ -372,6 +372,14 @@ impl PartitionGroups {
         now_ms: u64,
     ) -> Result<u64, HostError> {
         let group = group_of(key);
+        let mut log_config = log_config;
+        if self.members > 1 {
+            // Damage in the log's newest segment cuts it there instead of refusing to
+            // start: the journal reports every op whose synced batch went with the cut
+            // as damaged (never absent), and peers restore it (repair, or a copy of
+            // what a checkpoint covers). A lone replica has no peer and refuses.
+            log_config.recovery = braid_storage::RecoveryMode::TruncateAtDamage;
+        }
         let (mut journal, recovered) = PartitionJournal::open(dir, log_config, now_ms)?;
         if self.sync.is_some() {
             journal.sync_off_thread();

@@ -778,11 +778,23 @@ impl Run {
                 continue;
             };
             for status in groups.statuses() {
-                if status.status != braid_vsr::Status::Normal {
+                let behind = status.journal.is_some_and(|j| j.tip < status.op);
+                if status.status != braid_vsr::Status::Normal || behind {
                     let p = (status.group & 0xff) as u32;
+                    if let Some((journal, tip)) =
+                        groups.journal(key(p)).zip(status.journal.map(|j| j.tip))
+                    {
+                        members.push(format!(
+                            "m{m} p{p} journal {:?}",
+                            journal.entries(tip.saturating_sub(1), tip + 2)
+                        ));
+                    }
                     members.push(format!(
                         "m{m} p{p} entries {:?}",
-                        groups.entry_states(key(p), status.commit_min + 1)
+                        groups.entry_states(
+                            key(p),
+                            status.journal.map_or(status.commit_min, |j| j.tip) + 1
+                        )
                     ));
                 }
             }

@@ -1086,3 +1086,46 @@ fn a_restart_after_a_prune_above_the_tip_still_compares_the_unproven_batches() {
     copy_all(&mut journal, &mut peer, end);
     assert_eq!(log_batches(&mut journal), log_batches(&mut peer));
 }
+
+/// An op kept whole in `vsr.journal` (a register) that lies past a hole is reported
+/// damaged with the rest there: repaired and written again in order, never read back
+/// whole while the journal's tip stops below it (seed 94 of the shell simulator: the
+/// copy that filled the hole cut it, and the replica never wrote it again).
+#[test]
+fn a_register_past_a_hole_is_repaired_with_the_ops_around_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut ops = chain(5, 1, "a");
+    let register = prepare(
+        6,
+        1,
+        ops[4].header.checksum,
+        Operation::Register,
+        7u64.to_be_bytes().to_vec(),
+    );
+    ops.push(register);
+    {
+        let (mut journal, _) = open(dir.path());
+        for p in &ops {
+            journal.write_prepare(p, 0).unwrap();
+        }
+        journal.sync().unwrap();
+        // The log loses op 3's synced batch and all after it.
+        let base = journal.index.entry(3).and_then(|(_, b)| b).unwrap();
+        journal.log().truncate(base).unwrap();
+    }
+    let (_, recovered) = open(dir.path());
+    let slot = |op| {
+        recovered
+            .slots
+            .iter()
+            .find(|(o, _)| *o == op)
+            .map(|(_, s)| s.clone())
+    };
+    assert_eq!(slot(3), Some(JournalSlot::Damaged), "synced and lost");
+    assert_eq!(slot(5), Some(JournalSlot::Damaged), "past the hole");
+    assert_eq!(
+        slot(6),
+        Some(JournalSlot::Damaged),
+        "kept whole, but past the hole: repaired in order"
+    );
+}
