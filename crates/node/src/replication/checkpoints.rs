@@ -120,6 +120,25 @@ impl CheckpointStore {
         Ok((store, newest))
     }
 
+    /// Starts the copies again empty after both were found damaged ([`Self::open`]'s
+    /// [`CheckpointError::Damaged`]): for a replica whose peers hold the state (it
+    /// restarts as one that lost it, and installs a peer's checkpoint). Copy 0 is
+    /// written anew; a damaged copy 1 is overwritten by the next write.
+    ///
+    /// # Errors
+    /// IO.
+    pub(crate) fn reset(dir: &Path, stem: &str) -> Result<Self, CheckpointError> {
+        let copies = TwoCopies::new(dir, stem);
+        copies
+            .install_first(&encode(0, None))
+            .map_err(|(path, source)| CheckpointError::Io { path, source })?;
+        Ok(Self {
+            copies,
+            generation: 0,
+            poisoned: false,
+        })
+    }
+
     /// Writes `checkpoint` over the older copy and syncs it; the replica may prune
     /// below it once this returns.
     ///

@@ -243,8 +243,25 @@ impl<S: StateMachine, J: Journal> ShardHost<S, J> {
     ) -> Result<(), HostError> {
         let group = config.group;
         let start = |reason: String| HostError::Start { group, reason };
-        let (checkpoints, checkpoint) =
-            CheckpointStore::open(checkpoint_dir, &format!("group-{group}.checkpoint"))?;
+        let stem = format!("group-{group}.checkpoint");
+        let (checkpoints, checkpoint, checkpoint_lost) =
+            match CheckpointStore::open(checkpoint_dir, &stem) {
+                Ok((store, checkpoint)) => (store, checkpoint, false),
+                Err(CheckpointError::Damaged(reason)) if config.replica_count > 1 => {
+                    // The state it restarts from is gone; its peers hold it. It restarts
+                    // as a replica that lost its disk (below), keeping its journal and
+                    // log for repair, and installs a peer's checkpoint.
+                    tracing::warn!(
+                        group,
+                        dir = %checkpoint_dir.display(),
+                        %reason,
+                        "both checkpoint copies are damaged: the group restarts as a \
+                         replica that lost its state and takes a peer's"
+                    );
+                    (CheckpointStore::reset(checkpoint_dir, &stem)?, None, true)
+                }
+                Err(err) => return Err(err.into()),
+            };
         let mut journal = journal;
         if let Some(checkpoint) = &checkpoint {
             // A crash between a snapshot's install and its prune leaves the journal
@@ -262,7 +279,7 @@ impl<S: StateMachine, J: Journal> ShardHost<S, J> {
         // the views it voted in are unknown, so it restarts as a replica that lost its
         // disk (it abstains until a quorum shows it a view as new as any it may have
         // voted in), keeping its journal and checkpoint, untrusted, for repair.
-        let state_lost = self.states.damaged_groups().contains(&group);
+        let state_lost = self.states.damaged_groups().contains(&group) || checkpoint_lost;
         if state_lost && config.replica_count == 1 {
             return Err(start(format!(
                 "its durable state (view, log view, commit) is damaged in both copies of \

@@ -553,3 +553,49 @@ fn a_clean_stop_is_trusted_in_any_boot_until_the_next_write_restamps_it() {
     drop(host);
     assert_eq!(on_disk(dir.path()).0, Some(Stamp::Unknown));
 }
+
+/// Both copies of a group's checkpoint damaged: a member of several restarts the group
+/// as a replica that lost its state (never refusing, never from nothing as if new),
+/// installs a peer's checkpoint and catches up; a lone replica refuses (found by the
+/// shell simulator with damage at rest, seed 40).
+#[test]
+fn a_checkpoint_damaged_in_both_copies_is_taken_from_a_peer() {
+    let mut trio = Trio::new();
+    trio.run(100);
+    let (mut client, register) = MetaClient::register(5);
+    client.session = trio.request(register).session;
+    let interval = config(0, 3).checkpoint_interval as usize;
+    let ops = interval * 2 + 10;
+    for i in 0..ops {
+        let reply = trio.request(client.propose(&stream(&format!("s{i}"))));
+        MetadataMachine::outcome(&reply.result.unwrap()).unwrap();
+        if i == interval + 5 {
+            let backup = (trio.primary() + 1) % 3;
+            trio.hosts[backup as usize] = None;
+            let dir = trio.dirs[backup as usize].path();
+            for copy in 0..2 {
+                let path = dir.join(format!("group-0.checkpoint.{copy}"));
+                if let Ok(mut bytes) = std::fs::read(&path) {
+                    let last = bytes.len() - 1;
+                    bytes[last] ^= 0x01;
+                    std::fs::write(&path, &bytes).unwrap();
+                }
+            }
+            trio.restart(backup);
+        }
+    }
+    trio.run(800);
+    assert_agree_on_streams(&trio, ops);
+
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let mut host = open(dir.path(), 0, 1).unwrap();
+        step(&mut host, 1, Input::Tick);
+    }
+    let path = dir.path().join("group-0.checkpoint.0");
+    let mut bytes = std::fs::read(&path).unwrap();
+    bytes[0] ^= 0x01;
+    std::fs::write(&path, &bytes).unwrap();
+    let refused = open(dir.path(), 0, 1).unwrap_err();
+    assert!(refused.to_string().contains("checkpoint"), "{refused}");
+}
