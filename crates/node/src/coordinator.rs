@@ -598,31 +598,22 @@ impl MetaService {
             .describe(stream, group)
             .map(|g| g.topic)
             .ok_or_else(|| NodeError::new(ErrorCode::UnknownMember, "no such live group"))?;
-        // A position beyond what was committed to the log would make lag negative and
-        // skip records that later arrive: refused.
         let topic_id = self.group.state().topic(stream, &topic)?.id;
-        if let Ok(published) = shared.high_watermarks.read() {
-            for (partition, offset) in &offsets {
-                let key = crate::layout::PartitionKey {
-                    topic_id,
-                    partition: *partition,
-                };
-                let Some(high_watermark) = published
-                    .get(&key)
-                    .map(|hw| hw.load(std::sync::atomic::Ordering::Acquire))
-                else {
-                    continue;
-                };
-                if *offset > high_watermark {
-                    return Err(NodeError::new(
-                        ErrorCode::OffsetOutOfRange,
-                        format!(
-                            "commit of offset {offset} on partition {partition} is beyond its high watermark {high_watermark}"
-                        ),
-                    ));
-                }
-            }
-        }
+        let cluster = shared.cluster.members.len() > 1;
+        let high_watermark = |key: &crate::layout::PartitionKey| {
+            let published = shared.high_watermarks.read().ok()?;
+            let mark = published.get(key)?;
+            Some(mark.load(std::sync::atomic::Ordering::Acquire))
+        };
+        let leads = |key: &crate::layout::PartitionKey| {
+            shared.primaries.read().is_ok_and(|primaries| {
+                primaries.get(key).is_some_and(|packed| {
+                    let packed = packed.load(std::sync::atomic::Ordering::Acquire);
+                    crate::partition::unpack_primary(packed).0 == Some(shared.cluster.node_id)
+                })
+            })
+        };
+        refuse_commit_beyond(topic_id, &offsets, cluster, high_watermark, leads)?;
         Ok(MetaOp::CommitOffsets {
             stream: stream.to_owned(),
             group: group.to_owned(),
@@ -741,9 +732,62 @@ impl MetaService {
     }
 }
 
+/// Refuses a commit of a position beyond what was committed to the log (it would
+/// make lag negative and skip records that later arrive), where this member can tell:
+/// on a single node, or for a partition this member leads. A backup here learns a
+/// commit a heartbeat after the primary, and the consumer read its records from the
+/// primary, so a backup's lag is no reason to refuse (issue 24, finding 8: commits
+/// refused `OffsetOutOfRange` while the coordinator's replica lagged).
+fn refuse_commit_beyond(
+    topic_id: u32,
+    offsets: &[(u32, u64)],
+    cluster: bool,
+    high_watermark: impl Fn(&crate::layout::PartitionKey) -> Option<u64>,
+    leads: impl Fn(&crate::layout::PartitionKey) -> bool,
+) -> Result<(), NodeError> {
+    for (partition, offset) in offsets {
+        let key = crate::layout::PartitionKey {
+            topic_id,
+            partition: *partition,
+        };
+        if cluster && !leads(&key) {
+            continue;
+        }
+        let Some(high_watermark) = high_watermark(&key) else {
+            continue;
+        };
+        if *offset > high_watermark {
+            return Err(NodeError::new(
+                ErrorCode::OffsetOutOfRange,
+                format!(
+                    "commit of offset {offset} on partition {partition} is beyond its high watermark {high_watermark}"
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A commit beyond the high watermark is refused where this member knows it (a
+    /// single node, or the partition's primary), never because a backup lags.
+    #[test]
+    fn a_commit_is_checked_against_the_high_watermark_only_where_it_is_known() {
+        let marks = |key: &crate::layout::PartitionKey| Some(10 * u64::from(key.partition + 1));
+        let leads_0 = |key: &crate::layout::PartitionKey| key.partition == 0;
+        // A single node knows every partition's mark.
+        let err = refuse_commit_beyond(1, &[(1, 21)], false, marks, leads_0).unwrap_err();
+        assert_eq!(err.code, ErrorCode::OffsetOutOfRange);
+        refuse_commit_beyond(1, &[(1, 20)], false, marks, leads_0).unwrap();
+        // In a cluster: refused on a partition this member leads ...
+        let err = refuse_commit_beyond(1, &[(0, 11)], true, marks, leads_0).unwrap_err();
+        assert_eq!(err.code, ErrorCode::OffsetOutOfRange);
+        // ... and taken on one it backs up, whose mark here may lag the primary's.
+        refuse_commit_beyond(1, &[(0, 10), (1, 25)], true, marks, leads_0).unwrap();
+    }
     use crate::layout::TopicRoute;
 
     fn log_config(stored: TopicSettings) -> braid_storage::LogConfig {
