@@ -20,6 +20,7 @@ pub(crate) struct ShardMetrics {
     pub(crate) partitions: AtomicU64,
     pub(crate) fsyncs_requested: AtomicU64,
     pub(crate) state_transfers: AtomicU64,
+    pub(crate) batches_repaired: AtomicU64,
     pub(crate) repair_prepares_requested: AtomicU64,
     pub(crate) repair_snapshots_requested: AtomicU64,
     pub(crate) frames_refused: AtomicU64,
@@ -50,6 +51,7 @@ impl Default for ShardMetrics {
             partitions: AtomicU64::new(0),
             fsyncs_requested: AtomicU64::new(0),
             state_transfers: AtomicU64::new(0),
+            batches_repaired: AtomicU64::new(0),
             repair_prepares_requested: AtomicU64::new(0),
             repair_snapshots_requested: AtomicU64::new(0),
             frames_refused: AtomicU64::new(0),
@@ -215,6 +217,12 @@ pub(crate) fn render(
         "counter",
         "Partition logs copied from a peer up to a checkpoint this replica installed (it was behind every peer's journal, or its log lost batches).",
         sum(&|s| &s.state_transfers),
+    );
+    metric(
+        "braid_partition_damage_repaired_total",
+        "counter",
+        "Damaged batches of a partition log (found by the scrub of committed batches, or by a read for a peer) written over with a peer's copy.",
+        sum(&|s| &s.batches_repaired),
     );
     metric(
         "braid_vsr_repair_prepares_requested_total",

@@ -152,7 +152,25 @@ impl Partition {
             // Appended but not committed: nothing to read yet.
             return Ok(LogRead::empty_with(offset, buffer));
         }
-        Ok(log.read_reusing(offset, max_bytes, self.high_watermark, buffer)?)
+        let mut read = log.read_reusing(offset, max_bytes, self.high_watermark, buffer)?;
+        // A damaged byte is never served: the read stops before the damage (a peer's
+        // copy repairs it in a cluster, see `replication::partition_groups`), and a
+        // read that starts at it is refused, naming it.
+        if let Some(damaged) = read.keep_verified() {
+            if read.is_empty() {
+                return Err(NodeError::new(
+                    ErrorCode::StorageError,
+                    format!(
+                        "the batch at offset {damaged} in {} is damaged (its CRC does not \
+                         check); a cluster member repairs it from a peer, a single node \
+                         needs it restored (docs/operations.md, 'Recovery and damage')",
+                        log.dir().display()
+                    ),
+                ));
+            }
+            tracing::warn!(dir = %log.dir().display(), offset = damaged, "a read stopped before a damaged batch");
+        }
+        Ok(read)
     }
 
     /// Parks a fetch until the next commit.

@@ -503,6 +503,8 @@ impl Shard {
         add(&self.metrics().fsyncs_requested, syncs);
         let transfers = self.groups.take_transfers_done();
         add(&self.metrics().state_transfers, transfers);
+        let repaired = self.groups.take_batches_repaired();
+        add(&self.metrics().batches_repaired, repaired);
         self.ticks += 1;
         let mut repairs = self.groups.take_repairs();
         if let Some(meta) = self.meta.as_mut() {

@@ -82,6 +82,14 @@ pub enum LogError {
         /// The failure that poisoned the log.
         reason: String,
     },
+    /// A replica's copy could not be written over damaged batches.
+    #[error("cannot repair the log at offset {offset}: {why}")]
+    Repair {
+        /// The first offset to repair.
+        offset: u64,
+        /// Why not.
+        why: String,
+    },
     /// The settings cannot work.
     #[error(transparent)]
     Config(#[from] crate::ConfigError),

@@ -18,6 +18,7 @@ use crate::sync::{SyncError, SyncRequest};
 use crate::writeback::WriteBehind;
 
 mod open;
+mod repair;
 mod trim;
 
 /// Unflushed index entries after which an append writes them to the index files.
@@ -125,6 +126,12 @@ impl PartitionLog {
         self.segments
             .first()
             .map_or(self.next_offset, |s| s.base_offset)
+    }
+
+    /// The base offset of the segment that holds `offset` (a point the log can always
+    /// be cut at, whatever the segment's batches hold).
+    pub fn segment_base(&self, offset: u64) -> u64 {
+        self.segments[self.segment_of(offset)].base_offset
     }
 
     /// The offset the next appended record gets.

@@ -449,6 +449,17 @@ impl LogRead {
         self.buf
     }
 
+    /// Keeps only the first `bytes` bytes (`batches` whole batches ending before
+    /// `next_offset`).
+    pub(crate) fn cut_at(&mut self, bytes: usize, next_offset: u64, batches: u32) {
+        self.end = self.start + bytes;
+        self.next_offset = next_offset;
+        self.batch_count = batches;
+        if batches == 0 {
+            self.first_offset = next_offset;
+        }
+    }
+
     /// Gives back the whole buffer, to pass to the next
     /// [`crate::PartitionLog::read_reusing`] and spare its allocation and zeroing.
     pub fn into_buffer(self) -> Vec<u8> {

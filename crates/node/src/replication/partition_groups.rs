@@ -164,6 +164,10 @@ pub(crate) struct PartitionGroups {
     copies: HashMap<u64, (u64, u64)>,
     /// State transfers finished since the last [`PartitionGroups::take_transfers_done`].
     transfers_done: u64,
+    /// Repairs of damaged batches with a fetch out: group -> (tick sent, attempt).
+    repairs: HashMap<u64, (u64, u64)>,
+    /// Damaged batches repaired from peers' copies (for the metrics).
+    batches_repaired: u64,
     failed: Option<String>,
     /// [`CHECKPOINT_INTERVAL`], but for simulator runs that want more checkpoints.
     checkpoint_interval: u64,
@@ -256,6 +260,8 @@ impl PartitionGroups {
             syncs_started: 0,
             copies: HashMap::new(),
             transfers_done: 0,
+            repairs: HashMap::new(),
+            batches_repaired: 0,
             failed: None,
             checkpoint_interval: CHECKPOINT_INTERVAL,
         }
@@ -331,6 +337,12 @@ impl PartitionGroups {
     /// State transfers (log copies) finished since the last call (for the metrics).
     pub(crate) fn take_transfers_done(&mut self) -> u64 {
         std::mem::take(&mut self.transfers_done)
+    }
+
+    /// Damaged batches repaired from peers' copies since the last call (for the
+    /// metrics).
+    pub(crate) fn take_batches_repaired(&mut self) -> u64 {
+        std::mem::take(&mut self.batches_repaired)
     }
 
     /// Runs journal syncs under `fsync = always` on `link`'s syncer from now on (for
@@ -666,6 +678,7 @@ impl PartitionGroups {
         }
         self.resend_overdue(&mut moved);
         self.drive_copies();
+        self.scrub_and_repair();
         if self.members > 1
             && self
                 .now

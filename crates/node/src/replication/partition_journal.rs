@@ -172,6 +172,10 @@ pub(crate) struct PartitionJournal {
     /// the tip, or while the log is copied), with their checksums: each raises
     /// `applied_end` when its batch goes in.
     applied_ahead: BTreeMap<u64, Checksum>,
+    /// Where the scrub of the committed log goes on ([`PartitionJournal::scrub`]).
+    scrub_cursor: u64,
+    /// A damaged batch found in the committed log, waiting for a peer's copy.
+    damaged_at: Option<u64>,
     /// A truncation or a header written to `vsr.journal` that no sync has covered yet.
     /// The replica's next durable state (its log view) depends on it, so the next
     /// [`PartitionJournal::sync`] makes it durable at once, even when batches' syncs run
@@ -211,6 +215,17 @@ pub(crate) enum Copied {
     Done,
 }
 
+/// What the log holds where a journal entry says its batch starts.
+#[derive(Debug)]
+enum Body {
+    /// The batch, canonical, and the offset after it.
+    Held(Vec<u8>, u64),
+    /// No batch starts there.
+    Absent,
+    /// What is there does not check.
+    Damaged,
+}
+
 /// The first batch of `bytes` (a read returns whole batches).
 fn first_batch(bytes: &[u8]) -> Option<&[u8]> {
     let length = bytes.get(field::BATCH_LENGTH..field::BATCH_LENGTH + 4)?;
@@ -244,6 +259,8 @@ impl PartitionJournal {
             behind: None,
             applied_end: 0,
             applied_ahead: BTreeMap::new(),
+            scrub_cursor: 0,
+            damaged_at: None,
             index_changed_unsynced: false,
             tip_log_end: None,
         };
@@ -262,7 +279,9 @@ impl PartitionJournal {
                     (JournalSlot::Damaged, None)
                 }
                 (Some(&base), JournalSlot::Header(header)) => match journal.read_body(base)? {
-                    None if found.synced.contains(&op) && base >= journal.log.start_offset() => {
+                    Body::Absent
+                        if found.synced.contains(&op) && base >= journal.log.start_offset() =>
+                    {
                         // A sync that finished covered its header, so its batch was
                         // synced before it (the log syncs first): the log lost it to
                         // damage. Damaged, never absent: it may have been acknowledged.
@@ -274,21 +293,21 @@ impl PartitionJournal {
                         );
                         (JournalSlot::Damaged, None)
                     }
-                    None => {
+                    Body::Absent => {
                         // Its batch never reached the log's synced part, so it was never
                         // reported written, nor was anything above it. (Or retention
                         // deleted it, below the log's start: long committed.)
                         cut_from = Some(op);
                         break;
                     }
-                    Some((body, end)) if checksum(&body) == header.body_checksum => (
+                    Body::Held(body, end) if checksum(&body) == header.body_checksum => (
                         JournalSlot::Prepare(Prepare {
                             header,
                             body: body.into(),
                         }),
                         Some(end),
                     ),
-                    Some(_) => (JournalSlot::Damaged, None),
+                    Body::Held(..) | Body::Damaged => (JournalSlot::Damaged, None),
                 },
                 (_, JournalSlot::Prepare(_)) if !contiguous => {
                     // Kept whole in the header journal (a register), but past a hole:
@@ -315,12 +334,47 @@ impl PartitionJournal {
             journal.index.truncate(op - 1)?;
         }
         let mut log_bytes_cut = 0;
-        match log_end {
-            Some(end) if journal.log.next_offset() > end => {
-                let before = journal.log.size_bytes();
-                journal.log.truncate(end)?;
-                log_bytes_cut = before.saturating_sub(journal.log.size_bytes());
+        let repairable = config.recovery == braid_storage::RecoveryMode::TruncateAtDamage;
+        if let Some(end) = log_end.filter(|end| journal.log.next_offset() > *end) {
+            let before = journal.log.size_bytes();
+            match journal.log.truncate(end) {
+                Ok(()) => {}
+                Err(LogError::Corrupt { .. }) if repairable => {
+                    // Damage on the way to the cut (a member of a cluster): cut at the
+                    // start of its segment instead. The ops whose batches went with it,
+                    // and every op after them, are damaged, never absent: peers repair
+                    // them (and copy what a checkpoint covers).
+                    let cut = journal.log.segment_base(end);
+                    tracing::warn!(
+                        dir = %dir.display(),
+                        end,
+                        cut,
+                        "damage in the partition log's segment: cut at its start; \
+                         the batches after it are repaired from a peer"
+                    );
+                    journal.log.truncate(cut)?;
+                    let mut hole = false;
+                    let mut tip = pruned;
+                    for (op, slot) in &mut slots {
+                        hole |= external.get(op).is_some_and(|base| *base >= cut);
+                        if hole {
+                            *slot = JournalSlot::Damaged;
+                        } else if *op <= journal.tip {
+                            tip = *op;
+                        }
+                    }
+                    journal.tip = tip;
+                    log_end = Some(cut);
+                    if tip == pruned && pruned_log_end.is_some_and(|want| want > cut) {
+                        log_end = pruned_log_end;
+                    }
+                }
+                Err(err) => return Err(err.into()),
             }
+            log_bytes_cut = before.saturating_sub(journal.log.size_bytes());
+        }
+        match log_end {
+            Some(end) if journal.log.next_offset() > end => {}
             Some(end) if journal.log.next_offset() < end && journal.tip == pruned => {
                 // The log ends before the prune point's end (a state transfer that a
                 // crash interrupted, or batches lost with the page cache): the rest is
@@ -376,25 +430,37 @@ impl PartitionJournal {
     }
 
     /// The canonical batch at `base` and the offset after it, if the log holds one
-    /// starting there.
-    fn read_body(&mut self, base: u64) -> Result<Option<(Vec<u8>, u64)>, PartitionJournalError> {
+    /// starting there; or that what is there is damaged (a frame or CRC that does not
+    /// check: noted for repair when committed).
+    fn read_body(&mut self, base: u64) -> Result<Body, PartitionJournalError> {
         if base < self.log.start_offset() || base >= self.log.next_offset() {
-            return Ok(None);
+            return Ok(Body::Absent);
         }
-        let read = match self.log.read(base, 1, u64::MAX) {
+        let mut read = match self.log.read(base, 1, u64::MAX) {
             Ok(read) => read,
-            Err(LogError::NotBatchBoundary { .. }) => return Ok(None),
+            Err(LogError::NotBatchBoundary { .. }) => return Ok(Body::Absent),
+            Err(LogError::Corrupt { .. }) => return Ok(self.damaged_body(base)),
             Err(err) => return Err(err.into()),
         };
         if read.first_offset != base {
-            return Ok(None);
+            return Ok(Body::Absent);
+        }
+        if read.keep_verified().is_some() {
+            return Ok(self.damaged_body(base));
         }
         let Some(batch) = first_batch(read.bytes()) else {
-            return Ok(None);
+            return Ok(Body::Absent);
         };
         let batch = batch.to_vec();
         let end = base + read_records(&batch);
-        Ok(Some((canonical(batch), end)))
+        Ok(Body::Held(canonical(batch), end))
+    }
+
+    fn damaged_body(&mut self, base: u64) -> Body {
+        if base < self.committed_end() {
+            self.note_damage(base);
+        }
+        Body::Damaged
     }
 
     /// Closes the log's and the header journal's files until they are next used.
@@ -522,6 +588,116 @@ impl PartitionJournal {
         (from..=to)
             .filter_map(|op| self.index.entry(op).map(|(h, base)| (op, h.checksum, base)))
             .collect()
+    }
+
+    /// Checks up to `budget` bytes of the committed log's batches (length, magic,
+    /// CRC), from where the last call stopped, round and round: damage at rest is found
+    /// before a reader or a peer asks for it. Returns a damaged batch's offset, once
+    /// found (then nothing more is checked until [`PartitionJournal::repair`] fixes
+    /// it).
+    pub(crate) fn scrub(&mut self, budget: u32) -> Option<u64> {
+        self.forget_damage_cut();
+        if self.damaged_at.is_some() || self.behind.is_some() {
+            return None;
+        }
+        let end = self.committed_end();
+        let start = self.log.start_offset();
+        if self.scrub_cursor < start || self.scrub_cursor >= end {
+            self.scrub_cursor = start;
+        }
+        if self.scrub_cursor >= end {
+            return None;
+        }
+        let from = self.scrub_cursor;
+        let found = match self.log.read(from, budget, end) {
+            Ok(mut read) => match read.keep_verified() {
+                Some(damaged) => Some(damaged),
+                None => {
+                    self.scrub_cursor = read.next_offset;
+                    None
+                }
+            },
+            // A frame that does not parse somewhere in the read: find which, batch by
+            // batch.
+            Err(_) => match self.log.read(from, 1, end) {
+                Ok(mut one) => match one.keep_verified() {
+                    Some(damaged) => Some(damaged),
+                    None => {
+                        self.scrub_cursor = one.next_offset;
+                        None
+                    }
+                },
+                Err(_) => Some(from),
+            },
+        };
+        if let Some(damaged) = found {
+            self.note_damage(damaged);
+        }
+        found
+    }
+
+    /// A batch of the committed log at `offset` does not check (found by a scrub or a
+    /// read): it waits for a peer's copy ([`PartitionJournal::repair`]).
+    pub(crate) fn note_damage(&mut self, offset: u64) {
+        if self.damaged_at.is_none() {
+            tracing::warn!(
+                dir = %self.log.dir().display(),
+                offset,
+                "a committed batch of the partition log is damaged; it is repaired from a peer"
+            );
+        }
+        self.damaged_at = Some(self.damaged_at.map_or(offset, |d| d.min(offset)));
+    }
+
+    /// The damaged batch waiting for a peer's copy, if any.
+    pub(crate) fn damaged_at(&mut self) -> Option<u64> {
+        self.forget_damage_cut();
+        self.damaged_at
+    }
+
+    /// Damage the log no longer holds (a cut, or a copy that started it again) needs
+    /// no repair.
+    fn forget_damage_cut(&mut self) {
+        if self
+            .damaged_at
+            .is_some_and(|d| d >= self.log.next_offset() || d < self.log.start_offset())
+        {
+            self.damaged_at = None;
+        }
+    }
+
+    /// A peer's copy of the batches from `from` on: written over the damaged ones if
+    /// `from` is the damage this journal waits for. Returns whether it was.
+    ///
+    /// # Errors
+    /// A write failed. (A copy that cannot repair, too short or damaged itself, is no
+    /// error: the repair is asked again, of another peer.)
+    pub(crate) fn repair(
+        &mut self,
+        from: u64,
+        batches: &[u8],
+    ) -> Result<bool, PartitionJournalError> {
+        if self.damaged_at() != Some(from) || batches.is_empty() {
+            return Ok(false);
+        }
+        match self.log.repair_batches(from, batches) {
+            Ok(bytes) => {
+                tracing::info!(
+                    dir = %self.log.dir().display(),
+                    offset = from,
+                    bytes,
+                    "a damaged batch of the partition log was repaired from a peer's copy"
+                );
+                self.damaged_at = None;
+                self.scrub_cursor = from;
+                Ok(true)
+            }
+            Err(LogError::Repair { why, .. }) => {
+                tracing::warn!(dir = %self.log.dir().display(), offset = from, %why, "a peer's copy could not repair the log");
+                Ok(false)
+            }
+            Err(err) => Err(err.into()),
+        }
     }
 
     /// The copy from a peer that runs, if any.
@@ -723,7 +899,7 @@ impl PartitionJournal {
             tracing::trace!(dir = %self.log.dir().display(), cursor = transfer.cursor, log_next = self.log.next_offset(), op = transfer.op, "copy: a batch");
             if transfer.cursor < self.log.next_offset() {
                 match self.read_body(transfer.cursor)? {
-                    Some((ours, end)) if ours == canonical(theirs.to_vec()) => {
+                    Body::Held(ours, end) if ours == canonical(theirs.to_vec()) => {
                         transfer.cursor = end;
                         continue;
                     }
@@ -936,13 +1112,13 @@ impl PartitionJournal {
         }
         match base {
             None => Ok(self.index.inline_prepare(op, checksum_wanted)),
-            Some(base) => Ok(self
-                .read_body(base)?
-                .filter(|(body, _)| checksum(body) == header.body_checksum)
-                .map(|(body, _)| Prepare {
+            Some(base) => Ok(match self.read_body(base)? {
+                Body::Held(body, _) if checksum(&body) == header.body_checksum => Some(Prepare {
                     header,
                     body: body.into(),
-                })),
+                }),
+                _ => None,
+            }),
         }
     }
 

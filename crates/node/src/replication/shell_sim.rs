@@ -108,6 +108,8 @@ pub(crate) struct Outcome {
     pub(crate) power_losses: u64,
     pub(crate) cuts: u64,
     pub(crate) frames_lost: u64,
+    /// Checks of what a member would serve that stopped before a damaged batch.
+    pub(crate) reads_refused: u64,
     /// Files damaged at rest: a bit flipped, or a page zeroed.
     pub(crate) damaged_files: u64,
     pub(crate) ticks_to_converge: u64,
@@ -641,14 +643,35 @@ impl Run {
                     continue;
                 };
                 let (batches, stopped) = read_batches(log, mark);
-                if let Some(err) = stopped {
-                    problem.get_or_insert(format!(
-                        "member {m} partition {p} promises records below {mark}: {err}"
-                    ));
-                    continue;
+                match stopped {
+                    Some(Stop::Missing(err)) => {
+                        problem.get_or_insert(format!(
+                            "member {m} partition {p} promises records below {mark}: {err}"
+                        ));
+                        continue;
+                    }
+                    // Refused from the damage on, until a peer's copy repairs it.
+                    Some(Stop::Damaged(_)) => self.outcome.reads_refused += 1,
+                    None => {}
                 }
                 let values = values_of(&batches);
-                for ((_, offset), value) in self.acked.range((p, 0)..(p, mark)) {
+                // What is served ends at the damage, if the read stopped there.
+                let served = batches
+                    .last()
+                    .and_then(|(base, bytes)| {
+                        RecordBatch::check_frame(bytes)
+                            .ok()
+                            .map(|(b, _)| b.header().last_offset() as u64 + 1)
+                            .or(Some(*base))
+                    })
+                    .unwrap_or(0)
+                    .min(mark);
+                let served = if matches!(stopped, Some(Stop::Damaged(_))) {
+                    served
+                } else {
+                    mark
+                };
+                for ((_, offset), value) in self.acked.range((p, 0)..(p, served)) {
                     if let Ok(held) = &values {
                         if held.get(offset).and_then(Option::as_ref) != Some(value) {
                             problem.get_or_insert(format!(
@@ -936,34 +959,68 @@ impl Run {
     }
 }
 
-/// The batches of `log` below `end`: (base offset, bytes), and why the read stopped
-/// short, if it did.
+/// Why a read of a log stopped before the end asked for.
+#[derive(Debug)]
+enum Stop {
+    /// A batch there does not check (damage at rest): a reader is refused from there.
+    Damaged(String),
+    /// Nothing there: the log does not hold what it promised.
+    Missing(String),
+}
+
+impl std::fmt::Display for Stop {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Damaged(what) | Self::Missing(what) => f.write_str(what),
+        }
+    }
+}
+
+/// The batches of `log` below `end` that a reader would be served (each checked, as
+/// the node's reads check them): (base offset, bytes), and why the read stopped short,
+/// if it did.
 fn read_batches(
     log: &mut braid_storage::PartitionLog,
     end: u64,
-) -> (Vec<(u64, Vec<u8>)>, Option<String>) {
+) -> (Vec<(u64, Vec<u8>)>, Option<Stop>) {
     let mut out = Vec::new();
     let mut at = log.start_offset();
     while at < end {
-        let read = match log.read(at, 1 << 20, end) {
+        let mut read = match log.read(at, 1 << 20, end) {
             Ok(read) => read,
-            Err(err) => return (out, Some(err.to_string())),
+            Err(err @ braid_storage::LogError::Corrupt { .. }) => {
+                return (out, Some(Stop::Damaged(err.to_string())))
+            }
+            Err(err) => return (out, Some(Stop::Missing(err.to_string()))),
         };
         if read.batch_count == 0 || read.next_offset <= at {
             return (
                 out,
-                Some(format!("the log reads nothing at {at} below {end}")),
+                Some(Stop::Missing(format!(
+                    "the log reads nothing at {at} below {end}"
+                ))),
             );
         }
+        let damaged = read.keep_verified();
         let mut bytes = read.bytes();
         while !bytes.is_empty() {
-            let (batch, used) = match RecordBatch::validate(bytes) {
-                Ok(valid) => valid,
-                Err(err) => return (out, Some(format!("at {at}: {err}"))),
+            let Ok((batch, used)) = RecordBatch::validate(bytes) else {
+                return (
+                    out,
+                    Some(Stop::Damaged(format!(
+                        "at {at}: a batch whose CRC checks does not validate"
+                    ))),
+                );
             };
             let base = u64::try_from(batch.header().base_offset).unwrap_or(u64::MAX);
             out.push((base, bytes[..used].to_vec()));
             bytes = &bytes[used..];
+        }
+        if let Some(offset) = damaged {
+            return (
+                out,
+                Some(Stop::Damaged(format!("the batch at {offset} is damaged"))),
+            );
         }
         at = read.next_offset;
     }
@@ -1090,6 +1147,7 @@ pub(crate) fn run_seeds(
                         all.1.power_losses += outcome.power_losses;
                         all.1.cuts += outcome.cuts;
                         all.1.frames_lost += outcome.frames_lost;
+                        all.1.reads_refused += outcome.reads_refused;
                         all.1.damaged_files += outcome.damaged_files;
                         all.1.records_stored += outcome.records_stored;
                     }

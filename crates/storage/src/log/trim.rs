@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use super::{delete_segment_files, sync_dir, PartitionLog, RetentionOutcome};
 use crate::error::LogError;
-use crate::files::log_path;
+use crate::files::{index_path, log_path, time_index_path};
 use crate::recovery_point::RecoveryPoint;
 use crate::segment::{
     find_batch, flush_index, load_index, truncate_index_files, MaxTimestamp, Segment,
@@ -30,8 +30,28 @@ impl PartitionLog {
         // Rewritten bytes get write-back started again as they arrive.
         self.write_behind = WriteBehind::default();
         let at = self.segment_of(offset);
-        self.ensure_index(at)?;
-        let position = if self.segments[at].base_offset == offset {
+        let whole = self.segments[at].base_offset == offset;
+        if whole {
+            // The segment goes whole: a damaged one, whose index cannot be loaded, is
+            // cut all the same, its index files with it (rebuilt, empty, below).
+            if self.ensure_index(at).is_err() {
+                self.segments[at].index = None;
+                let base = self.segments[at].base_offset;
+                for path in [
+                    index_path(&self.dir, base),
+                    time_index_path(&self.dir, base),
+                ] {
+                    match crate::disk::remove(&path) {
+                        Ok(()) => {}
+                        Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
+                        Err(err) => return Err(LogError::io("remove", path)(err)),
+                    }
+                }
+            }
+        } else {
+            self.ensure_index(at)?;
+        }
+        let position = if whole {
             0
         } else {
             let file = self.file_for(at)?;

@@ -17,8 +17,54 @@ const CHUNK_BYTES: u32 = 1 << 20;
 const FETCH_TICKS: u64 = 50;
 /// How often (ticks) the shard looks for partitions that must be copied.
 const SCAN_TICKS: u64 = 10;
+/// Bytes of committed batches the shard checks per tick for damage at rest, over its
+/// partitions in turn (a few MiB a second: a small share of one core's CRC32C).
+const SCRUB_BYTES_PER_TICK: u32 = 64 << 10;
 
 impl PartitionGroups {
+    /// Checks the next stretch of one partition's committed log for damage at rest,
+    /// and asks a peer for its copy of every damaged batch found and not yet repaired
+    /// (again, of the next peer, when an answer is overdue). A lone replica has no peer:
+    /// its reads stop before the damage, with an error naming it.
+    pub(super) fn scrub_and_repair(&mut self) {
+        let groups: Vec<u64> = self.host.replicas().map(|r| r.config().group).collect();
+        if !groups.is_empty() {
+            let group = groups[(self.now as usize) % groups.len()];
+            if let Some(journal) = self.host.journal_mut(group) {
+                journal.scrub(SCRUB_BYTES_PER_TICK);
+            }
+        }
+        if self.members <= 1 || !self.now.is_multiple_of(SCAN_TICKS) {
+            return;
+        }
+        let now = self.now;
+        let damaged: Vec<(u64, u64, u64)> = self
+            .host
+            .journals_mut()
+            .filter_map(|(group, journal)| {
+                let at = journal.damaged_at()?;
+                Some((group, at, journal.committed_end()))
+            })
+            .collect();
+        self.repairs
+            .retain(|group, _| damaged.iter().any(|(g, _, _)| g == group));
+        for (group, from, to) in damaged {
+            let due = self
+                .repairs
+                .get(&group)
+                .is_none_or(|(sent, _)| now.saturating_sub(*sent) >= FETCH_TICKS);
+            if !due {
+                continue;
+            }
+            let attempt = self.repairs.get(&group).map_or(0, |(_, a)| a + 1);
+            let peers: Vec<u8> = (0..self.members).filter(|m| *m != self.node).collect();
+            if let Some(&peer) = peers.get((attempt as usize) % peers.len().max(1)) {
+                self.bus.send(peer, wire::log_fetch_frame(group, from, to));
+            }
+            self.repairs.insert(group, (now, attempt));
+        }
+    }
+
     /// Asks a peer for the next chunk of every copy that has no fetch out (or whose
     /// fetch went unanswered).
     pub(super) fn drive_copies(&mut self) {
@@ -92,7 +138,12 @@ impl PartitionGroups {
             bytes::Bytes::new()
         } else {
             match log.read(from, CHUNK_BYTES, end) {
-                Ok(read) if read.first_offset == from => {
+                Ok(mut read) if read.first_offset == from => {
+                    // Never a damaged byte to a peer: what lies before the damage, and
+                    // the damage waits for its own repair.
+                    if let Some(damaged) = read.keep_verified() {
+                        journal.note_damage(damaged);
+                    }
                     bytes::Bytes::copy_from_slice(read.bytes())
                 }
                 Ok(read) => {
@@ -124,6 +175,21 @@ impl PartitionGroups {
         moved: &mut Moved,
     ) {
         let now_ms = crate::mailbox::now_ms();
+        let Some(journal) = self.host.journal_mut(group) else {
+            return;
+        };
+        match journal.repair(from, batches) {
+            Ok(true) => {
+                self.repairs.remove(&group);
+                self.batches_repaired += 1;
+                return;
+            }
+            Ok(false) => {}
+            Err(err) => {
+                self.fail(err.into());
+                return;
+            }
+        }
         let Some(journal) = self.host.journal_mut(group) else {
             return;
         };

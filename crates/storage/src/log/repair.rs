@@ -1,0 +1,176 @@
+//! Damage found in a log's stored batches, and its repair in place from a replica's
+//! copy of the same batches.
+//!
+//! Replicas store a committed batch with the same bytes at the same offsets (the same
+//! base offset, the same leader epoch: the view that prepared it), so a damaged batch
+//! is repaired by writing the replica's bytes over it. Its length is the same, so no
+//! position moves and the segment's indexes stay true.
+
+use std::fs::OpenOptions;
+
+use braid_proto::{BatchHeader, RecordBatch};
+
+use super::PartitionLog;
+use crate::error::LogError;
+use crate::files::log_path;
+use crate::segment::LogRead;
+
+impl LogRead {
+    /// Keeps only the batches before the first one whose frame (length, magic, CRC)
+    /// does not check, and returns that one's offset. A reader then never hands out a
+    /// damaged byte: it serves what lies before the damage.
+    pub fn keep_verified(&mut self) -> Option<u64> {
+        let bytes = self.bytes();
+        let mut at = 0;
+        let mut offset = self.first_offset;
+        let mut good = 0;
+        while at < bytes.len() {
+            match RecordBatch::check_frame(&bytes[at..]) {
+                Ok((batch, used)) if batch.header().base_offset == offset as i64 => {
+                    offset = batch.header().last_offset() as u64 + 1;
+                    at += used;
+                    good += 1;
+                }
+                _ => {
+                    self.cut_at(at, offset, good);
+                    return Some(offset);
+                }
+            }
+        }
+        None
+    }
+}
+
+impl PartitionLog {
+    /// Writes `batches` (a replica's copy: whole batches from offset `from` on, each
+    /// checked) over the first damaged stored batches at or after `from` in its
+    /// segment, as many as it takes for the stored bytes after them to be an intact
+    /// batch at the next offset again (or the segment's end), and syncs the file.
+    /// Intact stored batches before the damage are left as they are (a reader that
+    /// could not load the segment's index knows the segment, not the batch). Returns
+    /// the bytes written.
+    ///
+    /// # Errors
+    /// [`LogError::Repair`]: no intact path leads from the segment's start to `from`,
+    /// nothing from `from` to the segment's end is damaged, a copied batch is damaged or
+    /// out of order, or the copy ends before the damage does (ask for more); IO errors.
+    pub fn repair_batches(&mut self, from: u64, batches: &[u8]) -> Result<u64, LogError> {
+        let refuse = |why: String| LogError::Repair { offset: from, why };
+        if from < self.start_offset() || from >= self.next_offset {
+            return Err(refuse("outside the log".into()));
+        }
+        let at = self.segment_of(from);
+        // Damage may keep the index from loading: then walk from the segment's start.
+        let indexed = self.ensure_index(at).is_ok();
+        let file = self.file_for(at)?;
+        let segment = &self.segments[at];
+        let path = log_path(&self.dir, segment.base_offset);
+        let (mut position, mut expected) = match segment.index.as_ref().filter(|_| indexed) {
+            Some(index) => {
+                let entry = index.floor(segment.relative(from));
+                (
+                    u64::from(entry.position),
+                    segment.base_offset + u64::from(entry.relative_offset),
+                )
+            }
+            None => (0, segment.base_offset),
+        };
+        let read_at = |position: u64, len: u64| -> Result<Vec<u8>, LogError> {
+            let mut bytes = vec![0u8; len as usize];
+            std::os::unix::fs::FileExt::read_exact_at(&*file, &mut bytes, position)
+                .map_err(LogError::io("read", path.clone()))?;
+            Ok(bytes)
+        };
+        let header_at = |position: u64| -> Result<Option<BatchHeader>, LogError> {
+            let len = braid_proto::batch::HEADER_BYTES as u64;
+            if position + len > segment.size_bytes {
+                return Ok(None);
+            }
+            Ok(BatchHeader::decode(&read_at(position, len)?).ok())
+        };
+        // The stored batch at `position`, if it is intact and holds `offset` first.
+        let intact_at = |position: u64, offset: u64| -> Result<Option<BatchHeader>, LogError> {
+            let Some(header) = header_at(position)? else {
+                return Ok(None);
+            };
+            let total = header.total_bytes() as u64;
+            if header.base_offset != offset as i64 || position + total > segment.size_bytes {
+                return Ok(None);
+            }
+            let bytes = read_at(position, total)?;
+            Ok(RecordBatch::check_frame(&bytes).ok().map(|_| header))
+        };
+        while expected < from {
+            let header = header_at(position)?
+                .filter(|h| h.base_offset == expected as i64)
+                .ok_or_else(|| refuse(format!("no intact batch at {expected} before it")))?;
+            position += header.total_bytes() as u64;
+            expected = header.last_offset() as u64 + 1;
+        }
+        if expected != from {
+            return Err(refuse(format!(
+                "a batch spans it (the next starts at {expected})"
+            )));
+        }
+        // Past the intact batches, to the first damaged one.
+        while let Some(header) = intact_at(position, expected)? {
+            position += header.total_bytes() as u64;
+            expected = header.last_offset() as u64 + 1;
+            if position >= segment.size_bytes {
+                return Err(refuse("nothing is damaged there".into()));
+            }
+        }
+        // Take the copy's batches from the damaged one until the stored bytes after
+        // them check again.
+        let mut first = 0usize;
+        let mut taken = 0usize;
+        let mut next = from;
+        loop {
+            let (batch, used) = RecordBatch::check_frame(&batches[first + taken..])
+                .map_err(|e| refuse(format!("a copied batch is damaged: {e}")))?;
+            if batch.header().base_offset != next as i64 {
+                return Err(refuse(format!(
+                    "a copied batch starts at {}, not {next}",
+                    batch.header().base_offset
+                )));
+            }
+            next = batch.header().last_offset() as u64 + 1;
+            if next <= expected {
+                // Before the damage: intact here.
+                first += used;
+                if first == batches.len() {
+                    return Err(refuse(format!(
+                        "the copy ends at {next}, before the damage"
+                    )));
+                }
+                continue;
+            }
+            taken += used;
+            if position + taken as u64 > segment.size_bytes {
+                return Err(refuse("the copy runs past the segment's end".into()));
+            }
+            let after = position + taken as u64;
+            if after == segment.size_bytes || intact_at(after, next)?.is_some() {
+                break;
+            }
+            if first + taken == batches.len() {
+                return Err(refuse(format!(
+                    "the copy ends at {next}, inside the damage"
+                )));
+            }
+        }
+        let writable = OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .map_err(LogError::io("open", path.clone()))?;
+        let replacement = &batches[first..first + taken];
+        crate::disk::write_at(&writable, &path, replacement, position)
+            .map_err(LogError::io("write", path.clone()))?;
+        crate::disk::sync_data(&writable, &path).map_err(LogError::io("fsync", path.clone()))?;
+        if !indexed {
+            // Loaded from the repaired segment at the next read.
+            self.segments[at].index = None;
+        }
+        Ok(taken as u64)
+    }
+}
