@@ -348,6 +348,7 @@ impl JournalFile {
         } else {
             std::fs::read(path).map_err(io(path))?
         };
+        let mut magic_damaged = false;
         if bytes.len() < MAGIC.len() || &bytes[..MAGIC.len()] != MAGIC {
             // A magic torn at creation leaves a file shorter than it: nothing was
             // ever written into it.
@@ -356,9 +357,29 @@ impl JournalFile {
                 disk::sync_data(&file, path).map_err(io(path))?;
                 return Self::open(path);
             }
-            return Err(JournalError::NotAJournal {
-                path: path.to_owned(),
-            });
+            // A few flipped bits, or a zeroed page, over the magic of a file whose
+            // records follow: damage, found like damage to any record (every op above
+            // the prune point is reported damaged). Anything else is not a journal.
+            if bytes.len() < MAGIC.len() {
+                return Err(JournalError::NotAJournal {
+                    path: path.to_owned(),
+                });
+            }
+            let flipped: u32 = bytes[..MAGIC.len()]
+                .iter()
+                .zip(MAGIC)
+                .map(|(a, b)| (a ^ b).count_ones())
+                .sum();
+            let zeroed = bytes[..MAGIC.len()].iter().all(|b| *b == 0);
+            let records_follow =
+                (MAGIC.len()..bytes.len()).any(|at| parse_at(&bytes, at).is_some());
+            if !(flipped <= 8 || zeroed) || !records_follow {
+                return Err(JournalError::NotAJournal {
+                    path: path.to_owned(),
+                });
+            }
+            tracing::warn!(path = %path.display(), "the journal's magic is damaged");
+            magic_damaged = true;
         }
         let mut entries = BTreeMap::new();
         let mut pruned = (0u64, None);
@@ -399,6 +420,9 @@ impl JournalFile {
                     }
                 }
             }
+        }
+        if magic_damaged {
+            damaged_at = Some(0);
         }
         let torn_tail_bytes = (bytes.len() - at) as u64;
         if torn_tail_bytes > 0 {

@@ -265,6 +265,7 @@ impl PartitionJournal {
             tip_log_end: None,
         };
         let external: BTreeMap<u64, u64> = found.external.iter().copied().collect();
+        let journal_damaged = found.damaged_at.is_some();
         let recorded_end = found.committed_end;
         let mut slots = Vec::with_capacity(found.slots.len());
         let mut log_end = pruned_log_end;
@@ -332,6 +333,13 @@ impl PartitionJournal {
         }
         if let Some(op) = cut_from {
             journal.index.truncate(op - 1)?;
+        }
+        if journal_damaged && pruned == 0 && log_end.is_none() {
+            // Damage inside the header journal: no op above the prune point is known to
+            // be where it was, so no batch of the log is either. Each is repaired, and
+            // goes in at its place again (found by the shell simulator, seed 980: a
+            // batch went in after the old ones, at offsets its op did not take).
+            log_end = Some(journal.log.start_offset());
         }
         let mut log_bytes_cut = 0;
         let repairable = config.recovery == braid_storage::RecoveryMode::TruncateAtDamage;

@@ -378,3 +378,42 @@ fn damage_to_the_last_synced_record_is_damage_never_absence() {
     assert_eq!(recovered.damaged_at, None);
     assert_eq!(slot_ops(&recovered), vec![1, 2, 3]);
 }
+
+/// Damage over the journal's magic (a flipped bit, a zeroed page) is damage like any
+/// other, when records follow it: every op is reported damaged (repaired from peers),
+/// and the file is rewritten whole. A file that is no journal is still refused (found
+/// by the shell simulator with damage at rest, seeds 727 and 932).
+#[test]
+fn damage_over_the_magic_is_damage_and_another_file_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("meta.journal");
+    let (mut journal, _) = JournalFile::open(&path).unwrap();
+    for p in chain(5, 1) {
+        journal.write_prepare(&p).unwrap();
+    }
+    journal.sync().unwrap();
+    drop(journal);
+    let whole = std::fs::read(&path).unwrap();
+    for damage in [
+        |b: &mut Vec<u8>| b[3] ^= 0x04,
+        |b: &mut Vec<u8>| b[..8].fill(0),
+    ] {
+        let mut bytes = whole.clone();
+        damage(&mut bytes);
+        std::fs::write(&path, &bytes).unwrap();
+        let (_, recovered) = JournalFile::open(&path).unwrap();
+        assert!(recovered.damaged_at.is_some());
+        assert!(recovered
+            .slots
+            .iter()
+            .all(|(_, slot)| *slot == JournalSlot::Damaged));
+        assert_eq!(slot_ops(&recovered), [1, 2, 3, 4, 5]);
+        let magic = std::fs::read(&path).unwrap();
+        assert_eq!(&magic[..MAGIC.len()], MAGIC, "rewritten whole");
+    }
+    std::fs::write(&path, b"not a journal at all, only some text").unwrap();
+    assert!(matches!(
+        JournalFile::open(&path),
+        Err(JournalError::NotAJournal { .. })
+    ));
+}

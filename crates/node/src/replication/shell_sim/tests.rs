@@ -42,7 +42,7 @@ fn the_shell_keeps_every_acknowledged_record_and_the_same_log_on_every_member() 
 /// after some of its power losses: the damaged member must repair from its peers,
 /// and nobody may serve a damaged record.
 #[test]
-#[ignore = "damage at rest is not yet repaired everywhere (issue 24): scripts/sim-soak.sh --shell-damage"]
+#[ignore = "about 1 seed in 100 still fails (issue 24: a flipped leader epoch, outside the batch CRC; a wholly zeroed vsr.journal; a view change that does not finish): scripts/sim-soak.sh --shell-damage"]
 fn damage_at_rest_on_one_member_is_repaired_and_never_served() {
     run(true);
 }
