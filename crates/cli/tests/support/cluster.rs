@@ -249,6 +249,14 @@ impl Cluster {
             }
             if Instant::now() >= deadline {
                 let rows = http_get(self.http_addr(id), "/replication").await;
+                // The evidence, kept (the temporary root goes with the test).
+                let kept = std::env::temp_dir().join(format!(
+                    "braid-never-caught-up-{}-node-{id}",
+                    std::process::id()
+                ));
+                let _ = std::fs::remove_dir_all(&kept);
+                copy_dir(&self.root.path().join(format!("node-{id}")), &kept);
+                eprintln!("member {id}'s data directory copied to {}", kept.display());
                 panic!(
                     "member {id} never caught up: {answer:?} {rows:?}\n{}",
                     self.log_tail(id, 30)
@@ -274,6 +282,14 @@ impl Cluster {
             }
             if Instant::now() >= deadline {
                 let rows = http_get(self.http_addr(id), "/replication").await;
+                // The evidence, kept (the temporary root goes with the test).
+                let kept = std::env::temp_dir().join(format!(
+                    "braid-never-caught-up-{}-node-{id}",
+                    std::process::id()
+                ));
+                let _ = std::fs::remove_dir_all(&kept);
+                copy_dir(&self.root.path().join(format!("node-{id}")), &kept);
+                eprintln!("member {id}'s data directory copied to {}", kept.display());
                 panic!(
                     "member {id} never caught up: {answer:?} {rows:?}\n{}",
                     self.log_tail(id, 30)

@@ -73,6 +73,10 @@ pub(crate) struct Shape {
     /// `seed % 3`: one faulty member at a time, as VSR tolerates with three), the
     /// percent after which a file of it is damaged at rest.
     pub(crate) damage_percent: u64,
+    /// The partitions' logs under `fsync = never` (a third of the seeds): their
+    /// journals restart trusted only in the boot that wrote their state, so crashes
+    /// are `kill -9` only (a power loss may lose what `never` acknowledged).
+    pub(crate) fsync_never: bool,
 }
 
 impl Shape {
@@ -95,6 +99,7 @@ impl Shape {
             } else {
                 20 + prng.below(60)
             },
+            fsync_never: prng.chance(33) || std::env::var_os("BRAID_SHELL_SIM_NEVER").is_some(),
         }
     }
 }
@@ -274,7 +279,11 @@ impl Run {
         LogConfig {
             segment_bytes_max: self.shape.segment_bytes,
             index_interval_bytes: 512,
-            fsync: FsyncPolicy::Always,
+            fsync: if self.shape.fsync_never {
+                FsyncPolicy::Never
+            } else {
+                FsyncPolicy::Always
+            },
             write_behind_bytes: 0,
             cached_tail_bytes: None,
             ..LogConfig::default()
@@ -460,7 +469,8 @@ impl Run {
         for m in 0..MEMBERS {
             let up = self.members[usize::from(m)].groups.is_some();
             if up && self.prng.below(10_000) < self.shape.crash_per_10k {
-                let power = self.prng.chance(self.shape.power_loss_percent);
+                let power =
+                    !self.shape.fsync_never && self.prng.chance(self.shape.power_loss_percent);
                 self.crash(m, power);
             }
         }

@@ -1167,3 +1167,55 @@ fn a_damaged_header_journal_cuts_the_log_back_so_repairs_go_in_at_their_place() 
     clean.sync().unwrap();
     assert_eq!(base_3, clean.index.entry(3).and_then(|(_, b)| b));
 }
+
+/// Prints what a partition directory's journal holds around its tip (a debugging aid
+/// for evidence a fault run kept): `BRAID_INSPECT_PARTITION=DIR`.
+#[test]
+#[ignore = "inspects a kept partition directory: BRAID_INSPECT_PARTITION=DIR"]
+fn inspect_a_partition_directory() {
+    let Some(dir) = std::env::var_os("BRAID_INSPECT_PARTITION") else {
+        return;
+    };
+    let copy = tempfile::tempdir().unwrap();
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), copy.path().join(entry.file_name())).unwrap();
+    }
+    let (journal, recovered) = open(copy.path());
+    let tip = journal.tip();
+    println!(
+        "pruned {:?}, tip {tip}, log [{}, {}), slots {}",
+        journal.index.pruned(),
+        journal.log.start_offset(),
+        journal.log.next_offset(),
+        recovered.slots.len()
+    );
+    for (op, slot) in recovered
+        .slots
+        .iter()
+        .filter(|(op, _)| *op + 3 >= tip && *op <= tip + 5)
+    {
+        let kind = match slot {
+            JournalSlot::Prepare(p) => format!(
+                "prepare v{} sum {:x} parent {:x}",
+                p.header.view,
+                p.header.checksum >> 100,
+                p.header.parent >> 100
+            ),
+            JournalSlot::Header(h) => format!(
+                "header v{} sum {:x} parent {:x}",
+                h.view,
+                h.checksum >> 100,
+                h.parent >> 100
+            ),
+            JournalSlot::Damaged => "damaged".into(),
+        };
+        println!(
+            "op {op}: {kind} entry {:?}",
+            journal
+                .index
+                .entry(*op)
+                .map(|(h, b)| (h.checksum >> 100, b))
+        );
+    }
+}
