@@ -261,11 +261,20 @@ impl Disk {
                     .insert(prepare.header.op, Slot::new(prepare, false));
             }
             PendingWrite::Header(header) => {
-                let prepare = Prepare {
-                    header,
-                    body: bytes::Bytes::new(),
-                };
-                self.journal.insert(header.op, Slot::new(prepare, true));
+                // A slot holding that very prepare keeps it: a header alone stands for
+                // a body never written (a view change may drop it), as in the node.
+                let held = self.journal.get(&header.op).is_some_and(|slot| {
+                    !slot.header_only
+                        && !slot.damaged
+                        && slot.prepare.header.checksum == header.checksum
+                });
+                if !held {
+                    let prepare = Prepare {
+                        header,
+                        body: bytes::Bytes::new(),
+                    };
+                    self.journal.insert(header.op, Slot::new(prepare, true));
+                }
             }
             PendingWrite::State(state) => {
                 self.state_sequence += 1;

@@ -252,6 +252,14 @@ fn parse_at(bytes: &[u8], at: usize) -> Option<(Decoded, usize)> {
 }
 
 impl Entry {
+    fn checksum(&self) -> Option<braid_vsr::Checksum> {
+        match self {
+            Self::Prepare(p) => Some(p.header.checksum),
+            Self::Header(h) | Self::External { header: h, .. } => Some(h.checksum),
+            Self::Damaged(_) => None,
+        }
+    }
+
     fn op(&self) -> u64 {
         match self {
             Self::Prepare(p) => p.header.op,
@@ -535,6 +543,13 @@ impl JournalFile {
 
     /// Appends a header without its body.
     pub(crate) fn write_header(&mut self, header: &Header) -> Result<(), JournalError> {
+        // A header alone stands for a body never written (a view change may drop it):
+        // an entry of the same checksum held whole is kept, never downgraded.
+        if self.entries.get(&header.op).is_some_and(|e| {
+            !matches!(e, Entry::Damaged(_)) && e.checksum() == Some(header.checksum)
+        }) {
+            return Ok(());
+        }
         self.write_entry(Entry::Header(*header))
     }
 

@@ -1006,11 +1006,13 @@ impl PartitionJournal {
         if op <= self.index.pruned().0 {
             return Ok(());
         }
+        if self.index.entry(op).map(|(h, _)| h.checksum) == Some(header.checksum) {
+            // The entry held is the one named, its body with it (in place, or past a
+            // hole and to be repaired): keep it. A header alone stands for a body never
+            // written, which a view change may drop; a written one never is.
+            return Ok(());
+        }
         if op <= self.tip {
-            if self.index.entry(op).map(|(h, _)| h.checksum) == Some(header.checksum) {
-                // The body in place is the one named: keep it.
-                return Ok(());
-            }
             self.cut_above(op - 1)?;
         }
         if self

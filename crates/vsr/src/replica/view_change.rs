@@ -241,13 +241,11 @@ impl<S: StateMachine> Replica<S> {
     }
     /// Whether `vote` says it never had `op` (with `checksum`, if one is named): the op
     /// is above its log, or inside its suffix range with another checksum, or absent
-    /// there and not one of its damaged slots, or held above its commit as a header
-    /// alone (the header of a view's log, whose body it never wrote: a body written
-    /// and then lost is a damaged slot, and bodies leave memory only once applied). A
-    /// damaged entry is never a nack: the sender may have acknowledged it before the
-    /// damage. (Without the header-alone rule, an op whose prepare reached no disk but
-    /// whose header every replica held could never be dropped, and no view could
-    /// start: the shell simulator's seed 39.)
+    /// there and not one of its damaged slots. A damaged entry is never a nack: the
+    /// sender may have acknowledged it before the damage. Nor is a header held alone:
+    /// a shell cannot always tell one whose body it never wrote from one whose body it
+    /// wrote and lost (the shell simulator's seed 825, with damage at rest, dropped an
+    /// acknowledged op when such headers counted as nacks).
     pub(super) fn nacks_op(vote: &ViewChangeVote, op: u64, checksum: Option<Checksum>) -> bool {
         if op > vote.trusted_through {
             return false; // it may have had it and lost it
@@ -257,10 +255,7 @@ impl<S: StateMachine> Replica<S> {
         }
         let anchor = vote.suffix.first().map_or(vote.commit, |e| e.header.op);
         match vote.suffix.iter().find(|e| e.header.op == op) {
-            Some(e) => {
-                checksum.is_some_and(|c| c != e.header.checksum)
-                    || (e.body.is_none() && op > vote.commit && !vote.faulty.contains(&op))
-            }
+            Some(e) => checksum.is_some_and(|c| c != e.header.checksum),
             None => op > anchor && !vote.faulty.contains(&op),
         }
     }
@@ -434,14 +429,17 @@ impl<S: StateMachine> Replica<S> {
                 && body.is_none()
                 && Self::nack_count(votes, header.op, Some(header.checksum)) >= self.config.quorum()
         });
-        if let Some((&first, _)) = droppable {
+        let dropped_from = droppable.map(|(&first, _)| first);
+        if let Some(first) = dropped_from {
             canonical.retain(|o, _| *o < first);
         }
+        // The log's top: the highest op kept, or (every op above the commit dropped)
+        // the op below the first dropped, never one just dropped.
         let op = canonical
             .keys()
             .next_back()
             .copied()
-            .unwrap_or(top.op.min(self.op));
+            .unwrap_or_else(|| dropped_from.map_or(top.op.min(self.op), |first| first - 1));
         if op < commit {
             // The log found does not reach what is known committed: this view cannot
             // start from these votes.
