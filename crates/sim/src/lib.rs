@@ -741,11 +741,7 @@ pub fn run_seed(seed: u64, trace: bool) -> Result<Outcome, Failure> {
     // A broken invariant panics inside the replica: report it with its seed.
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || sim.run())).unwrap_or_else(
         |panic| {
-            let what = panic
-                .downcast_ref::<String>()
-                .cloned()
-                .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
-                .unwrap_or_else(|| "a panic".to_owned());
+            let what = panic_message(panic.as_ref());
             Err(Failure {
                 seed,
                 tick: 0,
@@ -753,4 +749,13 @@ pub fn run_seed(seed: u64, trace: bool) -> Result<Outcome, Failure> {
             })
         },
     )
+}
+
+/// What a caught panic says (a broken invariant's message), for a failure's report.
+pub fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+        .unwrap_or_else(|| "a panic".to_owned())
 }

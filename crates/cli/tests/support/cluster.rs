@@ -248,22 +248,28 @@ impl Cluster {
                 return Err(self.start_error(id));
             }
             if Instant::now() >= deadline {
-                let rows = http_get(self.http_addr(id), "/replication").await;
-                // The evidence, kept (the temporary root goes with the test).
-                let kept = std::env::temp_dir().join(format!(
-                    "braid-never-caught-up-{}-node-{id}",
-                    std::process::id()
-                ));
-                let _ = std::fs::remove_dir_all(&kept);
-                copy_dir(&self.root.path().join(format!("node-{id}")), &kept);
-                eprintln!("member {id}'s data directory copied to {}", kept.display());
-                panic!(
-                    "member {id} never caught up: {answer:?} {rows:?}\n{}",
-                    self.log_tail(id, 30)
-                );
+                self.never_caught_up(id, answer).await;
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
+    }
+
+    /// Fails the test for member `id`, not ready by its deadline: its `/replication`
+    /// rows and log in the message, its data directory kept in the temporary
+    /// directory (the test's own root goes with it).
+    async fn never_caught_up(&self, id: u8, answer: Option<(u16, String)>) -> ! {
+        let rows = http_get(self.http_addr(id), "/replication").await;
+        let kept = std::env::temp_dir().join(format!(
+            "braid-never-caught-up-{}-node-{id}",
+            std::process::id()
+        ));
+        let _ = std::fs::remove_dir_all(&kept);
+        copy_dir(&self.root.path().join(format!("node-{id}")), &kept);
+        panic!(
+            "member {id} never caught up: {answer:?} {rows:?}\n{}\n(its data directory is kept in {})",
+            self.log_tail(id, 30),
+            kept.display()
+        );
     }
 
     /// Waits until member `id` answers `/ready` with 200 (every group caught up).
@@ -281,19 +287,7 @@ impl Cluster {
                 );
             }
             if Instant::now() >= deadline {
-                let rows = http_get(self.http_addr(id), "/replication").await;
-                // The evidence, kept (the temporary root goes with the test).
-                let kept = std::env::temp_dir().join(format!(
-                    "braid-never-caught-up-{}-node-{id}",
-                    std::process::id()
-                ));
-                let _ = std::fs::remove_dir_all(&kept);
-                copy_dir(&self.root.path().join(format!("node-{id}")), &kept);
-                eprintln!("member {id}'s data directory copied to {}", kept.display());
-                panic!(
-                    "member {id} never caught up: {answer:?} {rows:?}\n{}",
-                    self.log_tail(id, 30)
-                );
+                self.never_caught_up(id, answer).await;
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }

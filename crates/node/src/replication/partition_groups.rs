@@ -34,6 +34,9 @@ use crate::layout::PartitionKey;
 use crate::mailbox::ProduceReply;
 
 mod copy;
+mod outbox;
+
+use outbox::Outbox;
 
 /// Most produce requests a primary keeps in flight per partition.
 const PIPELINE_MAX: u64 = 16;
@@ -171,33 +174,6 @@ pub(crate) struct PartitionGroups {
     failed: Option<String>,
     /// [`CHECKPOINT_INTERVAL`], but for simulator runs that want more checkpoints.
     checkpoint_interval: u64,
-}
-
-/// Where the shard's frames to peers go.
-#[derive(Debug, Default)]
-enum Outbox {
-    /// Nowhere: no bus is attached (a lone node, or before the bus is up).
-    #[default]
-    Nowhere,
-    /// The replica bus.
-    Bus(ShardSender),
-    /// Kept for the caller to carry (the simulator's network).
-    #[cfg(test)]
-    Kept(Vec<(u8, braid_bus::Frame)>),
-}
-
-impl Outbox {
-    /// Sends `frame` to `to`; a full or down link drops it (consensus retransmits).
-    fn send(&mut self, to: u8, frame: braid_bus::Frame) {
-        match self {
-            Self::Nowhere => {}
-            Self::Bus(bus) => {
-                let _ = bus.send(to, frame);
-            }
-            #[cfg(test)]
-            Self::Kept(kept) => kept.push((to, frame)),
-        }
-    }
 }
 
 /// Where sync jobs run and where their completions come back.

@@ -1,0 +1,150 @@
+//! Damage at rest in the committed log: found by a scrub (or a read), repaired from a
+//! peer's copy of the same batches.
+
+use super::*;
+
+impl PartitionJournal {
+    /// The canonical batch at `base` and the offset after it, if the log holds one
+    /// starting there; or that what is there is damaged (a frame or CRC that does not
+    /// check: noted for repair when committed).
+    pub(super) fn read_body(&mut self, base: u64) -> Result<Body, PartitionJournalError> {
+        if base < self.log.start_offset() || base >= self.log.next_offset() {
+            return Ok(Body::Absent);
+        }
+        let mut read = match self.log.read(base, 1, u64::MAX) {
+            Ok(read) => read,
+            Err(LogError::NotBatchBoundary { .. }) => return Ok(Body::Absent),
+            Err(LogError::Corrupt { .. }) => return Ok(self.damaged_body(base)),
+            Err(err) => return Err(err.into()),
+        };
+        if read.first_offset != base {
+            return Ok(Body::Absent);
+        }
+        if read.keep_verified().is_some() {
+            return Ok(self.damaged_body(base));
+        }
+        let Some(batch) = first_batch(read.bytes()) else {
+            return Ok(Body::Absent);
+        };
+        let batch = batch.to_vec();
+        let end = base + read_records(&batch);
+        Ok(Body::Held(canonical(batch), end))
+    }
+
+    fn damaged_body(&mut self, base: u64) -> Body {
+        if base < self.committed_end() {
+            self.note_damage(base);
+        }
+        Body::Damaged
+    }
+
+    /// Checks up to `budget` bytes of the committed log's batches (length, magic,
+    /// CRC), from where the last call stopped, round and round: damage at rest is found
+    /// before a reader or a peer asks for it. Returns a damaged batch's offset, once
+    /// found (then nothing more is checked until [`PartitionJournal::repair`] fixes
+    /// it).
+    pub(crate) fn scrub(&mut self, budget: u32) -> Option<u64> {
+        self.forget_damage_cut();
+        if self.damaged_at.is_some() || self.behind.is_some() {
+            return None;
+        }
+        let end = self.committed_end();
+        let start = self.log.start_offset();
+        if self.scrub_cursor < start || self.scrub_cursor >= end {
+            self.scrub_cursor = start;
+        }
+        if self.scrub_cursor >= end {
+            return None;
+        }
+        let from = self.scrub_cursor;
+        let found = match self.log.read(from, budget, end) {
+            Ok(mut read) => match read.keep_verified() {
+                Some(damaged) => Some(damaged),
+                None => {
+                    self.scrub_cursor = read.next_offset;
+                    None
+                }
+            },
+            // A frame that does not parse somewhere in the read: find which, batch by
+            // batch.
+            Err(_) => match self.log.read(from, 1, end) {
+                Ok(mut one) => match one.keep_verified() {
+                    Some(damaged) => Some(damaged),
+                    None => {
+                        self.scrub_cursor = one.next_offset;
+                        None
+                    }
+                },
+                Err(_) => Some(from),
+            },
+        };
+        if let Some(damaged) = found {
+            self.note_damage(damaged);
+        }
+        found
+    }
+
+    /// A batch of the committed log at `offset` does not check (found by a scrub or a
+    /// read): it waits for a peer's copy ([`PartitionJournal::repair`]).
+    pub(crate) fn note_damage(&mut self, offset: u64) {
+        if self.damaged_at.is_none() {
+            tracing::warn!(
+                dir = %self.log.dir().display(),
+                offset,
+                "a committed batch of the partition log is damaged; it is repaired from a peer"
+            );
+        }
+        self.damaged_at = Some(self.damaged_at.map_or(offset, |d| d.min(offset)));
+    }
+
+    /// The damaged batch waiting for a peer's copy, if any.
+    pub(crate) fn damaged_at(&mut self) -> Option<u64> {
+        self.forget_damage_cut();
+        self.damaged_at
+    }
+
+    /// Damage the log no longer holds (a cut, or a copy that started it again) needs
+    /// no repair.
+    fn forget_damage_cut(&mut self) {
+        if self
+            .damaged_at
+            .is_some_and(|d| d >= self.log.next_offset() || d < self.log.start_offset())
+        {
+            self.damaged_at = None;
+        }
+    }
+
+    /// A peer's copy of the batches from `from` on: written over the damaged ones if
+    /// `from` is the damage this journal waits for. Returns whether it was.
+    ///
+    /// # Errors
+    /// A write failed. (A copy that cannot repair, too short or damaged itself, is no
+    /// error: the repair is asked again, of another peer.)
+    pub(crate) fn repair(
+        &mut self,
+        from: u64,
+        batches: &[u8],
+    ) -> Result<bool, PartitionJournalError> {
+        if self.damaged_at() != Some(from) || batches.is_empty() {
+            return Ok(false);
+        }
+        match self.log.repair_batches(from, batches) {
+            Ok(bytes) => {
+                tracing::info!(
+                    dir = %self.log.dir().display(),
+                    offset = from,
+                    bytes,
+                    "a damaged batch of the partition log was repaired from a peer's copy"
+                );
+                self.damaged_at = None;
+                self.scrub_cursor = from;
+                Ok(true)
+            }
+            Err(LogError::Repair { why, .. }) => {
+                tracing::warn!(dir = %self.log.dir().display(), offset = from, %why, "a peer's copy could not repair the log");
+                Ok(false)
+            }
+            Err(err) => Err(err.into()),
+        }
+    }
+}

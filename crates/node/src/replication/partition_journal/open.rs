@@ -1,0 +1,208 @@
+//! Opening a partition's journal: the log and its header journal brought into line.
+
+use super::*;
+
+impl PartitionJournal {
+    /// Opens the log in `dir` and its header journal, and brings the two into line.
+    ///
+    /// # Errors
+    /// A file cannot be read or cut.
+    pub(crate) fn open(
+        dir: &Path,
+        config: LogConfig,
+        now_ms: u64,
+    ) -> Result<(Self, Recovered), PartitionJournalError> {
+        let log = PartitionLog::open(dir, config, now_ms)?;
+        let (index, found) = JournalFile::open(&dir.join(JOURNAL_FILE))?;
+        let (pruned, pruned_log_end) = index.pruned();
+        let mut journal = Self {
+            index,
+            log,
+            pending: BTreeMap::new(),
+            tip: pruned,
+            unsynced: Vec::new(),
+            off_thread: false,
+            running: BTreeMap::new(),
+            next_sync: 0,
+            cuts: Vec::new(),
+            behind: None,
+            applied_end: 0,
+            applied_ahead: BTreeMap::new(),
+            scrub_cursor: 0,
+            damaged_at: None,
+            index_changed_unsynced: false,
+            tip_log_end: None,
+        };
+        let external: BTreeMap<u64, u64> = found.external.iter().copied().collect();
+        let journal_damaged = found.damaged_at.is_some();
+        let recorded_end = found.committed_end;
+        let mut slots = Vec::with_capacity(found.slots.len());
+        let mut log_end = pruned_log_end;
+        let mut contiguous = true;
+        let mut cut_from = None;
+        let mut log_behind = false;
+        for (op, slot) in found.slots {
+            let (slot, end) = match (external.get(&op), slot) {
+                (Some(_), JournalSlot::Header(_)) if !contiguous => {
+                    // Its batch lies past a hole, and the log is cut back to the hole
+                    // below: it is copied again from a peer.
+                    (JournalSlot::Damaged, None)
+                }
+                (Some(&base), JournalSlot::Header(header)) => match journal.read_body(base)? {
+                    Body::Absent
+                        if found.synced.contains(&op) && base >= journal.log.start_offset() =>
+                    {
+                        // A sync that finished covered its header, so its batch was
+                        // synced before it (the log syncs first): the log lost it to
+                        // damage. Damaged, never absent: it may have been acknowledged.
+                        tracing::warn!(
+                            dir = %dir.display(),
+                            op,
+                            base,
+                            "the partition log lost a synced batch; it is repaired from a peer"
+                        );
+                        (JournalSlot::Damaged, None)
+                    }
+                    Body::Absent => {
+                        // Its batch never reached the log's synced part, so it was never
+                        // reported written, nor was anything above it. (Or retention
+                        // deleted it, below the log's start: long committed.)
+                        cut_from = Some(op);
+                        break;
+                    }
+                    Body::Held(body, end) if checksum(&body) == header.body_checksum => (
+                        JournalSlot::Prepare(Prepare {
+                            header,
+                            body: body.into(),
+                        }),
+                        Some(end),
+                    ),
+                    Body::Held(..) | Body::Damaged => (JournalSlot::Damaged, None),
+                },
+                (_, JournalSlot::Prepare(_)) if !contiguous => {
+                    // Kept whole in the header journal (a register), but past a hole:
+                    // repaired with everything else there, so that the replica and the
+                    // journal agree on what the journal holds (seed 94 of the shell
+                    // simulator: one read back whole here was cut with the others by
+                    // the copy that filled the hole, and never written again).
+                    (JournalSlot::Damaged, None)
+                }
+                (_, slot) => (slot, None),
+            };
+            let was = contiguous;
+            contiguous &= op == journal.tip + 1 && matches!(slot, JournalSlot::Prepare(_));
+            if was && !contiguous {
+                tracing::trace!(dir = %dir.display(), op, tip = journal.tip, pruned, external = ?external.get(&op), slot = ?std::mem::discriminant(&slot), damaged = matches!(slot, JournalSlot::Damaged), header = matches!(slot, JournalSlot::Header(_)), "open: the journal's contiguous ops end");
+            }
+            if contiguous {
+                journal.tip = op;
+                log_end = end.or(log_end);
+            }
+            slots.push((op, slot));
+        }
+        if let Some(op) = cut_from {
+            journal.index.truncate(op - 1)?;
+        }
+        if journal_damaged && pruned == 0 && log_end.is_none() {
+            // Damage inside the header journal: no op above the prune point is known to
+            // be where it was, so no batch of the log is either. Each is repaired, and
+            // goes in at its place again (found by the shell simulator, seed 980: a
+            // batch went in after the old ones, at offsets its op did not take).
+            log_end = Some(journal.log.start_offset());
+        }
+        let mut log_bytes_cut = 0;
+        let repairable = config.recovery == braid_storage::RecoveryMode::TruncateAtDamage;
+        if let Some(end) = log_end.filter(|end| journal.log.next_offset() > *end) {
+            let before = journal.log.size_bytes();
+            match journal.log.truncate(end) {
+                Ok(()) => {}
+                Err(LogError::Corrupt { .. }) if repairable => {
+                    // Damage on the way to the cut (a member of a cluster): cut at the
+                    // start of its segment instead. The ops whose batches went with it,
+                    // and every op after them, are damaged, never absent: peers repair
+                    // them (and copy what a checkpoint covers).
+                    let cut = journal.log.segment_base(end);
+                    tracing::warn!(
+                        dir = %dir.display(),
+                        end,
+                        cut,
+                        "damage in the partition log's segment: cut at its start; \
+                         the batches after it are repaired from a peer"
+                    );
+                    journal.log.truncate(cut)?;
+                    let mut hole = false;
+                    let mut tip = pruned;
+                    for (op, slot) in &mut slots {
+                        hole |= external.get(op).is_some_and(|base| *base >= cut);
+                        if hole {
+                            *slot = JournalSlot::Damaged;
+                        } else if *op <= journal.tip {
+                            tip = *op;
+                        }
+                    }
+                    journal.tip = tip;
+                    log_end = Some(cut);
+                    if tip == pruned && pruned_log_end.is_some_and(|want| want > cut) {
+                        log_end = pruned_log_end;
+                    }
+                }
+                Err(err) => return Err(err.into()),
+            }
+            log_bytes_cut = before.saturating_sub(journal.log.size_bytes());
+        }
+        match log_end {
+            Some(end) if journal.log.next_offset() > end => {}
+            Some(end) if journal.log.next_offset() < end && journal.tip == pruned => {
+                // The log ends before the prune point's end (a state transfer that a
+                // crash interrupted, or batches lost with the page cache): the rest is
+                // copied from a peer before any op above the prune point goes in.
+                tracing::info!(
+                    dir = %dir.display(),
+                    log_end = journal.log.next_offset(),
+                    want = end,
+                    "the partition log is copied from a peer up to its checkpoint"
+                );
+                // What the log holds is a prefix of the committed log (a transfer
+                // cuts at a difference before it appends).
+                journal.behind = Some(Transfer {
+                    op: pruned,
+                    log_end: end,
+                    cursor: journal.log.next_offset(),
+                });
+            }
+            Some(end) if journal.log.next_offset() < end => {
+                // The log lost batches its journal counts as written: it must be
+                // copied back from a peer before this replica can take part.
+                tracing::warn!(
+                    dir = %dir.display(),
+                    log_end = journal.log.next_offset(),
+                    journal_end = end,
+                    "the partition log ends before what its journal recorded"
+                );
+                log_behind = true;
+            }
+            _ => {}
+        }
+        if journal.behind.is_none() {
+            journal.tip_log_end = log_end;
+        }
+        // Where the log was last recorded to be the committed one. (A journal written
+        // before that record existed: up to the first batch above the prune point.)
+        journal.applied_end = recorded_end.unwrap_or_else(|| {
+            journal
+                .index
+                .next_external(pruned)
+                .map_or(journal.log.next_offset(), |(_, base)| base)
+        });
+        journal.index.sync()?;
+        let damaged =
+            found.damaged_at.is_some() || slots.iter().any(|(_, s)| *s == JournalSlot::Damaged);
+        let recovered = Recovered {
+            slots,
+            damaged,
+            log_bytes_cut,
+            log_behind,
+        };
+        Ok((journal, recovered))
+    }
+}

@@ -1,0 +1,63 @@
+//! Running seeds, one or many on threads.
+
+use braid_storage::disk::hook;
+
+use super::{Failure, Outcome, Run};
+
+/// Runs `seed`, with damage at rest if `damage`; a panic (a broken assertion in the
+/// shell or the core) is its failure.
+pub(crate) fn run_seed(seed: u64, damage: bool) -> Result<Outcome, Failure> {
+    let result = std::panic::catch_unwind(|| Run::new(seed, damage)?.run());
+    result.unwrap_or_else(|panic| {
+        let _ = hook::take();
+        Err(Failure {
+            seed,
+            tick: 0,
+            what: format!("panicked: {}", braid_sim::panic_message(panic.as_ref())),
+        })
+    })
+}
+
+/// Runs seeds `from..from + count` on `jobs` threads (with damage at rest if
+/// `damage`); returns the failures, the outcomes summed, and the seeds passed.
+pub(crate) fn run_seeds(
+    from: u64,
+    count: u64,
+    jobs: usize,
+    damage: bool,
+) -> (Vec<Failure>, Outcome, u64) {
+    let next = std::sync::atomic::AtomicU64::new(from);
+    let results = std::sync::Mutex::new((Vec::new(), Outcome::default(), 0u64));
+    std::thread::scope(|scope| {
+        for _ in 0..jobs.max(1) {
+            scope.spawn(|| loop {
+                let seed = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                if seed >= from + count {
+                    return;
+                }
+                let result = run_seed(seed, damage);
+                let Ok(mut all) = results.lock() else {
+                    return;
+                };
+                match result {
+                    Ok(outcome) => {
+                        all.2 += 1;
+                        all.1.records_acknowledged += outcome.records_acknowledged;
+                        all.1.produces_failed += outcome.produces_failed;
+                        all.1.kills += outcome.kills;
+                        all.1.power_losses += outcome.power_losses;
+                        all.1.cuts += outcome.cuts;
+                        all.1.frames_lost += outcome.frames_lost;
+                        all.1.reads_refused += outcome.reads_refused;
+                        all.1.damaged_files += outcome.damaged_files;
+                        all.1.records_stored += outcome.records_stored;
+                    }
+                    Err(failure) => all.0.push(failure),
+                }
+            });
+        }
+    });
+    results
+        .into_inner()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
