@@ -57,8 +57,7 @@ impl PartitionGroups {
                 continue;
             }
             let attempt = self.repairs.get(&group).map_or(0, |(_, a)| a + 1);
-            let peers: Vec<u8> = (0..self.members).filter(|m| *m != self.node).collect();
-            if let Some(&peer) = peers.get((attempt as usize) % peers.len().max(1)) {
+            if let Some(peer) = self.peer_in_turn(attempt) {
                 self.bus.send(peer, wire::log_fetch_frame(group, from, to));
             }
             self.repairs.insert(group, (now, attempt));
@@ -104,8 +103,7 @@ impl PartitionGroups {
             .replica(group)
             .map(|r| r.primary_of(r.view()))
             .filter(|p| *p != self.node);
-        let peers: Vec<u8> = (0..self.members).filter(|m| *m != self.node).collect();
-        let Some(&fallback) = peers.get((attempt as usize) % peers.len().max(1)) else {
+        let Some(fallback) = self.peer_in_turn(attempt) else {
             return;
         };
         let to_peer = if attempt == 0 {
@@ -116,6 +114,12 @@ impl PartitionGroups {
         self.bus
             .send(to_peer, wire::log_fetch_frame(group, from, to));
         self.copies.insert(group, (self.now, attempt));
+    }
+
+    /// The peer to ask at attempt `attempt`: each in turn.
+    fn peer_in_turn(&self, attempt: u64) -> Option<u8> {
+        let peers: Vec<u8> = (0..self.members).filter(|m| *m != self.node).collect();
+        peers.get((attempt as usize) % peers.len().max(1)).copied()
     }
 
     /// A peer asks for committed batches of `group` in `[from, to)`.
