@@ -262,11 +262,12 @@ impl Disk {
             }
             PendingWrite::Header(header) => {
                 // A slot holding that very prepare keeps it: a header alone stands for
-                // a body never written (a view change may drop it), as in the node.
+                // a body never written (a view change may drop it), as in the node. So
+                // does a damaged slot, whose lost body may have been acknowledged.
                 let held = self.journal.get(&header.op).is_some_and(|slot| {
-                    !slot.header_only
-                        && !slot.damaged
-                        && slot.prepare.header.checksum == header.checksum
+                    slot.damaged
+                        || slot.latent
+                        || (!slot.header_only && slot.prepare.header.checksum == header.checksum)
                 });
                 if !held {
                     let prepare = Prepare {

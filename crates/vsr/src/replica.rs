@@ -351,6 +351,10 @@ struct Entry {
     body: Option<Bytes>,
     durable: bool,
     canonical: bool,
+    /// Held as a header alone in a slot that was damaged: the replica may have written
+    /// and acknowledged a body there before the damage, so this header is never a
+    /// nack (its vote lists the op as faulty) until a body is written again.
+    after_damage: bool,
 }
 
 impl Entry {
@@ -362,6 +366,7 @@ impl Entry {
             body: None,
             durable: true,
             canonical: true,
+            after_damage: false,
         })
     }
 }
@@ -523,6 +528,7 @@ impl<S: StateMachine> Replica<S> {
                 body: Some(Bytes::new()),
                 durable: true,
                 canonical: true,
+                after_damage: false,
             }),
         );
         replica.phase = Phase::Normal;
@@ -639,6 +645,7 @@ impl<S: StateMachine> Replica<S> {
                             body: Some(prepare.body),
                             durable: true,
                             canonical: false,
+                            after_damage: false,
                         }),
                     );
                 }
@@ -650,6 +657,7 @@ impl<S: StateMachine> Replica<S> {
                             body: None,
                             durable: true,
                             canonical: false,
+                            after_damage: false,
                         }),
                     );
                 }
@@ -915,6 +923,11 @@ impl<S: StateMachine> Replica<S> {
                 false
             }
         };
+        // A header alone over a damaged slot (or over such a header) stays "perhaps
+        // acknowledged"; a body written there ends it.
+        let after_damage = body.is_none()
+            && (self.faulty.contains(&header.op)
+                || self.journal.get(&header.op).is_some_and(|e| e.after_damage));
         self.faulty.remove(&header.op);
         self.wanted.remove(&header.op);
         self.journal.insert(
@@ -924,6 +937,7 @@ impl<S: StateMachine> Replica<S> {
                 body,
                 durable,
                 canonical,
+                after_damage,
             }),
         );
         self.op = self.op.max(header.op);

@@ -544,9 +544,12 @@ impl JournalFile {
     /// Appends a header without its body.
     pub(crate) fn write_header(&mut self, header: &Header) -> Result<(), JournalError> {
         // A header alone stands for a body never written (a view change may drop it):
-        // an entry of the same checksum held whole is kept, never downgraded.
+        // an entry of the same checksum held whole is kept, never downgraded; nor is a
+        // damaged slot, whose lost body may have been acknowledged: it reads back
+        // damaged until a body is written there (the replica keeps the header in
+        // memory meanwhile, and asks for it again after a restart).
         if self.entries.get(&header.op).is_some_and(|e| {
-            !matches!(e, Entry::Damaged(_)) && e.checksum() == Some(header.checksum)
+            matches!(e, Entry::Damaged(_)) || e.checksum() == Some(header.checksum)
         }) {
             return Ok(());
         }

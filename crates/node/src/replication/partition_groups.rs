@@ -169,6 +169,8 @@ pub(crate) struct PartitionGroups {
     transfers_done: u64,
     /// Repairs of damaged batches with a fetch out: group -> (tick sent, attempt).
     repairs: HashMap<u64, (u64, u64)>,
+    /// The group the scrub of committed batches checks next (the next above, in turn).
+    scrub_next: u64,
     /// Damaged batches repaired from peers' copies (for the metrics).
     batches_repaired: u64,
     failed: Option<String>,
@@ -237,6 +239,7 @@ impl PartitionGroups {
             copies: HashMap::new(),
             transfers_done: 0,
             repairs: HashMap::new(),
+            scrub_next: 0,
             batches_repaired: 0,
             failed: None,
             checkpoint_interval: CHECKPOINT_INTERVAL,
@@ -376,6 +379,7 @@ impl PartitionGroups {
             slots: recovered.slots,
             damaged: recovered.damaged || (recovered.log_behind && self.members == 1),
             trusted: journal.trusted(),
+            tail_cut: recovered.tail_cut,
         };
         let config = Config {
             pipeline_max: PIPELINE_MAX,

@@ -127,6 +127,11 @@ pub(crate) struct Recovered {
     /// The log ends before what the journal recorded (its batches were lost): it must
     /// be copied from a peer.
     pub(crate) log_behind: bool,
+    /// A tail was cut from the log or the header journal at open: a torn write, or
+    /// damage at rest to what was synced and reported (see [`Opened::tail_cut`]).
+    ///
+    /// [`Opened::tail_cut`]: super::shard_host::Opened::tail_cut
+    pub(crate) tail_cut: bool,
 }
 
 /// The canonical form of a stored batch: base offset and leader epoch zero.

@@ -86,6 +86,12 @@ pub(crate) struct Opened {
     /// `never`; the host then trusts the journal only if its group's state was written
     /// in this boot, or at a clean stop: see [`super::boot`]).
     pub(crate) trusted: bool,
+    /// A tail was cut at open (a torn write, or a record or batch that was synced and
+    /// reported and then damaged at rest: the two look alike once the sync marker
+    /// after it is lost). An op absent, or held as a header alone, may then have been
+    /// acknowledged, so the journal is untrusted above what is known committed
+    /// whatever the boot stamp says (issue 24, finding 11).
+    pub(crate) tail_cut: bool,
 }
 
 impl Journal for JournalFile {
@@ -186,6 +192,7 @@ impl<S: StateMachine> ShardHost<S, JournalFile> {
             slots: recovered.slots,
             damaged: recovered.damaged_at.is_some(),
             trusted: true,
+            tail_cut: recovered.torn_tail_bytes > 0,
         };
         let dir = self.dir.clone();
         self.add_group_with(config, machine, journal, opened, &dir)
@@ -311,7 +318,7 @@ impl<S: StateMachine, J: Journal> ShardHost<S, J> {
             // A replica that never left view 0 may never have written its state: a new
             // replica's state (view 0, nothing committed) is durable from its first step.
             let durable = durable.unwrap_or_default();
-            let trusted = opened.trusted || self.states.vouches_for(group);
+            let trusted = !opened.tail_cut && (opened.trusted || self.states.vouches_for(group));
             if self.states.stamp(group) == Some(super::boot::Stamp::Synced) {
                 // Trusted because it stopped cleanly; from now on its unsynced writes
                 // are this boot's, so its next write (this turn's) says so.
@@ -370,7 +377,6 @@ impl<S: StateMachine, J: Journal> ShardHost<S, J> {
         self.node.quiet_heartbeats()
     }
 
-    /// A group's journal.
     /// Every group's journal.
     pub(crate) fn journals_mut(&mut self) -> impl Iterator<Item = (u64, &mut J)> {
         self.files.iter_mut().map(|(g, f)| (*g, &mut f.journal))
@@ -407,6 +413,16 @@ impl<S: StateMachine, J: Journal> ShardHost<S, J> {
 
     pub(crate) fn journal_mut(&mut self, group: u64) -> Option<&mut J> {
         self.files.get_mut(&group).map(|f| &mut f.journal)
+    }
+
+    /// The journal of the first group at or above `from`, or else of the lowest group:
+    /// a cursor over the groups in turn, without walking them all.
+    pub(crate) fn journal_from(&mut self, from: u64) -> Option<(u64, &mut J)> {
+        let first = match self.files.range(from..).next() {
+            Some((group, _)) => *group,
+            None => *self.files.keys().next()?,
+        };
+        self.files.get_mut(&first).map(|f| (first, &mut f.journal))
     }
 
     /// Ticks a lone replica (a group of one) until it is normal: it recovers by itself,

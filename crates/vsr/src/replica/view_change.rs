@@ -167,7 +167,7 @@ impl<S: StateMachine> Replica<S> {
                 .filter(|e| e.canonical)
                 .map(|e| e.header.checksum),
             suffix: self.suffix_from(anchor, anchor, false),
-            faulty: self.faulty.range((anchor + 1)..).copied().collect(),
+            faulty: self.faulty_in_vote(anchor),
             trusted_through: self.trusted_through,
         };
         let primary = self.primary_of(self.view);
@@ -189,6 +189,19 @@ impl<S: StateMachine> Replica<S> {
                 },
             });
         }
+    }
+
+    /// The ops above `anchor` a vote lists as faulty: damaged slots, and headers held
+    /// alone in slots that were damaged (perhaps acknowledged before: never nacks).
+    pub(super) fn faulty_in_vote(&self, anchor: u64) -> Vec<u64> {
+        let mut faulty: BTreeSet<u64> = self.faulty.range((anchor + 1)..).copied().collect();
+        faulty.extend(
+            self.journal
+                .range((anchor + 1)..)
+                .filter(|(_, e)| e.after_damage && e.body.is_none())
+                .map(|(op, _)| *op),
+        );
+        faulty.into_iter().collect()
     }
 
     pub(super) fn on_do_view_change(
@@ -241,11 +254,18 @@ impl<S: StateMachine> Replica<S> {
     }
     /// Whether `vote` says it never had `op` (with `checksum`, if one is named): the op
     /// is above its log, or inside its suffix range with another checksum, or absent
-    /// there and not one of its damaged slots. A damaged entry is never a nack: the
-    /// sender may have acknowledged it before the damage. Nor is a header held alone:
-    /// a shell cannot always tell one whose body it never wrote from one whose body it
-    /// wrote and lost (the shell simulator's seed 825, with damage at rest, dropped an
-    /// acknowledged op when such headers counted as nacks).
+    /// there and not one of its damaged slots, or held above its commit as a header
+    /// alone. A damaged entry is never a nack: the sender may have acknowledged it
+    /// before the damage. A header alone is one whose body this replica never wrote
+    /// (taken from a view's log, or the header of a prepare that waited for its
+    /// parent), so it never acknowledged the op: bodies leave memory only once
+    /// applied, and a journal reports a body it wrote and lost as damaged. Where it
+    /// cannot tell (a tail cut at open, which may have held a later record of the op
+    /// that damage at rest destroyed), it restarts untrusted above its commit, and
+    /// `trusted_through` keeps its votes from nacking there. (Without this rule, an op
+    /// whose prepare reached no disk but whose header every replica held could never
+    /// be dropped, and no view could start: the shell simulator's seeds 39 and 114.
+    /// Without the untrusted restart, it dropped an acknowledged op: seed 825.)
     pub(super) fn nacks_op(vote: &ViewChangeVote, op: u64, checksum: Option<Checksum>) -> bool {
         if op > vote.trusted_through {
             return false; // it may have had it and lost it
@@ -255,7 +275,10 @@ impl<S: StateMachine> Replica<S> {
         }
         let anchor = vote.suffix.first().map_or(vote.commit, |e| e.header.op);
         match vote.suffix.iter().find(|e| e.header.op == op) {
-            Some(e) => checksum.is_some_and(|c| c != e.header.checksum),
+            Some(e) => {
+                checksum.is_some_and(|c| c != e.header.checksum)
+                    || (e.body.is_none() && op > vote.commit && !vote.faulty.contains(&op))
+            }
             None => op > anchor && !vote.faulty.contains(&op),
         }
     }

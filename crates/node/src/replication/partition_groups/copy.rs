@@ -27,12 +27,9 @@ impl PartitionGroups {
     /// (again, of the next peer, when an answer is overdue). A lone replica has no peer:
     /// its reads stop before the damage, with an error naming it.
     pub(super) fn scrub_and_repair(&mut self) {
-        let groups: Vec<u64> = self.host.replicas().map(|r| r.config().group).collect();
-        if !groups.is_empty() {
-            let group = groups[(self.now as usize) % groups.len()];
-            if let Some(journal) = self.host.journal_mut(group) {
-                journal.scrub(SCRUB_BYTES_PER_TICK);
-            }
+        if let Some((group, journal)) = self.host.journal_from(self.scrub_next) {
+            journal.scrub(SCRUB_BYTES_PER_TICK);
+            self.scrub_next = group.wrapping_add(1);
         }
         if self.members <= 1 || !self.now.is_multiple_of(SCAN_TICKS) {
             return;

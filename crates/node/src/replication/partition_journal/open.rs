@@ -197,11 +197,17 @@ impl PartitionJournal {
         journal.index.sync()?;
         let damaged =
             found.damaged_at.is_some() || slots.iter().any(|(_, s)| *s == JournalSlot::Damaged);
+        let log_cut = journal.log.recovery();
+        let tail_cut = found.torn_tail_bytes > 0
+            || log_cut.bytes_truncated > 0
+            || log_cut.damage_cut_at.is_some()
+            || log_cut.unsynced_damage_cut_at.is_some();
         let recovered = Recovered {
             slots,
             damaged,
             log_bytes_cut,
             log_behind,
+            tail_cut,
         };
         Ok((journal, recovered))
     }

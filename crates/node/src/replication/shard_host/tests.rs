@@ -478,6 +478,7 @@ fn open_unsynced(dir: &std::path::Path, boot: BootId) -> Host {
         slots: recovered.slots,
         damaged: false,
         trusted: false,
+        tail_cut: false,
     };
     host.add_group_with(
         config(0, 3),
