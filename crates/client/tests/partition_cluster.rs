@@ -260,6 +260,58 @@ async fn until_transferred(member: &Member) {
     }
 }
 
+/// Waits until `member` holds the metadata group and one partition's, each normal and
+/// saying its journal is trusted (`/replication`).
+async fn until_every_group_trusted(member: &Member) {
+    let http = member.node.as_ref().unwrap().http_addr();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let body = common::http_get(http, "/replication").await;
+        if body.matches("\"trusted\":true").count() == 2
+            && body.matches("\"status\":\"normal\"").count() == 2
+        {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the rejoined member never trusted every group again: {body}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A rejoined member (its disk lost) that caught up makes a view with the other
+/// backup when the primary dies: issue 24, finding 5 (a partition stayed without a
+/// primary for over 25 s after one more kill, the rejoined member abstaining for ever).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rejoined_member_that_caught_up_votes_when_the_primary_dies() {
+    let mut members = start_cluster(3, FsyncSetting::Never);
+    let admin = Client::connect(members[0].addr()).await.unwrap();
+    common::create_topic(&admin, "s", "t", 1).await;
+    let primary = usize::from(primary_of(members[0].addr(), 0).await);
+    let client = Client::connect(members[primary].addr()).await.unwrap();
+    produce_range(&client, 0..300).await;
+    let wiped = (primary + 1) % 3;
+    let other = (primary + 2) % 3;
+    members[wiped].stop();
+    let dir = members[wiped].config.data_dir.clone();
+    std::fs::remove_dir_all(&dir).unwrap();
+    std::fs::create_dir(&dir).unwrap();
+    if let Some(cluster) = members[wiped].config.cluster.as_mut() {
+        cluster.rejoin = true;
+    }
+    members[wiped].start();
+    until_transferred(&members[wiped]).await;
+    until_every_group_trusted(&members[wiped]).await;
+    // The primary dies: the other two must make a view and take writes.
+    members[primary].stop();
+    let client = Client::connect(members[other].addr()).await.unwrap();
+    produce_range(&client, 300..310).await;
+    for member in &mut members {
+        member.stop();
+    }
+}
+
 /// Every batch of the single partition directory under `data_dir`, as stored.
 fn stored_batches(data_dir: &std::path::Path) -> Vec<Vec<u8>> {
     let topics = data_dir.join("partitions");
@@ -373,6 +425,9 @@ async fn a_member_whose_data_directory_was_deleted_rejoins_by_state_transfer() {
     let identity = std::fs::read_to_string(dir.join("identity")).unwrap();
     assert!(identity.contains("rejoined = true"), "{identity}");
     until_transferred(&members[wiped]).await;
+    // Issue 24, finding 5: once caught up it trusts its journal again (its votes count),
+    // so it can make a view with the other backup; untrusted, it would abstain.
+    until_every_group_trusted(&members[wiped]).await;
     // It carries the quorum with the primary once the other backup stops.
     members[other].stop();
     produce_range(&client, 2_600..2_620).await;

@@ -333,6 +333,17 @@ impl<S: StateMachine> Replica<S> {
         }
         let newest = rejoin.views.values().max().copied().unwrap_or(0);
         rejoin.trust_from = Some(newest);
+        if self.status() == Status::Normal && self.log_view >= newest {
+            // Normal already on the log of a view at least that new, installed since the
+            // loss (its StartView came before a quorum answered): no later StartView
+            // would come to make it trusted, and untrusted it would abstain from every
+            // view change for ever (issue 24, finding 5: a partition without a primary
+            // after one more kill).
+            self.trusted_through = u64::MAX;
+            self.rejoin = None;
+            self.write_state(out);
+            return;
+        }
         if newest < self.view {
             return;
         }

@@ -1092,3 +1092,45 @@ fn chain(group: u64, count: u64, view: u64) -> Vec<Prepare> {
         })
         .collect()
 }
+
+/// Issue 24, finding 5: a replica that lost its disk and was shown the current view's
+/// log (a StartView) before a quorum of peers answered its RequestViews stayed
+/// untrusted for ever: the StartView it asks for next names the view it is in already,
+/// which never counts as newer. It abstained from every view change, so the group had
+/// no primary once the old one died. Normal on that view's log, it trusts its journal
+/// as soon as the quorum's answers come.
+#[test]
+fn a_rejoined_replica_normal_before_its_views_answers_trusts_itself_then() {
+    let (mut h, session) = registered(3);
+    h.request(0, session, 1, b"k=1");
+    h.settle(50);
+    let config = *h.replica(1).config();
+    h.replicas[1] = Replica::restart(
+        config,
+        CounterMachine::default(),
+        Persisted::after_disk_loss(),
+    )
+    .unwrap();
+    let held_back = std::cell::RefCell::new(Vec::new());
+    let normal = h.run_until(
+        10_000,
+        |from, to, message| {
+            let views = matches!(message, Message::Views { .. }) && to == 1;
+            if views {
+                held_back.borrow_mut().push((from, message.clone()));
+            }
+            !views
+        },
+        |h| h.replica(1).status() == Status::Normal,
+    );
+    assert!(normal, "it never joined the view");
+    assert!(!h.replica(1).journal_trusted(), "no quorum answered yet");
+    for (_, views) in held_back.take() {
+        h.input(1, Input::Message(views));
+    }
+    h.settle(50);
+    assert!(
+        h.replica(1).journal_trusted(),
+        "normal on the current view's log, and a quorum showed no newer view"
+    );
+}
