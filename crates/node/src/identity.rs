@@ -142,45 +142,68 @@ const STARTED_NODE_HAS: [(&str, &[&str]); 4] = [
     ),
 ];
 
+/// What a started directory of a cluster member lost, to take from its peers.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Lost {
+    /// The metadata group's journal, both checkpoint copies or both states copies: the
+    /// group restarts as a replica that lost its disk.
+    pub(crate) metadata: bool,
+    /// `partitions/`: every partition group starts untrusted, as after `--rejoin`.
+    pub(crate) partitions: bool,
+}
+
 /// Refuses a data directory that held a node's data and lost a file every started node
 /// has (a `partitions/` directory, the metadata journal, its checkpoints or its
 /// states): starting on it as on a new directory would serve less than was
-/// acknowledged and hand out offsets again. Call before anything creates them.
+/// acknowledged and hand out offsets again. A member of a cluster of several starts
+/// anyway, with what it lost named in the answer and in a warning: it takes it from
+/// its peers, its votes abstaining where the loss could have dropped an acknowledged
+/// op (issue 24: damage, a missing file included, is repaired, never a refusal, where
+/// a peer holds the data). Call before anything creates them.
 ///
 /// # Errors
-/// [`IdentityError::Missing`], or the identity file cannot be read.
-pub(crate) fn check_intact(data_dir: &Path, clustered: bool) -> Result<(), IdentityError> {
+/// [`IdentityError::Missing`] (a single node), or the identity file cannot be read.
+pub(crate) fn check_intact(data_dir: &Path, clustered: bool) -> Result<Lost, IdentityError> {
     let path = data_dir.join(IDENTITY_FILE);
     let text = match std::fs::read_to_string(&path) {
         Ok(text) => text,
-        Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(Lost::default()),
         Err(source) => return Err(IdentityError::Io { path, source }),
     };
     let Ok(found) = toml::from_str::<Identity>(&text) else {
         // Reported with its reason by `claim`.
-        return Ok(());
+        return Ok(Lost::default());
     };
     if !found.initialized {
-        return Ok(());
+        return Ok(Lost::default());
     }
-    let way_out = if clustered {
-        "Restore the directory from a backup, or move it aside and start this member \
-         with --rejoin on an empty directory: it then copies everything from its peers \
-         and votes only once they have shown it the current view."
-    } else {
-        "Restore the directory from a backup; a single node has no peer to copy the \
-         lost data from."
-    };
+    let mut lost = Lost::default();
     for (missing, any_of) in STARTED_NODE_HAS {
-        if !any_of.iter().any(|p| data_dir.join(p).exists()) {
+        if any_of.iter().any(|p| data_dir.join(p).exists()) {
+            continue;
+        }
+        if !clustered {
             return Err(IdentityError::Missing {
                 dir: data_dir.to_owned(),
                 missing,
-                way_out,
+                way_out: "Restore the directory from a backup; a single node has no peer \
+                          to copy the lost data from.",
             });
         }
+        tracing::warn!(
+            dir = %data_dir.display(),
+            missing,
+            "a file every started node has is gone: this member takes what it held from \
+             its peers, and abstains from votes it could lose acknowledged writes in until \
+             they have shown it the current view"
+        );
+        if missing == "partitions/" {
+            lost.partitions = true;
+        } else {
+            lost.metadata = true;
+        }
     }
-    Ok(())
+    Ok(lost)
 }
 
 /// Records that a start finished opening the directory (once): from the next start on,
@@ -428,7 +451,8 @@ mod tests {
     /// an empty one, without a word. Once a start has finished, each is refused,
     /// naming what is gone; before that (a crash during the first start) nothing is.
     #[test]
-    fn a_started_directory_that_lost_a_file_every_node_has_is_refused() {
+    fn a_started_directory_that_lost_a_file_every_node_has_is_refused_alone_and_repaired_in_a_cluster(
+    ) {
         let dir = tempfile::tempdir().unwrap();
         let layout = |dir: &Path| {
             std::fs::create_dir_all(dir.join("partitions")).unwrap();
@@ -466,17 +490,27 @@ mod tests {
             } else {
                 std::fs::remove_file(&path).unwrap();
             }
-            let result = check_intact(dir.path(), true);
+            let result = check_intact(dir.path(), false);
             if gone == "metadata/shard-0.0" {
                 // One copy of two is enough to start from.
                 result.unwrap();
                 std::fs::remove_file(dir.path().join("metadata/shard-0.1")).unwrap();
             }
-            let refused = check_intact(dir.path(), true).unwrap_err();
+            let refused = check_intact(dir.path(), false).unwrap_err();
             let text = refused.to_string();
             assert!(matches!(refused, IdentityError::Missing { .. }), "{text}");
             assert!(text.contains(gone.split('.').next().unwrap()), "{text}");
-            assert!(text.contains("--rejoin"), "{text}");
+            assert!(text.contains("no peer"), "{text}");
+            // A cluster member starts, and takes the lost part from its peers.
+            let lost = check_intact(dir.path(), true).unwrap();
+            assert_eq!(
+                lost,
+                Lost {
+                    metadata: gone != "partitions",
+                    partitions: gone == "partitions",
+                },
+                "{gone}"
+            );
             layout(dir.path());
         }
         std::fs::remove_file(dir.path().join("metadata/group-0.journal")).unwrap();

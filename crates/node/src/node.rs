@@ -83,7 +83,7 @@ impl Node {
             cluster.read_secret()?;
         }
         let clustered = config.cluster.as_ref().is_some_and(|c| c.members.len() > 1);
-        crate::identity::check_intact(&config.data_dir, clustered)?;
+        let lost = crate::identity::check_intact(&config.data_dir, clustered)?;
         let topic_id_floor = crate::data_dir::prepare(&config.data_dir)?;
         let configured = config.cluster.as_ref().map(|c| (c.id.as_str(), c.node_id));
         let rejoin = config.cluster.as_ref().is_some_and(|c| c.rejoin);
@@ -106,7 +106,7 @@ impl Node {
             node = identity.node_id,
             "data directory claimed"
         );
-        let meta = open_metadata(&config, &identity, topic_id_floor)?;
+        let meta = open_metadata(&config, &identity, topic_id_floor, lost.metadata)?;
         crate::identity::mark_initialized(&config.data_dir, &identity)?;
         let bus_start = match &config.cluster {
             Some(cluster) if cluster.members.len() > 1 => Some(bus_start(&config, cluster)?),
@@ -186,7 +186,7 @@ impl Node {
         let layout = Arc::new(meta.layout());
         let mut meta = Some(meta);
         let mut bus_start = bus_start;
-        let opening = partition_groups_opening(&shared.config, &identity)?;
+        let opening = partition_groups_opening(&shared.config, &identity, lost.partitions)?;
         let (ready_tx, ready_rx) = std::sync::mpsc::channel::<(usize, Result<(), String>)>();
         let mut threads = Vec::new();
         // Every runtime first: the bus places each replica link on its owner shard's.
@@ -345,13 +345,22 @@ fn open_metadata(
     config: &NodeConfig,
     identity: &crate::identity::Identity,
     topic_id_floor: u32,
+    lost: bool,
 ) -> Result<MetaService, StartError> {
     let (members, timing) = groups_shape(config);
     let dir = config.data_dir.join("metadata");
     braid_storage::create_dir_durable(&dir)?;
     let node_id = identity.node_id;
-    let group = MetaGroup::open(&dir, node_id, members, timing, nonce()?, identity.rejoined)
-        .map_err(|e| StartError::Metadata(e.to_string()))?;
+    let group = MetaGroup::open(
+        &dir,
+        node_id,
+        members,
+        timing,
+        nonce()?,
+        identity.rejoined,
+        lost,
+    )
+    .map_err(|e| StartError::Metadata(e.to_string()))?;
     let mut meta = MetaService::new(group);
     let mut ops = Vec::new();
     let next_topic_id = meta.group().state().next_topic_id();
@@ -387,6 +396,7 @@ fn open_metadata(
 fn partition_groups_opening(
     config: &NodeConfig,
     identity: &crate::identity::Identity,
+    partitions_lost: bool,
 ) -> Result<crate::replication::partition_groups::Opening, StartError> {
     let dir = config.data_dir.join("replication");
     braid_storage::create_dir_durable(&dir)?;
@@ -397,7 +407,9 @@ fn partition_groups_opening(
         members,
         timing,
         nonce: nonce()?,
-        rejoined: identity.rejoined,
+        // Lost with `partitions/`, every group starts with nothing on disk: untrusted,
+        // as after `--rejoin`, since it may have acknowledged ops it no longer holds.
+        rejoined: identity.rejoined || partitions_lost,
     })
 }
 

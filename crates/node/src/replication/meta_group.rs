@@ -86,7 +86,9 @@ pub(crate) struct MetaGroup<T> {
 }
 
 impl<T> MetaGroup<T> {
-    /// Opens group 0's files in `dir` for member `node` of `members`.
+    /// Opens group 0's files in `dir` for member `node` of `members`; `lost`: a file
+    /// of the group is gone (a cluster member), so it restarts as a replica that lost
+    /// its disk and takes the group's state from its peers.
     ///
     /// # Errors
     /// The files cannot be read or cannot restart the replica.
@@ -97,10 +99,14 @@ impl<T> MetaGroup<T> {
         timing: Timing,
         nonce: u64,
         rejoined: bool,
+        lost: bool,
     ) -> Result<Self, HostError> {
         let mut host = ShardHost::open(dir, 0)?;
         if rejoined {
             host.start_fresh_untrusted();
+        }
+        if lost {
+            host.restart_as_lost(METADATA_GROUP);
         }
         let config = Config {
             pipeline_max: 8,
@@ -403,6 +409,7 @@ mod tests {
             1,
             Timing::from_heartbeat_timeout_ms(2_000),
             7,
+            false,
             false,
         )
         .unwrap()

@@ -377,7 +377,7 @@ impl PartitionGroups {
         }
         let opened = Opened {
             slots: recovered.slots,
-            damaged: recovered.damaged || (recovered.log_behind && self.members == 1),
+            damage: recovered.damage,
             trusted: journal.trusted(),
             tail_cut: recovered.tail_cut,
         };

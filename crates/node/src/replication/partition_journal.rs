@@ -120,8 +120,10 @@ struct RunningSync {
 pub(crate) struct Recovered {
     /// The slots above the prune point, for `Persisted::journal`.
     pub(crate) slots: Vec<(u64, JournalSlot)>,
-    /// The journal file was damaged inside (its slots are reported damaged).
-    pub(crate) damaged: bool,
+    /// What is damaged, if anything (the journal file inside, a batch, or the journal
+    /// file gone while the log holds batches): its ops are reported damaged, and a lone
+    /// replica refuses to start, saying this.
+    pub(crate) damage: Option<String>,
     /// Log bytes cut because no header named them (appended, never reported).
     pub(crate) log_bytes_cut: u64,
     /// The log ends before what the journal recorded (its batches were lost): it must

@@ -18,7 +18,7 @@
 //! No sockets and no clock: the caller moves [`Effects::sends`] to peers, answers
 //! [`Effects::replies`], and passes time as `now` (in replica ticks).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 use braid_vsr::StateMachine;
@@ -80,17 +80,19 @@ pub(crate) trait Journal {
 pub(crate) struct Opened {
     /// The slots above the prune point.
     pub(crate) slots: Vec<(u64, JournalSlot)>,
-    /// Damage was found inside (its slots are reported damaged).
-    pub(crate) damaged: bool,
+    /// What damage was found, if any (its slots are reported damaged; a lone replica
+    /// refuses to start, saying this).
+    pub(crate) damage: Option<String>,
     /// Every write reported was synced first (false under `fsync = interval` or
     /// `never`; the host then trusts the journal only if its group's state was written
     /// in this boot, or at a clean stop: see [`super::boot`]).
     pub(crate) trusted: bool,
     /// A tail was cut at open (a torn write, or a record or batch that was synced and
     /// reported and then damaged at rest: the two look alike once the sync marker
-    /// after it is lost). An op absent, or held as a header alone, may then have been
-    /// acknowledged, so the journal is untrusted above what is known committed
-    /// whatever the boot stamp says (issue 24, finding 11).
+    /// after it is lost), or the journal file was gone. An op absent, or held as a
+    /// header alone, may then have been acknowledged, so the journal is untrusted
+    /// above what is known committed whatever the boot stamp says (issue 24, finding
+    /// 11).
     pub(crate) tail_cut: bool,
 }
 
@@ -164,6 +166,9 @@ pub(crate) struct ShardHost<S, J = JournalFile> {
     /// Groups that start with nothing on disk start untrusted (see
     /// [`ShardHost::start_fresh_untrusted`]).
     fresh_untrusted: bool,
+    /// Groups whose files were found lost before they were opened (see
+    /// [`ShardHost::restart_as_lost`]).
+    lost: BTreeSet<u64>,
     /// Repairs asked of peers since [`ShardHost::take_repairs`].
     repairs: Repairs,
 }
@@ -190,7 +195,12 @@ impl<S: StateMachine> ShardHost<S, JournalFile> {
             JournalFile::open(&self.dir.join(format!("group-{group}.journal")))?;
         let opened = Opened {
             slots: recovered.slots,
-            damaged: recovered.damaged_at.is_some(),
+            damage: recovered.damaged_at.map(|at| {
+                format!(
+                    "{} is damaged at byte {at}",
+                    self.dir.join(format!("group-{group}.journal")).display()
+                )
+            }),
             trusted: true,
             tail_cut: recovered.torn_tail_bytes > 0,
         };
@@ -221,8 +231,16 @@ impl<S: StateMachine, J: Journal> ShardHost<S, J> {
             files: BTreeMap::new(),
             states: GroupStates::open(dir, shard, boot)?,
             fresh_untrusted: false,
+            lost: BTreeSet::new(),
             repairs: Repairs::default(),
         })
+    }
+
+    /// `group`, when added, restarts as a replica that lost its disk (untrusted from op
+    /// 0, abstaining until its peers show it the current view), keeping what files it
+    /// still has for repair: a file of it is gone from a directory that once held it.
+    pub(crate) fn restart_as_lost(&mut self, group: u64) {
+        self.lost.insert(group);
     }
 
     /// From now on a group with nothing on disk starts untrusted from op 0: this
@@ -276,17 +294,20 @@ impl<S: StateMachine, J: Journal> ShardHost<S, J> {
             journal.checkpointed(checkpoint)?;
         }
         let durable = self.states.get(group);
-        if config.replica_count == 1 && opened.damaged {
+        if let Some(damage) = opened.damage.as_ref().filter(|_| config.replica_count == 1) {
             // A lone replica's journal holds acknowledged ops no peer can repair.
-            return Err(start(
-                "its journal is damaged and it has no peer to repair it from".into(),
-            ));
+            return Err(start(format!(
+                "{damage}, and a lone replica has no peer to repair it from (see \"Damage a \
+                 replica finds in its replication files\" in docs/operations.md)"
+            )));
         }
         // Its view, log view and commit are damaged in both copies of the states table:
         // the views it voted in are unknown, so it restarts as a replica that lost its
         // disk (it abstains until a quorum shows it a view as new as any it may have
         // voted in), keeping its journal and checkpoint, untrusted, for repair.
-        let state_lost = self.states.damaged_groups().contains(&group) || checkpoint_lost;
+        let state_lost = self.states.damaged_groups().contains(&group)
+            || checkpoint_lost
+            || self.lost.contains(&group);
         if state_lost && config.replica_count == 1 {
             return Err(start(format!(
                 "its durable state (view, log view, commit) is damaged in both copies of \

@@ -13,7 +13,18 @@ impl PartitionJournal {
         now_ms: u64,
     ) -> Result<(Self, Recovered), PartitionJournalError> {
         let log = PartitionLog::open(dir, config, now_ms)?;
-        let (index, found) = JournalFile::open(&dir.join(JOURNAL_FILE))?;
+        let journal_path = dir.join(JOURNAL_FILE);
+        // Gone while the log holds batches: every op it named is unknown (a missing
+        // file is damage, never a new journal: issue 24).
+        let journal_lost = !journal_path.exists() && log.next_offset() > log.start_offset();
+        if journal_lost {
+            tracing::warn!(
+                dir = %dir.display(),
+                "the partition's vsr.journal is gone while its log holds batches: its ops \
+                 are unknown here (a cluster member takes them from its peers)"
+            );
+        }
+        let (index, found) = JournalFile::open(&journal_path)?;
         let (pruned, pruned_log_end) = index.pruned();
         let mut journal = Self {
             index,
@@ -195,16 +206,42 @@ impl PartitionJournal {
                 .map_or(journal.log.next_offset(), |(_, base)| base)
         });
         journal.index.sync()?;
-        let damaged =
-            found.damaged_at.is_some() || slots.iter().any(|(_, s)| *s == JournalSlot::Damaged);
+        let first_damaged = slots
+            .iter()
+            .find(|(_, s)| *s == JournalSlot::Damaged)
+            .map(|(op, _)| *op);
+        let damage = if journal_lost {
+            Some(format!(
+                "{} is gone while the log holds batches",
+                journal_path.display()
+            ))
+        } else if let Some(at) = found.damaged_at {
+            Some(format!(
+                "{} is damaged at byte {at}",
+                journal_path.display()
+            ))
+        } else if let Some(op) = first_damaged {
+            Some(format!(
+                "op {op} of the partition in {}: its batch is damaged or lost",
+                dir.display()
+            ))
+        } else if log_behind {
+            Some(format!(
+                "the partition log in {} ends before what its vsr.journal recorded",
+                dir.display()
+            ))
+        } else {
+            None
+        };
         let log_cut = journal.log.recovery();
-        let tail_cut = found.torn_tail_bytes > 0
+        let tail_cut = journal_lost
+            || found.torn_tail_bytes > 0
             || log_cut.bytes_truncated > 0
             || log_cut.damage_cut_at.is_some()
             || log_cut.unsynced_damage_cut_at.is_some();
         let recovered = Recovered {
             slots,
-            damaged,
+            damage,
             log_bytes_cut,
             log_behind,
             tail_cut,

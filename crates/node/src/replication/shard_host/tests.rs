@@ -476,7 +476,7 @@ fn open_unsynced(dir: &std::path::Path, boot: BootId) -> Host {
     let (journal, recovered) = JournalFile::open(&dir.join("group-0.journal")).unwrap();
     let opened = Opened {
         slots: recovered.slots,
-        damaged: false,
+        damage: None,
         trusted: false,
         tail_cut: false,
     };

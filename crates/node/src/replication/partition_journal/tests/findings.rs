@@ -108,7 +108,10 @@ fn a_synced_batch_the_log_lost_is_damaged_and_an_unsynced_one_is_cut() {
         log.truncate(base).unwrap();
     }
     let (journal, recovered) = open(dir.path());
-    assert!(recovered.damaged, "a lone replica refuses to start on this");
+    assert!(
+        recovered.damage.is_some(),
+        "a lone replica refuses to start on this"
+    );
     let slots: Vec<_> = recovered
         .slots
         .iter()
@@ -147,7 +150,7 @@ fn a_synced_batch_the_log_lost_is_damaged_and_an_unsynced_one_is_cut() {
         journal.log().truncate(base).unwrap();
     }
     let (journal, recovered) = open(dir.path());
-    assert!(!recovered.damaged);
+    assert!(recovered.damage.is_none(), "{:?}", recovered.damage);
     assert_eq!(recovered.slots.len(), 3);
     assert_eq!(journal.tip(), 3);
 }
@@ -175,7 +178,7 @@ fn cutting_entries_whose_batches_lie_past_the_log_end_is_no_error() {
         log.truncate(hole).unwrap();
     }
     let (mut journal, recovered) = open(dir.path());
-    assert!(recovered.damaged);
+    assert!(recovered.damage.is_some());
     assert_eq!(journal.tip(), 5);
     assert_eq!(journal.log().next_offset(), hole);
     // A transfer's end at the hole + 1: the first entry from there names `past`.
@@ -337,7 +340,7 @@ fn a_damaged_header_journal_cuts_the_log_back_so_repairs_go_in_at_their_place() 
     bytes[100] ^= 0x08;
     std::fs::write(&path, &bytes).unwrap();
     let (mut journal, recovered) = open(dir.path());
-    assert!(recovered.damaged);
+    assert!(recovered.damage.is_some());
     assert_eq!(journal.log().next_offset(), 0, "the log is cut back");
     for p in &ops {
         journal.write_prepare(p, 0).unwrap();
