@@ -103,6 +103,11 @@ impl Cluster {
             .collect()
     }
 
+    /// Member `id`'s data directory.
+    pub(crate) fn data_dir(&self, id: u8) -> PathBuf {
+        self.root.path().join(format!("node-{id}"))
+    }
+
     /// Starts member `id` (again), its output appended to `node-ID.log`.
     pub(crate) fn spawn(&mut self, id: u8) {
         let log = std::fs::OpenOptions::new()
@@ -473,13 +478,24 @@ impl Load {
 
     /// `producers` producers keying their records as `keys` says.
     pub(crate) async fn start_with(client: &Client, producers: usize, keys: Keys) -> Self {
+        Self::start_numbered(client, producers, keys, 0).await
+    }
+
+    /// As [`Load::start_with`], the producers numbered from `first` (each writes the
+    /// values `p-0`, `p-1`, ... of its number `p`).
+    pub(crate) async fn start_numbered(
+        client: &Client,
+        producers: usize,
+        keys: Keys,
+        first: usize,
+    ) -> Self {
         let stop = Arc::new(AtomicBool::new(false));
         let paused = Arc::new(AtomicBool::new(false));
         let in_flight = Arc::new(AtomicUsize::new(0));
         let acked = Arc::new(Mutex::new(Vec::new()));
         let failed = Arc::new(Mutex::new(0));
         let mut tasks = Vec::new();
-        for p in 0..producers {
+        for p in first..first + producers {
             let config = ProducerConfig {
                 linger: Duration::from_millis(1),
                 ..ProducerConfig::default()
