@@ -434,7 +434,9 @@ async fn damage_to_any_file_of_a_lone_node_is_refused_never_lost_or_reused() {
     for (damage, kind, outcome) in &table {
         if let LoneOutcome::Refused(why) = outcome {
             assert!(
-                ["damaged", "corrupt", "gone"].iter().any(|w| why.contains(w)),
+                ["damaged", "corrupt", "gone"]
+                    .iter()
+                    .any(|w| why.contains(w)),
                 "{damage:?} {kind}: the refusal does not name the damage:\n{why}"
             );
         }

@@ -14,18 +14,46 @@ impl PartitionJournal {
     ) -> Result<(Self, Recovered), PartitionJournalError> {
         let log = PartitionLog::open(dir, config, now_ms)?;
         let journal_path = dir.join(JOURNAL_FILE);
-        // Gone while the log holds batches: every op it named is unknown (a missing
-        // file is damage, never a new journal: issue 24).
-        let journal_lost = !journal_path.exists() && log.next_offset() > log.start_offset();
-        if journal_lost {
-            tracing::warn!(
-                dir = %dir.display(),
-                "the partition's vsr.journal is gone while its log holds batches: its ops \
-                 are unknown here (a cluster member takes them from its peers)"
-            );
+        let repairable = config.recovery == braid_storage::RecoveryMode::TruncateAtDamage;
+        if repairable && journal_path.exists() {
+            if let Err(JournalError::NotAJournal { .. }) = JournalFile::open(&journal_path) {
+                // Damaged past knowing (a zeroed small file, say: the shell simulator's
+                // seed 768) in a member of a cluster: lost, as if deleted; its peers
+                // hold the ops. Kept aside as the evidence.
+                let aside = dir.join(format!("{JOURNAL_FILE}.damaged"));
+                tracing::warn!(
+                    path = %journal_path.display(),
+                    aside = %aside.display(),
+                    "the partition's vsr.journal is not readable as a journal: moved aside, \
+                     its ops are taken from peers"
+                );
+                braid_storage::disk::rename(&journal_path, &aside).map_err(|source| {
+                    JournalError::Io {
+                        path: journal_path.clone(),
+                        source,
+                    }
+                })?;
+            }
         }
         let (index, found) = JournalFile::open(&journal_path)?;
         let (pruned, pruned_log_end) = index.pruned();
+        // Empty (gone, and made anew by this open or an earlier one) while the log holds
+        // batches: every op it named is unknown. A missing file is damage, never a new
+        // journal (issue 24): a journal that ever named a batch keeps an entry, a prune
+        // or a committed end for good.
+        let journal_lost = found.slots.is_empty()
+            && pruned == 0
+            && pruned_log_end.is_none()
+            && found.committed_end.is_none()
+            && log.next_offset() > log.start_offset();
+        if journal_lost {
+            tracing::warn!(
+                dir = %dir.display(),
+                "the partition's vsr.journal is gone (or empty) while its log holds \
+                 batches: its ops are unknown here (a cluster member takes them from its \
+                 peers)"
+            );
+        }
         let mut journal = Self {
             index,
             log,
@@ -122,7 +150,6 @@ impl PartitionJournal {
             log_end = Some(journal.log.start_offset());
         }
         let mut log_bytes_cut = 0;
-        let repairable = config.recovery == braid_storage::RecoveryMode::TruncateAtDamage;
         if let Some(end) = log_end.filter(|end| journal.log.next_offset() > *end) {
             let before = journal.log.size_bytes();
             match journal.log.truncate(end) {
@@ -212,7 +239,7 @@ impl PartitionJournal {
             .map(|(op, _)| *op);
         let damage = if journal_lost {
             Some(format!(
-                "{} is gone while the log holds batches",
+                "{} is gone (or empty) while the log holds batches",
                 journal_path.display()
             ))
         } else if let Some(at) = found.damaged_at {

@@ -409,3 +409,46 @@ fn inspect_a_partition_directory() {
         );
     }
 }
+
+/// A partition's `vsr.journal` deleted, or zeroed past knowing, while its log holds
+/// batches (the real-process damage suite; the shell simulator's seed 768): the ops it
+/// named are unknown, never absent. A lone replica (strict recovery) is told what is
+/// damaged and refuses; a member of a cluster (truncate-at-damage) moves an unreadable
+/// file aside and restarts the group untrusted above its known commit (its votes never
+/// nack what it may have acknowledged), its peers supplying the ops.
+#[test]
+fn a_lost_or_unreadable_header_journal_is_damage_never_an_empty_journal() {
+    let ops = chain(5, 1, "a");
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let (mut journal, _) = open(dir.path());
+        for p in &ops {
+            journal.write_prepare(p, 0).unwrap();
+        }
+        journal.sync().unwrap();
+    }
+    let path = dir.path().join(JOURNAL_FILE);
+    std::fs::remove_file(&path).unwrap();
+    let (_, recovered) = open(dir.path());
+    let damage = recovered.damage.expect("a lost journal is damage");
+    assert!(damage.contains("vsr.journal is gone"), "{damage}");
+    assert!(
+        recovered.tail_cut,
+        "untrusted above what is known committed"
+    );
+
+    // Zeroed whole: a lone replica refuses to open it; a cluster member moves it aside.
+    let len = std::fs::metadata(&path).unwrap().len();
+    std::fs::write(&path, vec![0u8; len.max(16) as usize]).unwrap();
+    assert!(PartitionJournal::open(dir.path(), config(), 0).is_err());
+    let member = LogConfig {
+        recovery: braid_storage::RecoveryMode::TruncateAtDamage,
+        ..config()
+    };
+    let (_, recovered) = PartitionJournal::open(dir.path(), member, 0).unwrap();
+    assert!(recovered.damage.is_some() && recovered.tail_cut);
+    assert!(
+        dir.path().join("vsr.journal.damaged").exists(),
+        "the evidence kept"
+    );
+}
