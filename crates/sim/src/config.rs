@@ -280,6 +280,8 @@ pub struct Outcome {
     pub views: u64,
     /// Primaries that stepped down because their prepares committed nothing.
     pub step_downs: u64,
+    /// Primaries that handed their group back to its preferred replica.
+    pub hand_offs: u64,
 }
 
 impl Outcome {
@@ -304,12 +306,13 @@ impl Outcome {
         self.wipes += other.wipes;
         self.views = self.views.max(other.views);
         self.step_downs += other.step_downs;
+        self.hand_offs += other.hand_offs;
     }
 
     /// The fault counts, one line.
     pub fn fault_summary(&self) -> String {
         format!(
-            "{} replica crashes, {} node crashes, {} torn writes, {} failed writes, {} corrupted entries, {} misdirected writes, {} latent read errors ({} found on read), {} durable-state slots damaged, {} checkpoint slots damaged, {} damaged messages, {} power losses ({} unsynced writes lost), {} disks lost, {} stale registers refused, {} primaries stepped down",
+            "{} replica crashes, {} node crashes, {} torn writes, {} failed writes, {} corrupted entries, {} misdirected writes, {} latent read errors ({} found on read), {} durable-state slots damaged, {} checkpoint slots damaged, {} damaged messages, {} power losses ({} unsynced writes lost), {} disks lost, {} stale registers refused, {} primaries stepped down, {} handed their group back",
             self.crashes,
             self.node_crashes,
             self.torn_writes,
@@ -326,6 +329,7 @@ impl Outcome {
             self.wipes,
             self.stale_registers_refused,
             self.step_downs,
+            self.hand_offs,
         )
     }
 }

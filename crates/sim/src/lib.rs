@@ -485,7 +485,26 @@ impl Simulation {
         }
         self.drive_clients();
         self.node_heartbeats();
+        self.hand_offs();
         self.check();
+    }
+
+    /// What a node's shell does to spread leadership again: now and then, every
+    /// replica is asked to hand its group back to the group's preferred replica (only a
+    /// primary that may, does). Only while faults run: the quiet end converges.
+    fn hand_offs(&mut self) {
+        const HAND_OFF_TICKS: u64 = 700;
+        if !self.faults_on || !self.tick.is_multiple_of(HAND_OFF_TICKS) {
+            return;
+        }
+        let keys: Vec<(u64, ReplicaId)> = self.nodes.keys().copied().collect();
+        for key in keys {
+            let primary = self.replica_at(key).is_some_and(Replica::is_primary);
+            self.input(key, Input::HandOff);
+            if primary && !self.replica_at(key).is_some_and(Replica::is_primary) {
+                self.outcome.hand_offs += 1;
+            }
+        }
     }
 
     /// What a node's shell does for its quiescent groups: now and then, one batch of

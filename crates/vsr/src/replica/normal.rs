@@ -161,6 +161,20 @@ impl<S: StateMachine> Replica<S> {
         from: ReplicaId,
         out: &mut Vec<Output>,
     ) {
+        if view == self.view
+            && self.is_primary()
+            && from == self.primary_of(0)
+            && self
+                .journal
+                .get(&op)
+                .is_some_and(|e| e.header.checksum == checksum)
+        {
+            // Late acknowledgements count here too: an op committed without the
+            // preferred replica is still one it holds.
+            if let Phase::Normal { preferred_acked } = &mut self.phase {
+                *preferred_acked = (*preferred_acked).max(op);
+            }
+        }
         if self.ignore_prepare_ok(view, op, checksum) {
             return;
         }

@@ -1134,3 +1134,60 @@ fn a_rejoined_replica_normal_before_its_views_answers_trusts_itself_then() {
         "normal on the current view's log, and a quorum showed no newer view"
     );
 }
+
+/// Issue 24, finding 8: leadership never spread back after failovers. A primary asked
+/// to hand off moves the group to the next view its preferred replica (view 0's
+/// primary) leads, once that replica acknowledged its newest op and nothing is in
+/// flight; every committed op is kept. Asked earlier, it does nothing.
+#[test]
+fn a_primary_hands_the_group_back_to_its_preferred_replica_once_it_holds_the_log() {
+    let (mut h, session) = registered(3);
+    assert_eq!(h.replica(0).primary_of(0), 0, "replica 0 is preferred");
+    // Replica 0 goes silent: the others elect replica 1 (view 1).
+    let failed_over = h.run_until(
+        10_000,
+        |from, to, _| from != 0 && to != 0,
+        |h| h.replica(1).is_primary(),
+    );
+    assert!(failed_over, "no failover");
+    let view = h.replica(1).view();
+    // Not yet: replica 0 has acknowledged nothing of this view.
+    h.input(1, Input::HandOff);
+    assert!(
+        h.replica(1).is_primary(),
+        "handed off to a replica that may lag"
+    );
+    // Replica 0 is back; a request commits with its acknowledgement.
+    let rejoined = h.run_until(
+        10_000,
+        |_, _, _| true,
+        |h| h.replica(0).status() == Status::Normal && h.replica(0).view() == view,
+    );
+    assert!(rejoined, "replica 0 never joined view {view}");
+    h.request(1, session, 1, b"k=1");
+    let replied = h.run_until(10_000, |_, _, _| true, |h| !h.replies.is_empty());
+    assert!(replied, "the request was never answered");
+    assert_eq!(h.replies.pop().map(|r| r.result.is_ok()), Some(true));
+    let committed = h.replica(1).commit_max();
+    h.input(1, Input::HandOff);
+    let handed = h.run_until(10_000, |_, _, _| true, |h| h.replica(0).is_primary());
+    assert!(handed, "the group never went back to replica 0");
+    assert!(h.replica(0).view() > view);
+    assert!(
+        h.replica(0).commit_max() >= committed,
+        "a committed op was lost"
+    );
+    // And it serves: the next request commits.
+    // As a client would: sent again until answered (the first may come before the new
+    // view is on disk, and is dropped).
+    let mut replied = false;
+    for _ in 0..100 {
+        h.request(0, session, 2, b"k=2");
+        replied = h.run_until(100, |_, _, _| true, |h| !h.replies.is_empty());
+        if replied {
+            break;
+        }
+    }
+    assert!(replied, "the new primary never answered");
+    assert_eq!(h.replies.pop().map(|r| r.result.is_ok()), Some(true));
+}

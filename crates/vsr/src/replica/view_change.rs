@@ -42,6 +42,22 @@ impl<S: StateMachine> Replica<S> {
         self.maybe_send_do_view_change(out);
     }
 
+    /// [`Input::HandOff`]: a primary with nothing in flight whose preferred replica
+    /// acknowledged its newest op moves the group to the next view that replica leads.
+    /// A view change like any other (a backup that times out starts the same), so it
+    /// keeps every committed op; it costs the group one election.
+    pub(super) fn hand_off(&mut self, out: &mut Vec<Output>) {
+        if !self.may_hand_off() {
+            return;
+        }
+        let preferred = self.primary_of(0);
+        let mut view = self.view + 1;
+        while self.primary_of(view) != preferred {
+            view += 1;
+        }
+        self.start_view_change(view, out);
+    }
+
     /// Votes for the current view change, once the view is durable.
     pub(super) fn send_start_view_change(&self, out: &mut Vec<Output>) {
         if self.status() == Status::ViewChange && self.durable.view == self.view {
@@ -533,7 +549,7 @@ impl<S: StateMachine> Replica<S> {
             self.repair_view_change(out);
             return;
         }
-        self.phase = Phase::Normal;
+        self.phase = Phase::Normal { preferred_acked: 0 };
         self.log_view = self.view;
         // Its journal is now this view's log, built from trusted votes.
         if self.may_trust_in(self.view) {
@@ -603,7 +619,7 @@ impl<S: StateMachine> Replica<S> {
             return;
         }
         self.view = view;
-        self.phase = Phase::Normal;
+        self.phase = Phase::Normal { preferred_acked: 0 };
         if view > self.log_view && self.may_trust_in(view) {
             // A newer view's log replaces whatever an untrusted journal lost.
             self.trusted_through = u64::MAX;
