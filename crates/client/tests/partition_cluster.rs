@@ -312,6 +312,84 @@ async fn a_rejoined_member_that_caught_up_votes_when_the_primary_dies() {
     }
 }
 
+/// Issue 24, finding 8: after failovers one member ended up leading every partition.
+/// Each partition prefers the member that leads its view 0; a member that comes back
+/// and holds the log gets its partitions handed back (the core's `Input::HandOff`,
+/// every 5 s a few groups per shard) once they take writes again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leadership_spreads_back_to_a_member_that_returns() {
+    let mut members = start_cluster(3, FsyncSetting::Never);
+    let admin = Client::connect(members[0].addr()).await.unwrap();
+    common::create_topic(&admin, "s", "t", 3).await;
+    let mut preferred = Vec::new();
+    for p in 0..3 {
+        preferred.push(primary_of(members[0].addr(), p).await);
+    }
+    let mut spread = preferred.clone();
+    spread.sort_unstable();
+    assert_eq!(
+        spread,
+        [0, 1, 2],
+        "one partition led by each member at first"
+    );
+    // Member 0 goes away and comes back: its partition fails over meanwhile.
+    let away = preferred[0];
+    members[usize::from(away)].stop();
+    let survivor = usize::from((away + 1) % 3);
+    let client = Client::connect(members[survivor].addr()).await.unwrap();
+    produce_partitions(&client, 0..3, 0..20).await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while primary_of(members[survivor].addr(), 0).await == away {
+        assert!(Instant::now() < deadline, "partition 0 never failed over");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    members[usize::from(away)].start();
+    // Writes keep coming: the member back acknowledges them, and is handed its
+    // partition back.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut n = 20;
+    loop {
+        produce_partitions(&client, 0..3, n..n + 5).await;
+        n += 5;
+        let mut now = Vec::new();
+        for p in 0..3 {
+            now.push(primary_of(members[survivor].addr(), p).await);
+        }
+        if now == preferred {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "leadership never spread back: {now:?}, preferred {preferred:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    for member in &mut members {
+        member.stop();
+    }
+}
+
+/// Produces batches `batches` to each of `partitions`, each until it is taken.
+async fn produce_partitions(
+    client: &Client,
+    partitions: std::ops::Range<u32>,
+    batches: std::ops::Range<u32>,
+) {
+    for n in batches {
+        for p in partitions.clone() {
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while let Err(err) = client.produce("s", "t", p, &batch(p, n)).await {
+                assert!(
+                    Instant::now() < deadline,
+                    "produce {p}/{n} never taken: {err}"
+                );
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                client.refresh().await.ok();
+            }
+        }
+    }
+}
+
 /// Every batch of the single partition directory under `data_dir`, as stored.
 fn stored_batches(data_dir: &std::path::Path) -> Vec<Vec<u8>> {
     let topics = data_dir.join("partitions");

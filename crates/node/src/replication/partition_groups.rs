@@ -34,6 +34,7 @@ use crate::layout::PartitionKey;
 use crate::mailbox::ProduceReply;
 
 mod copy;
+mod hand_off;
 mod outbox;
 
 use outbox::Outbox;
@@ -659,6 +660,7 @@ impl PartitionGroups {
         self.resend_overdue(&mut moved);
         self.drive_copies();
         self.scrub_and_repair();
+        self.hand_back(&mut moved);
         if self.members > 1
             && self
                 .now
