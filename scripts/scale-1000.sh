@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# 1,000 partitions on a 3-node cluster on this machine (`braid cluster local 3`): how
-# long creating them takes until every member has every group caught up, the idle CPU
-# and resident memory of each node (from /proc), and the start-up time of the cluster
-# with them on disk (from the start until every member answers /ready).
+# 1,000 (or PARTITIONS) partitions on a 3-node cluster on this machine (`braid cluster
+# local 3`): how long creating them takes until every member has every group caught
+# up, the bytes each node wrote meanwhile (/proc/PID/io write_bytes), the idle CPU and
+# resident memory of each node (from /proc) and per partition, and the start-up time
+# of the cluster with them on disk (from the start until every member answers /ready).
 #
 #   scripts/scale-1000.sh [BRAID_BINARY] [PARTITIONS]
 set -euo pipefail
@@ -34,6 +35,8 @@ stop() {
 	wait "$cluster" || true
 }
 servers() { pgrep -P "$cluster" | tr '\n' ' '; }
+written() { for pid in $(servers); do awk '/^write_bytes/ {printf "%s ", $2}' "/proc/$pid/io"; done; }
+rss_kib() { for pid in $(servers); do awk '/VmRSS/ {printf "%s ", $2}' "/proc/$pid/status"; done; }
 cpu_ticks() {
 	local total=0
 	for pid in $1; do
@@ -62,11 +65,21 @@ start
 until ready_all; do sleep 0.2; done
 report_idle "empty cluster"
 "$braid" --addr 127.0.0.1:$base stream create s >/dev/null 2>&1
+empty_rss=($(rss_kib))
+w0=($(written))
 t0=$(now)
 "$braid" --addr 127.0.0.1:$base topic create s t --partitions "$partitions" >/dev/null 2>&1
 until groups_all $((partitions + 1)); do sleep 0.2; done
 echo "created $partitions partitions: every member caught up on every group after $(echo "$(now) - $t0" | bc) s"
+w1=($(written))
+for i in 0 1 2; do
+	echo "  node $i wrote $(echo "scale=1; (${w1[$i]} - ${w0[$i]}) / 1048576" | bc) MiB meanwhile"
+done
 report_idle "$partitions partitions"
+rss=($(rss_kib))
+for i in 0 1 2; do
+	echo "  node $i: $(echo "(${rss[$i]} - ${empty_rss[$i]}) * 1024 / $partitions" | bc) bytes resident per replicated partition (RSS with them minus RSS empty, over the count)"
+done
 stop
 t0=$(now)
 start
