@@ -189,6 +189,7 @@ impl Shard {
     pub(crate) fn apply_layout(&mut self, layout: Arc<Layout>) -> Result<(), String> {
         let shards = self.shared.shards();
         let mut wanted = HashSet::new();
+        let mut created = Vec::new();
         for (key, topic) in layout.partitions() {
             if key.shard(shards) != self.id {
                 continue;
@@ -197,24 +198,27 @@ impl Shard {
             if self.partitions.contains_key(&key) {
                 continue;
             }
-            let dir = key.dir(self.shared.data_dir());
-            let high_watermark = self
-                .groups
-                .add(key, &dir, topic.log_config(&self.shared.config), now_ms())
-                .map_err(|e| format!("opening partition {}/{}: {e}", topic.name, key.partition))?;
-            // An idle partition holds no files until it is used.
-            self.groups.release_files(key).map_err(|e| e.to_string())?;
-            let partition = Partition::new(high_watermark);
-            if let Ok(mut published) = self.shared.high_watermarks.write() {
-                published.insert(key, partition.published_high_watermark());
+            if key.dir(self.shared.data_dir()).exists() {
+                self.open_partition(key, topic)?;
+            } else {
+                created.push((key, Arc::clone(topic)));
             }
-            if let Some((primary, view)) = self.groups.primary_of(key) {
-                partition.set_primary(primary, view);
-            }
-            if let Ok(mut published) = self.shared.primaries.write() {
-                published.insert(key, partition.published_primary());
-            }
-            self.partitions.insert(key, partition);
+        }
+        if !created.is_empty() {
+            // New partitions: their directories' syncs, several per partition and each
+            // an ext4 journal commit, are made once for all of them. Nothing in them is
+            // acknowledged before this returns.
+            let opened = braid_storage::disk::with_dir_syncs_deferred(
+                || -> std::io::Result<Result<(), String>> {
+                    for (key, topic) in &created {
+                        if let Err(err) = self.open_partition(*key, topic) {
+                            return Ok(Err(err));
+                        }
+                    }
+                    Ok(Ok(()))
+                },
+            );
+            opened.map_err(|e| format!("syncing the new partitions' directories: {e}"))??;
         }
         let gone: Vec<PartitionKey> = self
             .partitions
@@ -246,6 +250,34 @@ impl Shard {
             std::sync::atomic::Ordering::Relaxed,
         );
         *self.layout.borrow_mut() = layout;
+        Ok(())
+    }
+
+    /// Opens partition `key` of `topic` (its files made or recovered), its files then
+    /// released until it is used, and publishes its high watermark and primary.
+    fn open_partition(
+        &mut self,
+        key: PartitionKey,
+        topic: &crate::layout::TopicRoute,
+    ) -> Result<(), String> {
+        let dir = key.dir(self.shared.data_dir());
+        let high_watermark = self
+            .groups
+            .add(key, &dir, topic.log_config(&self.shared.config), now_ms())
+            .map_err(|e| format!("opening partition {}/{}: {e}", topic.name, key.partition))?;
+        // An idle partition holds no files until it is used.
+        self.groups.release_files(key).map_err(|e| e.to_string())?;
+        let partition = Partition::new(high_watermark);
+        if let Ok(mut published) = self.shared.high_watermarks.write() {
+            published.insert(key, partition.published_high_watermark());
+        }
+        if let Some((primary, view)) = self.groups.primary_of(key) {
+            partition.set_primary(primary, view);
+        }
+        if let Ok(mut published) = self.shared.primaries.write() {
+            published.insert(key, partition.published_primary());
+        }
+        self.partitions.insert(key, partition);
         Ok(())
     }
 
