@@ -32,6 +32,9 @@ const REQUESTS_PER_TURN: usize = 64;
 
 /// How often a shard runs its timers (interval syncs, group expiry).
 const TICK_MS: u64 = crate::replication::meta_group::TICK_MS;
+/// Frames from peers taken in one turn of the partition groups: enough to batch a
+/// burst, few enough that requests and ticks wait little behind it.
+const DELIVERIES_PER_TURN: usize = 256;
 
 /// Woken waiting fetches a shard answers per turn of its loop, between its other
 /// requests.
@@ -145,17 +148,29 @@ impl Shard {
         Ok(())
     }
 
-    /// A frame from a peer: the metadata group's goes to the metadata service, a
-    /// partition group's to the groups.
-    fn handle_delivery(&mut self, delivery: braid_bus::Delivery) {
-        if delivery.frame.group == crate::replication::meta_group::METADATA_GROUP {
-            if let Some(meta) = self.meta.as_mut() {
-                meta.deliver(&self.shared, &delivery);
+    /// Frames from peers, `first` and every other one already waiting (up to
+    /// [`DELIVERIES_PER_TURN`]): the metadata group's go to the metadata service, the
+    /// partition groups' to the groups in one turn (one write of their durable states
+    /// for all of them).
+    fn handle_deliveries(&mut self, first: braid_bus::Delivery) {
+        let mut partitions = Vec::new();
+        let mut next = Some(first);
+        while let Some(delivery) = next.take() {
+            if delivery.frame.group == crate::replication::meta_group::METADATA_GROUP {
+                if let Some(meta) = self.meta.as_mut() {
+                    meta.deliver(&self.shared, &delivery);
+                }
+            } else {
+                partitions.push(delivery);
             }
-            return;
+            if partitions.len() < DELIVERIES_PER_TURN {
+                next = self.deliveries.as_mut().and_then(|d| d.try_recv().ok());
+            }
         }
-        let moved = self.groups.deliver(&delivery);
-        self.apply_moved(moved);
+        if !partitions.is_empty() {
+            let moved = self.groups.deliver(&partitions);
+            self.apply_moved(moved);
+        }
     }
 
     /// Moves the high watermarks a turn of the groups committed.
@@ -645,7 +660,7 @@ impl Shard {
                     self.answer_woken(WOKEN_FETCHES_PER_TURN);
                 }
                 Some(delivery) = next_delivery(&mut self.deliveries) => {
-                    self.handle_delivery(delivery);
+                    self.handle_deliveries(delivery);
                 }
                 lost = next_bundle_down(&mut self.bundles) => {
                     let moved = self.groups.peers_lost(&lost);
