@@ -1,0 +1,270 @@
+//! The replica's side of issue 24's findings (a cluster that never diverges): trust
+//! after a lost disk, what a vote may count as "never had it", hand-offs.
+
+use super::*;
+
+/// Issue 24, finding 14: a replica that lost its disk counted any `Views` answer, so a
+/// delayed answer to a request from before the loss (naming an old view) could make
+/// it trust itself too early. Only answers that echo this incarnation's nonce count.
+#[test]
+fn a_rejoining_replica_counts_only_answers_to_its_own_request() {
+    let mut h = Harness::new(3);
+    let config = *h.replica(1).config();
+    h.replicas[1] = Replica::restart(
+        config,
+        CounterMachine::default(),
+        Persisted::after_disk_loss(),
+    )
+    .unwrap();
+    // Its own request, with the nonce it drew.
+    h.input(1, Input::Tick);
+    let mut ticks = 0;
+    let nonce = loop {
+        if let Some(nonce) = h.messages.iter().find_map(|(from, _, m)| match m {
+            Message::RequestViews { nonce, .. } if *from == 1 => Some(*nonce),
+            _ => None,
+        }) {
+            break nonce;
+        }
+        ticks += 1;
+        assert!(ticks < 1_000, "it never asked for views");
+        h.now += 1;
+        h.input(1, Input::Tick);
+    };
+    h.messages.clear();
+    // Two stale answers (another nonce) from a quorum of peers: not trusted yet.
+    for from in [0, 2] {
+        let stale = Message::Views {
+            view: 0,
+            from,
+            nonce: nonce ^ 1,
+        };
+        h.input(1, Input::Message(stale));
+    }
+    assert!(!h.replica(1).may_trust_in(0), "stale answers counted");
+    for from in [0, 2] {
+        let fresh = Message::Views {
+            view: 0,
+            from,
+            nonce,
+        };
+        h.input(1, Input::Message(fresh));
+    }
+    assert!(h.replica(1).may_trust_in(0), "its own answers count");
+}
+
+/// A vote holding an uncommitted op as its header alone never wrote its body (a body
+/// written and lost is a damaged slot), so it says it never had it; a damaged slot, a
+/// committed op and an op above a vote's trusted journal never count so.
+#[test]
+fn a_header_held_alone_above_the_commit_is_a_nack_and_a_damaged_slot_is_not() {
+    let entry = |op: u64, body: Option<&'static [u8]>| SuffixEntry {
+        header: Header {
+            op,
+            ..Header::root(1)
+        }
+        .seal(),
+        body: body.map(bytes::Bytes::from_static),
+    };
+    let vote = ViewChangeVote {
+        log_view: 3,
+        op: 9,
+        commit: 6,
+        commit_checksum: None,
+        suffix: vec![
+            entry(6, None),
+            entry(7, Some(b"body")),
+            entry(8, None),
+            entry(9, None),
+        ],
+        faulty: vec![9],
+        trusted_through: u64::MAX,
+    };
+    let nacks = |vote: &ViewChangeVote, op| Replica::<CounterMachine>::nacks_op(vote, op, None);
+    assert!(
+        !nacks(&vote, 6),
+        "committed: its body left memory when applied"
+    );
+    assert!(!nacks(&vote, 7), "held whole");
+    assert!(
+        nacks(&vote, 8),
+        "a header alone above the commit: never written here"
+    );
+    assert!(
+        !nacks(&vote, 9),
+        "damaged: perhaps acknowledged before the damage"
+    );
+    assert!(nacks(&vote, 10), "above its log");
+    let untrusted = ViewChangeVote {
+        trusted_through: 7,
+        ..vote
+    };
+    assert!(!nacks(&untrusted, 8), "above what its journal vouches for");
+}
+
+/// A slot damaged at restart whose header alone comes back (from a peer's log) may hold
+/// an op this replica acknowledged before the damage: its vote lists the op as faulty,
+/// never as "never had it", until a body is written there again (the shell simulator's
+/// seed 825: such a header counted as a nack and an acknowledged op was dropped).
+#[test]
+fn a_header_alone_over_a_damaged_slot_is_never_a_nack() {
+    let ops = chain(0, 3, 1);
+    let persisted = Persisted {
+        durable: DurableState {
+            view: 1,
+            log_view: 1,
+            commit: 1,
+            ..DurableState::default()
+        },
+        checkpoint: None,
+        journal: vec![
+            (1, JournalSlot::Prepare(ops[0].clone())),
+            (2, JournalSlot::Damaged),
+            (3, JournalSlot::Header(ops[2].header)),
+        ],
+        journal_trusted: true,
+    };
+    let mut replica = Replica::restart(
+        Config::new(0, 1, 3, 9),
+        CounterMachine::default(),
+        persisted,
+    )
+    .unwrap();
+    assert_eq!(
+        replica.faulty_in_vote(1),
+        vec![2],
+        "damaged, header unknown"
+    );
+    let mut out = Vec::new();
+    replica.insert_entry(ops[1].header, None, false, &mut out);
+    assert_eq!(
+        replica.faulty_in_vote(1),
+        vec![2],
+        "its header is known again, its body is not: still perhaps acknowledged"
+    );
+    replica.insert_entry(ops[1].header, Some(ops[1].body.clone()), false, &mut out);
+    assert!(
+        replica.faulty_in_vote(1).is_empty(),
+        "written whole again; op 3, a header alone never over damage, may be nacked"
+    );
+}
+
+/// Prepares 1..=`count` of `group` in `view`, each chained to the one below.
+fn chain(group: u64, count: u64, view: u64) -> Vec<Prepare> {
+    let mut parent = Header::root(group).checksum;
+    (1..=count)
+        .map(|op| {
+            let body = bytes::Bytes::from(format!("op {op}"));
+            let header = Header {
+                view,
+                op,
+                commit: op - 1,
+                parent,
+                body_checksum: crate::message::checksum(&body),
+                ..Header::root(group)
+            }
+            .seal();
+            parent = header.checksum;
+            Prepare { header, body }
+        })
+        .collect()
+}
+
+/// Issue 24, finding 5: a replica that lost its disk and was shown the current view's
+/// log (a StartView) before a quorum of peers answered its RequestViews stayed
+/// untrusted for ever: the StartView it asks for next names the view it is in already,
+/// which never counts as newer. It abstained from every view change, so the group had
+/// no primary once the old one died. Normal on that view's log, it trusts its journal
+/// as soon as the quorum's answers come.
+#[test]
+fn a_rejoined_replica_normal_before_its_views_answers_trusts_itself_then() {
+    let (mut h, session) = registered(3);
+    h.request(0, session, 1, b"k=1");
+    h.settle(50);
+    let config = *h.replica(1).config();
+    h.replicas[1] = Replica::restart(
+        config,
+        CounterMachine::default(),
+        Persisted::after_disk_loss(),
+    )
+    .unwrap();
+    let held_back = std::cell::RefCell::new(Vec::new());
+    let normal = h.run_until(
+        10_000,
+        |from, to, message| {
+            let views = matches!(message, Message::Views { .. }) && to == 1;
+            if views {
+                held_back.borrow_mut().push((from, message.clone()));
+            }
+            !views
+        },
+        |h| h.replica(1).status() == Status::Normal,
+    );
+    assert!(normal, "it never joined the view");
+    assert!(!h.replica(1).journal_trusted(), "no quorum answered yet");
+    for (_, views) in held_back.take() {
+        h.input(1, Input::Message(views));
+    }
+    h.settle(50);
+    assert!(
+        h.replica(1).journal_trusted(),
+        "normal on the current view's log, and a quorum showed no newer view"
+    );
+}
+
+/// Issue 24, finding 8: leadership never spread back after failovers. A primary asked
+/// to hand off moves the group to the next view its preferred replica (view 0's
+/// primary) leads, once that replica acknowledged its newest op and nothing is in
+/// flight; every committed op is kept. Asked earlier, it does nothing.
+#[test]
+fn a_primary_hands_the_group_back_to_its_preferred_replica_once_it_holds_the_log() {
+    let (mut h, session) = registered(3);
+    assert_eq!(h.replica(0).primary_of(0), 0, "replica 0 is preferred");
+    // Replica 0 goes silent: the others elect replica 1 (view 1).
+    let failed_over = h.run_until(
+        10_000,
+        |from, to, _| from != 0 && to != 0,
+        |h| h.replica(1).is_primary(),
+    );
+    assert!(failed_over, "no failover");
+    let view = h.replica(1).view();
+    // Not yet: replica 0 has acknowledged nothing of this view.
+    h.input(1, Input::HandOff);
+    assert!(
+        h.replica(1).is_primary(),
+        "handed off to a replica that may lag"
+    );
+    // Replica 0 is back; a request commits with its acknowledgement.
+    let rejoined = h.run_until(
+        10_000,
+        |_, _, _| true,
+        |h| h.replica(0).status() == Status::Normal && h.replica(0).view() == view,
+    );
+    assert!(rejoined, "replica 0 never joined view {view}");
+    h.request(1, session, 1, b"k=1");
+    let replied = h.run_until(10_000, |_, _, _| true, |h| !h.replies.is_empty());
+    assert!(replied, "the request was never answered");
+    assert_eq!(h.replies.pop().map(|r| r.result.is_ok()), Some(true));
+    let committed = h.replica(1).commit_max();
+    h.input(1, Input::HandOff);
+    let handed = h.run_until(10_000, |_, _, _| true, |h| h.replica(0).is_primary());
+    assert!(handed, "the group never went back to replica 0");
+    assert!(h.replica(0).view() > view);
+    assert!(
+        h.replica(0).commit_max() >= committed,
+        "a committed op was lost"
+    );
+    // And it serves: the next request commits.
+    // As a client would: sent again until answered (the first may come before the new
+    // view is on disk, and is dropped).
+    let mut replied = false;
+    for _ in 0..100 {
+        h.request(0, session, 2, b"k=2");
+        replied = h.run_until(100, |_, _, _| true, |h| !h.replies.is_empty());
+        if replied {
+            break;
+        }
+    }
+    assert!(replied, "the new primary never answered");
+    assert_eq!(h.replies.pop().map(|r| r.result.is_ok()), Some(true));
+}
