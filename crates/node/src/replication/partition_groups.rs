@@ -302,12 +302,35 @@ impl PartitionGroups {
     pub(crate) fn statuses(&self) -> Vec<super::status::GroupStatus> {
         self.host
             .replicas()
-            .map(|replica| {
-                let mut status = super::status::GroupStatus::of(replica);
-                status.journal = self.host.journal(status.group).map(|j| j.progress());
-                status
-            })
+            .map(|replica| self.status_of(replica))
             .collect()
+    }
+
+    /// As [`PartitionGroups::statuses`], starting the count of changes afresh (see
+    /// [`PartitionGroups::changed_statuses`]).
+    pub(crate) fn all_statuses(&mut self) -> Vec<super::status::GroupStatus> {
+        drop(self.host.take_touched());
+        self.statuses()
+    }
+
+    /// The status of each group whose status may have changed since the last call of
+    /// this or [`PartitionGroups::all_statuses`] (the groups stepped since).
+    pub(crate) fn changed_statuses(&mut self) -> Vec<super::status::GroupStatus> {
+        let touched = self.host.take_touched();
+        touched
+            .into_iter()
+            .filter_map(|group| self.host.replica(group))
+            .map(|replica| self.status_of(replica))
+            .collect()
+    }
+
+    fn status_of(
+        &self,
+        replica: &braid_vsr::Replica<PartitionMachine>,
+    ) -> super::status::GroupStatus {
+        let mut status = super::status::GroupStatus::of(replica);
+        status.journal = self.host.journal(status.group).map(|j| j.progress());
+        status
     }
 
     /// Repairs the groups asked of peers since the last call (for the metrics).

@@ -169,6 +169,9 @@ pub(crate) struct ShardHost<S, J = JournalFile> {
     /// Groups whose files were found lost before they were opened (see
     /// [`ShardHost::restart_as_lost`]).
     lost: BTreeSet<u64>,
+    /// Groups stepped, or given outputs to carry out, since [`ShardHost::take_touched`]:
+    /// the only ones whose status can have changed.
+    touched: BTreeSet<u64>,
     /// Repairs asked of peers since [`ShardHost::take_repairs`].
     repairs: Repairs,
 }
@@ -232,6 +235,7 @@ impl<S: StateMachine, J: Journal> ShardHost<S, J> {
             states: GroupStates::open(dir, shard, boot)?,
             fresh_untrusted: false,
             lost: BTreeSet::new(),
+            touched: BTreeSet::new(),
             repairs: Repairs::default(),
         })
     }
@@ -472,6 +476,12 @@ impl<S: StateMachine, J: Journal> ShardHost<S, J> {
         Ok(all)
     }
 
+    /// The groups stepped or given outputs since the last call (their status may have
+    /// changed; no other group's did).
+    pub(crate) fn take_touched(&mut self) -> BTreeSet<u64> {
+        std::mem::take(&mut self.touched)
+    }
+
     /// Repairs asked since the last call.
     pub(crate) fn take_repairs(&mut self) -> Repairs {
         std::mem::take(&mut self.repairs)
@@ -510,6 +520,7 @@ impl<S: StateMachine, J: Journal> ShardHost<S, J> {
     ) -> Result<Effects, HostError> {
         let mut out = Vec::new();
         for (group, input) in inputs {
+            self.touched.insert(group);
             self.node
                 .step(now, group, input, &mut out)
                 .map_err(|e| HostError::UnknownGroup(e.0))?;
@@ -518,6 +529,7 @@ impl<S: StateMachine, J: Journal> ShardHost<S, J> {
     }
 
     fn carry_out(&mut self, now: u64, mut out: Vec<(u64, Output)>) -> Result<Effects, HostError> {
+        self.touched.extend(out.iter().map(|(group, _)| *group));
         let mut effects = Effects::default();
         // At least once: a state the host staged itself (a new group's, a restamp)
         // is written even in a turn without outputs.
