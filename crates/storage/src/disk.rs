@@ -172,9 +172,10 @@ thread_local! {
 /// Runs `create`, deferring every directory sync it makes on this thread, then syncs
 /// each directory it asked for once. For creating many new partitions at once: each
 /// creation syncs its parent (the topic's directory, thousands of entries) and its
-/// own directory several times, and on ext4 every one of those syncs commits the
-/// journal, so a topic of 10,000 partitions wrote gigabytes. Deferred, the first sync
-/// commits them all and the rest find nothing left to write.
+/// own directory several times, each sync an ext4 journal commit; deferred, the first
+/// sync commits them all. (It was written for the gigabytes a topic of 10,000
+/// partitions wrote; those turned out to be the states tables' syncs, one turn per
+/// frame, and this saves little beside them.)
 ///
 /// Only for creating what nothing depends on yet: until this returns, the new entries
 /// may be lost to a power cut (as a creation interrupted by one), so nothing made in
