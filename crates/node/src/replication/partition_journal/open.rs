@@ -15,8 +15,21 @@ impl PartitionJournal {
         let log = PartitionLog::open(dir, config, now_ms)?;
         let journal_path = dir.join(JOURNAL_FILE);
         let repairable = config.recovery == braid_storage::RecoveryMode::TruncateAtDamage;
-        if repairable && journal_path.exists() {
-            if let Err(JournalError::NotAJournal { .. }) = JournalFile::open(&journal_path) {
+        // Gone while the log holds batches: every op it named is unknown (a missing file
+        // is damage, never a new journal: issue 24). Judged by the file, not by an empty
+        // journal: a crash between the log's sync and the journal's leaves batches no
+        // header names, never reported, which are cut below. A lone replica refuses
+        // before the open makes a new file; a member makes one and restarts the group
+        // untrusted (its durable state says so from the first step).
+        let log_holds_batches = log.next_offset() > log.start_offset();
+        let mut journal_lost = !journal_path.exists() && log_holds_batches;
+        if journal_lost && !repairable {
+            return Err(PartitionJournalError::JournalLost { path: journal_path });
+        }
+        // Opened once: an open cuts a torn tail and rewrites a damaged file, and what it
+        // found (below) is only in this answer.
+        let (index, found) = match JournalFile::open(&journal_path) {
+            Err(JournalError::NotAJournal { .. }) if repairable => {
                 // Damaged past knowing (a zeroed small file, say: the shell simulator's
                 // seed 768) in a member of a cluster: lost, as if deleted; its peers
                 // hold the ops. Kept aside as the evidence.
@@ -33,25 +46,17 @@ impl PartitionJournal {
                         source,
                     }
                 })?;
+                journal_lost = log_holds_batches;
+                JournalFile::open(&journal_path)?
             }
-        }
-        let (index, found) = JournalFile::open(&journal_path)?;
+            opened => opened?,
+        };
         let (pruned, pruned_log_end) = index.pruned();
-        // Empty (gone, and made anew by this open or an earlier one) while the log holds
-        // batches: every op it named is unknown. A missing file is damage, never a new
-        // journal (issue 24): a journal that ever named a batch keeps an entry, a prune
-        // or a committed end for good.
-        let journal_lost = found.slots.is_empty()
-            && pruned == 0
-            && pruned_log_end.is_none()
-            && found.committed_end.is_none()
-            && log.next_offset() > log.start_offset();
         if journal_lost {
             tracing::warn!(
                 dir = %dir.display(),
-                "the partition's vsr.journal is gone (or empty) while its log holds \
-                 batches: its ops are unknown here (a cluster member takes them from its \
-                 peers)"
+                "the partition's vsr.journal is gone while its log holds batches: its ops \
+                 are unknown here and are taken from peers"
             );
         }
         let mut journal = Self {
@@ -239,7 +244,7 @@ impl PartitionJournal {
             .map(|(op, _)| *op);
         let damage = if journal_lost {
             Some(format!(
-                "{} is gone (or empty) while the log holds batches",
+                "{} is gone while the log holds batches",
                 journal_path.display()
             ))
         } else if let Some(at) = found.damaged_at {
