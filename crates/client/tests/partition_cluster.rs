@@ -235,19 +235,7 @@ async fn a_quorum_holds_every_acknowledged_record_through_the_primarys_stop() {
 /// Produces batches `range` to partition 0, each until it is taken (a member not yet
 /// knowing the topic, a stopped member's connection, a view change: ask again).
 async fn produce_range(client: &Client, range: std::ops::Range<u32>) {
-    for n in range {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            match client.produce("s", "t", 0, &batch(0, n)).await {
-                Ok(_) => break,
-                Err(err) => {
-                    assert!(Instant::now() < deadline, "produce {n} never taken: {err}");
-                    tokio::time::sleep(Duration::from_millis(10)).await;
-                    client.refresh().await.ok();
-                }
-            }
-        }
-    }
+    produce_partitions(client, 0..1, range).await;
 }
 
 /// Waits until the member's `/metrics` counts a finished state transfer.
