@@ -597,6 +597,18 @@ impl JournalFile {
         })
     }
 
+    /// Marks `op` damaged: its body is gone here and may have been acknowledged, so
+    /// it reads back damaged (faulty in a vote, never absent) until a prepare is
+    /// written there.
+    pub(crate) fn write_damaged(&mut self, op: u64) -> Result<(), JournalError> {
+        self.write_entry(Entry::Damaged(op))
+    }
+
+    /// The ops held above `op`, damaged ones too.
+    pub(crate) fn ops_above(&self, op: u64) -> impl Iterator<Item = u64> + '_ {
+        self.entries.range(op + 1..).map(|(o, _)| *o)
+    }
+
     /// The first op whose body is in the partition log at or after offset `offset`.
     pub(crate) fn first_external_from(&self, offset: u64) -> Option<u64> {
         self.entries.iter().find_map(|(o, e)| match e {

@@ -500,3 +500,51 @@ fn a_members_open_reports_the_damage_and_the_torn_tail_it_found() {
         "the torn tail makes the group untrusted"
     );
 }
+
+/// The shell simulator's seed 1750, with damage at rest: a member's log lost its
+/// segment (cut at its start at open), a checkpoint's copy brought it back to the
+/// checkpoint's end, and finishing the copy cut the journal's entries above the
+/// checkpoint as if they were an old view's. They were acknowledged ops whose batches
+/// went with the damage: absent from a trusted journal at the next start, the
+/// member's vote dropped them, and their offsets were given to other records. They
+/// stay damaged until peers repair them.
+#[test]
+fn ops_above_a_checkpoint_that_a_copy_cut_stay_damaged() {
+    let ops = chain(10, 1, "a");
+    let (_peer_dir, mut peer, _) = peer_holding(&ops);
+    let end_5 = peer.index.next_external(5).map(|(_, base)| base).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let (mut journal, _) = open(dir.path());
+        for p in &ops {
+            journal.write_prepare(p, 0).unwrap();
+        }
+        journal.sync().unwrap();
+    }
+    // Damage at rest took every batch.
+    PartitionLog::open(dir.path(), config(), 0)
+        .unwrap()
+        .truncate(0)
+        .unwrap();
+    let (mut journal, recovered) = open(dir.path());
+    assert!(recovered
+        .slots
+        .iter()
+        .filter(|(op, _)| *op >= 2)
+        .all(|(_, slot)| *slot == JournalSlot::Damaged));
+    journal
+        .checkpointed(5, ops[4].header.checksum, end_5, 0)
+        .unwrap();
+    copy_all(&mut journal, &mut peer, end_5);
+    assert_eq!(journal.behind(), None, "the copy is done");
+    assert_eq!(journal.log().next_offset(), end_5);
+    drop(journal);
+    let (_, recovered) = open(dir.path());
+    for op in 6..=10 {
+        assert_eq!(
+            recovered.slots.iter().find(|(o, _)| *o == op),
+            Some(&(op, JournalSlot::Damaged)),
+            "op {op} may have been acknowledged: damaged, never absent"
+        );
+    }
+}
