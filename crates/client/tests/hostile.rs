@@ -507,8 +507,7 @@ async fn connections_beyond_the_maximum_are_closed_at_accept() {
 
 /// Rules once undocumented: request id 0 belongs to the node (a request with it is
 /// `InvalidArgument`); `max_wait_ms` above 60 s is `InvalidArgument`, not silently
-/// capped; a stored batch carries the leader epoch of the node that appended it (0 on a
-/// single node), whatever the producer sent.
+/// capped; a stored batch carries leader epoch 0, whatever the producer sent.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn request_id_zero_long_waits_and_the_leader_epoch_follow_their_rules() {
     use braid_proto::client::{error_code, ErrorCode};

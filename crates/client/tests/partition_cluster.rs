@@ -395,11 +395,8 @@ fn stored_batches(data_dir: &std::path::Path) -> Vec<Vec<u8>> {
         let read = log.read(offset, 1 << 20, u64::MAX).unwrap();
         let mut bytes = read.bytes();
         while !bytes.is_empty() {
-            let (batch, used) = RecordBatch::check_frame(bytes).unwrap();
-            // The leader epoch (the view that wrote it) may differ between replicas.
-            let mut canonical = bytes[..used].to_vec();
-            braid_proto::batch::set_partition_leader_epoch(&mut canonical, 0);
-            out.push(canonical);
+            let (batch, used) = RecordBatch::check_stored(bytes).unwrap();
+            out.push(bytes[..used].to_vec());
             offset =
                 batch.header().base_offset as u64 + batch.header().last_offset_delta as u64 + 1;
             bytes = &bytes[used..];

@@ -169,7 +169,9 @@ impl PartitionLog {
         usize::from(self.active_file.is_some()) + usize::from(self.reader.is_some())
     }
 
-    /// Appends a batch: assigns it the next offsets and writes it to the page cache.
+    /// Appends a batch: assigns it the next offsets (and leader epoch 0: a log stores
+    /// nothing else there, so damage to the field, which the CRC leaves out, shows) and
+    /// writes it to the page cache.
     /// Rolls to a new segment first when the active one is full or old. The batch is
     /// durable only once [`durable_offset`](Self::durable_offset) passes it (see
     /// [`append_blocking`](Self::append_blocking) for a call that waits).
@@ -185,6 +187,7 @@ impl PartitionLog {
             now_ms,
             |file, path, base, position| {
                 batch.set_base_offset(base as i64);
+                batch.set_partition_leader_epoch(0);
                 crate::disk::write_at(file, path, batch.as_bytes(), position)
             },
         )
@@ -193,17 +196,13 @@ impl PartitionLog {
     /// Appends a batch held elsewhere (shared, so not owned or copied): `bytes` must be
     /// one whole batch already validated (a replicated prepare's body, whose producer's
     /// batch was validated by the primary and whose checksum held on arrival). Its base
-    /// offset and leader epoch are written as this log assigns them, the rest as is.
+    /// offset is written as this log assigns it and its leader epoch as 0, the rest as
+    /// is.
     ///
     /// # Errors
     /// [`LogError::Corrupt`] if `bytes` is not one batch's frame, and as
     /// [`append`](Self::append).
-    pub fn append_shared(
-        &mut self,
-        bytes: &[u8],
-        leader_epoch: i32,
-        now_ms: u64,
-    ) -> Result<Appended, LogError> {
+    pub fn append_shared(&mut self, bytes: &[u8], now_ms: u64) -> Result<Appended, LogError> {
         let not_a_batch = |err: braid_proto::BatchError| LogError::Corrupt {
             path: self.dir.clone(),
             position: self.next_offset,
@@ -232,7 +231,7 @@ impl PartitionLog {
                 let mut head = [0u8; braid_proto::batch::HEADER_BYTES];
                 head.copy_from_slice(&bytes[..head_len]);
                 braid_proto::batch::set_base_offset(&mut head, base as i64);
-                braid_proto::batch::set_partition_leader_epoch(&mut head, leader_epoch);
+                braid_proto::batch::set_partition_leader_epoch(&mut head, 0);
                 crate::disk::write_at(file, path, &head, position)?;
                 crate::disk::write_at(file, path, &bytes[head_len..], position + head_len as u64)
             },
@@ -500,7 +499,7 @@ impl PartitionLog {
                     corruption: e.into(),
                 };
                 let (batch, _) =
-                    braid_proto::RecordBatch::check_frame(read.bytes()).map_err(corrupt)?;
+                    braid_proto::RecordBatch::check_stored(read.bytes()).map_err(corrupt)?;
                 let header = *batch.header();
                 if header.max_timestamp >= timestamp_ms {
                     for (i, record) in batch.records().enumerate() {

@@ -90,7 +90,7 @@ impl<'f> Walk<'f> {
         }
         if self.verify {
             self.cover(position, total)?;
-            if let Err(err) = RecordBatch::check_frame(self.slice(position, total)) {
+            if let Err(err) = RecordBatch::check_stored(self.slice(position, total)) {
                 return bad(Corruption::Batch(err));
             }
         }
@@ -153,7 +153,7 @@ pub(crate) fn find_intact_batch(
             }
             let mut batch = vec![0u8; total as usize];
             file.read_exact_at(&mut batch, position)?;
-            if RecordBatch::check_frame(&batch).is_ok() {
+            if RecordBatch::check_stored(&batch).is_ok() {
                 return Ok(Some(position));
             }
         }

@@ -11,10 +11,11 @@
 //! (a view change chose another prepare there) cuts the log back to it first: every
 //! entry above chains to the replaced one, so none of them can be in the new log.
 //!
-//! Bodies are stored with the base offset the log assigns and the view as partition
-//! leader epoch; both fields are outside the batch CRC, and a body's VSR checksum is
-//! over its *canonical* form, with both fields zero. So every replica checksums the
-//! same bytes, and a batch read back is canonicalised before it is sent or checked.
+//! Bodies are stored with the base offset the log assigns and partition leader epoch
+//! 0; both fields are outside the batch CRC, and a body's VSR checksum is over its
+//! *canonical* form, with both fields zero. So every replica checksums the same bytes,
+//! a batch read back is canonicalised (its offset zeroed) before it is sent or
+//! checked, and a stored epoch other than 0 is damage.
 //!
 //! Crash consistency: [`PartitionJournal::sync`] syncs the log, then `vsr.journal`, and
 //! only then are the writes reported. At open, a header whose batch the log lacks was
@@ -185,6 +186,8 @@ pub(crate) struct PartitionJournal {
     applied_ahead: BTreeMap<u64, Checksum>,
     /// Where the scrub of the committed log goes on ([`PartitionJournal::scrub`]).
     scrub_cursor: u64,
+    /// Whole passes the scrub finished since the journal was opened.
+    scrub_passes: u64,
     /// A damaged batch found in the committed log, waiting for a peer's copy.
     damaged_at: Option<u64>,
     /// A truncation or a header written to `vsr.journal` that no sync has covered yet.
@@ -461,9 +464,7 @@ impl PartitionJournal {
                 });
             }
             // The shared body goes to the log as it is, bar its offset and epoch.
-            let appended =
-                self.log
-                    .append_shared(&prepare.body, prepare.header.view as i32, now_ms)?;
+            let appended = self.log.append_shared(&prepare.body, now_ms)?;
             self.index
                 .write_external(&prepare.header, appended.base_offset)?;
             self.tip_log_end = Some(appended.last_offset + 1);

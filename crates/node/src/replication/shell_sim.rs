@@ -674,7 +674,7 @@ impl Run {
                 let served = batches
                     .last()
                     .and_then(|(base, bytes)| {
-                        RecordBatch::check_frame(bytes)
+                        RecordBatch::check_stored(bytes)
                             .ok()
                             .map(|(b, _)| b.header().last_offset() as u64 + 1)
                             .or(Some(*base))
@@ -739,8 +739,17 @@ impl Run {
                     })
                 })
             });
+            // Damage at rest is found by the scrub, not by the checks below: every
+            // member scrubbed its whole log since its boot, and repaired what it found.
+            let scrubbed = self.members.iter().all(|member| {
+                member.groups.as_ref().is_some_and(|g| {
+                    g.journal(key(p))
+                        .is_some_and(|j| matches!(j.scrubbed(), (passes, false) if passes > 0))
+                })
+            });
             primaries == 1
                 && settled
+                && scrubbed
                 && marks.all(|other| {
                     other.is_some_and(|(m, role)| m == mark && role != Role::Backup(None))
                 })

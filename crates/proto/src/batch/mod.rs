@@ -77,6 +77,14 @@ pub enum BatchError {
         /// CRC of the bytes.
         computed: u32,
     },
+    /// A batch read from a Braid log whose partition leader epoch is not 0, the only
+    /// value a log stores there: the field is outside the CRC, so this is how damage
+    /// to it is seen.
+    #[error("stored batch has partition leader epoch {found}, a log stores 0")]
+    StoredEpoch {
+        /// The epoch found.
+        found: i32,
+    },
     /// The batch is compressed; Braid stores uncompressed batches only for now.
     #[error("compressed batches are not supported (codec: {codec})")]
     Compressed {
@@ -157,6 +165,22 @@ impl<'a> RecordBatch<'a> {
         batch.check_attributes()?;
         batch.check_records(None)?;
         Ok((batch, used))
+    }
+
+    /// Checks a batch as a Braid log stores it: its frame, as
+    /// [`check_frame`](Self::check_frame), and its partition leader epoch, which a log
+    /// stores as 0. The two header fields outside the CRC are then both checked, the
+    /// base offset by its place in the log (the caller's part): a stored batch is its
+    /// canonical form at its offsets, and a bit flipped anywhere in it is damage.
+    ///
+    /// # Errors
+    /// As [`check_frame`](Self::check_frame), and [`BatchError::StoredEpoch`].
+    pub fn check_stored(input: &'a [u8]) -> Result<(Self, usize), BatchError> {
+        let (batch, used) = Self::check_frame(input)?;
+        match batch.header.partition_leader_epoch {
+            0 => Ok((batch, used)),
+            found => Err(BatchError::StoredEpoch { found }),
+        }
     }
 
     /// Checks only the header, the length and the CRC, not the records: the check a

@@ -70,6 +70,31 @@ fn every_flipped_byte_is_caught() {
     }
 }
 
+/// A stored batch (leader epoch 0, its base offset checked by its place) has no byte
+/// a flip goes unnoticed in, from the leader epoch on.
+#[test]
+fn every_flipped_byte_of_a_stored_batch_is_caught() {
+    let mut stored = ValidatedBatch::new(sample()).unwrap();
+    stored.set_partition_leader_epoch(0);
+    let bytes = stored.as_bytes().to_vec();
+    assert!(RecordBatch::check_stored(&bytes).is_ok());
+    for at in field::PARTITION_LEADER_EPOCH..bytes.len() {
+        for bit in 0..8 {
+            let mut damaged = bytes.clone();
+            damaged[at] ^= 1 << bit;
+            assert!(
+                RecordBatch::check_stored(&damaged).is_err(),
+                "flip of bit {bit} at byte {at} went unnoticed"
+            );
+        }
+    }
+    stored.set_partition_leader_epoch(-1);
+    assert_eq!(
+        RecordBatch::check_stored(stored.as_bytes()).map(|_| ()),
+        Err(BatchError::StoredEpoch { found: -1 })
+    );
+}
+
 #[test]
 fn every_truncation_is_an_error() {
     let bytes = sample();

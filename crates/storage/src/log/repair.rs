@@ -2,9 +2,9 @@
 //! copy of the same batches.
 //!
 //! Replicas store a committed batch with the same bytes at the same offsets (the same
-//! base offset, the same leader epoch: the view that prepared it), so a damaged batch
-//! is repaired by writing the replica's bytes over it. Its length is the same, so no
-//! position moves and the segment's indexes stay true.
+//! base offset, leader epoch 0), so a damaged batch is repaired by writing the
+//! replica's bytes over it. Its length is the same, so no position moves and the
+//! segment's indexes stay true.
 
 use std::fs::OpenOptions;
 
@@ -25,7 +25,7 @@ impl LogRead {
         let mut offset = self.first_offset;
         let mut good = 0;
         while at < bytes.len() {
-            match RecordBatch::check_frame(&bytes[at..]) {
+            match RecordBatch::check_stored(&bytes[at..]) {
                 Ok((batch, used)) if batch.header().base_offset == offset as i64 => {
                     offset = batch.header().last_offset() as u64 + 1;
                     at += used;
@@ -98,7 +98,7 @@ impl PartitionLog {
                 return Ok(None);
             }
             let bytes = read_at(position, total)?;
-            Ok(RecordBatch::check_frame(&bytes).ok().map(|_| header))
+            Ok(RecordBatch::check_stored(&bytes).ok().map(|_| header))
         };
         while expected < from {
             let header = header_at(position)?
@@ -126,7 +126,7 @@ impl PartitionLog {
         let mut taken = 0usize;
         let mut next = from;
         loop {
-            let (batch, used) = RecordBatch::check_frame(&batches[first + taken..])
+            let (batch, used) = RecordBatch::check_stored(&batches[first + taken..])
                 .map_err(|e| refuse(format!("a copied batch is damaged: {e}")))?;
             if batch.header().base_offset != next as i64 {
                 return Err(refuse(format!(

@@ -50,7 +50,12 @@ impl PartitionJournal {
         }
         let end = self.committed_end();
         let start = self.log.start_offset();
-        if self.scrub_cursor < start || self.scrub_cursor >= end {
+        if self.scrub_cursor >= end {
+            // At the end (or nothing committed yet): a pass is done, the next begins.
+            self.scrub_passes += 1;
+            self.scrub_cursor = start;
+        }
+        if self.scrub_cursor < start {
             self.scrub_cursor = start;
         }
         if self.scrub_cursor >= end {
@@ -95,6 +100,16 @@ impl PartitionJournal {
             );
         }
         self.damaged_at = Some(self.damaged_at.map_or(offset, |d| d.min(offset)));
+    }
+
+    /// Whole passes the scrub finished over the committed log since the open, and
+    /// whether damage it (or a read) found waits for a peer's copy: a member that
+    /// finished one with nothing waiting serves no damage found at its open or before.
+    pub(crate) fn scrubbed(&self) -> (u64, bool) {
+        let waiting = self
+            .damaged_at
+            .is_some_and(|d| d < self.log.next_offset() && d >= self.log.start_offset());
+        (self.scrub_passes, waiting)
     }
 
     /// The damaged batch waiting for a peer's copy, if any.

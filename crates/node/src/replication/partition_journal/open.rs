@@ -73,6 +73,7 @@ impl PartitionJournal {
             applied_end: 0,
             applied_ahead: BTreeMap::new(),
             scrub_cursor: 0,
+            scrub_passes: 0,
             damaged_at: None,
             index_changed_unsynced: false,
             tip_log_end: None,

@@ -134,13 +134,13 @@ fn batches_are_the_log_and_come_back_with_their_headers_after_a_restart() {
         "every op reported written after the sync"
     );
     assert_eq!(journal.tip(), 20);
-    // The log holds the batches, with the offsets it assigned and the view as epoch.
+    // The log holds the batches, with the offsets it assigned and leader epoch 0.
     let log = journal.log();
     let first = log.read(0, 1, u64::MAX).unwrap();
-    let header = braid_proto::RecordBatch::check_frame(first.bytes())
+    let header = braid_proto::RecordBatch::check_stored(first.bytes())
         .unwrap()
         .0;
-    assert_eq!(header.header().partition_leader_epoch, 1);
+    assert_eq!(header.header().partition_leader_epoch, 0);
     assert_eq!(log_batches(&mut journal), batch_bodies(&ops));
     // A repair answer is read back from the log, canonical and whole.
     let asked = &ops[9];

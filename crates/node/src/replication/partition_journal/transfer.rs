@@ -124,7 +124,7 @@ impl PartitionJournal {
         }
         let mut rest = batches;
         while !rest.is_empty() && transfer.cursor < transfer.log_end {
-            let (batch, used) = braid_proto::RecordBatch::check_frame(rest).map_err(|err| {
+            let (batch, used) = braid_proto::RecordBatch::check_stored(rest).map_err(|err| {
                 PartitionJournalError::Copy(format!("a copied batch is damaged: {err}"))
             })?;
             let header = batch.header();
@@ -149,8 +149,7 @@ impl PartitionJournal {
                     _ => self.cut_log_at(transfer.cursor)?,
                 }
             }
-            self.log
-                .append_shared(theirs, header.partition_leader_epoch, now_ms)?;
+            self.log.append_shared(theirs, now_ms)?;
             transfer.cursor = self.log.next_offset();
         }
         self.behind = Some(transfer);
