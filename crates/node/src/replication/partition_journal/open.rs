@@ -196,10 +196,20 @@ impl PartitionJournal {
         }
         match log_end {
             Some(end) if journal.log.next_offset() > end => {}
-            Some(end) if journal.log.next_offset() < end && journal.tip == pruned => {
+            Some(end)
+                if journal.log.next_offset() < end
+                    && journal
+                        .index
+                        .next_external(pruned)
+                        .is_none_or(|(op, _)| op > journal.tip) =>
+            {
                 // The log ends before the prune point's end (a state transfer that a
-                // crash interrupted, or batches lost with the page cache): the rest is
-                // copied from a peer before any op above the prune point goes in.
+                // crash interrupted, batches lost with the page cache, or a segment
+                // lost to damage at rest), and no op the journal holds above the prune
+                // point has a batch (those held whole, registers, stay: the shell
+                // simulator's seed 2010 with damage at rest, whose log stayed short
+                // behind two registers until the next batch found no place): the rest
+                // is copied from a peer before any batch above the prune point goes in.
                 tracing::info!(
                     dir = %dir.display(),
                     log_end = journal.log.next_offset(),

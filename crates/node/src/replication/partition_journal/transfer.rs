@@ -182,7 +182,13 @@ impl PartitionJournal {
         }
         drop(self.index.sync_unmarked()?);
         self.tip = self.tip.max(transfer.op);
-        self.tip_log_end = (self.tip == transfer.op).then_some(transfer.log_end);
+        // The log ends at the checkpoint's end unless an op up to the tip has its batch
+        // after it (ops held whole, registers, add none).
+        let batch_above = self
+            .index
+            .next_external(transfer.op)
+            .is_some_and(|(op, _)| op <= self.tip);
+        self.tip_log_end = (!batch_above).then_some(transfer.log_end);
         self.append_pending(now_ms)
     }
 }

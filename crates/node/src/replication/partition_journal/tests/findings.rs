@@ -548,3 +548,65 @@ fn ops_above_a_checkpoint_that_a_copy_cut_stay_damaged() {
         );
     }
 }
+
+/// The shell simulator's seed 2010 with damage at rest: a member's log lost the
+/// segment after its prune point's end while the journal held two registers (no
+/// batch) above that point. The open let the log stay short, and the next batch found
+/// the log ending elsewhere than its journal said (`Misplaced`): the shard's groups
+/// stopped for good. The log is copied up to the prune point's end from a peer, the
+/// registers stay, and the next batch goes where it belongs.
+#[test]
+fn a_log_short_of_its_prune_point_behind_registers_is_copied_back() {
+    let ops = chain(6, 1, "a");
+    let (_peer_dir, mut peer, end_6) = peer_holding(&ops);
+    let mut above = Vec::new();
+    let mut parent = ops[5].header.checksum;
+    for op in 7..=9u64 {
+        let (operation, body) = match op {
+            9 => (Operation::Request, batch("b", 2)),
+            _ => (Operation::Register, op.to_be_bytes().to_vec()),
+        };
+        let p = prepare(op, 1, parent, operation, body);
+        parent = p.header.checksum;
+        above.push(p);
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let lost_from = {
+        let (mut journal, _) = open(dir.path());
+        for p in ops.iter().chain(&above[..2]) {
+            journal.write_prepare(p, 0).unwrap();
+        }
+        journal.sync().unwrap();
+        journal.prune(6).unwrap();
+        journal.sync().unwrap();
+        assert_eq!(journal.index.pruned(), (6, Some(end_6)));
+        peer.index.entry(4).and_then(|(_, base)| base).unwrap()
+    };
+    // Damage at rest took the log from op 4's batch on.
+    PartitionLog::open(dir.path(), config(), 0)
+        .unwrap()
+        .truncate(lost_from)
+        .unwrap();
+    let (mut journal, recovered) = open(dir.path());
+    assert_eq!(journal.tip(), 8, "the registers stay");
+    assert_eq!(prepares(&recovered), above[..2].to_vec());
+    assert_eq!(
+        journal.behind(),
+        Some(Transfer {
+            op: 6,
+            log_end: end_6,
+            cursor: lost_from,
+        }),
+        "the log is copied up to the prune point's end"
+    );
+    copy_all(&mut journal, &mut peer, end_6);
+    assert_eq!(journal.behind(), None);
+    journal.write_prepare(&above[2], 0).unwrap();
+    journal.sync().unwrap();
+    assert_eq!(journal.tip(), 9);
+    assert_eq!(
+        journal.index.entry(9).and_then(|(_, base)| base),
+        Some(end_6),
+        "the next batch goes at the prune point's end"
+    );
+}
