@@ -53,3 +53,111 @@ async fn a_new_topic_never_gets_the_records_of_a_forgotten_one() {
     // The old records are still on disk, under an id no topic will be given.
     assert!(node.dir.path().join("partitions").join("0").is_dir());
 }
+
+/// A batch of `records` records without keys (any partition takes them).
+fn keyless(records: usize) -> Vec<u8> {
+    let mut builder = braid_proto::BatchBuilder::new(1_000);
+    for i in 0..records {
+        builder.push(None, Some(format!("v{i}").as_bytes()), &[], 1_000);
+    }
+    builder.finish()
+}
+
+/// What a test does to a stopped single node's partition 0.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum PartitionDamage {
+    /// Its `vsr.journal` deleted (the log intact).
+    JournalGone,
+    /// A bit flipped in the middle of its log, in its second batch.
+    LogFlipped,
+    /// Its whole directory deleted.
+    DirectoryGone,
+}
+
+/// Issue 24: a single node whose partition's files are damaged refuses that partition
+/// alone, naming the damage, while the other partitions serve. Its log serves what it
+/// holds intact (each batch checked); a produce, and a read from the damage or where
+/// the log ends, are refused, and so they are after the next start (the refusal writes
+/// nothing). A deleted partition directory was an empty new partition: 12
+/// acknowledged records gone and offset 0 given again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_damaged_partition_of_a_single_node_is_refused_alone() {
+    use PartitionDamage::*;
+    for damage in [JournalGone, LogFlipped, DirectoryGone] {
+        let mut node = TestNode::start(FsyncSetting::Always);
+        let client = Client::connect(node.addr()).await.unwrap();
+        common::create_topic(&client, "s", "t", 2).await;
+        for _ in 0..3 {
+            for partition in 0..2 {
+                client
+                    .produce("s", "t", partition, &keyless(4))
+                    .await
+                    .unwrap();
+            }
+        }
+        drop(client);
+        node.node.take().unwrap().shutdown();
+        let damaged = node.dir.path().join("partitions").join("0").join("0");
+        match damage {
+            JournalGone => std::fs::remove_file(damaged.join("vsr.journal")).unwrap(),
+            LogFlipped => {
+                let segment = damaged.join(format!("{:020}.log", 0));
+                let mut bytes = std::fs::read(&segment).unwrap();
+                let at = bytes.len() / 2;
+                bytes[at] ^= 0x08;
+                std::fs::write(&segment, bytes).unwrap();
+            }
+            DirectoryGone => std::fs::remove_dir_all(&damaged).unwrap(),
+        }
+        for start in 0..2 {
+            if start == 0 {
+                let config = common::config(node.dir.path(), FsyncSetting::Always);
+                node.node = Some(Node::start(config).unwrap());
+            } else {
+                node.restart();
+            }
+            let client = Client::connect(node.addr()).await.unwrap();
+            // The other partition serves and takes writes.
+            let stored = client.produce("s", "t", 1, &keyless(1)).await.unwrap();
+            assert_eq!(stored.0, 12 + start);
+            // The damaged one takes none, and says why.
+            let refused = client.produce("s", "t", 0, &keyless(1)).await.unwrap_err();
+            let named = match damage {
+                LogFlipped => "(in 00000000000000000000.log)",
+                JournalGone | DirectoryGone => "vsr.journal",
+            };
+            assert!(refused.to_string().contains(named), "{damage:?}: {refused}");
+            assert!(
+                refused.to_string().contains("docs/operations.md"),
+                "{refused}"
+            );
+            let past_end = client.fetch("s", "t", 0, 12, 1 << 20, 0).await.unwrap_err();
+            assert!(past_end.to_string().contains("refused"), "{past_end}");
+            // What the log holds intact is served at its offsets: all 12 records when
+            // only the journal is gone, the batch before the damaged one after a flip
+            // (a read from the damage on is refused, naming it), nothing when the
+            // directory is gone.
+            let served = match damage {
+                JournalGone => 12,
+                LogFlipped => 4,
+                DirectoryGone => 0,
+            };
+            if served > 0 {
+                let fetched = client.fetch("s", "t", 0, 0, 1 << 20, 0).await.unwrap();
+                assert_eq!(fetched.high_watermark, 12);
+                let mut records = std::collections::VecDeque::new();
+                braid_client::decode_records(0, 0, &fetched.batches, &mut records).unwrap();
+                let offsets: Vec<u64> = records.iter().map(|r| r.offset).collect();
+                assert_eq!(offsets, (0..served).collect::<Vec<_>>(), "{damage:?}");
+            }
+            if served < 12 {
+                let at_damage = client.fetch("s", "t", 0, served, 1 << 20, 0).await;
+                assert!(at_damage.is_err(), "{damage:?}: {at_damage:?}");
+            }
+            assert_eq!(
+                common::metric(node.http_addr(), "braid_partitions_refused").await,
+                1
+            );
+        }
+    }
+}

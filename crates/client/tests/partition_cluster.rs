@@ -508,3 +508,65 @@ async fn a_member_whose_data_directory_was_deleted_rejoins_by_state_transfer() {
         "the rejoined member's log differs from the primary's"
     );
 }
+
+/// A member whose partition directory was deleted while it was stopped (its states
+/// table still holding the group's state) restarts the group as a replica that lost
+/// its disk: it abstains until its peers show it the current view, and takes the log
+/// from them. Started as an empty trusted journal, its vote with a member that missed
+/// the newest ops would drop them, acknowledged as they were (a single node refuses
+/// the partition: `durability.rs`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_whose_partition_directory_was_deleted_never_votes_its_ops_away() {
+    let mut members = start_cluster(3, FsyncSetting::Always);
+    let admin = Client::connect(members[0].addr()).await.unwrap();
+    common::create_topic(&admin, "s", "t", 1).await;
+    let primary = usize::from(primary_of(members[0].addr(), 0).await);
+    let client = Client::connect(members[primary].addr()).await.unwrap();
+    let lost = (primary + 1) % 3;
+    let behind = (primary + 2) % 3;
+    produce_range(&client, 0..50).await;
+    // The newest ops are acknowledged by the primary and `lost` alone.
+    members[behind].stop();
+    produce_range(&client, 50..100).await;
+    members[lost].stop();
+    members[primary].stop();
+    let data_dir = members[lost].config.data_dir.clone();
+    let topic = std::fs::read_dir(data_dir.join("partitions"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.is_dir())
+        .unwrap();
+    std::fs::remove_dir_all(topic.join("0")).unwrap();
+    // `lost` and `behind` alone: nobody there holds ops 50..100, and `lost` must not
+    // vote them away. Give them time to try.
+    members[lost].start();
+    members[behind].start();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    members[primary].start();
+    let expected: Vec<String> = (0..100)
+        .flat_map(|n| (0..5).map(move |i| format!("0-{n}-{i}")))
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let leader = usize::from(primary_of(members[primary].addr(), 0).await);
+        let client = Client::connect(members[leader].addr()).await.unwrap();
+        if client.produce("s", "t", 0, &batch(0, 100)).await.is_ok() {
+            let mut stored = read_all(members[leader].addr(), 0).await;
+            let last = stored.split_off(expected.len().min(stored.len()));
+            let moved = stored.iter().zip(&expected).position(|(a, b)| a != b);
+            assert!(
+                moved.is_none() && stored.len() == expected.len(),
+                "an acknowledged record is gone or moved: at record {moved:?} of {}, {} stored",
+                expected.len(),
+                stored.len()
+            );
+            assert!(last.iter().all(|v| v.starts_with("0-100-")), "{last:?}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "the partition never took writes");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for member in &mut members {
+        member.stop();
+    }
+}

@@ -32,6 +32,7 @@ pub mod metadata;
 mod metrics;
 mod node;
 mod partition;
+mod refused_partition;
 mod replication;
 mod shard;
 mod tls;

@@ -25,6 +25,7 @@ pub(crate) struct ShardMetrics {
     pub(crate) repair_snapshots_requested: AtomicU64,
     pub(crate) frames_refused: AtomicU64,
     pub(crate) partitions_poisoned: AtomicU64,
+    pub(crate) partitions_refused: AtomicU64,
     pub(crate) connection_reads_paused: AtomicU64,
     pub(crate) fetch_budget_waits: AtomicU64,
     pub(crate) connections_closed_stalled: AtomicU64,
@@ -56,6 +57,7 @@ impl Default for ShardMetrics {
             repair_snapshots_requested: AtomicU64::new(0),
             frames_refused: AtomicU64::new(0),
             partitions_poisoned: AtomicU64::new(0),
+            partitions_refused: AtomicU64::new(0),
             connection_reads_paused: AtomicU64::new(0),
             fetch_budget_waits: AtomicU64::new(0),
             connections_closed_stalled: AtomicU64::new(0),
@@ -145,6 +147,12 @@ pub(crate) fn render(
         "counter",
         "Partitions that refused writes after a failed disk operation (until restart).",
         sum(&|s| &s.partitions_poisoned),
+    );
+    metric(
+        "braid_partitions_refused",
+        "gauge",
+        "Partitions of a single node refused at start: their files hold damage no peer can repair (each logged at error with the file and offset).",
+        sum(&|s| &s.partitions_refused),
     );
     metric(
         "braid_connection_reads_paused_total",

@@ -20,6 +20,7 @@ use crate::layout::{Layout, PartitionKey};
 use crate::mailbox::{now_ms, Control, FetchOutcome, NodeShared, ShardRequest};
 use crate::metrics::{add, ShardMetrics};
 use crate::partition::Partition;
+use crate::refused_partition::RefusedPartition;
 use crate::replication::partition_groups::{Moved, PartitionGroups, Role};
 
 /// How often (in ticks) a shard publishes its partitions' primaries for `ClusterInfo`
@@ -49,6 +50,8 @@ pub(crate) struct Shard {
     pub(crate) shared: Arc<NodeShared>,
     pub(crate) layout: Rc<RefCell<Arc<Layout>>>,
     partitions: HashMap<PartitionKey, Partition>,
+    /// A lone node's partitions whose files hold damage: refused alone, at open.
+    refused: HashMap<PartitionKey, RefusedPartition>,
     groups: PartitionGroups,
     lru: OpenLogLru<PartitionKey>,
     /// Partitions under `fsync = interval` with appends not yet synced.
@@ -95,6 +98,7 @@ impl Shard {
             shared,
             layout: Rc::new(RefCell::new(Arc::new(Layout::default()))),
             partitions: HashMap::new(),
+            refused: HashMap::new(),
             groups,
             lru: OpenLogLru::new(capacity),
             dirty: HashSet::new(),
@@ -216,7 +220,7 @@ impl Shard {
                 continue;
             }
             wanted.insert(key);
-            if self.partitions.contains_key(&key) {
+            if self.partitions.contains_key(&key) || self.refused.contains_key(&key) {
                 continue;
             }
             if key.dir(self.shared.data_dir()).exists() {
@@ -244,11 +248,13 @@ impl Shard {
         let gone: Vec<PartitionKey> = self
             .partitions
             .keys()
+            .chain(self.refused.keys())
             .filter(|k| !wanted.contains(k))
             .copied()
             .collect();
         for key in gone {
             self.partitions.remove(&key);
+            self.refused.remove(&key);
             self.groups.remove(key);
             if let Ok(mut published) = self.shared.high_watermarks.write() {
                 published.remove(&key);
@@ -268,6 +274,10 @@ impl Shard {
         }
         self.metrics().partitions.store(
             self.partitions.len() as u64,
+            std::sync::atomic::Ordering::Relaxed,
+        );
+        self.metrics().partitions_refused.store(
+            self.refused.len() as u64,
             std::sync::atomic::Ordering::Relaxed,
         );
         *self.layout.borrow_mut() = layout;
@@ -313,10 +323,31 @@ impl Shard {
         topic: &crate::layout::TopicRoute,
     ) -> Result<(), String> {
         let dir = key.dir(self.shared.data_dir());
-        let high_watermark = self
-            .groups
-            .add(key, &dir, topic.log_config(&self.shared.config), now_ms())
-            .map_err(|e| format!("opening partition {}/{}: {e}", topic.name, key.partition))?;
+        let log_config = topic.log_config(&self.shared.config);
+        let high_watermark = match self.groups.add(key, &dir, log_config, now_ms()) {
+            Ok(high_watermark) => high_watermark,
+            Err(err) if self.groups.members() == 1 && err.is_damage() => {
+                // A lone node has no peer to repair it from: this partition alone is
+                // refused, and the node serves the others.
+                let reason = format!("partition {}/{}: {err}", topic.name, key.partition);
+                tracing::error!(
+                    topic = %topic.name,
+                    partition = key.partition,
+                    %reason,
+                    "a partition's files are damaged: it takes no writes and serves only \
+                     what its log holds; restore it or see docs/operations.md"
+                );
+                self.refused
+                    .insert(key, RefusedPartition::open(&dir, log_config, reason));
+                return Ok(());
+            }
+            Err(err) => {
+                return Err(format!(
+                    "opening partition {}/{}: {err}",
+                    topic.name, key.partition
+                ))
+            }
+        };
         // An idle partition holds no files until it is used.
         self.groups.release_files(key).map_err(|e| e.to_string())?;
         let partition = Partition::new(high_watermark);
@@ -409,6 +440,10 @@ impl Shard {
             ShardRequest::Produce { key, batch, reply } => {
                 let records = u64::from(batch.record_count());
                 let bytes = batch.len() as u64;
+                if let Some(refused) = self.refused.get(&key) {
+                    let _ = reply.send(Err(refused.refusal()));
+                    return;
+                }
                 self.touch(key);
                 let Some(partition) = self.partitions.get(&key) else {
                     let _ = reply.send(Err(NodeError::new(
@@ -452,6 +487,10 @@ impl Shard {
                 wait,
                 reply,
             } => {
+                if let Some(refused) = self.refused.get_mut(&key) {
+                    let _ = reply.send(refused.fetch(&self.shared, offset, max_bytes));
+                    return;
+                }
                 self.touch(key);
                 if let Role::Backup(primary) = self.role(key) {
                     if self.partitions.contains_key(&key) {
@@ -485,6 +524,10 @@ impl Shard {
                 let _ = reply.send(outcome);
             }
             ShardRequest::ListOffsets { key, spec, reply } => {
+                if let Some(refused) = self.refused.get_mut(&key) {
+                    let _ = reply.send(refused.list_offset(spec));
+                    return;
+                }
                 self.touch(key);
                 let result = match (self.partitions.get(&key), self.groups.log(key)) {
                     (Some(partition), Some(log)) => partition.list_offset(log, spec),
@@ -499,6 +542,10 @@ impl Shard {
                 let found = keys
                     .into_iter()
                     .filter_map(|key| {
+                        if let Some(refused) = self.refused.get(&key) {
+                            let (start, end) = refused.offsets()?;
+                            return Some((key, start, end));
+                        }
                         let high_watermark = self.partitions.get(&key)?.high_watermark();
                         let start = self.groups.log(key)?.start_offset();
                         Some((key, start, high_watermark))
@@ -735,7 +782,7 @@ async fn next_bundle_down(
 }
 
 /// Reads committed batches for a fetch into a buffer from the node's pool.
-fn read_for_fetch(
+pub(crate) fn read_for_fetch(
     shared: &NodeShared,
     partition: &Partition,
     log: &mut PartitionLog,

@@ -375,6 +375,11 @@ impl PartitionGroups {
         }
     }
 
+    /// How many replicas each group has (1: a lone node).
+    pub(crate) fn members(&self) -> u8 {
+        self.members
+    }
+
     /// Opens a partition's group: its log in `dir` with its journal and checkpoints.
     /// Returns the high watermark it starts at.
     ///
@@ -388,6 +393,24 @@ impl PartitionGroups {
         now_ms: u64,
     ) -> Result<u64, HostError> {
         let group = group_of(key);
+        let journal_path = dir.join(super::partition_journal::JOURNAL_FILE);
+        if self.host.has_state(group) && !journal_path.exists() {
+            // The group wrote a durable state here, so its journal was made (before any
+            // state): its files are gone (the partition's directory deleted, say), and
+            // an empty log would take offsets it acknowledged. A lone replica refuses
+            // before anything is made; a member restarts the group as one that lost its
+            // disk and takes it from peers.
+            let reason = format!(
+                "{} is gone while this node's states table holds the group's state (the \
+                 partition's files were lost)",
+                journal_path.display()
+            );
+            if self.members == 1 {
+                return Err(HostError::Damaged { group, reason });
+            }
+            tracing::warn!(group, %reason, "the group restarts as a replica that lost its disk");
+            self.host.restart_as_lost(group);
+        }
         let mut log_config = log_config;
         if self.members > 1 {
             // Damage in the log's newest segment cuts it there instead of refusing to

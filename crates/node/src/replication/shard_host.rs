@@ -132,8 +132,32 @@ pub(crate) enum HostError {
     Partition(#[from] PartitionJournalError),
     #[error("group {group}: {reason}")]
     Start { group: u64, reason: String },
+    /// A lone replica's files hold damage it has no peer to repair from: its group
+    /// does not start (a partition's is refused alone, the rest of the node serves).
+    #[error(
+        "group {group}: {reason}, and a lone replica has no peer to repair it from (see \
+         \"Damage a replica finds in its replication files\" in docs/operations.md)"
+    )]
+    Damaged { group: u64, reason: String },
     #[error("no group {0} on this shard")]
     UnknownGroup(u64),
+}
+
+impl HostError {
+    /// Whether a lone replica found damage in its files at open (a damaged or lost
+    /// journal, log or checkpoint, or its durable state): its group alone is refused,
+    /// not the node. Anything else (a failed disk operation, say) stops the shard.
+    pub(crate) fn is_damage(&self) -> bool {
+        matches!(
+            self,
+            Self::Damaged { .. }
+                | Self::Partition(
+                    PartitionJournalError::JournalLost { .. }
+                        | PartitionJournalError::Log(braid_storage::LogError::Corrupt { .. })
+                        | PartitionJournalError::Journal(JournalError::NotAJournal { .. })
+                )
+        )
+    }
 }
 
 /// What a turn asks of the caller.
@@ -247,6 +271,13 @@ impl<S: StateMachine, J: Journal> ShardHost<S, J> {
         self.lost.insert(group);
     }
 
+    /// Whether `group` ever wrote a durable state here (its slot in the states table,
+    /// proven or damaged): its files existed, and finding none is loss, not a new
+    /// group.
+    pub(crate) fn has_state(&self, group: u64) -> bool {
+        self.states.get(group).is_some() || self.states.damaged_groups().contains(&group)
+    }
+
     /// From now on a group with nothing on disk starts untrusted from op 0: this
     /// member lost its data (its directory was recreated to rejoin), so it may have
     /// acknowledged ops it no longer has, and must never count as "never had" any op
@@ -272,10 +303,19 @@ impl<S: StateMachine, J: Journal> ShardHost<S, J> {
     ) -> Result<(), HostError> {
         let group = config.group;
         let start = |reason: String| HostError::Start { group, reason };
+        let damaged = |reason: String| HostError::Damaged { group, reason };
+        let lone = config.replica_count == 1;
+        if let Some(damage) = opened.damage.as_ref().filter(|_| lone) {
+            // A lone replica's journal holds acknowledged ops no peer can repair.
+            // Refused before anything is written (the checkpoint's copy below may cut
+            // the log), so that what the damage left is there to read and restore.
+            return Err(damaged(damage.clone()));
+        }
         let stem = format!("group-{group}.checkpoint");
         let (checkpoints, checkpoint, checkpoint_lost) =
             match CheckpointStore::open(checkpoint_dir, &stem) {
                 Ok((store, checkpoint)) => (store, checkpoint, false),
+                Err(CheckpointError::Damaged(reason)) if lone => return Err(damaged(reason)),
                 Err(CheckpointError::Damaged(reason)) if config.replica_count > 1 => {
                     // The state it restarts from is gone; its peers hold it. It restarts
                     // as a replica that lost its disk (below), keeping its journal and
@@ -298,13 +338,6 @@ impl<S: StateMachine, J: Journal> ShardHost<S, J> {
             journal.checkpointed(checkpoint)?;
         }
         let durable = self.states.get(group);
-        if let Some(damage) = opened.damage.as_ref().filter(|_| config.replica_count == 1) {
-            // A lone replica's journal holds acknowledged ops no peer can repair.
-            return Err(start(format!(
-                "{damage}, and a lone replica has no peer to repair it from (see \"Damage a \
-                 replica finds in its replication files\" in docs/operations.md)"
-            )));
-        }
         // Its view, log view and commit are damaged in both copies of the states table:
         // the views it voted in are unknown, so it restarts as a replica that lost its
         // disk (it abstains until a quorum shows it a view as new as any it may have
@@ -312,10 +345,10 @@ impl<S: StateMachine, J: Journal> ShardHost<S, J> {
         let state_lost = self.states.damaged_groups().contains(&group)
             || checkpoint_lost
             || self.lost.contains(&group);
-        if state_lost && config.replica_count == 1 {
-            return Err(start(format!(
+        if state_lost && lone {
+            return Err(damaged(format!(
                 "its durable state (view, log view, commit) is damaged in both copies of \
-                 the states table in {} and it has no peer to learn it from",
+                 the states table in {}",
                 self.dir.display()
             )));
         }

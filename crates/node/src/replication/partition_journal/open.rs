@@ -148,7 +148,14 @@ impl PartitionJournal {
         if let Some(op) = cut_from {
             journal.index.truncate(op - 1)?;
         }
-        if journal_damaged && pruned == 0 && log_end.is_none() {
+        // A lone replica that found damage cuts nothing from its log: it refuses to
+        // start the group, and what the damage left is there to read and restore.
+        let keep_log = !repairable
+            && (journal_damaged || slots.iter().any(|(_, s)| *s == JournalSlot::Damaged));
+        if keep_log {
+            log_end = None;
+        }
+        if journal_damaged && pruned == 0 && log_end.is_none() && !keep_log {
             // Damage inside the header journal: no op above the prune point is known to
             // be where it was, so no batch of the log is either. Each is repaired, and
             // goes in at its place again (found by the shell simulator, seed 980: a
@@ -264,8 +271,12 @@ impl PartitionJournal {
                 journal_path.display()
             ))
         } else if let Some(op) = first_damaged {
+            let batch = external.get(&op).map_or(String::new(), |base| {
+                let segment = journal.log.segment_base(*base);
+                format!(" at offset {base} (in {segment:020}.log)")
+            });
             Some(format!(
-                "op {op} of the partition in {}: its batch is damaged or lost",
+                "op {op} of the partition in {}: its batch{batch} is damaged or lost",
                 dir.display()
             ))
         } else if log_behind {

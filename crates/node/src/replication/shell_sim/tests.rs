@@ -9,7 +9,9 @@ fn env_u64(name: &str, default: u64) -> u64 {
 
 fn run(damage: bool) {
     let from = env_u64("BRAID_SHELL_SIM_FROM", 1);
-    let count = env_u64("BRAID_SHELL_SIM_SEEDS", 300);
+    // CI runs 300 seeds, and 100 with damage at rest (in debug, about 1 and 0.5
+    // minutes of 2 cores); the soaks run thousands (`scripts/sim-soak.sh`).
+    let count = env_u64("BRAID_SHELL_SIM_SEEDS", if damage { 100 } else { 300 });
     let jobs = env_u64("BRAID_SHELL_SIM_JOBS", 2) as usize;
     let started = std::time::Instant::now();
     let (failures, outcome, passed) = run_seeds(from, count, jobs, damage);
@@ -42,7 +44,6 @@ fn the_shell_keeps_every_acknowledged_record_and_the_same_log_on_every_member() 
 /// after some of its power losses: the damaged member must repair from its peers,
 /// and nobody may serve a damaged record.
 #[test]
-#[ignore = "about 1 seed in 100 still fails (issue 24: a flipped leader epoch, outside the batch CRC; a wholly zeroed vsr.journal; a view change that does not finish): scripts/sim-soak.sh --shell-damage"]
 fn damage_at_rest_on_one_member_is_repaired_and_never_served() {
     run(true);
 }

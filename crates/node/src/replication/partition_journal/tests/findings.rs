@@ -428,10 +428,7 @@ fn a_lost_or_unreadable_header_journal_is_damage_never_an_empty_journal() {
         journal.sync().unwrap();
     }
     let path = dir.path().join(JOURNAL_FILE);
-    let member = LogConfig {
-        recovery: braid_storage::RecoveryMode::TruncateAtDamage,
-        ..config()
-    };
+    let member = member_config();
     std::fs::remove_file(&path).unwrap();
     // A lone replica refuses, and makes no new file: the next start refuses the same.
     for _ in 0..2 {
@@ -481,10 +478,7 @@ fn a_members_open_reports_the_damage_and_the_torn_tail_it_found() {
         }
         journal.sync().unwrap();
     }
-    let member = LogConfig {
-        recovery: braid_storage::RecoveryMode::TruncateAtDamage,
-        ..config()
-    };
+    let member = member_config();
     let path = dir.path().join(JOURNAL_FILE);
     let mut bytes = std::fs::read(&path).unwrap();
     let middle = bytes.len() / 2;
