@@ -604,6 +604,11 @@ impl JournalFile {
         self.write_entry(Entry::Damaged(op))
     }
 
+    /// Whether `op` is held as damaged.
+    pub(crate) fn is_damaged(&self, op: u64) -> bool {
+        matches!(self.entries.get(&op), Some(Entry::Damaged(_)))
+    }
+
     /// The ops held above `op`, damaged ones too.
     pub(crate) fn ops_above(&self, op: u64) -> impl Iterator<Item = u64> + '_ {
         self.entries.range(op + 1..).map(|(o, _)| *o)
