@@ -135,7 +135,7 @@ impl<T> MetaGroup<T> {
         if members == 1 {
             // Normal, with every committed op applied, before the node serves; its
             // journal syncs inline, and it has no peer or client yet.
-            drop(group.host.recover_lone(METADATA_GROUP, &mut group.now)?);
+            drop(group.host.recover_lone(&[METADATA_GROUP], &mut group.now)?);
         }
         group.layout_changes = group.layout_changes_now();
         Ok(group)

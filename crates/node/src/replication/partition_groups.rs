@@ -156,6 +156,8 @@ pub(crate) struct PartitionGroups {
     clients: HashMap<u64, GroupClient>,
     /// Groups with produces queued since the last flush.
     pending: Vec<u64>,
+    /// Lone groups opened and not recovered yet ([`PartitionGroups::recover_opened`]).
+    opened_lone: Vec<u64>,
     node: ReplicaId,
     members: u8,
     client_id: u64,
@@ -229,6 +231,7 @@ impl PartitionGroups {
         Self {
             host,
             clients: HashMap::new(),
+            opened_lone: Vec::new(),
             pending: Vec::new(),
             node,
             members,
@@ -446,13 +449,31 @@ impl PartitionGroups {
         self.host
             .add_group_with(config, PartitionMachine::default(), journal, opened, dir)?;
         if self.members == 1 {
-            // Every committed op applied before it serves; what its recovery wrote is
-            // synced and reported like any write.
-            let effects = self.host.recover_lone(group, &mut self.now)?;
-            let mut moved = Vec::new();
-            self.carry(effects, &mut moved);
+            // Recovered with the others opened with it (`recover_opened`).
+            self.opened_lone.push(group);
         }
         Ok(self.high_watermark(key))
+    }
+
+    /// Brings the lone groups opened since the last call to normal, every committed op
+    /// applied, all in the same turns; what their recovery wrote is synced and
+    /// reported like any write. Returns the high watermarks that moved.
+    ///
+    /// # Errors
+    /// As [`ShardHost::tick`].
+    pub(crate) fn recover_opened(&mut self) -> Result<Moved, HostError> {
+        let mut moved = Vec::new();
+        let groups = std::mem::take(&mut self.opened_lone);
+        if !groups.is_empty() {
+            let effects = self.host.recover_lone(&groups, &mut self.now)?;
+            self.carry(effects, &mut moved);
+            for group in groups {
+                if let Some(key) = key_of(group) {
+                    moved.push((key, self.high_watermark(key)));
+                }
+            }
+        }
+        Ok(moved)
     }
 
     /// Syncs and closes every partition; producers still waiting get `ShuttingDown`.

@@ -483,16 +483,25 @@ impl<S: StateMachine, J: Journal> ShardHost<S, J> {
         self.files.get_mut(&first).map(|f| (first, &mut f.journal))
     }
 
-    /// Ticks a lone replica (a group of one) until it is normal: it recovers by itself,
-    /// and its state reaches every committed op. Returns what the ticks asked of the
-    /// caller (sync jobs to start, above all).
+    /// Ticks lone replicas (groups of one) until each is normal: it recovers by itself,
+    /// and its state reaches every committed op. Many at once share each turn's one
+    /// write of the states table (a node of 100,000 partitions restarted with one
+    /// `fdatasync` per partition when each recovered alone). Returns what the ticks
+    /// asked of the caller (sync jobs to start, above all).
     ///
     /// # Errors
     /// As [`ShardHost::tick`].
-    pub(crate) fn recover_lone(&mut self, group: u64, now: &mut u64) -> Result<Effects, HostError> {
+    pub(crate) fn recover_lone(
+        &mut self,
+        groups: &[u64],
+        now: &mut u64,
+    ) -> Result<Effects, HostError> {
         let mut all = Effects::default();
         for _ in 0..10_000 {
-            if self.replica(group).map(Replica::status) == Some(braid_vsr::Status::Normal) {
+            let normal = groups.iter().all(|group| {
+                self.replica(*group).map(Replica::status) == Some(braid_vsr::Status::Normal)
+            });
+            if normal {
                 break;
             }
             *now += 1;
