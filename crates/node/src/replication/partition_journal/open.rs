@@ -155,11 +155,13 @@ impl PartitionJournal {
         if keep_log {
             log_end = None;
         }
-        if journal_damaged && pruned == 0 && log_end.is_none() && !keep_log {
-            // Damage inside the header journal: no op above the prune point is known to
-            // be where it was, so no batch of the log is either. Each is repaired, and
-            // goes in at its place again (found by the shell simulator, seed 980: a
-            // batch went in after the old ones, at offsets its op did not take).
+        if (journal_damaged || journal_lost) && pruned == 0 && log_end.is_none() && !keep_log {
+            // Damage inside the header journal, or the journal lost: no op above the
+            // prune point is known to be where it was, so no batch of the log is
+            // either. Each is repaired, and goes in at its place again (found by the
+            // shell simulator, seed 980: a batch went in after the old ones, at offsets
+            // its op did not take; seed 5289 with damage at rest, the same after a
+            // zeroed journal was moved aside).
             log_end = Some(journal.log.start_offset());
         }
         let mut log_bytes_cut = 0;
