@@ -604,6 +604,11 @@ impl JournalFile {
         self.write_entry(Entry::Damaged(op))
     }
 
+    /// The file's length as written (synced or not).
+    pub(crate) fn len(&self) -> u64 {
+        self.len
+    }
+
     /// Whether `op` is held as damaged.
     pub(crate) fn is_damaged(&self, op: u64) -> bool {
         matches!(self.entries.get(&op), Some(Entry::Damaged(_)))

@@ -52,6 +52,7 @@ impl PartitionJournal {
             opened => opened?,
         };
         let (pruned, pruned_log_end) = index.pruned();
+        let len_opened = index.len();
         if journal_lost {
             tracing::warn!(
                 dir = %dir.display(),
@@ -270,7 +271,13 @@ impl PartitionJournal {
                 }
             }
         }
-        journal.index.sync()?;
+        // What the group acts on must be durable: after a kill -9 the file may be in
+        // the page cache alone. A clean close synced it (bar its last sync marker, a
+        // hint), and an open that wrote nothing needs no sync: a node of 100,000
+        // partitions restarted with an `fdatasync` each.
+        if !journal.log.recovery().clean || journal.index.len() != len_opened || journal_lost {
+            journal.index.sync()?;
+        }
         let first_damaged = slots
             .iter()
             .find(|(_, s)| *s == JournalSlot::Damaged)
