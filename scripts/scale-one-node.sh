@@ -6,6 +6,7 @@
 # takes until /ready answers 200 (every partition open and its group recovered).
 #
 #   scripts/scale-one-node.sh [BRAID_BINARY] [PARTITIONS]
+#   RESTARTS=3 BASELINE=/path/to/older/braid scripts/scale-one-node.sh ...   # alternate
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export RUST_BACKTRACE=0
@@ -62,10 +63,24 @@ w1=$(written)
 echo "created $partitions partitions in $(echo "$t1 - $t0" | bc) s; the node wrote $(echo "scale=1; ($w1 - $w0) / 1048576" | bc) MiB doing it; data directory $(du -sh "$dir/data" | cut -f1)"
 idle "$partitions partitions"
 echo "resident memory per partition: $(echo "($(rss_kib) - $empty_rss) * 1024 / $partitions" | bc) bytes (RSS with them minus RSS empty, over the count)"
-kill -INT $node
-wait $node || true
-sync
-t0=$(now)
-start
-until ready; do sleep 0.05; done
-echo "restart with $partitions partitions on disk: /ready after $(echo "$(now) - $t0" | bc) s"
+# Restarts, timed until /ready; with BASELINE=OTHER_BINARY, each restart of this binary
+# follows one of the other on the same data (the same disk state for both).
+restart() {
+	kill -INT $node
+	wait $node || true
+	sync
+	local t0
+	t0=$(now)
+	start
+	until ready; do sleep 0.05; done
+	echo "restart of $braid with $partitions partitions on disk: /ready after $(echo "$(now) - $t0" | bc) s"
+}
+for _ in $(seq "${RESTARTS:-1}"); do
+	if [ -n "${BASELINE:-}" ]; then
+		ours=$braid
+		braid=$BASELINE
+		restart
+		braid=$ours
+	fi
+	restart
+done

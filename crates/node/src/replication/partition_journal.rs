@@ -186,6 +186,9 @@ pub(crate) struct PartitionJournal {
     applied_ahead: BTreeMap<u64, Checksum>,
     /// Where the scrub of the committed log goes on ([`PartitionJournal::scrub`]).
     scrub_cursor: u64,
+    /// The checkpoint (op and checksum) the running copy goes to, once known: peers
+    /// that hold that op serve the copy up to it ([`PartitionJournal::committed_through`]).
+    copy_anchor: Option<(u64, Checksum)>,
     /// Whole passes the scrub finished since the journal was opened.
     scrub_passes: u64,
     /// A damaged batch found in the committed log, waiting for a peer's copy.

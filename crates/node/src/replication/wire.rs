@@ -6,14 +6,16 @@
 //! transfer).
 
 use braid_bus::{Delivery, Frame};
-use braid_vsr::{DecodeError, Message, Reply};
+use braid_vsr::{Checksum, DecodeError, Message, Reply};
 
 /// The frame kind of a VSR message.
 pub(crate) const KIND_VSR: u8 = 1;
 /// The frame kind of a reply to a node's request.
 pub(crate) const KIND_REPLY: u8 = 2;
 /// The frame kind of a request for a partition log's committed batches:
-/// `from: u64, to: u64`.
+/// `from: u64, to: u64`, then, for a copy up to a checkpoint, the checkpoint's
+/// `op: u64, checksum: u128` (a peer whose journal holds that op with that checksum
+/// holds the committed log up to its batch, whatever its own commit says).
 pub(crate) const KIND_LOG_FETCH: u8 = 3;
 /// The frame kind of the answer: `from: u64, start: u64` (the sender's log start),
 /// then whole batches from `from`, as stored.
@@ -26,8 +28,14 @@ pub(crate) enum Received {
     Message(u64, Message),
     /// A reply for this node's client of the group.
     Reply(u64, Reply),
-    /// A peer asks for the group's committed batches in `[from, to)`.
-    LogFetch { group: u64, from: u64, to: u64 },
+    /// A peer asks for the group's committed batches in `[from, to)`, for a copy up
+    /// to the checkpoint at `anchor` (its op and checksum) if it names one.
+    LogFetch {
+        group: u64,
+        from: u64,
+        to: u64,
+        anchor: Option<(u64, Checksum)>,
+    },
     /// Batches of the group's log from `from`, whole; `start` is where the sender's
     /// log begins now.
     LogChunk {
@@ -96,11 +104,21 @@ pub(crate) fn reply_frame(group: u64, reply: &Reply) -> Frame {
     Frame::new(group, KIND_REPLY, payload)
 }
 
-/// The frame asking for `group`'s committed batches in `[from, to)`.
-pub(crate) fn log_fetch_frame(group: u64, from: u64, to: u64) -> Frame {
-    let mut payload = Vec::with_capacity(16);
+/// The frame asking for `group`'s committed batches in `[from, to)`, for a copy up to
+/// the checkpoint `anchor` names, if any.
+pub(crate) fn log_fetch_frame(
+    group: u64,
+    from: u64,
+    to: u64,
+    anchor: Option<(u64, Checksum)>,
+) -> Frame {
+    let mut payload = Vec::with_capacity(40);
     payload.extend_from_slice(&from.to_be_bytes());
     payload.extend_from_slice(&to.to_be_bytes());
+    if let Some((op, checksum)) = anchor {
+        payload.extend_from_slice(&op.to_be_bytes());
+        payload.extend_from_slice(&checksum.to_be_bytes());
+    }
     Frame::new(group, KIND_LOG_FETCH, payload)
 }
 
@@ -140,10 +158,28 @@ pub(crate) fn received_from(peer: u8, frame: &Frame) -> Result<Received, WireErr
         }
         KIND_LOG_FETCH => {
             let (from, to) = two_words(&frame.payload)?;
+            let anchor = match frame.payload.get(16..) {
+                Some([]) => None,
+                Some(rest) if rest.len() == 24 => {
+                    let (op, checksum) = rest.split_at(8);
+                    let op = u64::from_be_bytes(
+                        op.try_into()
+                            .map_err(|_| WireError::ShortCopy(frame.payload.len()))?,
+                    );
+                    let checksum = u128::from_be_bytes(
+                        checksum
+                            .try_into()
+                            .map_err(|_| WireError::ShortCopy(frame.payload.len()))?,
+                    );
+                    Some((op, checksum))
+                }
+                _ => return Err(WireError::ShortCopy(frame.payload.len())),
+            };
             return Ok(Received::LogFetch {
                 group: frame.group,
                 from,
                 to,
+                anchor,
             });
         }
         KIND_LOG_CHUNK => {
@@ -216,5 +252,29 @@ mod tests {
             Message::decode_shared(&again.payload).unwrap(),
             prepare(1, b"batch")
         );
+    }
+
+    /// A log fetch names the checkpoint its copy goes to, or nothing (a repair); any
+    /// other length is refused, typed.
+    #[test]
+    fn a_log_fetch_carries_its_checkpoint_or_none_and_nothing_else() {
+        for anchor in [None, Some((447, u128::MAX - 5))] {
+            let frame = log_fetch_frame(9, 131, 1_116, anchor);
+            match received_from(1, &frame).unwrap() {
+                Received::LogFetch {
+                    group,
+                    from,
+                    to,
+                    anchor: got,
+                } => assert_eq!((group, from, to, got), (9, 131, 1_116, anchor)),
+                other => panic!("{other:?}"),
+            }
+        }
+        let mut frame = log_fetch_frame(9, 131, 1_116, Some((447, 1)));
+        for len in [0, 8, 17, 39] {
+            frame.payload = frame.payload.slice(..len.min(frame.payload.len()));
+            assert!(received_from(1, &frame).is_err(), "{len} bytes");
+            frame = log_fetch_frame(9, 131, 1_116, Some((447, 1)));
+        }
     }
 }

@@ -55,7 +55,8 @@ impl PartitionGroups {
             }
             let attempt = self.repairs.get(&group).map_or(0, |(_, a)| a + 1);
             if let Some(peer) = self.peer_in_turn(attempt) {
-                self.bus.send(peer, wire::log_fetch_frame(group, from, to));
+                self.bus
+                    .send(peer, wire::log_fetch_frame(group, from, to, None));
             }
             self.repairs.insert(group, (now, attempt));
         }
@@ -108,8 +109,9 @@ impl PartitionGroups {
         } else {
             fallback
         };
+        let anchor = self.host.journal(group).and_then(|j| j.copy_anchor());
         self.bus
-            .send(to_peer, wire::log_fetch_frame(group, from, to));
+            .send(to_peer, wire::log_fetch_frame(group, from, to, anchor));
         self.copies.insert(group, (self.now, attempt));
     }
 
@@ -120,17 +122,34 @@ impl PartitionGroups {
     }
 
     /// A peer asks for committed batches of `group` in `[from, to)`.
-    pub(super) fn serve_copy(&mut self, peer: u8, group: u64, from: u64, to: u64) {
+    pub(super) fn serve_copy(
+        &mut self,
+        peer: u8,
+        group: u64,
+        from: u64,
+        to: u64,
+        anchor: Option<(u64, braid_vsr::Checksum)>,
+    ) {
         let Some(key) = key_of(group) else {
             return;
         };
-        let committed = self.high_watermark(key);
+        let mut committed = self.high_watermark(key);
         let Some(journal) = self.host.journal_mut(group) else {
             return;
         };
         if journal.behind().is_some() {
             // Copying itself: what it holds is not yet a whole prefix.
             return;
+        }
+        if let Some((op, checksum)) = anchor {
+            // The asker's checkpoint is committed; holding its op, chained, this log
+            // holds the committed one up to it, whatever this replica's commit (the
+            // shell simulator's seed 5743 with damage at rest: the one member holding
+            // every op had restarted untrusted, with a high watermark of 0, and the
+            // copy waited for ever).
+            if let Some(end) = journal.committed_through(op, checksum) {
+                committed = committed.max(end);
+            }
         }
         let log = journal.log();
         let start = log.start_offset();

@@ -46,8 +46,13 @@ impl PartitionGroups {
                 Ok(Received::Reply(group, _)) => {
                     tracing::debug!(group, "a reply for a partition group: its primary is local");
                 }
-                Ok(Received::LogFetch { group, from, to }) => {
-                    self.serve_copy(peer, group, from, to);
+                Ok(Received::LogFetch {
+                    group,
+                    from,
+                    to,
+                    anchor,
+                }) => {
+                    self.serve_copy(peer, group, from, to, anchor);
                 }
                 Ok(Received::LogChunk {
                     group,

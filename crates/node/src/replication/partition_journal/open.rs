@@ -75,6 +75,7 @@ impl PartitionJournal {
             applied_ahead: BTreeMap::new(),
             scrub_cursor: 0,
             scrub_passes: 0,
+            copy_anchor: None,
             damaged_at: None,
             index_changed_unsynced: false,
             tip_log_end: None,

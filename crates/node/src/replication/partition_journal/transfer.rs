@@ -23,6 +23,10 @@ impl PartitionJournal {
     ) -> Result<(), PartitionJournalError> {
         let (pruned, pruned_log_end) = self.index.pruned();
         if self.behind.is_some_and(|t| t.op >= op) || op < pruned {
+            if self.behind.is_some_and(|t| t.op == op) {
+                // A copy found at open, its checkpoint named now.
+                self.copy_anchor = Some((op, checksum));
+            }
             return Ok(());
         }
         tracing::trace!(dir = %self.log.dir().display(), op, log_end, pruned, tip = self.tip, applied_end = self.applied_end, log_next = self.log.next_offset(), "checkpointed");
@@ -66,12 +70,44 @@ impl PartitionJournal {
             log_end,
             cursor,
         });
+        self.copy_anchor = Some((op, checksum));
         if cursor == log_end {
             // Everything below the checkpoint's end is known committed.
             self.cut_log_at(log_end)?;
             self.finish_transfer(now_ms)?;
         }
         Ok(())
+    }
+
+    /// The checkpoint the running copy goes to (its op and checksum), for the fetches
+    /// that ask peers for it.
+    pub(crate) fn copy_anchor(&self) -> Option<(u64, Checksum)> {
+        let transfer = self.behind?;
+        self.copy_anchor.filter(|(op, _)| *op == transfer.op)
+    }
+
+    /// Where this log is the committed one through, given that `op` with `checksum`
+    /// is committed (a peer's checkpoint): if the journal holds that op in its prefix
+    /// (at or below the tip, whose batches the log holds in op order), chained by
+    /// parent checksums down to the prune point, the log is the committed one up to
+    /// the end of op's batch, whatever this replica knows of its own commit.
+    pub(crate) fn committed_through(&self, op: u64, checksum: Checksum) -> Option<u64> {
+        let (pruned, _) = self.index.pruned();
+        if self.behind.is_some() || op > self.tip || op <= pruned {
+            return None;
+        }
+        let mut expected = checksum;
+        for at in (pruned + 1..=op).rev() {
+            let (header, _) = self.index.entry(at)?;
+            if header.checksum != expected {
+                return None;
+            }
+            expected = header.parent;
+        }
+        Some(match self.index.next_external(op) {
+            Some((next, base)) if next <= self.tip => base,
+            _ => self.log.next_offset(),
+        })
     }
 
     /// Cuts the log at `offset` with every journal entry whose batch is there or

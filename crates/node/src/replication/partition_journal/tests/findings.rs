@@ -674,3 +674,28 @@ fn damage_found_at_open_stays_damage_when_a_power_loss_takes_the_sync_marker() {
         "acknowledged ops are damaged, never absent"
     );
 }
+
+/// The shell simulator's seed 5743 with damage at rest: a member copying its log up
+/// to a checkpoint asked peers that serve only below their own high watermark, and
+/// the one holding every op had restarted untrusted (high watermark 0): the copy
+/// waited for ever. A peer whose journal holds the checkpoint's op, chained down to its
+/// prune point, holds the committed log up to that op's batch.
+#[test]
+fn a_journal_holding_a_checkpoints_op_holds_the_committed_log_through_it() {
+    let ops = chain(10, 1, "a");
+    let (_dir, peer, log_end) = peer_holding(&ops);
+    let end_5 = peer.index.next_external(5).map(|(_, base)| base).unwrap();
+    assert_eq!(
+        peer.committed_through(5, ops[4].header.checksum),
+        Some(end_5)
+    );
+    assert_eq!(
+        peer.committed_through(10, ops[9].header.checksum),
+        Some(log_end)
+    );
+    assert_eq!(peer.committed_through(5, ops[3].header.checksum), None);
+    assert_eq!(peer.committed_through(11, 0), None, "past the tip");
+    // Another history's op 5: not this chain's.
+    let other = chain(10, 2, "b");
+    assert_eq!(peer.committed_through(5, other[4].header.checksum), None);
+}
