@@ -234,6 +234,17 @@ async fn a_quorum_holds_every_acknowledged_record_through_the_primarys_stop() {
 
 /// Produces batches `range` to partition 0, each until it is taken (a member not yet
 /// knowing the topic, a stopped member's connection, a view change: ask again).
+/// A 3-node cluster with topic `s/t` of one partition, the partition's primary, and a
+/// client connected to it.
+async fn one_partition_cluster(fsync: FsyncSetting) -> (Vec<Member>, usize, Client) {
+    let members = start_cluster(3, fsync);
+    let admin = Client::connect(members[0].addr()).await.unwrap();
+    common::create_topic(&admin, "s", "t", 1).await;
+    let primary = usize::from(primary_of(members[0].addr(), 0).await);
+    let client = Client::connect(members[primary].addr()).await.unwrap();
+    (members, primary, client)
+}
+
 async fn produce_range(client: &Client, range: std::ops::Range<u32>) {
     produce_partitions(client, 0..1, range).await;
 }
@@ -273,11 +284,7 @@ async fn until_every_group_trusted(member: &Member) {
 /// primary for over 25 s after one more kill, the rejoined member abstaining for ever).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rejoined_member_that_caught_up_votes_when_the_primary_dies() {
-    let mut members = start_cluster(3, FsyncSetting::Never);
-    let admin = Client::connect(members[0].addr()).await.unwrap();
-    common::create_topic(&admin, "s", "t", 1).await;
-    let primary = usize::from(primary_of(members[0].addr(), 0).await);
-    let client = Client::connect(members[primary].addr()).await.unwrap();
+    let (mut members, primary, client) = one_partition_cluster(FsyncSetting::Never).await;
     produce_range(&client, 0..300).await;
     let wiped = (primary + 1) % 3;
     let other = (primary + 2) % 3;
@@ -407,11 +414,7 @@ fn stored_batches(data_dir: &std::path::Path) -> Vec<Vec<u8>> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_member_behind_every_journal_copies_the_log_from_a_peer() {
-    let mut members = start_cluster(3, FsyncSetting::Never);
-    let admin = Client::connect(members[0].addr()).await.unwrap();
-    common::create_topic(&admin, "s", "t", 1).await;
-    let primary = usize::from(primary_of(members[0].addr(), 0).await);
-    let client = Client::connect(members[primary].addr()).await.unwrap();
+    let (mut members, primary, client) = one_partition_cluster(FsyncSetting::Never).await;
     let behind = (primary + 1) % 3;
     let other = (primary + 2) % 3;
     members[behind].stop();
@@ -468,11 +471,7 @@ async fn a_member_behind_every_journal_copies_the_log_from_a_peer() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_member_whose_data_directory_was_deleted_rejoins_by_state_transfer() {
-    let mut members = start_cluster(3, FsyncSetting::Never);
-    let admin = Client::connect(members[0].addr()).await.unwrap();
-    common::create_topic(&admin, "s", "t", 1).await;
-    let primary = usize::from(primary_of(members[0].addr(), 0).await);
-    let client = Client::connect(members[primary].addr()).await.unwrap();
+    let (mut members, primary, client) = one_partition_cluster(FsyncSetting::Never).await;
     produce_range(&client, 0..2_600).await;
     // A backup loses its disk: stopped, its directory emptied, started to rejoin.
     let wiped = (primary + 1) % 3;
@@ -517,11 +516,7 @@ async fn a_member_whose_data_directory_was_deleted_rejoins_by_state_transfer() {
 /// the partition: `durability.rs`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_member_whose_partition_directory_was_deleted_never_votes_its_ops_away() {
-    let mut members = start_cluster(3, FsyncSetting::Always);
-    let admin = Client::connect(members[0].addr()).await.unwrap();
-    common::create_topic(&admin, "s", "t", 1).await;
-    let primary = usize::from(primary_of(members[0].addr(), 0).await);
-    let client = Client::connect(members[primary].addr()).await.unwrap();
+    let (mut members, primary, client) = one_partition_cluster(FsyncSetting::Always).await;
     let lost = (primary + 1) % 3;
     let behind = (primary + 2) % 3;
     produce_range(&client, 0..50).await;

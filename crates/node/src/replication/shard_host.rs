@@ -315,7 +315,9 @@ impl<S: StateMachine, J: Journal> ShardHost<S, J> {
         let (checkpoints, checkpoint, checkpoint_lost) =
             match CheckpointStore::open(checkpoint_dir, &stem) {
                 Ok((store, checkpoint)) => (store, checkpoint, false),
-                Err(CheckpointError::Damaged(reason)) if lone => return Err(damaged(reason)),
+                Err(err @ CheckpointError::Damaged(_)) if lone => {
+                    return Err(damaged(err.to_string()))
+                }
                 Err(CheckpointError::Damaged(reason)) if config.replica_count > 1 => {
                     // The state it restarts from is gone; its peers hold it. It restarts
                     // as a replica that lost its disk (below), keeping its journal and
