@@ -419,14 +419,8 @@ fn inspect_a_partition_directory() {
 #[test]
 fn a_lost_or_unreadable_header_journal_is_damage_never_an_empty_journal() {
     let ops = chain(5, 1, "a");
-    let dir = tempfile::tempdir().unwrap();
-    {
-        let (mut journal, _) = open(dir.path());
-        for p in &ops {
-            journal.write_prepare(p, 0).unwrap();
-        }
-        journal.sync().unwrap();
-    }
+    // A replica that wrote and synced them all.
+    let (dir, _, _) = peer_holding(&ops);
     let path = dir.path().join(JOURNAL_FILE);
     let member = member_config();
     std::fs::remove_file(&path).unwrap();
@@ -480,14 +474,8 @@ fn a_lost_or_unreadable_header_journal_is_damage_never_an_empty_journal() {
 #[test]
 fn a_members_open_reports_the_damage_and_the_torn_tail_it_found() {
     let ops = chain(5, 1, "a");
-    let dir = tempfile::tempdir().unwrap();
-    {
-        let (mut journal, _) = open(dir.path());
-        for p in &ops {
-            journal.write_prepare(p, 0).unwrap();
-        }
-        journal.sync().unwrap();
-    }
+    // A replica that wrote and synced them all.
+    let (dir, _, _) = peer_holding(&ops);
     let member = member_config();
     let path = dir.path().join(JOURNAL_FILE);
     let mut bytes = std::fs::read(&path).unwrap();
@@ -517,14 +505,8 @@ fn ops_above_a_checkpoint_that_a_copy_cut_stay_damaged() {
     let ops = chain(10, 1, "a");
     let (_peer_dir, mut peer, _) = peer_holding(&ops);
     let end_5 = peer.index.next_external(5).map(|(_, base)| base).unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    {
-        let (mut journal, _) = open(dir.path());
-        for p in &ops {
-            journal.write_prepare(p, 0).unwrap();
-        }
-        journal.sync().unwrap();
-    }
+    // A replica that wrote and synced them all.
+    let (dir, _, _) = peer_holding(&ops);
     // Damage at rest took every batch.
     PartitionLog::open(dir.path(), config(), 0)
         .unwrap()
