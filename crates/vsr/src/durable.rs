@@ -75,6 +75,12 @@ pub struct DurableState {
     /// (`u64::MAX`: none). Kept here so that a process crash after a power loss does
     /// not make an untrusted journal look trusted again.
     pub journal_trusted_through: u64,
+    /// It lost its disk: `view` and `log_view` were made up at the restart, not kept,
+    /// so they prove nothing about what it acknowledged before. It abstains from view
+    /// changes until it is normal in a view as new as any a quorum of its peers names.
+    /// (An untrusted journal alone, even from op 0, leaves the log view its own: a
+    /// vote of an older log view still says it never acknowledged a newer view's op.)
+    pub views_lost: bool,
 }
 
 impl Default for DurableState {
@@ -84,61 +90,101 @@ impl Default for DurableState {
             log_view: 0,
             commit: 0,
             journal_trusted_through: u64::MAX,
+            views_lost: false,
         }
     }
 }
 
-const STATE_MAGIC: u32 = 0x4252_5653; // "BRVS"
+/// The first layout, without flags: read, never written.
+const STATE_MAGIC_V1: u32 = 0x4252_5653; // "BRVS"
+const STATE_MAGIC: u32 = 0x4252_5632; // "BRV2"
+/// The one flag of the second layout; every other bit must be clear.
+const FLAG_VIEWS_LOST: u64 = 1;
 const CHECKPOINT_MAGIC: u32 = 0x4252_4350; // "BRCP"
 
 impl DurableState {
     /// Bytes of one encoded slot: magic, sequence, view, log view, commit, journal
-    /// trusted through, checksum.
-    pub const ENCODED_BYTES: usize = 4 + 5 * 8 + 16;
-    const SUMMED_BYTES: usize = Self::ENCODED_BYTES - 16;
+    /// trusted through, flags, checksum.
+    pub const ENCODED_BYTES: usize = 4 + 6 * 8 + 16;
+    /// Bytes of a slot of the first layout (no flags word), which [`Self::decode`]
+    /// still reads: its `views_lost` is what a journal untrusted from op 0 meant then.
+    pub const ENCODED_BYTES_V1: usize = 4 + 5 * 8 + 16;
 
     /// The slot bytes for this state, with the write's sequence number (higher is newer).
     pub fn encode(&self, sequence: u64) -> [u8; Self::ENCODED_BYTES] {
         let mut out = [0u8; Self::ENCODED_BYTES];
         out[0..4].copy_from_slice(&STATE_MAGIC.to_be_bytes());
+        let flags = if self.views_lost { FLAG_VIEWS_LOST } else { 0 };
         let words = [
             sequence,
             self.view,
             self.log_view,
             self.commit,
             self.journal_trusted_through,
+            flags,
         ];
         for (i, word) in words.iter().enumerate() {
             out[4 + i * 8..12 + i * 8].copy_from_slice(&word.to_be_bytes());
         }
-        let sum = checksum(&out[..Self::SUMMED_BYTES]);
-        out[Self::SUMMED_BYTES..].copy_from_slice(&sum.to_be_bytes());
+        let summed = Self::ENCODED_BYTES - 16;
+        let sum = checksum(&out[..summed]);
+        out[summed..].copy_from_slice(&sum.to_be_bytes());
         out
     }
 
-    /// Reads one slot: `(sequence, state)`.
+    /// Reads one slot of either layout, exactly its bytes: `(sequence, state)`.
     ///
     /// # Errors
     /// The bytes are not an intact slot.
     pub fn decode(bytes: &[u8]) -> Result<(u64, Self), DecodeError> {
+        let (decoded, len) = Self::decode_prefix(bytes)?;
+        exact_len("durable state", bytes, len)?;
+        Ok(decoded)
+    }
+
+    /// Reads the slot at the start of `bytes` (a region that may hold more, as a
+    /// states table's slot does): `((sequence, state), bytes it took)`.
+    ///
+    /// # Errors
+    /// The bytes do not start with an intact slot.
+    pub fn decode_prefix(bytes: &[u8]) -> Result<((u64, Self), usize), DecodeError> {
         const WHAT: &str = "durable state";
-        exact_len(WHAT, bytes, Self::ENCODED_BYTES)?;
         let mut reader = Reader::new(WHAT, bytes);
         let magic = reader.u32()?;
-        if magic != STATE_MAGIC {
-            return Err(DecodeError::BadMagic {
+        let len = match magic {
+            STATE_MAGIC => Self::ENCODED_BYTES,
+            STATE_MAGIC_V1 => Self::ENCODED_BYTES_V1,
+            found => return Err(DecodeError::BadMagic { what: WHAT, found }),
+        };
+        let Some(bytes) = bytes.get(..len) else {
+            return Err(DecodeError::Truncated {
                 what: WHAT,
-                found: magic,
+                len: bytes.len(),
+                needed: len,
             });
-        }
+        };
         let sequence = reader.u64()?;
-        let state = Self {
+        let mut state = Self {
             view: reader.u64()?,
             log_view: reader.u64()?,
             commit: reader.u64()?,
             journal_trusted_through: reader.u64()?,
+            views_lost: false,
         };
-        if reader.u128()? != checksum(&bytes[..Self::SUMMED_BYTES]) {
+        if magic == STATE_MAGIC {
+            let flags = reader.u64()?;
+            if flags & !FLAG_VIEWS_LOST != 0 {
+                return Err(DecodeError::InvalidField {
+                    what: WHAT,
+                    field: "flags",
+                });
+            }
+            state.views_lost = flags & FLAG_VIEWS_LOST != 0;
+        } else {
+            // The first layout said "lost its disk" with a journal untrusted from 0.
+            state.views_lost = state.journal_trusted_through == 0;
+        }
+        if reader.u128()? != checksum(&bytes[..len - 16]) {
             return Err(DecodeError::Checksum { what: WHAT });
         }
         if state.log_view > state.view {
@@ -147,7 +193,7 @@ impl DurableState {
                 field: "log_view",
             });
         }
-        Ok((sequence, state))
+        Ok(((sequence, state), len))
     }
 
     /// The newest intact state among the slots read back: `(sequence, state)`.
@@ -408,6 +454,7 @@ mod tests {
             log_view: 5,
             commit: 40,
             journal_trusted_through: 38,
+            views_lost: true,
         };
         let slot = state.encode(12);
         assert_eq!(DurableState::decode(&slot), Ok((12, state)));
@@ -433,6 +480,62 @@ mod tests {
                 assert!(Header::decode(&bytes[..len]).is_err());
             }
         }
+    }
+
+    /// A slot of the first layout, as the code before the flags word wrote it.
+    fn encode_v1(state: &DurableState, sequence: u64) -> Vec<u8> {
+        let mut out = STATE_MAGIC_V1.to_be_bytes().to_vec();
+        for word in [
+            sequence,
+            state.view,
+            state.log_view,
+            state.commit,
+            state.journal_trusted_through,
+        ] {
+            out.extend_from_slice(&word.to_be_bytes());
+        }
+        let sum = checksum(&out);
+        out.extend_from_slice(&sum.to_be_bytes());
+        out
+    }
+
+    #[test]
+    fn a_slot_of_the_first_layout_still_reads_and_a_lost_disk_stays_lost() {
+        let kept = DurableState {
+            view: 4,
+            log_view: 3,
+            commit: 9,
+            journal_trusted_through: 6,
+            views_lost: false,
+        };
+        let v1 = encode_v1(&kept, 8);
+        assert_eq!(v1.len(), DurableState::ENCODED_BYTES_V1);
+        assert_eq!(DurableState::decode(&v1), Ok((8, kept)));
+        // Then, a journal untrusted from op 0 meant a lost disk.
+        let lost = DurableState {
+            journal_trusted_through: 0,
+            ..kept
+        };
+        let (_, read) = DurableState::decode(&encode_v1(&lost, 2)).unwrap();
+        assert!(read.views_lost);
+        // In a larger region (a states table's slot), the prefix is read.
+        let mut region = v1.clone();
+        region.extend_from_slice(&[0; 20]);
+        assert_eq!(
+            DurableState::decode_prefix(&region),
+            Ok(((8, kept), DurableState::ENCODED_BYTES_V1))
+        );
+        assert!(DurableState::decode(&region).is_err());
+        // Flags this layout does not define are refused, not ignored.
+        let mut unknown = kept.encode(1);
+        unknown[4 + 5 * 8 + 7] |= 2;
+        let summed = DurableState::ENCODED_BYTES - 16;
+        let sum = checksum(&unknown[..summed]);
+        unknown[summed..].copy_from_slice(&sum.to_be_bytes());
+        assert!(matches!(
+            DurableState::decode(&unknown),
+            Err(DecodeError::InvalidField { field: "flags", .. })
+        ));
     }
 
     #[test]

@@ -228,6 +228,7 @@ impl Persisted {
         Self {
             durable: DurableState {
                 journal_trusted_through: 0,
+                views_lost: true,
                 ..DurableState::default()
             },
             checkpoint: None,
@@ -511,7 +512,7 @@ pub struct Replica<S> {
     ignored: IgnoredCounts,
     /// Times this replica stepped down as a primary whose prepares committed nothing.
     step_downs: u32,
-    deadlines: [Option<u64>; TIMERS],
+    deadlines: Deadlines,
     now: u64,
     prng: u64,
 }
@@ -581,7 +582,7 @@ impl<S: StateMachine> Replica<S> {
             persist_trust: false,
             ignored: IgnoredCounts::default(),
             step_downs: 0,
-            deadlines: [None; TIMERS],
+            deadlines: Deadlines::NONE,
             now: 0,
             prng: config.seed ^ (u64::from(config.replica) << 56) ^ config.group,
         }
@@ -633,7 +634,7 @@ impl<S: StateMachine> Replica<S> {
             replica.trusted_through = replica.trusted_through.min(known);
             replica.persist_trust = replica.trusted_through != durable.journal_trusted_through;
         }
-        if replica.trusted_through == 0 && config.replica_count > 1 {
+        if durable.views_lost && config.replica_count > 1 {
             let nonce = splitmix(&mut replica.prng);
             replica.rejoin = Some(Box::new(Rejoin {
                 nonce,
@@ -811,7 +812,7 @@ impl<S: StateMachine> Replica<S> {
 
     /// The earliest tick at which a timer fires.
     pub fn next_deadline(&self) -> Option<u64> {
-        self.deadlines.iter().flatten().min().copied()
+        self.deadlines.earliest()
     }
 
     /// What the journal holds at `op`: (checksum, body present, canonical).
@@ -916,6 +917,7 @@ impl<S: StateMachine> Replica<S> {
             log_view: self.log_view,
             commit: self.commit_max,
             journal_trusted_through: self.trusted_through,
+            views_lost: self.rejoin.is_some(),
         };
         if state != self.durable {
             out.push(Output::WriteState(state));
@@ -976,6 +978,8 @@ mod normal;
 mod repair;
 mod timers;
 mod view_change;
+
+use timers::Deadlines;
 
 #[cfg(test)]
 mod tests;

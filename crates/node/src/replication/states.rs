@@ -300,8 +300,9 @@ fn decode_slot(index: u32, bytes: &[u8]) -> SlotRead {
     }
     let mut stamp = [0u8; Stamp::BYTES];
     stamp.copy_from_slice(&bytes[STAMP_AT..STATE_AT]);
-    match DurableState::decode(&bytes[STATE_AT..STATE_AT + DurableState::ENCODED_BYTES]) {
-        Ok((state_seq, state)) if state_seq == seq => {
+    // A slot written before the flags word holds the first, shorter layout.
+    match DurableState::decode_prefix(&bytes[STATE_AT..CHECKSUM_AT]) {
+        Ok(((state_seq, state), _)) if state_seq == seq => {
             let stamp = Stamp::decode(stamp);
             SlotRead::Intact(seq, Content::Used(group, Entry { state, stamp }))
         }

@@ -13,7 +13,7 @@ impl<S: StateMachine> Replica<S> {
             return;
         }
         self.watching = true;
-        if self.deadlines[Timer::ViewChange as usize].is_none() {
+        if self.deadlines.get(Timer::ViewChange).is_none() {
             let timeout = self.view_change_timeout();
             self.arm(Timer::ViewChange, timeout);
         }

@@ -220,7 +220,7 @@ impl<S: StateMachine> Replica<S> {
         }
         if self.commit_max > before {
             // Progress: the step-down deadline starts again (see `settle_step_down`).
-            self.deadlines[Timer::ViewChange as usize] = None;
+            self.deadlines.clear(Timer::ViewChange);
             self.apply_committed(out);
             self.send_commit(out);
         }

@@ -36,7 +36,7 @@ impl<S: StateMachine> Replica<S> {
     /// journal to the commit anchor; a busy one has the timers its status needs.
     pub(super) fn settle_timers(&mut self) {
         if self.may_quiesce() {
-            self.deadlines = [None; TIMERS];
+            self.deadlines = Deadlines::NONE;
             if self.journal.len() > 1 {
                 let anchor = self.journal.get(&self.commit_min).map(|e| e.header);
                 if let Some(header) = anchor {
@@ -47,7 +47,7 @@ impl<S: StateMachine> Replica<S> {
             }
             return;
         }
-        let needs = |timer: Timer, replica: &Self| replica.deadlines[timer as usize].is_none();
+        let needs = |timer: Timer, replica: &Self| replica.deadlines.get(timer).is_none();
         if needs(Timer::Retry, self) {
             self.arm(Timer::Retry, self.config.retry_ticks);
         }
@@ -66,16 +66,15 @@ impl<S: StateMachine> Replica<S> {
     /// than one, cleared by each commit (`try_commit`; so set again from there) and
     /// when everything is committed.
     fn settle_step_down(&mut self) {
-        let slot = Timer::ViewChange as usize;
         if self.config.replica_count == 1 || self.op == self.commit_max {
-            self.deadlines[slot] = None;
-        } else if self.deadlines[slot].is_none() {
+            self.deadlines.clear(Timer::ViewChange);
+        } else if self.deadlines.get(Timer::ViewChange).is_none() {
             self.arm(Timer::ViewChange, 2 * self.config.view_change_ticks);
         }
     }
 
     pub(super) fn arm(&mut self, timer: Timer, ticks: u64) {
-        self.deadlines[timer as usize] = Some(self.now + ticks.max(1));
+        self.deadlines.set(timer, self.now + ticks.max(1));
     }
 
     pub(super) fn view_change_timeout(&mut self) -> u64 {
@@ -84,7 +83,7 @@ impl<S: StateMachine> Replica<S> {
     }
 
     pub(super) fn arm_status_timers(&mut self) {
-        self.deadlines = [None; TIMERS];
+        self.deadlines = Deadlines::NONE;
         if self.is_primary() {
             self.arm(Timer::Heartbeat, self.config.heartbeat_ticks);
         }
@@ -98,7 +97,7 @@ impl<S: StateMachine> Replica<S> {
     pub(super) fn on_tick(&mut self, out: &mut Vec<Output>) {
         let now = self.now;
         let due = |d: Option<u64>| d.is_some_and(|d| d <= now);
-        if due(self.deadlines[Timer::Heartbeat as usize]) {
+        if due(self.deadlines.get(Timer::Heartbeat)) {
             self.arm(Timer::Heartbeat, self.config.heartbeat_ticks);
             if self.is_primary() {
                 self.send_commit(out);
@@ -109,7 +108,7 @@ impl<S: StateMachine> Replica<S> {
                 }
             }
         }
-        if due(self.deadlines[Timer::ViewChange as usize]) {
+        if due(self.deadlines.get(Timer::ViewChange)) {
             let timeout = self.view_change_timeout();
             self.arm(Timer::ViewChange, timeout);
             match self.status() {
@@ -127,7 +126,7 @@ impl<S: StateMachine> Replica<S> {
                 _ => {}
             }
         }
-        if due(self.deadlines[Timer::Retry as usize]) {
+        if due(self.deadlines.get(Timer::Retry)) {
             self.arm(Timer::Retry, self.config.retry_ticks);
             self.retry(out);
             self.ask_views(out);
@@ -178,5 +177,31 @@ impl<S: StateMachine> Replica<S> {
                 }
             }
         }
+    }
+}
+
+/// When each timer fires, a tick or none: `u64::MAX` stands for none (no tick reaches
+/// it), so the table is 24 bytes, not the 48 of `Option`s, in every idle group.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Deadlines([u64; TIMERS]);
+
+impl Deadlines {
+    pub(super) const NONE: Self = Self([u64::MAX; TIMERS]);
+
+    pub(super) fn get(&self, timer: Timer) -> Option<u64> {
+        Some(self.0[timer as usize]).filter(|tick| *tick != u64::MAX)
+    }
+
+    pub(super) fn set(&mut self, timer: Timer, tick: u64) {
+        self.0[timer as usize] = tick.min(u64::MAX - 1);
+    }
+
+    pub(super) fn clear(&mut self, timer: Timer) {
+        self.0[timer as usize] = u64::MAX;
+    }
+
+    /// The earliest tick at which a timer fires.
+    pub(super) fn earliest(&self) -> Option<u64> {
+        self.0.iter().copied().filter(|t| *t != u64::MAX).min()
     }
 }

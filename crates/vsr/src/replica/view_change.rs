@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 type Votes = BTreeMap<ReplicaId, ViewChangeVote>;
 
 use super::{
-    DurableState, Output, Phase, Replica, Status, Timer, ViewChangeState, ViewChangeVote, TIMERS,
+    Deadlines, DurableState, Output, Phase, Replica, Status, Timer, ViewChangeState, ViewChangeVote,
 };
 use crate::message::{Checksum, Header, Message, ReplicaId, SuffixEntry};
 use crate::state::StateMachine;
@@ -30,7 +30,7 @@ impl<S: StateMachine> Replica<S> {
         }
         let commit = self.commit_max;
         self.wanted.retain(|op, _| *op <= commit);
-        self.deadlines = [None; TIMERS];
+        self.deadlines = Deadlines::NONE;
         self.watching = false;
         let timeout = self.view_change_timeout();
         self.arm(Timer::ViewChange, timeout);
@@ -161,11 +161,14 @@ impl<S: StateMachine> Replica<S> {
         if self.durable.view != self.view {
             return;
         }
-        if self.trusted_through == 0 {
-            // Nothing of its journal is certain, not even the log view its vote would
-            // name (a replica that lost its disk restarts so): counted, its vote could
-            // make a quorum that lacks what it acknowledged before. It abstains until
-            // it is normal in a newer view.
+        if self.rejoin.is_some() {
+            // It lost its disk: not even the log view its vote would name is its own,
+            // so counted, its vote could make a quorum that lacks what it acknowledged
+            // before. It abstains until it is normal in a newer view. (A journal
+            // untrusted from op 0 alone still votes: its log view is kept, so it says
+            // which views' ops it never acknowledged: seed 5743 of the shell
+            // simulator, where the one replica that could say so abstained and the
+            // view change waited for ever.)
             return;
         }
         let anchor = self
@@ -304,6 +307,21 @@ impl<S: StateMachine> Replica<S> {
         votes
             .values()
             .filter(|v| Self::nacks_op(v, op, checksum))
+            .count()
+    }
+
+    /// Votes that never acknowledged the prepare of `header`: those that say they never
+    /// had it, and those whose log view is older than the view it was prepared in. A
+    /// replica acknowledges a prepare only while normal in its view, with that log view
+    /// on disk, and a log view never goes back (a replica that lost its disk abstains),
+    /// so an older log view is a "never had it" even from an untrusted journal, whose
+    /// slot may hold an older entry or nothing (seed 5743 of the shell simulator).
+    fn never_acked_count(votes: &Votes, header: &Header) -> usize {
+        votes
+            .values()
+            .filter(|v| {
+                v.log_view < header.view || Self::nacks_op(v, header.op, Some(header.checksum))
+            })
             .count()
     }
 
@@ -466,7 +484,7 @@ impl<S: StateMachine> Replica<S> {
         let droppable = canonical.iter().find(|(op, (header, body))| {
             **op > commit
                 && body.is_none()
-                && Self::nack_count(votes, header.op, Some(header.checksum)) >= self.config.quorum()
+                && Self::never_acked_count(votes, header) >= self.config.quorum()
         });
         let dropped_from = droppable.map(|(&first, _)| first);
         if let Some(first) = dropped_from {

@@ -24,7 +24,7 @@ pub(super) fn decode_table(bytes: &[u8]) -> Result<(u64, BTreeMap<u64, Entry>), 
     let count = be32(body, 16) as usize;
     let entries = &body[20..];
     let stamp_bytes = if stamped { Stamp::BYTES } else { 0 };
-    let entry_bytes = 8 + stamp_bytes + DurableState::ENCODED_BYTES;
+    let entry_bytes = 8 + stamp_bytes + DurableState::ENCODED_BYTES_V1;
     if entries.len() != count * entry_bytes {
         return Err(format!("{count} groups in {} bytes", entries.len()));
     }

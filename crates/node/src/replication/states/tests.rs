@@ -11,7 +11,25 @@ fn state(view: u64, commit: u64) -> DurableState {
         log_view: view,
         commit,
         journal_trusted_through: u64::MAX,
+        views_lost: false,
     }
+}
+
+/// A durable state in the first layout (before the flags word), as old tables hold it.
+fn encode_v1(state: &DurableState, sequence: u64) -> Vec<u8> {
+    let mut out = 0x4252_5653u32.to_be_bytes().to_vec(); // "BRVS"
+    for word in [
+        sequence,
+        state.view,
+        state.log_view,
+        state.commit,
+        state.journal_trusted_through,
+    ] {
+        out.extend_from_slice(&word.to_be_bytes());
+    }
+    let sum = braid_vsr::checksum(&out);
+    out.extend_from_slice(&sum.to_be_bytes());
+    out
 }
 
 fn paths(dir: &Path, shard: usize) -> [PathBuf; 2] {
@@ -43,7 +61,7 @@ fn encode_stamped_table(batch: u64, states: &BTreeMap<u64, Entry>) -> Vec<u8> {
     for (group, entry) in states {
         out.extend_from_slice(&group.to_be_bytes());
         out.extend_from_slice(&entry.stamp.encode());
-        out.extend_from_slice(&entry.state.encode(batch));
+        out.extend_from_slice(&encode_v1(&entry.state, batch));
     }
     let crc = crc32c::crc32c(&out);
     out.extend_from_slice(&crc.to_be_bytes());
@@ -230,7 +248,7 @@ fn stamps_are_kept_per_group_and_tables_of_the_first_formats_are_upgraded() {
     old.extend_from_slice(&5u64.to_be_bytes());
     old.extend_from_slice(&1u32.to_be_bytes());
     old.extend_from_slice(&7u64.to_be_bytes());
-    old.extend_from_slice(&state(3, 4).encode(5));
+    old.extend_from_slice(&encode_v1(&state(3, 4), 5));
     let crc = crc32c::crc32c(&old);
     old.extend_from_slice(&crc.to_be_bytes());
     let old_dir = tempfile::tempdir().unwrap();
@@ -743,4 +761,49 @@ fn a_missing_copy_is_rebuilt_and_both_missing_is_a_new_shard() {
         GroupStates::open(dir.path(), 0, boot()),
         Err(StatesError::NoIntactCopy { .. })
     ));
+}
+
+/// A table written before the durable state's flags word holds 60-byte states in its
+/// slots: it opens as before, and a lost disk (untrusted from op 0, as that layout said
+/// it) stays lost.
+#[test]
+fn slots_of_the_first_state_layout_still_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let kept = state(4, 9);
+    let lost = DurableState {
+        journal_trusted_through: 0,
+        ..state(2, 0)
+    };
+    let mut states = GroupStates::open(dir.path(), 0, boot()).unwrap();
+    states.stage(7, kept);
+    states.stage(8, lost);
+    states.write_staged().unwrap();
+    drop(states);
+    for path in paths(dir.path(), 0) {
+        let mut bytes = std::fs::read(&path).unwrap();
+        for slot in [1usize, 2] {
+            let at = SLOT_BYTES * slot;
+            let seq = be64(&bytes, at + 8);
+            let old = if be64(&bytes, at + 16) == 7 {
+                kept
+            } else {
+                lost
+            };
+            let region = &mut bytes[at + STATE_AT..at + CHECKSUM_AT];
+            region.fill(0);
+            region[..DurableState::ENCODED_BYTES_V1].copy_from_slice(&encode_v1(&old, seq));
+            let sum = checksum(&bytes[at..at + CHECKSUM_AT]);
+            bytes[at + CHECKSUM_AT..at + SLOT_BYTES].copy_from_slice(&sum.to_be_bytes());
+        }
+        std::fs::write(&path, bytes).unwrap();
+    }
+    let states = GroupStates::open(dir.path(), 0, boot()).unwrap();
+    assert_eq!(states.get(7), Some(kept));
+    assert_eq!(
+        states.get(8),
+        Some(DurableState {
+            views_lost: true,
+            ..lost
+        })
+    );
 }

@@ -268,3 +268,110 @@ fn a_primary_hands_the_group_back_to_its_preferred_replica_once_it_holds_the_log
     assert!(replied, "the new primary never answered");
     assert_eq!(h.replies.pop().map(|r| r.result.is_ok()), Some(true));
 }
+
+/// The shell simulator's seed 5743: the newest op of view 1's log had no body left
+/// anywhere (its primary's copy damaged, the other member held its header alone), and
+/// the third replica, whose journal lost its tail to a power loss and knew nothing
+/// committed, was untrusted from op 0. Untrusted from op 0 read as "lost its disk", so
+/// it abstained, the op could be dropped by no quorum, and the view change waited for
+/// ever. Its log view (0) is still its own: it was never normal in view 1, so it never
+/// acknowledged the op, and its vote makes the quorum that drops it.
+#[test]
+fn an_untrusted_journal_of_an_older_log_view_never_acknowledged_a_newer_views_op() {
+    let group = 2;
+    let old = chain(group, 3, 0);
+    // View 1's op 3 replaced view 0's; the primary of view 1 prepared it.
+    let newer = Header {
+        view: 1,
+        op: 3,
+        commit: 2,
+        parent: old[1].header.checksum,
+        body_checksum: crate::message::checksum(b"op 3 of view 1"),
+        ..Header::root(group)
+    }
+    .seal();
+    let persisted = Persisted {
+        durable: DurableState {
+            view: 3,
+            log_view: 0,
+            commit: 0,
+            ..DurableState::default()
+        },
+        checkpoint: None,
+        journal: old
+            .iter()
+            .map(|p| (p.header.op, JournalSlot::Prepare(p.clone())))
+            .collect(),
+        journal_trusted: false, // a torn tail, and nothing known committed
+    };
+    let mut replica = Replica::restart(
+        Config::new(group, 0, 3, 5),
+        CounterMachine::default(),
+        persisted,
+    )
+    .unwrap();
+    assert!(
+        replica.rejoin.is_none(),
+        "untrusted from op 0, but its views are its own: not a lost disk"
+    );
+    let whole = |p: &Prepare| SuffixEntry {
+        header: p.header,
+        body: Some(p.body.clone()),
+    };
+    let alone = |header: Header| SuffixEntry { header, body: None };
+    let own = ViewChangeVote {
+        log_view: 0,
+        op: 3,
+        commit: 0,
+        commit_checksum: None,
+        suffix: old.iter().map(whole).collect(),
+        faulty: vec![],
+        trusted_through: 0,
+    };
+    let damaged = ViewChangeVote {
+        log_view: 1,
+        op: 3,
+        commit: 0,
+        commit_checksum: None,
+        suffix: vec![whole(&old[0]), whole(&old[1]), alone(newer)],
+        faulty: vec![3],
+        trusted_through: u64::MAX,
+    };
+    let header_alone = ViewChangeVote {
+        faulty: vec![],
+        ..damaged.clone()
+    };
+    let votes: BTreeMap<ReplicaId, ViewChangeVote> =
+        [(0, own), (1, damaged), (2, header_alone)].into();
+    let mut out = Vec::new();
+    assert!(replica.adopt_canonical_log(&votes, &mut out));
+    assert_eq!(
+        replica.op(),
+        2,
+        "view 1's op 3, which no quorum acknowledged, is dropped"
+    );
+    assert!(out
+        .iter()
+        .any(|o| matches!(o, Output::TruncateJournal { op: 2 })));
+    // Without the older log view's vote, the op may have committed: the view waits.
+    let mut votes = votes;
+    votes.remove(&0);
+    let mut waiting = Replica::restart(
+        Config::new(group, 0, 3, 5),
+        CounterMachine::default(),
+        Persisted {
+            durable: DurableState {
+                view: 3,
+                log_view: 1,
+                commit: 0,
+                ..DurableState::default()
+            },
+            checkpoint: None,
+            journal: vec![],
+            journal_trusted: true,
+        },
+    )
+    .unwrap();
+    waiting.adopt_canonical_log(&votes, &mut Vec::new());
+    assert_eq!(waiting.op(), 3, "kept, waiting for its body");
+}
