@@ -103,4 +103,18 @@ impl LogError {
         let path = path.into();
         move |source| Self::Io { op, path, source }
     }
+
+    /// As [`io`](Self::io), naming the path only when there is an error: for reads
+    /// in a loop, where formatting a segment's path on every success cost more than
+    /// the read.
+    pub(crate) fn io_with(
+        op: &'static str,
+        path: impl FnOnce() -> PathBuf,
+    ) -> impl FnOnce(std::io::Error) -> Self {
+        move |source| Self::Io {
+            op,
+            path: path(),
+            source,
+        }
+    }
 }

@@ -213,7 +213,7 @@ pub(crate) fn load_index(
     loop {
         let step = walk
             .next_step()
-            .map_err(LogError::io("read", log_path(dir, base)))?;
+            .map_err(LogError::io_with("read", || log_path(dir, base)))?;
         match step {
             Step::End => break,
             Step::Bad {
@@ -324,7 +324,7 @@ fn append_file(path: &Path, bytes: &[u8], sync: bool) -> Result<(), LogError> {
     if bytes.is_empty() && !sync {
         return Ok(());
     }
-    crate::disk::append(path, bytes, sync).map_err(LogError::io("write", path))
+    crate::disk::append(path, bytes, sync).map_err(LogError::io_with("write", || path.to_owned()))
 }
 
 /// Cuts both index files to the entries still in memory after a truncation.
@@ -368,9 +368,9 @@ pub(crate) fn find_batch(
     let mut expected = segment.base_offset + u64::from(entry.relative_offset);
     let mut walk = Walk::new(file, u64::from(entry.position), segment.size_bytes, false);
     loop {
-        let step = walk
-            .next_step()
-            .map_err(LogError::io("read", log_path(dir, segment.base_offset)))?;
+        let step = walk.next_step().map_err(LogError::io_with("read", || {
+            log_path(dir, segment.base_offset)
+        }))?;
         match step {
             Step::End => return Ok(None),
             Step::Bad {
@@ -502,7 +502,7 @@ pub(crate) fn read_batches(
     let first_want = budget_bytes + u64::from(interval_bytes) + HEADER_SLACK_BYTES;
     reader
         .cover(reader.buf_start + first_want)
-        .map_err(LogError::io("read", path()))?;
+        .map_err(LogError::io_with("read", path))?;
     let mut position = reader.buf_start;
     let mut expected = segment.base_offset + u64::from(entry.relative_offset);
     let mut start = None;
@@ -538,7 +538,7 @@ pub(crate) fn read_batches(
         }
         reader
             .cover(position + total)
-            .map_err(LogError::io("read", path()))?;
+            .map_err(LogError::io_with("read", path))?;
         position += total;
         read.batch_count += 1;
         read.next_offset = expected;
