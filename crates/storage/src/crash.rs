@@ -88,8 +88,11 @@ impl Model {
             Event::Sync { path } => {
                 if let Some(&inode) = self.current.get(path) {
                     let inode = &mut self.inodes[inode];
-                    inode.durable = inode.current.clone();
-                    inode.pending.clear();
+                    // The pending writes, in order, are what current holds beyond
+                    // durable: replaying them costs what was written, not the file.
+                    for (offset, bytes, len) in inode.pending.drain(..) {
+                        apply_write(&mut inode.durable, offset, &bytes, len);
+                    }
                 }
             }
             Event::Remove { path } => {

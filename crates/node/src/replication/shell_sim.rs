@@ -26,14 +26,14 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use braid_bus::Frame;
-use braid_proto::{BatchBuilder, RecordBatch, ValidatedBatch};
+use braid_proto::{BatchBuilder, ValidatedBatch};
 use braid_sim::Prng;
 use braid_storage::crash::PowerModel;
 use braid_storage::disk::hook;
 use braid_storage::{FsyncPolicy, LogConfig};
 use tokio::sync::oneshot;
 
-use files::{damage_at_rest, describe_batch, read_batches, values_of, Stop};
+use files::{damage_at_rest, describe_batch, read_batches, values_of};
 
 use super::boot::BootId;
 use super::meta_group::Timing;
@@ -186,6 +186,8 @@ pub(crate) struct Run {
     failure: Option<String>,
     /// Print faults and boots to stderr (`BRAID_SHELL_SIM_TRACE=1`).
     trace: bool,
+    /// What the serve checks have verified ([`served`]).
+    served: served::Checked,
 }
 
 fn key(partition: u32) -> PartitionKey {
@@ -261,6 +263,7 @@ impl Run {
             outcome: Outcome::default(),
             failure: None,
             trace: std::env::var_os("BRAID_SHELL_SIM_TRACE").is_some(),
+            served: served::Checked::default(),
         };
         hook::start_tracing();
         for m in 0..MEMBERS {
@@ -333,6 +336,7 @@ impl Run {
         }
         member.groups = Some(groups);
         member.restart_at = None;
+        self.served.forget_member(m);
         if self.trace {
             eprintln!("t{} m{m} boots ({})", self.tick, self.describe_member(m));
         }
@@ -386,6 +390,7 @@ impl Run {
         if member.groups.take().is_none() {
             return;
         }
+        self.served.forget_member(m);
         let downtime = 20 + self.prng.below(300);
         member.restart_at = Some(self.tick + downtime);
         if self.trace {
@@ -643,67 +648,6 @@ impl Run {
         self.drain_trace();
     }
 
-    /// What every member would serve now, below its high watermark, is readable and
-    /// holds each acknowledged record at its offset: no reader is ever promised a
-    /// record the log does not hold, or handed another one.
-    fn check_served(&mut self) {
-        let mut problem = None;
-        for m in 0..MEMBERS {
-            let Some(groups) = self.members[usize::from(m)].groups.as_mut() else {
-                continue;
-            };
-            for p in 0..self.shape.partitions {
-                let mark = groups.high_watermark(key(p));
-                let Some(log) = groups.log(key(p)) else {
-                    continue;
-                };
-                let (batches, stopped) = read_batches(log, mark);
-                match stopped {
-                    Some(Stop::Missing(err)) => {
-                        problem.get_or_insert(format!(
-                            "member {m} partition {p} promises records below {mark}: {err}"
-                        ));
-                        continue;
-                    }
-                    // Refused from the damage on, until a peer's copy repairs it.
-                    Some(Stop::Damaged(_)) => self.outcome.reads_refused += 1,
-                    None => {}
-                }
-                let values = values_of(&batches);
-                // What is served ends at the damage, if the read stopped there.
-                let served = batches
-                    .last()
-                    .and_then(|(base, bytes)| {
-                        RecordBatch::check_stored(bytes)
-                            .ok()
-                            .map(|(b, _)| b.header().last_offset() as u64 + 1)
-                            .or(Some(*base))
-                    })
-                    .unwrap_or(0)
-                    .min(mark);
-                let served = if matches!(stopped, Some(Stop::Damaged(_))) {
-                    served
-                } else {
-                    mark
-                };
-                for ((_, offset), value) in self.acked.range((p, 0)..(p, served)) {
-                    if let Ok(held) = &values {
-                        if held.get(offset).and_then(Option::as_ref) != Some(value) {
-                            problem.get_or_insert(format!(
-                                "member {m} partition {p} would serve offset {offset} below \
-                                 its high watermark {mark} without its acknowledged record {}",
-                                String::from_utf8_lossy(value)
-                            ));
-                        }
-                    }
-                }
-            }
-        }
-        if let Some(problem) = problem {
-            self.fail(problem);
-        }
-    }
-
     fn converged(&self) -> bool {
         if !self.waiting.is_empty() {
             return false;
@@ -896,7 +840,7 @@ impl Run {
                 let log = groups
                     .log(key(p))
                     .ok_or_else(|| format!("member {m} has no partition {p}"))?;
-                let batches = read_batches(log, mark);
+                let batches = read_batches(log, 0, mark);
                 logs.push((mark, batches.0));
                 if let Some(err) = batches.1 {
                     unreadable.get_or_insert(format!("member {m} partition {p}: {err}"));
@@ -985,6 +929,7 @@ impl Run {
 
 mod files;
 mod seeds;
+mod served;
 
 pub(crate) use seeds::{run_seed, run_seeds};
 

@@ -23,15 +23,16 @@ impl std::fmt::Display for Stop {
     }
 }
 
-/// The batches of `log` below `end` that a reader would be served (each checked, as
-/// the node's reads check them): (base offset, bytes), and why the read stopped short,
-/// if it did.
+/// The batches of `log` from `from` (or its start, if later) below `end` that a
+/// reader would be served (each checked, as the node's reads check them): (base
+/// offset, bytes), and why the read stopped short, if it did.
 pub(super) fn read_batches(
     log: &mut braid_storage::PartitionLog,
+    from: u64,
     end: u64,
 ) -> (Vec<(u64, Vec<u8>)>, Option<Stop>) {
     let mut out = Vec::new();
-    let mut at = log.start_offset();
+    let mut at = from.max(log.start_offset());
     while at < end {
         let mut read = match log.read(at, 1 << 20, end) {
             Ok(read) => read,
