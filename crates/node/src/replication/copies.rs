@@ -12,9 +12,9 @@ pub(crate) type CopyError = (PathBuf, std::io::Error);
 /// The two copies `STEM.0` and `STEM.1` in a directory.
 #[derive(Debug, Clone)]
 pub(crate) struct TwoCopies {
-    dir: PathBuf,
-    paths: [PathBuf; 2],
-    stem: String,
+    /// `DIR/STEM`: each group holds one, so the copies' paths are made when used (three
+    /// paths and a stem kept per group were a tenth of an idle partition's memory).
+    base: PathBuf,
 }
 
 /// What reading the copies found.
@@ -31,10 +31,24 @@ pub(crate) enum Newest<T> {
 impl TwoCopies {
     pub(crate) fn new(dir: &Path, stem: &str) -> Self {
         Self {
-            dir: dir.to_owned(),
-            paths: [0, 1].map(|i| dir.join(format!("{stem}.{i}"))),
-            stem: stem.to_owned(),
+            base: dir.join(stem),
         }
+    }
+
+    /// `DIR/STEM.SUFFIX`.
+    fn with_suffix(&self, suffix: &str) -> PathBuf {
+        let mut path = self.base.clone().into_os_string();
+        path.push(".");
+        path.push(suffix);
+        PathBuf::from(path)
+    }
+
+    fn path(&self, copy: u64) -> PathBuf {
+        self.with_suffix(if copy.is_multiple_of(2) { "0" } else { "1" })
+    }
+
+    fn dir(&self) -> &Path {
+        self.base.parent().unwrap_or(Path::new("."))
     }
 
     /// The newest copy `decode` accepts (it gives the copy's sequence number).
@@ -45,8 +59,8 @@ impl TwoCopies {
         let mut best: Option<(u64, T)> = None;
         let mut reasons = Vec::new();
         let mut any = false;
-        for path in &self.paths {
-            let bytes = match std::fs::read(path) {
+        for path in [self.path(0), self.path(1)] {
+            let bytes = match std::fs::read(&path) {
                 Ok(bytes) => bytes,
                 Err(err) if err.kind() == std::io::ErrorKind::NotFound => {
                     reasons.push(format!("{}: absent", path.display()));
@@ -73,14 +87,15 @@ impl TwoCopies {
     /// Writes `bytes` over copy `seq % 2` and syncs it (and the directory, when the
     /// copy is new). The caller numbers writes so that each replaces the older copy.
     pub(crate) fn write(&self, seq: u64, bytes: &[u8]) -> Result<(), CopyError> {
-        let path = &self.paths[(seq % 2) as usize];
+        let path = &self.path(seq);
         let fail = |err| (path.clone(), err);
         let (file, created) = disk::open_or_create(path).map_err(fail)?;
         disk::write_at(&file, path, bytes, 0).map_err(fail)?;
         disk::set_len(&file, path, bytes.len() as u64).map_err(fail)?;
         disk::sync_data(&file, path).map_err(fail)?;
         if created {
-            disk::sync_dir(&self.dir).map_err(|err| (self.dir.clone(), err))?;
+            let dir = self.dir();
+            disk::sync_dir(dir).map_err(|err| (dir.to_owned(), err))?;
         }
         Ok(())
     }
@@ -88,12 +103,14 @@ impl TwoCopies {
     /// Puts `bytes` in place as copy 0 at once (written, synced, renamed, the rename
     /// synced), for a store whose absence must from then on mean damage.
     pub(crate) fn install_first(&self, bytes: &[u8]) -> Result<(), CopyError> {
-        let tmp = self.dir.join(format!("{}.tmp", self.stem));
+        let tmp = self.with_suffix("tmp");
         let fail = |err| (tmp.clone(), err);
         disk::write_file(&tmp, bytes).map_err(fail)?;
         let file = std::fs::File::open(&tmp).map_err(fail)?;
         disk::sync_data(&file, &tmp).map_err(fail)?;
-        disk::rename(&tmp, &self.paths[0]).map_err(|err| (self.paths[0].clone(), err))?;
-        disk::sync_dir(&self.dir).map_err(|err| (self.dir.clone(), err))
+        let first = self.path(0);
+        disk::rename(&tmp, &first).map_err(|err| (first.clone(), err))?;
+        let dir = self.dir();
+        disk::sync_dir(dir).map_err(|err| (dir.to_owned(), err))
     }
 }
