@@ -21,8 +21,8 @@ const FULL_EVERY: u64 = 10;
 /// What the checks have verified.
 #[derive(Debug, Default)]
 pub(super) struct Checked {
-    /// (member, partition) -> the offset below which the member's log was found to
-    /// hold every acknowledged record (a batch boundary).
+    /// (member, partition) -> the high watermark below which the member's log was
+    /// found to hold every acknowledged record.
     upto: BTreeMap<(u8, u32), u64>,
     checks: u64,
 }
@@ -98,15 +98,10 @@ impl Run {
                         }
                     }
                 }
-                // Only a whole read (no damage) moves the mark: what a damaged read
-                // stopped short of is read again once repaired.
+                // Only a whole read (it stops only at the high watermark) moves the
+                // mark: what a damaged read stopped short of is read again once repaired.
                 if sound && stopped.is_none() {
-                    let next = batches
-                        .last()
-                        .and_then(|(_, bytes)| RecordBatch::check_stored(bytes).ok())
-                        .map_or(checked, |(b, _)| b.header().last_offset() as u64 + 1)
-                        .min(mark);
-                    self.served.upto.insert((m, p), next);
+                    self.served.upto.insert((m, p), mark);
                 } else {
                     self.served.upto.remove(&(m, p));
                 }
