@@ -19,6 +19,17 @@ pub enum Corruption {
         /// The offset found.
         found: i64,
     },
+    /// An offset index entry names a batch the `.log` file does not hold at that
+    /// position: the index is rebuilt from the log and the read retried.
+    #[error(
+        "index entry for relative offset {relative_offset} at byte {position} names no such batch"
+    )]
+    IndexEntry {
+        /// The relative offset the entry names.
+        relative_offset: u32,
+        /// The position the entry names.
+        position: u32,
+    },
 }
 
 /// Why a log operation failed.

@@ -57,11 +57,11 @@ impl SegmentIndex {
         }
     }
 
-    /// The relative offset of the last batch whose running largest timestamp is below
+    /// The entry of the last batch whose running largest timestamp is below
     /// `timestamp`: no record before the end of that batch reaches `timestamp`.
-    pub(crate) fn last_below(&self, timestamp: i64) -> Option<u32> {
+    pub(crate) fn last_below(&self, timestamp: i64) -> Option<TimeEntry> {
         let after = self.times.partition_point(|e| e.timestamp < timestamp);
-        after.checked_sub(1).map(|n| self.times[n].relative_offset)
+        after.checked_sub(1).map(|n| self.times[n])
     }
 
     /// Start of the last indexed batch, or 0.
@@ -272,8 +272,8 @@ mod tests {
             ]
         );
         assert_eq!(index.last_below(50), None);
-        assert_eq!(index.last_below(51), Some(4));
-        assert_eq!(index.last_below(1000), Some(15));
+        assert_eq!(index.last_below(51).map(|e| e.relative_offset), Some(4));
+        assert_eq!(index.last_below(1000).map(|e| e.relative_offset), Some(15));
         let mut bytes = Vec::new();
         encode_times(&index.times, &mut bytes);
         assert_eq!(decode_times(&bytes, 16), (index.times.clone(), true));

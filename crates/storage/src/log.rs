@@ -12,7 +12,7 @@ use crate::error::LogError;
 use crate::files::{index_path, log_path, time_index_path, CLEAN_MARKER};
 use crate::recovery_point::RecoveryPoint;
 use crate::segment::{
-    flush_index, index_batch, load_index, read_batches, LogRead, MaxTimestamp, Segment,
+    flush_index, index_batch, load_index, read_batches, IndexFiles, LogRead, MaxTimestamp, Segment,
 };
 use crate::sync::{SyncError, SyncRequest};
 use crate::writeback::WriteBehind;
@@ -55,6 +55,14 @@ pub struct RecoveryReport {
     /// Where damage with intact batches after it was cut because it lay above the
     /// recovery point (bytes never synced, which a power cut leaves in any order).
     pub unsynced_damage_cut_at: Option<u64>,
+}
+
+/// What a lookup by time found in one segment.
+enum TimeLookup {
+    Found(u64),
+    NotHere,
+    /// A time entry named a batch that does not hold its timestamp.
+    IndexFault,
 }
 
 /// Segments removed by retention.
@@ -447,17 +455,21 @@ impl PartitionLog {
         let mut at = self.segment_of(from);
         while at < self.segments.len() {
             self.ensure_index(at)?;
-            let file = self.file_for(at)?;
-            let read = read_batches(
-                &self.dir,
-                &self.segments[at],
-                &file,
-                from,
-                u64::from(max_bytes),
-                limit,
-                self.config.index_interval_bytes,
-                buffer,
-            )?;
+            let interval = self.config.index_interval_bytes;
+            let mut spare = Some(buffer);
+            let read = self.with_sound_index(at, |log, file| {
+                let buffer = spare.take().unwrap_or_default();
+                read_batches(
+                    &log.dir,
+                    &log.segments[at],
+                    file,
+                    from,
+                    u64::from(max_bytes),
+                    limit,
+                    interval,
+                    buffer,
+                )
+            })?;
             if !read.is_empty() {
                 return Ok(read);
             }
@@ -475,48 +487,87 @@ impl PartitionLog {
     pub fn offset_for_timestamp(&mut self, timestamp_ms: i64) -> Result<Option<u64>, LogError> {
         for at in 0..self.segments.len() {
             self.ensure_index(at)?;
-            match self.segments[at].max_timestamp {
-                MaxTimestamp::At { timestamp, .. } if timestamp >= timestamp_ms => {}
-                _ => continue,
-            }
-            let segment = &self.segments[at];
-            let Some(index) = segment.index.as_ref() else {
-                continue;
+            let lookup = match self.offset_in_segment(at, timestamp_ms)? {
+                TimeLookup::IndexFault => {
+                    let file = self.file_for(at)?;
+                    self.rebuild_index(at, &file)?;
+                    self.offset_in_segment(at, timestamp_ms)?
+                }
+                lookup => lookup,
             };
-            let mut offset = match index.last_below(timestamp_ms) {
-                Some(relative) => segment.base_offset + u64::from(relative),
-                None => segment.base_offset,
-            };
-            let end = segment.end_offset.unwrap_or(self.next_offset);
-            while offset < end {
-                let read = self.read(offset, 0, end)?;
-                if read.is_empty() {
-                    break;
+            match lookup {
+                TimeLookup::Found(offset) => return Ok(Some(offset)),
+                TimeLookup::NotHere => {}
+                TimeLookup::IndexFault => {
+                    // Rebuilt from the log a moment ago: the log changed under us.
+                    let segment = &self.segments[at];
+                    return Err(LogError::Corrupt {
+                        path: log_path(&self.dir, segment.base_offset),
+                        position: 0,
+                        corruption: crate::Corruption::IndexEntry {
+                            relative_offset: 0,
+                            position: 0,
+                        },
+                    });
                 }
-                let corrupt = |e: braid_proto::BatchError| LogError::Corrupt {
-                    path: log_path(&self.dir, self.segments[at].base_offset),
-                    position: 0,
-                    corruption: e.into(),
-                };
-                let (batch, _) =
-                    braid_proto::RecordBatch::check_stored(read.bytes()).map_err(corrupt)?;
-                let header = *batch.header();
-                if header.max_timestamp >= timestamp_ms {
-                    for (i, record) in batch.records().enumerate() {
-                        let record = record.map_err(corrupt)?;
-                        let at_ms = header.base_timestamp.saturating_add(record.timestamp_delta);
-                        if at_ms >= timestamp_ms {
-                            return Ok(Some(header.base_offset as u64 + i as u64));
-                        }
-                    }
-                }
-                if read.next_offset <= offset {
-                    break;
-                }
-                offset = read.next_offset;
             }
         }
         Ok(None)
+    }
+
+    /// The first offset of segment `at` (its index loaded) whose record timestamp is at
+    /// or after `timestamp_ms`. The time entry it starts from is checked against the
+    /// batch it names, since index files carry no checksum.
+    fn offset_in_segment(&mut self, at: usize, timestamp_ms: i64) -> Result<TimeLookup, LogError> {
+        match self.segments[at].max_timestamp {
+            MaxTimestamp::At { timestamp, .. } if timestamp >= timestamp_ms => {}
+            _ => return Ok(TimeLookup::NotHere),
+        }
+        let segment = &self.segments[at];
+        let Some(index) = segment.index.as_ref() else {
+            return Ok(TimeLookup::NotHere);
+        };
+        let below = index.last_below(timestamp_ms);
+        let mut offset = match below {
+            Some(entry) => segment.base_offset + u64::from(entry.relative_offset),
+            None => segment.base_offset,
+        };
+        let end = segment.end_offset.unwrap_or(self.next_offset);
+        let mut first = true;
+        while offset < end {
+            let read = self.read(offset, 0, end)?;
+            if read.is_empty() {
+                break;
+            }
+            let corrupt = |e: braid_proto::BatchError| LogError::Corrupt {
+                path: log_path(&self.dir, self.segments[at].base_offset),
+                position: 0,
+                corruption: e.into(),
+            };
+            let (batch, _) =
+                braid_proto::RecordBatch::check_stored(read.bytes()).map_err(corrupt)?;
+            let header = *batch.header();
+            if let (true, Some(entry)) = (first, below) {
+                if header.base_offset as u64 != offset || header.max_timestamp != entry.timestamp {
+                    return Ok(TimeLookup::IndexFault);
+                }
+            }
+            first = false;
+            if header.max_timestamp >= timestamp_ms {
+                for (i, record) in batch.records().enumerate() {
+                    let record = record.map_err(corrupt)?;
+                    let at_ms = header.base_timestamp.saturating_add(record.timestamp_delta);
+                    if at_ms >= timestamp_ms {
+                        return Ok(TimeLookup::Found(header.base_offset as u64 + i as u64));
+                    }
+                }
+            }
+            if read.next_offset <= offset {
+                break;
+            }
+            offset = read.next_offset;
+        }
+        Ok(TimeLookup::NotHere)
     }
 
     /// A request that makes every append so far durable, or `None` if they already are.
@@ -730,6 +781,45 @@ impl PartitionLog {
         Ok(())
     }
 
+    /// Runs `op` on segment `at` (its index loaded) and its file; if `op` finds an index
+    /// entry that names no batch, rebuilds the segment's indexes from its `.log` file
+    /// and runs `op` once more. A second fault is the log's, reported as corruption.
+    fn with_sound_index<T>(
+        &mut self,
+        at: usize,
+        mut op: impl FnMut(&Self, &File) -> Result<T, LogError>,
+    ) -> Result<T, LogError> {
+        let file = self.file_for(at)?;
+        match op(self, &file) {
+            Err(LogError::Corrupt {
+                corruption: crate::Corruption::IndexEntry { .. },
+                ..
+            }) => {
+                self.rebuild_index(at, &file)?;
+                op(self, &file)
+            }
+            done => done,
+        }
+    }
+
+    /// Rebuilds segment `at`'s indexes from its `.log` file, ignoring the index files.
+    fn rebuild_index(&mut self, at: usize, file: &File) -> Result<(), LogError> {
+        let sealed = at + 1 < self.segments.len();
+        let interval = self.config.index_interval_bytes;
+        let segment = &mut self.segments[at];
+        segment.max_timestamp = MaxTimestamp::Unknown;
+        load_index(
+            &self.dir,
+            segment,
+            file,
+            interval,
+            sealed,
+            IndexFiles::Rebuild,
+        )?;
+        self.recovery.indexes_rebuilt += 1;
+        Ok(())
+    }
+
     /// Loads the indexes of segment `at` if they are not in memory.
     fn ensure_index(&mut self, at: usize) -> Result<(), LogError> {
         if self.segments[at].index.is_some()
@@ -740,7 +830,15 @@ impl PartitionLog {
         let file = self.file_for(at)?;
         let sealed = at + 1 < self.segments.len();
         let interval = self.config.index_interval_bytes;
-        let rebuilt = load_index(&self.dir, &mut self.segments[at], &file, interval, sealed)?;
+        let segment = &mut self.segments[at];
+        let rebuilt = load_index(
+            &self.dir,
+            segment,
+            &file,
+            interval,
+            sealed,
+            IndexFiles::Trust,
+        )?;
         self.recovery.indexes_rebuilt += u32::from(rebuilt);
         if sealed {
             let segment = &self.segments[at];

@@ -158,22 +158,41 @@ impl IndexBuilder {
     }
 }
 
+/// Whether [`load_index`] may start from the index files, or must rebuild them from the
+/// `.log` file because an entry was found naming a batch the log does not hold there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum IndexFiles {
+    Trust,
+    Rebuild,
+}
+
 /// Loads a segment's indexes from their files and completes them by walking the batches
 /// after the last offset entry. Damaged index files are rebuilt from the `.log` file;
 /// damage in the `.log` file itself is an error. `sealed` adds the closing time entry.
+///
+/// Index files carry no checksum, so a sound-looking file may still hold a damaged
+/// entry: the last offset entry and the batch holding the segment's largest timestamp
+/// are checked here, and every other offset entry when a read starts from it (a
+/// mismatch there is [`Corruption::IndexEntry`], and the caller rebuilds).
 pub(crate) fn load_index(
     dir: &Path,
     segment: &mut Segment,
     file: &File,
     interval_bytes: u32,
     sealed: bool,
+    files: IndexFiles,
 ) -> Result<bool, LogError> {
     let base = segment.base_offset;
-    let offsets = read_optional(&index_path(dir, base))?;
-    let times = read_optional(&time_index_path(dir, base))?;
+    let (offsets, times) = match files {
+        IndexFiles::Trust => (
+            read_optional(&index_path(dir, base))?,
+            read_optional(&time_index_path(dir, base))?,
+        ),
+        IndexFiles::Rebuild => (Vec::new(), Vec::new()),
+    };
     let (mut offset_entries, offsets_sound) = decode_offsets(&offsets, segment.size_bytes);
     let (mut time_entries, times_sound) = decode_times(&times, u64::from(u32::MAX) + 1);
-    let mut sound = offsets_sound && times_sound;
+    let mut sound = offsets_sound && times_sound && files == IndexFiles::Trust;
     if let Some(last) = offset_entries.last() {
         let mut raw = [0u8; braid_proto::batch::HEADER_BYTES];
         let points_at_batch = file
@@ -255,13 +274,59 @@ pub(crate) fn load_index(
     let rebuilt = !sound;
     segment.end_offset = Some(builder.next_offset);
     segment.max_timestamp = builder.max_timestamp;
+    segment.index = Some(builder.index);
     if rebuilt {
-        segment.index = Some(builder.index);
         rewrite_index_files(dir, segment)?;
-    } else {
-        segment.index = Some(builder.index);
+    } else if !holds_max_timestamp(dir, segment, file)? {
+        // The time index names a largest timestamp no batch there holds: a damaged
+        // entry, which would make lookups by time skip or misplace records.
+        return load_index(
+            dir,
+            segment,
+            file,
+            interval_bytes,
+            sealed,
+            IndexFiles::Rebuild,
+        );
     }
     Ok(rebuilt)
+}
+
+/// Whether the batch the segment's largest timestamp names starts where the index
+/// says and holds that timestamp. A damaged offset entry on the way is a `false` too.
+fn holds_max_timestamp(dir: &Path, segment: &Segment, file: &File) -> Result<bool, LogError> {
+    let MaxTimestamp::At {
+        timestamp,
+        relative_offset,
+    } = segment.max_timestamp
+    else {
+        return Ok(true);
+    };
+    let offset = segment.base_offset + u64::from(relative_offset);
+    match find_batch(dir, segment, file, offset) {
+        Ok(Some((_, header))) => {
+            Ok(header.base_offset as u64 == offset && header.max_timestamp == timestamp)
+        }
+        Ok(None) => Ok(false),
+        Err(LogError::Corrupt {
+            corruption: Corruption::IndexEntry { .. },
+            ..
+        }) => Ok(false),
+        Err(err) => Err(err),
+    }
+}
+
+/// The error for a read that started at an index entry and found no batch of the
+/// entry's offset there: the index is wrong, not (yet known to be) the log.
+fn index_entry_fault(dir: &Path, segment: &Segment, entry: crate::index::OffsetEntry) -> LogError {
+    segment.corrupt(
+        dir,
+        u64::from(entry.position),
+        Corruption::IndexEntry {
+            relative_offset: entry.relative_offset,
+            position: entry.position,
+        },
+    )
 }
 
 fn read_optional(path: &Path) -> Result<Vec<u8>, LogError> {
@@ -365,6 +430,8 @@ pub(crate) fn find_batch(
         return Ok(None);
     };
     let entry = index.floor(segment.relative(offset));
+    // Position 0 is the segment's start, not an entry read from a file.
+    let from_index = entry.position != 0;
     let mut expected = segment.base_offset + u64::from(entry.relative_offset);
     let mut walk = Walk::new(file, u64::from(entry.position), segment.size_bytes, false);
     loop {
@@ -373,11 +440,20 @@ pub(crate) fn find_batch(
         }))?;
         match step {
             Step::End => return Ok(None),
+            Step::Bad { position, .. } if from_index && position == u64::from(entry.position) => {
+                return Err(index_entry_fault(dir, segment, entry))
+            }
             Step::Bad {
                 position,
                 corruption,
             } => return Err(segment.corrupt(dir, position, corruption)),
             Step::Batch { position, header } => {
+                if header.base_offset != expected as i64
+                    && from_index
+                    && position == u64::from(entry.position)
+                {
+                    return Err(index_entry_fault(dir, segment, entry));
+                }
                 if header.base_offset != expected as i64 {
                     let corruption = Corruption::UnexpectedOffset {
                         expected,
@@ -507,11 +583,17 @@ pub(crate) fn read_batches(
     let mut expected = segment.base_offset + u64::from(entry.relative_offset);
     let mut start = None;
     let mut read = LogRead::empty(from);
+    let from_index = entry.position != 0;
     while position < segment.size_bytes {
+        let at_entry = from_index && position == u64::from(entry.position);
         let header = reader.header(position).map_err(|e| match e {
             ReadFault::Io(err) => LogError::io("read", path())(err),
+            ReadFault::Bad(_) if at_entry => index_entry_fault(dir, segment, entry),
             ReadFault::Bad(c) => segment.corrupt(dir, position, c),
         })?;
+        if header.base_offset != expected as i64 && at_entry {
+            return Err(index_entry_fault(dir, segment, entry));
+        }
         if header.base_offset != expected as i64 {
             let corruption = Corruption::UnexpectedOffset {
                 expected,

@@ -9,7 +9,7 @@ use crate::error::LogError;
 use crate::files::{index_path, log_path, time_index_path};
 use crate::recovery_point::RecoveryPoint;
 use crate::segment::{
-    find_batch, flush_index, load_index, truncate_index_files, MaxTimestamp, Segment,
+    find_batch, flush_index, load_index, truncate_index_files, IndexFiles, MaxTimestamp, Segment,
 };
 use crate::writeback::WriteBehind;
 
@@ -54,8 +54,10 @@ impl PartitionLog {
         let position = if whole {
             0
         } else {
-            let file = self.file_for(at)?;
-            match find_batch(&self.dir, &self.segments[at], &file, offset)? {
+            let found = self.with_sound_index(at, |log, file| {
+                find_batch(&log.dir, &log.segments[at], file, offset)
+            })?;
+            match found {
                 Some((position, header)) if header.base_offset as u64 == offset => position,
                 Some((_, header)) => {
                     return Err(LogError::NotBatchBoundary {
@@ -137,7 +139,7 @@ impl PartitionLog {
                 // by the same walk that opening uses.
                 segment.index = None;
                 segment.max_timestamp = MaxTimestamp::Unknown;
-                load_index(&dir, segment, &file, interval, false).map(|_| ())
+                load_index(&dir, segment, &file, interval, false, IndexFiles::Trust).map(|_| ())
             })
             .and_then(|()| sync_dir(&dir));
         self.recovery_point = recovery_point;
