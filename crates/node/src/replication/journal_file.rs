@@ -88,6 +88,10 @@ pub(crate) struct Recovered {
     pub(crate) slots: Vec<(u64, JournalSlot)>,
     /// Bytes cut from a torn tail.
     pub(crate) torn_tail_bytes: u64,
+    /// Whether the cut tail may have held a record a sync covered, damaged at rest: it
+    /// was not just the sync marker appended after the last sync (see
+    /// [`only_an_unsynced_marker`]).
+    pub(crate) tail_may_hide: bool,
     /// Entries at or below this op were pruned (a checkpoint covers them).
     pub(crate) pruned_through: u64,
     /// Damage with intact records after it was found at this byte: every slot above
@@ -240,6 +244,37 @@ fn parse(bytes: &[u8]) -> Option<(Decoded, usize)> {
         _ => return None,
     };
     Some((decoded, RECORD_HEAD + len))
+}
+
+/// Whether a torn tail found at byte `at` can only be the sync marker appended after
+/// the last sync, written in part or not at all (a power loss keeps a prefix of an
+/// unsynced write, zeros in place of the rest): no longer than a marker, and every
+/// byte zero or the byte a marker has there (its CRC and payload are unknown). Every
+/// sync is followed by its marker, so a record a sync covered that damage at rest
+/// made unreadable at the tail reads otherwise: one flipped bit leaves another
+/// record's length (or, for a prune with the log's end, its kind) unlike a marker's.
+/// All zeros could also be a zeroed sector over a short record, unless they start
+/// inside a sector. (Without this, a power loss that tore an idle member's marker
+/// made it untrusted above its commit: the shell simulator's seed 12765 with damage
+/// at rest, where two members lost their trust so and the third's view change waited
+/// for ever.)
+fn only_an_unsynced_marker(tail: &[u8], at: usize) -> bool {
+    const SECTOR: usize = 512;
+    let marker_head = (16u32.to_be_bytes(), KIND_SYNCED);
+    if tail.len() > RECORD_HEAD + 16 {
+        return false;
+    }
+    if tail.iter().all(|b| *b == 0) {
+        return !at.is_multiple_of(SECTOR);
+    }
+    tail.iter().enumerate().all(|(i, b)| {
+        *b == 0
+            || match i {
+                0..=3 => *b == marker_head.0[i],
+                8 => *b == marker_head.1,
+                _ => true,
+            }
+    })
 }
 
 /// The record at byte `at` of `bytes`, as [`parse`]; a sync marker that names bytes
@@ -433,6 +468,7 @@ impl JournalFile {
             damaged_at = Some(0);
         }
         let torn_tail_bytes = (bytes.len() - at) as u64;
+        let tail_may_hide = torn_tail_bytes > 0 && !only_an_unsynced_marker(&bytes[at..], at);
         if torn_tail_bytes > 0 {
             tracing::warn!(
                 path = %path.display(),
@@ -490,6 +526,7 @@ impl JournalFile {
         let recovered = Recovered {
             slots,
             torn_tail_bytes,
+            tail_may_hide,
             pruned_through: journal.pruned_through,
             damaged_at,
             external,

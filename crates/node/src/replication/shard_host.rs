@@ -231,7 +231,7 @@ impl<S: StateMachine> ShardHost<S, JournalFile> {
                 )
             }),
             trusted: true,
-            tail_cut: recovered.torn_tail_bytes > 0,
+            tail_cut: recovered.tail_may_hide,
         };
         let dir = self.dir.clone();
         self.add_group_with(config, machine, journal, opened, &dir)

@@ -427,3 +427,57 @@ fn damage_over_the_magic_is_damage_and_another_file_is_refused() {
         Err(JournalError::NotAJournal { .. })
     ));
 }
+
+/// A power loss that tears the sync marker appended after the last sync (a prefix of
+/// it kept, zeros for the rest, or zeros alone) cuts a tail that hides nothing: the
+/// journal stays trusted. A short record a sync covered, with any one bit flipped and
+/// its marker lost, or zeroed from a sector's start, is a tail that may hide a
+/// reported record.
+#[test]
+fn a_torn_sync_marker_hides_nothing_and_a_damaged_short_record_may() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("meta.journal");
+    let (mut journal, _) = JournalFile::open(&path).unwrap();
+    for p in chain(3, 1) {
+        journal.write_prepare(&p).unwrap();
+    }
+    journal.sync().unwrap();
+    drop(journal);
+    let whole = std::fs::read(&path).unwrap();
+    let at = whole.len() - SYNC_MARKER_BYTES;
+    assert_eq!(whole[at + 8], KIND_SYNCED, "the file ends with the marker");
+    for keep in 0..SYNC_MARKER_BYTES {
+        let mut torn = whole.clone();
+        torn[at + keep..].fill(0);
+        std::fs::write(&path, &torn).unwrap();
+        let (_, recovered) = JournalFile::open(&path).unwrap();
+        assert_eq!(slot_ops(&recovered), [1, 2, 3]);
+        assert!(recovered.torn_tail_bytes > 0, "keep {keep}");
+        assert!(!recovered.tail_may_hide, "{keep} bytes of the marker kept");
+    }
+
+    // The last synced record is a short one (a truncation), its marker lost.
+    let (mut journal, _) = JournalFile::open(&path).unwrap();
+    journal.truncate(2).unwrap();
+    journal.sync().unwrap();
+    drop(journal);
+    let with_marker = std::fs::read(&path).unwrap();
+    let synced = &with_marker[..with_marker.len() - SYNC_MARKER_BYTES];
+    let record_at = synced.len() - (RECORD_HEAD + 8);
+    assert_eq!(synced[record_at + 8], KIND_TRUNCATE);
+    for bit in 0..(RECORD_HEAD + 8) * 8 {
+        let mut damaged = synced.to_vec();
+        damaged[record_at + bit / 8] ^= 1 << (bit % 8);
+        std::fs::write(&path, &damaged).unwrap();
+        let (_, recovered) = JournalFile::open(&path).unwrap();
+        assert!(
+            recovered.tail_may_hide,
+            "bit {bit} of the truncation flipped reads as a torn marker"
+        );
+    }
+    assert!(only_an_unsynced_marker(&[0; 17], 4096 + 3));
+    assert!(
+        !only_an_unsynced_marker(&[0; 17], 4096),
+        "zeros from a sector's start"
+    );
+}

@@ -323,7 +323,7 @@ impl PartitionJournal {
             && (log_cut.bytes_truncated > 0
                 || log_cut.damage_cut_at.is_some()
                 || log_cut.unsynced_damage_cut_at.is_some());
-        let tail_cut = journal_lost || found.torn_tail_bytes > 0 || log_cut_hides;
+        let tail_cut = journal_lost || found.tail_may_hide || log_cut_hides;
         let recovered = Recovered {
             slots,
             damage,
