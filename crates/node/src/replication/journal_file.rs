@@ -620,6 +620,14 @@ impl JournalFile {
         }
     }
 
+    /// The header at `op` if it is held alone: a body never written here.
+    pub(crate) fn header_only(&self, op: u64) -> Option<Header> {
+        match self.entries.get(&op)? {
+            Entry::Header(h) => Some(*h),
+            _ => None,
+        }
+    }
+
     /// The prune point, and where the partition log ends after it if known.
     pub(crate) fn pruned(&self) -> (u64, Option<u64>) {
         (self.pruned_through, self.pruned_log_end)
@@ -680,6 +688,29 @@ impl JournalFile {
         self.append_record(record(KIND_TRUNCATE, &op.to_be_bytes()))?;
         self.entries.retain(|o, _| *o <= op);
         self.unsynced.retain(|(o, _)| *o <= op);
+        Ok(())
+    }
+
+    /// Removes entries above `op` below `keep_from`, and keeps (writes again after the
+    /// truncation) those at or above it; one whose body is in the partition log is
+    /// kept as damaged, since the log is cut beneath it and its batch may have been
+    /// acknowledged.
+    pub(crate) fn truncate_below(&mut self, op: u64, keep_from: u64) -> Result<(), JournalError> {
+        let kept: Vec<Entry> = self
+            .entries
+            .range(keep_from.max(op + 1)..)
+            .map(|(o, e)| match e {
+                Entry::External { .. } => Entry::Damaged(*o),
+                e => e.clone(),
+            })
+            .collect();
+        self.truncate(op)?;
+        for entry in kept {
+            if let Entry::Prepare(p) = &entry {
+                self.unsynced.push((p.header.op, p.header.checksum));
+            }
+            self.write_entry(entry)?;
+        }
         Ok(())
     }
 

@@ -302,7 +302,7 @@ impl PartitionJournal {
                 self.unsynced.push((op, prepare.header.checksum));
                 return Ok(());
             }
-            self.cut_above(op - 1)?;
+            self.replace_from(op)?;
         }
         tracing::trace!(dir = %self.log.dir().display(), op, view = prepare.header.view, sum = prepare.header.checksum >> 112, parent = prepare.header.parent >> 112, tip = self.tip, behind = self.behind.is_some(), "pending");
         self.pending.insert(op, prepare.clone());
@@ -508,7 +508,7 @@ impl PartitionJournal {
             return Ok(());
         }
         if op <= self.tip {
-            self.cut_above(op - 1)?;
+            self.replace_from(op)?;
         }
         if self
             .pending
@@ -547,12 +547,30 @@ impl PartitionJournal {
         }
     }
 
+    /// Makes room for another entry at `op` (`op <= tip`): the log holds an older
+    /// view's batch there, and the batches after it chain to that one, so the log and
+    /// its entries are cut back to `op - 1`. The entries above the tip are the new log's
+    /// (headers of ops waiting for their batches, or ops known damaged): they stay. A
+    /// replica whose log view's log this is must keep it, as headers at least, or it
+    /// votes that the log ends below them (the shell simulator's seed 15843 with damage
+    /// at rest: repairing from the top down, writing op 263 took the headers of ops
+    /// 264..271 waiting above it, and after a power loss the member, trusted, voted log
+    /// view 6 with its log ending below its known commit).
+    fn replace_from(&mut self, op: u64) -> Result<(), PartitionJournalError> {
+        self.cut_above_keeping(op - 1, self.tip + 1)
+    }
+
     /// Cuts the index and the log back to `op` (`op < tip`).
     fn cut_above(&mut self, op: u64) -> Result<(), PartitionJournalError> {
-        tracing::trace!(dir = %self.log.dir().display(), op, tip = self.tip, log_end = self.log.next_offset(), "cut above");
+        self.cut_above_keeping(op, u64::MAX)
+    }
+
+    /// As [`Self::cut_above`], keeping the entries at or above `keep_from`.
+    fn cut_above_keeping(&mut self, op: u64, keep_from: u64) -> Result<(), PartitionJournalError> {
+        tracing::trace!(dir = %self.log.dir().display(), op, tip = self.tip, log_end = self.log.next_offset(), keep_from, "cut above");
         self.note_cut(op);
         let first_cut = self.index.next_external(op);
-        self.index.truncate(op)?;
+        self.index.truncate_below(op, keep_from)?;
         self.index_changed_unsynced = true;
         if let Some((_, base)) = first_cut {
             // An entry above a hole may name a batch past the log's end (the log lost

@@ -116,14 +116,25 @@ impl PartitionJournal {
     /// acknowledged, and an op absent from a trusted journal is a vote to drop it
     /// (the shell simulator's seed 1750 with damage at rest: acknowledged offsets
     /// reused after the next restart). Peers repair them; one that was an old view's
-    /// is dropped by the view change without this replica's vote.
+    /// is dropped by the view change without this replica's vote. A header held alone
+    /// (its body never written here, so never acknowledged) stays a header: made
+    /// damaged, it could never be dropped (the shell simulator's seed 15843 with
+    /// damage at rest, where two members held a view's newest op so and the view
+    /// change waited for ever).
     pub(super) fn cut_log_at(&mut self, offset: u64) -> Result<(), PartitionJournalError> {
         if let Some(op) = self.index.first_external_from(offset) {
             let covered = self.behind.map_or(0, |t| t.op).max(op.saturating_sub(1));
-            let lost: Vec<u64> = self.index.ops_above(covered).collect();
+            let held: Vec<(u64, Option<braid_vsr::Header>)> = self
+                .index
+                .ops_above(covered)
+                .map(|o| (o, self.index.header_only(o)))
+                .collect();
             self.cut_above(op.saturating_sub(1))?;
-            for op in lost {
-                self.index.write_damaged(op)?;
+            for (op, header) in held {
+                match header {
+                    Some(header) => self.index.write_header(&header)?,
+                    None => self.index.write_damaged(op)?,
+                }
             }
         }
         if self.log.next_offset() > offset {
