@@ -9,10 +9,10 @@ fn env_u64(name: &str, default: u64) -> u64 {
 
 fn run(damage: bool) {
     let from = env_u64("BRAID_SHELL_SIM_FROM", 1);
-    // CI runs 500 seeds, and 300 with damage at rest (in the test profile, about 2
-    // and 1.3 minutes of 2 cores; each seed is 3,000 to 6,000 ticks of faults and
+    // CI runs 1,200 seeds, and 800 with damage at rest (in the test profile, about 7
+    // minutes of 2 cores together; each seed is 3,000 to 6,000 ticks of faults and
     // about 250 to converge); the soaks run thousands (`scripts/sim-soak.sh`).
-    let count = env_u64("BRAID_SHELL_SIM_SEEDS", if damage { 300 } else { 500 });
+    let count = env_u64("BRAID_SHELL_SIM_SEEDS", if damage { 800 } else { 1200 });
     let jobs = env_u64("BRAID_SHELL_SIM_JOBS", 2) as usize;
     let started = std::time::Instant::now();
     let (failures, outcome, passed) = run_seeds(from, count, jobs, damage);
