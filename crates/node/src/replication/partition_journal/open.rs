@@ -138,6 +138,14 @@ impl PartitionJournal {
             };
             let was = contiguous;
             contiguous &= op == journal.tip + 1 && matches!(slot, JournalSlot::Prepare(_));
+            if was && !contiguous && log_end.is_none() {
+                // No op below holds a batch (registers only, nothing pruned): where the
+                // log goes on is where this op's batch was, and the log is cut back
+                // there so that its repair goes in at its place (the shell simulator's
+                // seed 20558 with damage at rest: op 2's batch, the log's first,
+                // damaged; the repaired one went in after the old batches).
+                log_end = external.get(&op).copied();
+            }
             if was && !contiguous {
                 tracing::trace!(dir = %dir.display(), op, tip = journal.tip, pruned, external = ?external.get(&op), slot = ?std::mem::discriminant(&slot), damaged = matches!(slot, JournalSlot::Damaged), header = matches!(slot, JournalSlot::Header(_)), "open: the journal's contiguous ops end");
             }

@@ -833,3 +833,44 @@ fn a_copy_keeps_headers_held_alone_above_its_checkpoint() {
         assert_eq!(slot, Some(&JournalSlot::Header(p.header)), "op {op}");
     }
 }
+
+/// The log's first batch damaged under registers alone (nothing pruned): the log is
+/// cut back to where that batch was, and its repair goes in at its place (the shell
+/// simulator's seed 20558 with damage at rest: the repaired batch went in after the
+/// old ones, and the partition stopped).
+#[test]
+fn a_damaged_first_batch_above_registers_is_repaired_at_its_place() {
+    let dir = tempfile::tempdir().unwrap();
+    let ops = chain(5, 1, "a");
+    {
+        let (mut journal, _) = open(dir.path());
+        for p in &ops {
+            journal.write_prepare(p, 0).unwrap();
+        }
+        journal.sync().unwrap();
+        assert_eq!(journal.index.entry(2).and_then(|(_, b)| b), Some(0));
+        // Sealed, so opening does not scan it: the journal finds the damage.
+        journal.log().roll(0).unwrap();
+    }
+    // Op 2's batch, at offset 0, damaged at rest: a byte of its records flipped.
+    // (The repairs below go in at their place only if the log is cut back to it.)
+    let segment = dir.path().join(format!("{:020}.log", 0));
+    let mut bytes = std::fs::read(&segment).unwrap();
+    bytes[70] ^= 0x40;
+    std::fs::write(&segment, &bytes).unwrap();
+    let (mut journal, recovered) = open(dir.path());
+    assert!(recovered.damage.is_some());
+    assert_eq!(journal.tip(), 1);
+    assert_eq!(
+        journal.log().next_offset(),
+        0,
+        "the log is cut back to op 2's batch"
+    );
+    for p in &ops[1..] {
+        journal.write_prepare(p, 0).unwrap();
+    }
+    journal.sync().unwrap();
+    assert_eq!(journal.tip(), 5);
+    assert_eq!(journal.index.entry(2).and_then(|(_, b)| b), Some(0));
+    assert_eq!(log_batches(&mut journal), batch_bodies(&ops));
+}
