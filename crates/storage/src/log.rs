@@ -487,38 +487,31 @@ impl PartitionLog {
     pub fn offset_for_timestamp(&mut self, timestamp_ms: i64) -> Result<Option<u64>, LogError> {
         for at in 0..self.segments.len() {
             self.ensure_index(at)?;
-            let lookup = match self.offset_in_segment(at, timestamp_ms)? {
+            let found = match self.offset_in_segment(at, timestamp_ms, true)? {
                 TimeLookup::IndexFault => {
+                    // Rebuilt from the batches themselves: nothing left to check.
                     let file = self.file_for(at)?;
                     self.rebuild_index(at, &file)?;
-                    self.offset_in_segment(at, timestamp_ms)?
+                    self.offset_in_segment(at, timestamp_ms, false)?
                 }
-                lookup => lookup,
+                found => found,
             };
-            match lookup {
-                TimeLookup::Found(offset) => return Ok(Some(offset)),
-                TimeLookup::NotHere => {}
-                TimeLookup::IndexFault => {
-                    // Rebuilt from the log a moment ago: the log changed under us.
-                    let segment = &self.segments[at];
-                    return Err(LogError::Corrupt {
-                        path: log_path(&self.dir, segment.base_offset),
-                        position: 0,
-                        corruption: crate::Corruption::IndexEntry {
-                            relative_offset: 0,
-                            position: 0,
-                        },
-                    });
-                }
+            if let TimeLookup::Found(offset) = found {
+                return Ok(Some(offset));
             }
         }
         Ok(None)
     }
 
     /// The first offset of segment `at` (its index loaded) whose record timestamp is at
-    /// or after `timestamp_ms`. The time entry it starts from is checked against the
-    /// batch it names, since index files carry no checksum.
-    fn offset_in_segment(&mut self, at: usize, timestamp_ms: i64) -> Result<TimeLookup, LogError> {
+    /// or after `timestamp_ms`. With `check`, the time entry it starts from is checked
+    /// against the batch it names, since index files carry no checksum.
+    fn offset_in_segment(
+        &mut self,
+        at: usize,
+        timestamp_ms: i64,
+        check: bool,
+    ) -> Result<TimeLookup, LogError> {
         match self.segments[at].max_timestamp {
             MaxTimestamp::At { timestamp, .. } if timestamp >= timestamp_ms => {}
             _ => return Ok(TimeLookup::NotHere),
@@ -533,7 +526,7 @@ impl PartitionLog {
             None => segment.base_offset,
         };
         let end = segment.end_offset.unwrap_or(self.next_offset);
-        let mut first = true;
+        let mut first = check;
         while offset < end {
             let read = self.read(offset, 0, end)?;
             if read.is_empty() {

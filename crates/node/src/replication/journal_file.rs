@@ -691,11 +691,15 @@ impl JournalFile {
         Ok(())
     }
 
-    /// Removes entries above `op` below `keep_from`, and keeps (writes again after the
-    /// truncation) those at or above it; one whose body is in the partition log is
+    /// Removes entries above `op`, except those at or above `keep_from`, which are
+    /// written again after the truncation; one whose body is in the partition log is
     /// kept as damaged, since the log is cut beneath it and its batch may have been
     /// acknowledged.
-    pub(crate) fn truncate_below(&mut self, op: u64, keep_from: u64) -> Result<(), JournalError> {
+    pub(crate) fn truncate_keeping_from(
+        &mut self,
+        op: u64,
+        keep_from: u64,
+    ) -> Result<(), JournalError> {
         let kept: Vec<Entry> = self
             .entries
             .range(keep_from.max(op + 1)..)

@@ -570,7 +570,7 @@ impl PartitionJournal {
         tracing::trace!(dir = %self.log.dir().display(), op, tip = self.tip, log_end = self.log.next_offset(), keep_from, "cut above");
         self.note_cut(op);
         let first_cut = self.index.next_external(op);
-        self.index.truncate_below(op, keep_from)?;
+        self.index.truncate_keeping_from(op, keep_from)?;
         self.index_changed_unsynced = true;
         if let Some((_, base)) = first_cut {
             // An entry above a hole may name a batch past the log's end (the log lost

@@ -433,14 +433,21 @@ fn recovered_newest_segment_has_the_index_the_appends_built() {
     assert_eq!(loaded.times, built.times);
 }
 
+/// A log of [`small_config`] in `dir` holding `count` batches of three records, batch
+/// `i`'s first timestamp `first_ts(i)` (its records one ms apart): a few segments.
+fn log_of_batches(dir: &Path, count: i64, first_ts: impl Fn(i64) -> i64) -> PartitionLog {
+    let mut log = PartitionLog::open(dir, small_config(), 0).unwrap();
+    for i in 0..count {
+        log.append(batch_of(&records(3, first_ts(i), 60, i as u8)), 0)
+            .unwrap();
+    }
+    log
+}
+
 #[test]
 fn damaged_index_of_a_sealed_segment_is_rebuilt() {
     let dir = tempfile::tempdir().unwrap();
-    let mut log = PartitionLog::open(dir.path(), small_config(), 0).unwrap();
-    for i in 0..30 {
-        log.append(batch_of(&records(3, i * 3, 60, i as u8)), 0)
-            .unwrap();
-    }
+    let mut log = log_of_batches(dir.path(), 30, |i| i * 3);
     let expected = read_all(&mut log);
     log.close().unwrap();
     let first = &log_files(dir.path())[0];

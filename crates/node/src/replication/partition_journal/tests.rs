@@ -516,14 +516,20 @@ fn copy_all(journal: &mut PartitionJournal, peer: &mut PartitionJournal, end: u6
     panic!("the copy never finished");
 }
 
+/// The journal in `dir`, holding `ops` written and synced.
+fn holding(dir: &Path, ops: &[Prepare]) -> PartitionJournal {
+    let (mut journal, _) = open(dir);
+    for p in ops {
+        journal.write_prepare(p, 0).unwrap();
+    }
+    journal.sync().unwrap();
+    journal
+}
+
 /// A peer's journal holding `ops`, synced, with its directory and its log's end.
 fn peer_holding(ops: &[Prepare]) -> (tempfile::TempDir, PartitionJournal, u64) {
     let dir = tempfile::tempdir().unwrap();
-    let (mut peer, _) = open(dir.path());
-    for p in ops {
-        peer.write_prepare(p, 0).unwrap();
-    }
-    peer.sync().unwrap();
+    let mut peer = holding(dir.path(), ops);
     let end = peer.log().next_offset();
     (dir, peer, end)
 }

@@ -3,16 +3,12 @@
 use super::*;
 
 /// Index files carry no checksum: any one bit flipped in a sealed or the active
-/// segment's offset or time index, where it still decodes, must neither fail a read nor change an answer
-/// (the entry is checked where it is used and the index rebuilt from the log).
+/// segment's offset or time index must neither fail a read nor change an answer (the
+/// entry is checked where it is used and the index rebuilt from the log).
 #[test]
 fn any_bit_flipped_in_an_index_file_changes_no_answer() {
     let dir = tempfile::tempdir().unwrap();
-    let mut log = PartitionLog::open(dir.path(), small_config(), 0).unwrap();
-    for i in 0..40 {
-        log.append(batch_of(&records(3, i * 3, 60, i as u8)), 0)
-            .unwrap();
-    }
+    let log = log_of_batches(dir.path(), 40, |i| i * 3);
     log.close().unwrap();
     let files = log_files(dir.path());
     let active = files.last().unwrap().clone();
@@ -61,11 +57,7 @@ fn any_bit_flipped_in_an_index_file_changes_no_answer() {
 #[test]
 fn truncation_through_a_damaged_index_entry_cuts_where_asked() {
     let dir = tempfile::tempdir().unwrap();
-    let mut log = PartitionLog::open(dir.path(), small_config(), 0).unwrap();
-    for i in 0..30 {
-        log.append(batch_of(&records(3, i * 3, 60, i as u8)), 0)
-            .unwrap();
-    }
+    let mut log = log_of_batches(dir.path(), 30, |i| i * 3);
     let expected = read_all(&mut log);
     log.close().unwrap();
     let first = log_files(dir.path())[0].clone();
@@ -90,13 +82,8 @@ fn truncation_through_a_damaged_index_entry_cuts_where_asked() {
 #[test]
 fn damage_before_the_largest_timestamps_batch_still_loads_the_index() {
     let dir = tempfile::tempdir().unwrap();
-    let mut log = PartitionLog::open(dir.path(), small_config(), 0).unwrap();
     // The first batch holds the largest timestamp: the check walks from the start.
-    for i in 0..30 {
-        let first_ts = if i == 0 { 10_000 } else { i * 3 };
-        log.append(batch_of(&records(3, first_ts, 60, i as u8)), 0)
-            .unwrap();
-    }
+    let log = log_of_batches(dir.path(), 30, |i| if i == 0 { 10_000 } else { i * 3 });
     log.close().unwrap();
     let first = log_files(dir.path())[0].clone();
     let mut bytes = std::fs::read(&first).unwrap();

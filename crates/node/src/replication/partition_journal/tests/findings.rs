@@ -328,13 +328,7 @@ fn a_register_past_a_hole_is_repaired_with_the_ops_around_it() {
 fn a_damaged_header_journal_cuts_the_log_back_so_repairs_go_in_at_their_place() {
     let dir = tempfile::tempdir().unwrap();
     let ops = chain(5, 1, "a");
-    {
-        let (mut journal, _) = open(dir.path());
-        for p in &ops {
-            journal.write_prepare(p, 0).unwrap();
-        }
-        journal.sync().unwrap();
-    }
+    drop(holding(dir.path(), &ops));
     let path = dir.path().join(JOURNAL_FILE);
     let mut bytes = std::fs::read(&path).unwrap();
     bytes[100] ^= 0x08;
@@ -350,11 +344,7 @@ fn a_damaged_header_journal_cuts_the_log_back_so_repairs_go_in_at_their_place() 
     let (_, base_3) = journal.index.entry(3).map(|(h, b)| (*h, b)).unwrap();
     // Op 3 sits where a log that never lost anything holds it.
     let dir2 = tempfile::tempdir().unwrap();
-    let (mut clean, _) = open(dir2.path());
-    for p in &ops {
-        clean.write_prepare(p, 0).unwrap();
-    }
-    clean.sync().unwrap();
+    let clean = holding(dir2.path(), &ops);
     assert_eq!(base_3, clean.index.entry(3).and_then(|(_, b)| b));
 }
 
@@ -746,11 +736,7 @@ fn a_log_tail_cut_makes_a_member_untrusted_only_where_it_may_hide_a_reported_bat
 fn replacing_an_old_views_entry_keeps_the_new_logs_headers_above_it() {
     let dir = tempfile::tempdir().unwrap();
     let old = chain(10, 1, "a");
-    let (mut journal, _) = open(dir.path());
-    for p in &old {
-        journal.write_prepare(p, 0).unwrap();
-    }
-    journal.sync().unwrap();
+    let mut journal = holding(dir.path(), &old);
     // View 2's log differs from op 6 on.
     let mut parent = old[4].header.checksum;
     let new: Vec<Prepare> = (6..=12)
@@ -843,11 +829,7 @@ fn a_damaged_first_batch_above_registers_is_repaired_at_its_place() {
     let dir = tempfile::tempdir().unwrap();
     let ops = chain(5, 1, "a");
     {
-        let (mut journal, _) = open(dir.path());
-        for p in &ops {
-            journal.write_prepare(p, 0).unwrap();
-        }
-        journal.sync().unwrap();
+        let mut journal = holding(dir.path(), &ops);
         assert_eq!(journal.index.entry(2).and_then(|(_, b)| b), Some(0));
         // Sealed, so opening does not scan it: the journal finds the damage.
         journal.log().roll(0).unwrap();
