@@ -375,3 +375,113 @@ fn an_untrusted_journal_of_an_older_log_view_never_acknowledged_a_newer_views_op
     waiting.adopt_canonical_log(&votes, &mut Vec::new());
     assert_eq!(waiting.op(), 3, "kept, waiting for its body");
 }
+
+/// The shell simulator's seed 24236 with damage at rest: the new primary knew ops up
+/// to 3; a damaged replica knew ops 4 and 5 committed but had lost them (faulty), and
+/// held 6..8 as headers alone, which the quorum never had and so dropped. Op 5, now
+/// the top, was known only by the checksum op 6 named. Adopted, the view's log ended
+/// at an op with no header to write: both voters restarted in log view 5 unable to
+/// name it, and no later view could start. The view waits for a vote that holds it,
+/// and starts with that vote's log.
+#[test]
+fn a_view_never_starts_with_a_top_known_only_by_checksum() {
+    let group = 7;
+    let ops = chain(group, 8, 0);
+    let whole = |p: &Prepare| SuffixEntry {
+        header: p.header,
+        body: Some(p.body.clone()),
+    };
+    let alone = |p: &Prepare| SuffixEntry {
+        header: p.header,
+        body: None,
+    };
+    let primary = || {
+        Replica::restart(
+            Config::new(group, 1, 3, 5),
+            CounterMachine::default(),
+            Persisted {
+                durable: DurableState {
+                    view: 5,
+                    log_view: 0,
+                    commit: 2,
+                    ..DurableState::default()
+                },
+                checkpoint: None,
+                journal: ops[..3]
+                    .iter()
+                    .map(|p| (p.header.op, JournalSlot::Prepare(p.clone())))
+                    .collect(),
+                journal_trusted: true,
+            },
+        )
+        .unwrap()
+    };
+    let own = ViewChangeVote {
+        log_view: 0,
+        op: 3,
+        commit: 2,
+        commit_checksum: Some(ops[1].header.checksum),
+        suffix: ops[1..3].iter().map(whole).collect(),
+        faulty: vec![],
+        trusted_through: u64::MAX,
+    };
+    let damaged = ViewChangeVote {
+        log_view: 0,
+        op: 8,
+        commit: 5,
+        commit_checksum: None,
+        suffix: vec![
+            whole(&ops[2]),
+            alone(&ops[5]),
+            alone(&ops[6]),
+            alone(&ops[7]),
+        ],
+        faulty: vec![4, 5],
+        trusted_through: u64::MAX,
+    };
+    let mut votes: BTreeMap<ReplicaId, ViewChangeVote> = [(1, own), (2, damaged)].into();
+    let mut replica = primary();
+    let mut out = Vec::new();
+    assert!(
+        !replica.adopt_canonical_log(&votes, &mut out),
+        "op 5 is named by no header any vote holds: the view waits"
+    );
+    assert!(
+        !out.iter()
+            .any(|o| matches!(o, Output::TruncateJournal { .. })),
+        "nothing is cut while it waits"
+    );
+    // The third replica held op 5 (at its commit, a header) and the bodies above it.
+    let holder = ViewChangeVote {
+        log_view: 0,
+        op: 8,
+        commit: 5,
+        commit_checksum: None,
+        suffix: vec![
+            alone(&ops[4]),
+            whole(&ops[5]),
+            whole(&ops[6]),
+            whole(&ops[7]),
+        ],
+        faulty: vec![],
+        trusted_through: u64::MAX,
+    };
+    votes.insert(0, holder);
+    let mut replica = primary();
+    let mut out = Vec::new();
+    assert!(replica.adopt_canonical_log(&votes, &mut out));
+    assert_eq!(replica.op(), 8, "the holder's ops are the view's log");
+    let written: Vec<u64> = out
+        .iter()
+        .filter_map(|o| match o {
+            Output::WriteHeader(h) => Some(h.op),
+            Output::WriteJournal(p) => Some(p.header.op),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        written,
+        vec![5, 6, 7, 8],
+        "every op above its own is written"
+    );
+}
