@@ -810,6 +810,14 @@ impl<S: StateMachine> Replica<S> {
             && self.op - self.commit_max < self.config.pipeline_max
     }
 
+    /// After a restart with an untrusted journal, the durable state that says so
+    /// (its first step writes it). A host whose open repaired away the evidence of the
+    /// distrust (a lost journal, a cut tail) writes it at once: until it is durable, a
+    /// power loss would restart the replica trusted.
+    pub fn distrust_to_persist(&self) -> Option<DurableState> {
+        self.persist_trust.then(|| self.durable_state())
+    }
+
     /// The earliest tick at which a timer fires.
     pub fn next_deadline(&self) -> Option<u64> {
         self.deadlines.earliest()
@@ -911,14 +919,19 @@ impl<S: StateMachine> Replica<S> {
         })
     }
 
-    fn write_state(&mut self, out: &mut Vec<Output>) {
-        let state = DurableState {
+    /// The durable state as this replica stands.
+    fn durable_state(&self) -> DurableState {
+        DurableState {
             view: self.view,
             log_view: self.log_view,
             commit: self.commit_max,
             journal_trusted_through: self.trusted_through,
             views_lost: self.rejoin.is_some(),
-        };
+        }
+    }
+
+    fn write_state(&mut self, out: &mut Vec<Output>) {
+        let state = self.durable_state();
         if state != self.durable {
             out.push(Output::WriteState(state));
         }

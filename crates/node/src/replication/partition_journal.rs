@@ -800,6 +800,9 @@ impl Journal for PartitionJournal {
     fn has_unsynced(&self) -> bool {
         PartitionJournal::has_unsynced(self)
     }
+    fn distrust_persisted(&mut self) -> Result<(), HostError> {
+        Ok(PartitionJournal::distrust_persisted(self)?)
+    }
     fn checkpointed(&mut self, checkpoint: &braid_vsr::Checkpoint) -> Result<(), HostError> {
         let mut state = braid_vsr::ReplicatedState::new(PartitionMachine::default(), usize::MAX);
         state

@@ -73,6 +73,12 @@ pub(crate) trait Journal {
     ) -> Result<(), HostError> {
         Ok(())
     }
+    /// The distrust its open reported ([`Opened::tail_cut`]) is durable in the group's
+    /// state: evidence the open kept for it (so that a power loss before this point
+    /// restarts the group untrusted again) may go.
+    fn distrust_persisted(&mut self) -> Result<(), HostError> {
+        Ok(())
+    }
 }
 
 /// What a journal held at open.
@@ -394,6 +400,18 @@ impl<S: StateMachine, J: Journal> ShardHost<S, J> {
             };
             Replica::restart(config, machine, persisted).map_err(|e| start(e.to_string()))?
         };
+        if opened.tail_cut {
+            // The open may have repaired away what made the journal untrusted (a lost
+            // or unreadable file made anew, a cut tail): the distrust is made durable
+            // before the group's first step, then the journal's own evidence goes
+            // (the shell simulator's seed 90 at four times the faults: a power loss
+            // eight ticks after such an open restarted the member trusted with an
+            // empty journal, and its vote dropped committed ops).
+            if let Some(state) = replica.distrust_to_persist() {
+                self.states.write_now(group, state)?;
+            }
+            journal.distrust_persisted()?;
+        }
         self.node.insert(replica);
         self.files.insert(
             group,

@@ -845,6 +845,20 @@ impl GroupStates {
         }
     }
 
+    /// Stages `state` for `group` and writes what is staged now, synced: for a state
+    /// that must be durable before the group's first step. The staged groups are still
+    /// reported by the next [`GroupStates::write_staged`].
+    ///
+    /// # Errors
+    /// As [`GroupStates::write_staged`].
+    pub(crate) fn write_now(&mut self, group: u64, state: DurableState) -> Result<(), StatesError> {
+        if self.poisoned {
+            return Err(StatesError::Poisoned);
+        }
+        self.stage(group, state);
+        self.write_dirty()
+    }
+
     /// `group`'s slot, taken if it has none (the lowest free one, else a new one).
     fn slot_for(&mut self, group: u64) -> u32 {
         if let Some(&slot) = self.slot_of.get(&group) {

@@ -26,6 +26,14 @@ impl PartitionJournal {
         if journal_lost && !repairable {
             return Err(PartitionJournalError::JournalLost { path: journal_path });
         }
+        // An earlier open found the journal untrusted and repaired away the evidence
+        // (a new file, a cut tail) before the group's state said so: still untrusted.
+        let marked = dir.join(UNTRUSTED_MARKER).exists();
+        if journal_lost {
+            // Marked before the new file is made: a power loss after its making must
+            // not leave a journal that looks whole.
+            mark_untrusted(dir)?;
+        }
         // Opened once: an open cuts a torn tail and rewrites a damaged file, and what it
         // found (below) is only in this answer.
         let (index, found) = match JournalFile::open(&journal_path) {
@@ -33,6 +41,7 @@ impl PartitionJournal {
                 // Damaged past knowing (a zeroed small file, say: the shell simulator's
                 // seed 768) in a member of a cluster: lost, as if deleted; its peers
                 // hold the ops. Kept aside as the evidence.
+                mark_untrusted(dir)?;
                 let aside = dir.join(format!("{JOURNAL_FILE}.damaged"));
                 tracing::warn!(
                     path = %journal_path.display(),
@@ -280,6 +289,27 @@ impl PartitionJournal {
                 }
             }
         }
+        // A tail cut from the log matters only where an op the journal names lost its
+        // batch to it without a sync marker saying the batch was synced (such an op
+        // reads as never written, above): the cut bytes may have been that batch,
+        // synced, reported, and damaged at rest. A cut that took no such op's batch
+        // (a state transfer's unsynced batches, or batches every marker covers, which
+        // read as damaged) hides nothing (the shell simulator's seed 7707 with damage
+        // at rest: a member restarted untrusted for a copy's lost batches, and with
+        // another untrusted member the view change waited for ever).
+        let log_cut = journal.log.recovery();
+        let log_cut_hides = cut_from.is_some()
+            && (log_cut.bytes_truncated > 0
+                || log_cut.damage_cut_at.is_some()
+                || log_cut.unsynced_damage_cut_at.is_some());
+        let tail_cut = journal_lost || found.tail_may_hide || log_cut_hides;
+        let tail_cut = tail_cut || marked;
+        if tail_cut && repairable && !marked {
+            // What the open cut or made anew below becomes durable with the next sync;
+            // the mark first, so the distrust outlives a power loss until the group's
+            // state holds it ([`PartitionJournal::distrust_persisted`]).
+            mark_untrusted(dir)?;
+        }
         // What the group acts on must be durable: after a kill -9 the file may be in
         // the page cache alone. A clean close synced it (bar its last sync marker, a
         // hint), and an open that wrote nothing needs no sync: a node of 100,000
@@ -318,20 +348,6 @@ impl PartitionJournal {
         } else {
             None
         };
-        // A tail cut from the log matters only where an op the journal names lost its
-        // batch to it without a sync marker saying the batch was synced (such an op
-        // reads as never written, above): the cut bytes may have been that batch,
-        // synced, reported, and damaged at rest. A cut that took no such op's batch
-        // (a state transfer's unsynced batches, or batches every marker covers, which
-        // read as damaged) hides nothing (the shell simulator's seed 7707 with damage
-        // at rest: a member restarted untrusted for a copy's lost batches, and with
-        // another untrusted member the view change waited for ever).
-        let log_cut = journal.log.recovery();
-        let log_cut_hides = cut_from.is_some()
-            && (log_cut.bytes_truncated > 0
-                || log_cut.damage_cut_at.is_some()
-                || log_cut.unsynced_damage_cut_at.is_some());
-        let tail_cut = journal_lost || found.tail_may_hide || log_cut_hides;
         let recovered = Recovered {
             slots,
             damage,
@@ -340,5 +356,45 @@ impl PartitionJournal {
             tail_cut,
         };
         Ok((journal, recovered))
+    }
+}
+
+/// The file whose presence says a journal's open found it untrusted (lost, unreadable,
+/// or with a cut tail that may hide acknowledged ops) and its group's durable state
+/// may not say so yet.
+pub(crate) const UNTRUSTED_MARKER: &str = "vsr.journal.untrusted";
+
+/// Creates the untrusted mark in `dir`, durably (the file and its directory entry).
+fn mark_untrusted(dir: &Path) -> Result<(), PartitionJournalError> {
+    let path = dir.join(UNTRUSTED_MARKER);
+    let io = |source| JournalError::Io {
+        path: path.clone(),
+        source,
+    };
+    let (file, _) = braid_storage::disk::open_or_create(&path).map_err(io)?;
+    braid_storage::disk::sync_data(&file, &path).map_err(io)?;
+    braid_storage::disk::sync_dir(dir).map_err(io)?;
+    Ok(())
+}
+
+impl PartitionJournal {
+    /// The group's durable state now says its journal is untrusted: the mark its open
+    /// left goes.
+    ///
+    /// # Errors
+    /// The mark cannot be removed.
+    pub(crate) fn distrust_persisted(&mut self) -> Result<(), PartitionJournalError> {
+        let dir = self.log.dir().to_path_buf();
+        let path = dir.join(UNTRUSTED_MARKER);
+        let io = |source| JournalError::Io {
+            path: path.clone(),
+            source,
+        };
+        match braid_storage::disk::remove(&path) {
+            Ok(()) => braid_storage::disk::sync_dir(&dir).map_err(io)?,
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
+            Err(err) => return Err(io(err).into()),
+        }
+        Ok(())
     }
 }

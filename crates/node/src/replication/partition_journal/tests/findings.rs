@@ -455,6 +455,54 @@ fn a_lost_or_unreadable_header_journal_is_damage_never_an_empty_journal() {
     );
 }
 
+/// The shell simulator's seed 90 (damage at rest, four times the faults): a member's
+/// open moved an unreadable `vsr.journal` aside and made a new one, and a power loss
+/// came before the group's state said "untrusted". The next open found a whole, empty
+/// journal and the member restarted trusted; its vote dropped committed ops and an
+/// acknowledged offset went to another record. An open that finds the journal
+/// untrusted (lost, unreadable, a tail cut that may hide) leaves a mark first, so every
+/// later open says the same until the host has made the distrust durable.
+#[test]
+fn an_untrusted_open_says_so_again_until_the_distrust_is_durable() {
+    let ops = chain(5, 1, "a");
+    let member = member_config();
+    for lose in ["delete", "zero", "tear"] {
+        let (dir, _, _) = peer_holding(&ops);
+        let path = dir.path().join(JOURNAL_FILE);
+        let mark = dir.path().join(super::super::open::UNTRUSTED_MARKER);
+        match lose {
+            "delete" => std::fs::remove_file(&path).unwrap(),
+            "zero" => {
+                let len = std::fs::metadata(&path).unwrap().len();
+                std::fs::write(&path, vec![0u8; len as usize]).unwrap();
+            }
+            _ => {
+                // A torn record at the end: a cut tail that may hide an op.
+                let mut bytes = std::fs::read(&path).unwrap();
+                bytes.extend_from_slice(&[0x42; 7]);
+                std::fs::write(&path, &bytes).unwrap();
+            }
+        }
+        let (_, recovered) = PartitionJournal::open(dir.path(), member, 0).unwrap();
+        assert!(recovered.tail_cut, "{lose}: untrusted");
+        assert!(mark.exists(), "{lose}: marked");
+        // A power loss now: the open's repairs are on disk, the group's state is not.
+        let (mut journal, recovered) = PartitionJournal::open(dir.path(), member, 0).unwrap();
+        assert!(
+            recovered.tail_cut,
+            "{lose}: still untrusted after the repair"
+        );
+        journal.distrust_persisted().unwrap();
+        assert!(
+            !mark.exists(),
+            "{lose}: the mark goes once the state holds it"
+        );
+        drop(journal);
+        let (_, recovered) = PartitionJournal::open(dir.path(), member, 0).unwrap();
+        assert!(!recovered.tail_cut, "{lose}: the state speaks from now on");
+    }
+}
+
 /// A member's open reads `vsr.journal` once: an earlier version opened it twice (the
 /// first to see whether it was a journal at all), and the first open's repairs (a torn
 /// tail cut, damage rewritten as damaged entries) hid from the second what it found,
