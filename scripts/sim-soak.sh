@@ -11,6 +11,9 @@
 #   scripts/sim-soak.sh --shell-damage [SEEDS] [FROM]
 #                                                as --shell, and one member's files
 #                                                damaged at rest after its power losses
+#   BRAID_SHELL_SIM_MEMBERS=5 BRAID_SHELL_SIM_FAULTS=4 scripts/sim-soak.sh --shell...
+#                                                the same with five members and four
+#                                                times the crashes, cuts and frame faults
 #
 # Each failure prints its seed; replay one with its trace:
 #   target/release/braid-sim --seed N --trace

@@ -41,7 +41,6 @@ use super::partition_groups::{PartitionGroups, Role};
 use crate::error::NodeError;
 use crate::layout::PartitionKey;
 
-const MEMBERS: u8 = 3;
 /// How often (ticks) every member's readable records are checked.
 const SERVE_CHECK_TICKS: u64 = 100;
 /// The node's default heartbeat timeout, so the groups keep the node's timing.
@@ -50,6 +49,8 @@ const HEARTBEAT_TIMEOUT_MS: u64 = 2_000;
 /// The shape of one run, drawn from its seed.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Shape {
+    /// Members of every partition group: 3, or 5 ([`Variant`]).
+    pub(crate) members: u8,
     pub(crate) partitions: u32,
     /// Ops between checkpoints (the node's 1,024, or fewer, so that a short run goes
     /// through many checkpoints, prunes and state transfers).
@@ -72,7 +73,7 @@ pub(crate) struct Shape {
     /// Chance per tick, per 10,000, that a link is cut or healed.
     pub(crate) cut_per_10k: u64,
     /// Of the power losses of the one member whose disk may be damaged (member
-    /// `seed % 3`: one faulty member at a time, as VSR tolerates with three), the
+    /// `seed % members`: one faulty member at a time, as VSR tolerates), the
     /// percent after which a file of it is damaged at rest.
     pub(crate) damage_percent: u64,
     /// The partitions' logs under `fsync = never` (a third of the seeds): their
@@ -84,6 +85,7 @@ pub(crate) struct Shape {
 impl Shape {
     fn from_seed(prng: &mut Prng) -> Self {
         Self {
+            members: 3,
             partitions: 1 + prng.below(3) as u32,
             checkpoint_interval: [16, 32, 64, 1_024][prng.below(4) as usize],
             segment_bytes: [2_048, 8_192, 1 << 20][prng.below(3) as usize],
@@ -202,15 +204,28 @@ impl Run {
     ///
     /// # Errors
     /// A member cannot be created.
-    pub(crate) fn new(seed: u64, damage: bool) -> Result<Self, Failure> {
+    pub(crate) fn new(seed: u64, variant: Variant) -> Result<Self, Failure> {
         let mut prng = Prng::new(seed);
         let mut shape = Shape::from_seed(&mut prng);
         shape.fsync_never = Prng::new(seed.rotate_left(17) ^ 0x5eed).chance(33)
             || std::env::var_os("BRAID_SHELL_SIM_NEVER").is_some();
-        if !damage {
+        if !variant.damage {
             shape.damage_percent = 0;
         }
+        shape.members = variant.members;
+        // More crashes and cuts, more frames lost and doubled; the same share of power
+        // losses and the same draws otherwise, so a seed's shape stays recognisable.
+        let scale = variant.fault_scale.max(1);
+        shape.crash_per_10k *= scale;
+        shape.cut_per_10k *= scale;
+        shape.loss_percent = (shape.loss_percent * scale).min(50);
+        shape.duplicate_percent = (shape.duplicate_percent * scale).min(50);
         Self::with_shape(seed, prng, shape)
+    }
+
+    /// Members of every group.
+    fn member_count(&self) -> u8 {
+        self.shape.members
     }
 
     pub(crate) fn with_shape(seed: u64, prng: Prng, shape: Shape) -> Result<Self, Failure> {
@@ -233,7 +248,7 @@ impl Run {
             .tempdir_in(&parent)
             .map_err(|e| fail(format!("temporary directory in {}: {e}", parent.display())))?;
         let mut members = Vec::new();
-        for m in 0..MEMBERS {
+        for m in 0..shape.members {
             let dir = root.path().join(format!("member-{m}"));
             for p in 0..shape.partitions {
                 std::fs::create_dir_all(dir.join(format!("p{p}")))
@@ -266,7 +281,7 @@ impl Run {
             served: served::Checked::default(),
         };
         hook::start_tracing();
-        for m in 0..MEMBERS {
+        for m in 0..run.member_count() {
             run.boot(m);
         }
         match run.failure.take() {
@@ -309,13 +324,14 @@ impl Run {
         let nonce = self.prng.next_u64();
         let interval = self.shape.checkpoint_interval;
         let partitions = self.shape.partitions;
+        let count = self.member_count();
         let member = &mut self.members[usize::from(m)];
         let mut boot_bytes = [0u8; 16];
         boot_bytes[..8].copy_from_slice(&member.boots.to_be_bytes());
         boot_bytes[8] = m;
         let boot = BootId::from_bytes(boot_bytes);
         let opened =
-            PartitionGroups::open_in_boot(&member.dir, m, MEMBERS, Self::timing(), nonce, boot);
+            PartitionGroups::open_in_boot(&member.dir, m, count, Self::timing(), nonce, boot);
         let mut groups = match opened {
             Ok(groups) => groups,
             Err(err) => {
@@ -411,7 +427,7 @@ impl Run {
         }
         let out = member.dir.with_extension(format!("cut-{}", member.boots));
         let mut draws = Prng::new(seed ^ self.prng.next_u64());
-        let damage = u64::from(m) == seed % u64::from(MEMBERS)
+        let damage = u64::from(m) == seed % u64::from(self.shape.members)
             && self.prng.chance(self.shape.damage_percent);
         let mut damaged = None;
         let result = std::fs::create_dir(&out).and_then(|()| {
@@ -476,7 +492,7 @@ impl Run {
     }
 
     fn inject_faults(&mut self) {
-        for m in 0..MEMBERS {
+        for m in 0..self.member_count() {
             let up = self.members[usize::from(m)].groups.is_some();
             if up && self.prng.below(10_000) < self.shape.crash_per_10k {
                 let power =
@@ -486,8 +502,9 @@ impl Run {
         }
         if self.prng.below(10_000) < self.shape.cut_per_10k {
             if self.cut.is_empty() || self.prng.chance(50) {
-                let from = self.prng.below(u64::from(MEMBERS)) as u8;
-                let to = (from + 1 + self.prng.below(u64::from(MEMBERS) - 1) as u8) % MEMBERS;
+                let members = self.member_count();
+                let from = self.prng.below(u64::from(members)) as u8;
+                let to = (from + 1 + self.prng.below(u64::from(members) - 1) as u8) % members;
                 self.cut.push((from, to));
                 if self.prng.chance(50) {
                     self.cut.push((to, from));
@@ -502,7 +519,7 @@ impl Run {
     /// A producer sends one batch to whichever member says it leads the partition.
     fn produce(&mut self) {
         let partition = self.prng.below(u64::from(self.shape.partitions)) as u32;
-        let leader = (0..MEMBERS).find(|m| {
+        let leader = (0..self.member_count()).find(|m| {
             self.members[usize::from(*m)]
                 .groups
                 .as_ref()
@@ -603,7 +620,7 @@ impl Run {
         if faults {
             self.inject_faults();
         }
-        for m in 0..MEMBERS {
+        for m in 0..self.member_count() {
             let member = &self.members[usize::from(m)];
             if member.groups.is_none() && member.restart_at.is_some_and(|t| t <= self.tick) {
                 self.boot(m);
@@ -623,7 +640,7 @@ impl Run {
                 self.collect_sent(packet.to);
             }
         }
-        for m in 0..MEMBERS {
+        for m in 0..self.member_count() {
             if let Some(groups) = self.members[usize::from(m)].groups.as_mut() {
                 groups.tick();
                 self.collect_sent(m);
@@ -636,7 +653,7 @@ impl Run {
         if self.tick.is_multiple_of(SERVE_CHECK_TICKS) {
             self.check_served();
         }
-        for m in 0..MEMBERS {
+        for m in 0..self.member_count() {
             let stopped = self.members[usize::from(m)]
                 .groups
                 .as_ref()
@@ -722,7 +739,7 @@ impl Run {
             }
         }
         self.cut.clear();
-        for m in 0..MEMBERS {
+        for m in 0..self.member_count() {
             if self.members[usize::from(m)].groups.is_none() {
                 self.boot(m);
             }
@@ -761,10 +778,10 @@ impl Run {
     }
 
     fn describe(&self) -> String {
-        let mut members: Vec<String> = (0..MEMBERS)
+        let mut members: Vec<String> = (0..self.member_count())
             .map(|m| format!("m{m}: {}", self.describe_member(m)))
             .collect();
-        for m in 0..MEMBERS {
+        for m in 0..self.member_count() {
             let Some(groups) = self.members[usize::from(m)].groups.as_ref() else {
                 continue;
             };
@@ -798,7 +815,7 @@ impl Run {
     }
 
     fn restart_all_cleanly(&mut self) -> Result<(), String> {
-        for m in 0..MEMBERS {
+        for m in 0..self.member_count() {
             if let Some(mut groups) = self.members[usize::from(m)].groups.take() {
                 groups.close();
             }
@@ -808,7 +825,10 @@ impl Run {
             }
         }
         // Let them find their views again before reading.
-        for _ in 0..2_000 {
+        // As long as the first convergence may take: with five members and four times
+        // the lost frames, members restarted at one instant take some 2,500 ticks to
+        // agree on a view again.
+        for _ in 0..self.shape.liveness_ticks {
             self.step(false);
             if let Some(what) = self.failure.take() {
                 return Err(what);
@@ -831,7 +851,7 @@ impl Run {
         for p in 0..self.shape.partitions {
             let mut logs = Vec::new();
             let mut unreadable = None;
-            for m in 0..MEMBERS {
+            for m in 0..self.member_count() {
                 let groups = self.members[usize::from(m)]
                     .groups
                     .as_mut()
@@ -847,7 +867,7 @@ impl Run {
                 }
             }
             if self.trace {
-                for m in 0..MEMBERS {
+                for m in 0..self.member_count() {
                     let Some(groups) = self.members[usize::from(m)].groups.as_ref() else {
                         continue;
                     };
@@ -931,7 +951,7 @@ mod files;
 mod seeds;
 mod served;
 
-pub(crate) use seeds::{run_seed, run_seeds};
+pub(crate) use seeds::{run_seed, run_seeds, Variant};
 
 #[cfg(test)]
 mod tests;

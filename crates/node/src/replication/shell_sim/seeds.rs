@@ -4,10 +4,32 @@ use braid_storage::disk::hook;
 
 use super::{Failure, Outcome, Run};
 
-/// Runs `seed`, with damage at rest if `damage`; a panic (a broken assertion in the
-/// shell or the core) is its failure.
-pub(crate) fn run_seed(seed: u64, damage: bool) -> Result<Outcome, Failure> {
-    let result = std::panic::catch_unwind(|| Run::new(seed, damage)?.run());
+/// What every seed of a run shares, beside its own draws.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Variant {
+    /// One member's files damaged at rest after some of its power losses.
+    pub(crate) damage: bool,
+    /// Members of every group: 3 or 5.
+    pub(crate) members: u8,
+    /// Crashes, cuts, frames lost and doubled, times this.
+    pub(crate) fault_scale: u64,
+}
+
+impl Variant {
+    /// Three members, the seed's own faults.
+    pub(crate) fn plain(damage: bool) -> Self {
+        Self {
+            damage,
+            members: 3,
+            fault_scale: 1,
+        }
+    }
+}
+
+/// Runs `seed` as `variant` says; a panic (a broken assertion in the shell or the
+/// core) is its failure.
+pub(crate) fn run_seed(seed: u64, variant: Variant) -> Result<Outcome, Failure> {
+    let result = std::panic::catch_unwind(|| Run::new(seed, variant)?.run());
     result.unwrap_or_else(|panic| {
         let _ = hook::take();
         Err(Failure {
@@ -18,13 +40,13 @@ pub(crate) fn run_seed(seed: u64, damage: bool) -> Result<Outcome, Failure> {
     })
 }
 
-/// Runs seeds `from..from + count` on `jobs` threads (with damage at rest if
-/// `damage`); returns the failures, the outcomes summed, and the seeds passed.
+/// Runs seeds `from..from + count` on `jobs` threads as `variant` says; returns the
+/// failures, the outcomes summed, and the seeds passed.
 pub(crate) fn run_seeds(
     from: u64,
     count: u64,
     jobs: usize,
-    damage: bool,
+    variant: Variant,
 ) -> (Vec<Failure>, Outcome, u64) {
     let next = std::sync::atomic::AtomicU64::new(from);
     let results = std::sync::Mutex::new((Vec::new(), Outcome::default(), 0u64));
@@ -35,7 +57,7 @@ pub(crate) fn run_seeds(
                 if seed >= from + count {
                     return;
                 }
-                let result = run_seed(seed, damage);
+                let result = run_seed(seed, variant);
                 let Ok(mut all) = results.lock() else {
                     return;
                 };

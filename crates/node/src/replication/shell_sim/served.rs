@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 use braid_proto::RecordBatch;
 
 use super::files::{read_batches, values_of, Stop};
-use super::{key, Run, MEMBERS};
+use super::{key, Run};
 
 /// One check in this many reads every log from its start.
 const FULL_EVERY: u64 = 10;
@@ -42,7 +42,7 @@ impl Run {
         self.served.checks += 1;
         let full = self.served.checks.is_multiple_of(FULL_EVERY);
         let mut problem = None;
-        for m in 0..MEMBERS {
+        for m in 0..self.member_count() {
             let Some(groups) = self.members[usize::from(m)].groups.as_mut() else {
                 continue;
             };
