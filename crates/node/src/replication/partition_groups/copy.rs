@@ -214,7 +214,8 @@ impl PartitionGroups {
             return;
         };
         match journal.copy_chunk(from, start, batches, now_ms) {
-            Ok(Copied::Ignored) => {}
+            // Overdue, the fetch goes to the next peer (`drive_copies`).
+            Ok(Copied::Ignored | Copied::Nothing) => {}
             Ok(Copied::Progress) => {
                 if let Some(transfer) = journal.behind() {
                     self.ask_copy(group, transfer.cursor, transfer.log_end, 0);

@@ -510,7 +510,7 @@ fn copy_all(journal: &mut PartitionJournal, peer: &mut PartitionJournal, end: u6
         match journal.copy_chunk(from, start, read.bytes(), 0).unwrap() {
             Copied::Done => return,
             Copied::Progress => {}
-            Copied::Ignored => panic!("a chunk for the copy was ignored"),
+            Copied::Ignored | Copied::Nothing => panic!("a chunk for the copy was ignored"),
         }
     }
     panic!("the copy never finished");
@@ -575,6 +575,10 @@ fn a_checkpoint_beyond_the_log_is_copied_from_a_peer_and_a_crash_resumes_the_cop
     );
     // A stale chunk (not where the copy is) is ignored.
     assert_eq!(journal.copy_chunk(5, 0, &[], 0).unwrap(), Copied::Ignored);
+    // A peer with nothing from the cursor on moves nothing: not progress, so the copy
+    // waits and asks the next peer instead of asking again at once (seed 2356).
+    assert_eq!(journal.copy_chunk(0, 0, &[], 0).unwrap(), Copied::Nothing);
+    assert_eq!(journal.behind().map(|t| t.cursor), Some(0));
     // One chunk, then a crash: the copy resumes from where the log got to.
     let from = 0;
     let read = peer.log().read(from, 100, end).unwrap();

@@ -163,6 +163,9 @@ impl PartitionJournal {
         if from != transfer.cursor {
             return Ok(Copied::Ignored);
         }
+        if batches.is_empty() && peer_start <= from {
+            return Ok(Copied::Nothing);
+        }
         if batches.is_empty() && peer_start > from {
             // Nothing of what this log holds from the cursor on can be checked.
             self.cut_log_at(transfer.cursor)?;
