@@ -49,6 +49,8 @@ pub(crate) fn run_seeds(
     variant: Variant,
 ) -> (Vec<Failure>, Outcome, u64) {
     let next = std::sync::atomic::AtomicU64::new(from);
+    // A seed that runs for long (a message storm, a loop) is named while it runs.
+    let verbose = std::env::var_os("BRAID_SHELL_SIM_VERBOSE").is_some();
     let results = std::sync::Mutex::new((Vec::new(), Outcome::default(), 0u64));
     std::thread::scope(|scope| {
         for _ in 0..jobs.max(1) {
@@ -57,7 +59,15 @@ pub(crate) fn run_seeds(
                 if seed >= from + count {
                     return;
                 }
+                if verbose {
+                    eprintln!("seed {seed} starts");
+                }
+                let started = std::time::Instant::now();
                 let result = run_seed(seed, variant);
+                if verbose {
+                    let passed = if result.is_ok() { "passed" } else { "FAILED" };
+                    eprintln!("seed {seed} {passed} in {:?}", started.elapsed());
+                }
                 let Ok(mut all) = results.lock() else {
                     return;
                 };
