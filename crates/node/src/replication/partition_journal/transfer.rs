@@ -73,8 +73,16 @@ impl PartitionJournal {
         self.copy_anchor = Some((op, checksum));
         if cursor == log_end {
             // Everything below the checkpoint's end is known committed.
-            self.cut_log_at(log_end)?;
-            self.finish_transfer(now_ms)?;
+            let end = self.cut_log_at(log_end)?;
+            if end == log_end {
+                self.finish_transfer(now_ms)?;
+            } else {
+                self.behind = Some(Transfer {
+                    op,
+                    log_end,
+                    cursor: end,
+                });
+            }
         }
         Ok(())
     }
@@ -121,7 +129,42 @@ impl PartitionJournal {
     /// damaged, it could never be dropped (the shell simulator's seed 15843 with
     /// damage at rest, where two members held a view's newest op so and the view
     /// change waited for ever).
-    pub(super) fn cut_log_at(&mut self, offset: u64) -> Result<(), PartitionJournalError> {
+    ///
+    /// Returns where the log now ends: below `offset` when damage lay between the
+    /// start of `offset`'s segment and the cut (a zeroed page the cut had to walk
+    /// through: the shell simulator's seed 2697 with damage at four times the faults,
+    /// whose member stopped its partitions): the log is then cut at that segment's
+    /// start, and a copy takes the rest again from there.
+    pub(super) fn cut_log_at(&mut self, offset: u64) -> Result<u64, PartitionJournalError> {
+        let mut offset = offset;
+        if offset < self.log.next_offset()
+            && matches!(
+                self.log.read(offset, 1, u64::MAX),
+                Err(LogError::Corrupt { .. })
+            )
+        {
+            // The way to `offset` is damaged: no cut can find it. Decided before any
+            // entry is cut, so the entries and the log are cut at the same place.
+            let base = self.log.segment_base(offset);
+            tracing::warn!(
+                dir = %self.log.dir().display(),
+                offset,
+                cut = base,
+                "damage in the partition log's segment: cut at its start; \
+                 the batches after it are copied from a peer again"
+            );
+            offset = base;
+        }
+        self.cut_entries_from(offset)?;
+        if self.log.next_offset() > offset {
+            self.log.truncate(offset)?;
+        }
+        Ok(self.log.next_offset().min(offset))
+    }
+
+    /// The journal side of [`PartitionJournal::cut_log_at`]: every entry whose batch
+    /// is at `offset` or after it.
+    fn cut_entries_from(&mut self, offset: u64) -> Result<(), PartitionJournalError> {
         if let Some(op) = self.index.first_external_from(offset) {
             let covered = self.behind.map_or(0, |t| t.op).max(op.saturating_sub(1));
             let held: Vec<(u64, Option<braid_vsr::Header>)> = self
@@ -136,9 +179,6 @@ impl PartitionJournal {
                     None => self.index.write_damaged(op)?,
                 }
             }
-        }
-        if self.log.next_offset() > offset {
-            self.log.truncate(offset)?;
         }
         Ok(())
     }
@@ -196,7 +236,15 @@ impl PartitionJournal {
                     }
                     // The first batch that is not the committed one: it and all after it
                     // are an old view's, never committed.
-                    _ => self.cut_log_at(transfer.cursor)?,
+                    _ => {
+                        let end = self.cut_log_at(transfer.cursor)?;
+                        if end < transfer.cursor {
+                            // Cut further back by damage: taken again from there.
+                            transfer.cursor = end;
+                            self.behind = Some(transfer);
+                            return Ok(Copied::Progress);
+                        }
+                    }
                 }
             }
             self.log.append_shared(theirs, now_ms)?;
@@ -204,7 +252,12 @@ impl PartitionJournal {
         }
         self.behind = Some(transfer);
         if transfer.cursor >= transfer.log_end {
-            self.cut_log_at(transfer.log_end)?;
+            let end = self.cut_log_at(transfer.log_end)?;
+            if end < transfer.log_end {
+                transfer.cursor = end;
+                self.behind = Some(transfer);
+                return Ok(Copied::Progress);
+            }
             self.finish_transfer(now_ms)?;
             return Ok(Copied::Done);
         }

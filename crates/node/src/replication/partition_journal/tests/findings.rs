@@ -904,3 +904,50 @@ fn a_damaged_first_batch_above_registers_is_repaired_at_its_place() {
     assert_eq!(journal.index.entry(2).and_then(|(_, b)| b), Some(0));
     assert_eq!(log_batches(&mut journal), batch_bodies(&ops));
 }
+
+/// The shell simulator's seed 2697 (damage at rest, four times the faults): a copy
+/// found its first batch differing from the peer's and cut the log there, but the
+/// cut had to walk through the segment's first page, zeroed, and the member stopped
+/// its partitions ("unsupported batch magic 0"). The cut goes to the segment's start
+/// instead, and says so: the copy takes the rest again from there.
+#[test]
+fn a_cut_through_damage_goes_to_its_segments_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let small = LogConfig {
+        segment_bytes_max: 1_024,
+        ..member_config()
+    };
+    let ops = chain(24, 1, "a");
+    {
+        let (mut journal, _) = PartitionJournal::open(dir.path(), small, 0).unwrap();
+        for p in &ops {
+            journal.write_prepare(p, 0).unwrap();
+        }
+        journal.sync().unwrap();
+        journal.close().unwrap();
+    }
+    let (mut journal, _) = PartitionJournal::open(dir.path(), small, 0).unwrap();
+    let end = journal.log().next_offset();
+    // A sealed segment past the first: its first page zeroed, and a cut inside it.
+    let base = journal.log().segment_base(end - 1);
+    let sealed = journal.log().segment_base(base - 1);
+    assert!(sealed > 0, "a sealed segment after the first");
+    let path = dir.path().join(format!("{sealed:020}.log"));
+    let mut bytes = std::fs::read(&path).unwrap();
+    bytes[..64].fill(0);
+    std::fs::write(&path, &bytes).unwrap();
+    let inside = (sealed + 1..base)
+        .find(|o| {
+            journal
+                .index
+                .first_external_from(*o)
+                .is_some_and(|op| journal.index.entry(op).and_then(|(_, b)| b) == Some(*o))
+        })
+        .expect("a batch boundary inside the damaged segment");
+    assert_eq!(journal.cut_log_at(inside).unwrap(), sealed);
+    assert_eq!(journal.log().next_offset(), sealed);
+    assert!(
+        journal.index.first_external_from(sealed).is_none(),
+        "no entry names a batch past the cut"
+    );
+}
