@@ -389,12 +389,17 @@ impl<S: StateMachine> Replica<S> {
         }
         // The top: the highest op of the best log a same-view vote can name.
         // Entries that speak for the log of `best.log_view`: any entry of a trusted vote
-        // of that log view, and of an untrusted one only entries prepared in that very
-        // view (an op number is prepared once per view, and a vote still in that log
-        // view never had it replaced; an older entry there may be a lost replacement).
+        // of that log view, and of any other vote only entries prepared in that very
+        // view (an op number is prepared once per view, and a view's log never loses
+        // an entry while the view lasts; an older entry may be a lost replacement). A
+        // vote of an older log view holds such an entry as a header alone when it took
+        // the prepare before the view's log (the shell simulator's seed 2739 with
+        // damage at four times the faults: the one member of that log view had lost
+        // the op as damaged, and only a member of the older log view could name it; no
+        // view change could start until it spoke).
         let log_view = best.log_view;
         let speaks = |v: &ViewChangeVote, e: &SuffixEntry| {
-            v.log_view == log_view && (trusted(&v) || e.header.view == log_view)
+            (v.log_view == log_view && trusted(&v)) || e.header.view == log_view
         };
         let top_offered = votes
             .values()

@@ -485,3 +485,103 @@ fn a_view_never_starts_with_a_top_known_only_by_checksum() {
         "every op above its own is written"
     );
 }
+
+/// The shell simulator's seed 2739 (damage at rest, four times the faults): the one
+/// vote of the newest log view (6) held its ops above the commit as damaged, so it
+/// could not name view 6's top; a vote of log view 5 held view 6's op 8 as a header
+/// alone (it took the prepare before view 6's log), and another held op 8 of view 5,
+/// which view 6's log replaced. An op number is prepared once per view, so the view-6
+/// header is view 6's op 8 whoever holds it: it names the top, and since the two votes
+/// of log view 5 were never normal in view 6, it is dropped. Before, no view could
+/// start.
+#[test]
+fn an_older_log_views_vote_names_the_newer_views_op_it_holds() {
+    let group = 9;
+    let ops = chain(group, 7, 2);
+    let newer = |view: u64, tag: &'static [u8]| {
+        Header {
+            view,
+            op: 8,
+            commit: 7,
+            parent: ops[6].header.checksum,
+            body_checksum: crate::message::checksum(tag),
+            ..Header::root(group)
+        }
+        .seal()
+    };
+    let (of_view_6, of_view_5) = (newer(6, b"view 6"), newer(5, b"view 5"));
+    let alone = |header: Header| SuffixEntry { header, body: None };
+    let whole = |p: &Prepare| SuffixEntry {
+        header: p.header,
+        body: Some(p.body.clone()),
+    };
+    let damaged = ViewChangeVote {
+        log_view: 6,
+        op: 8,
+        commit: 7,
+        commit_checksum: None,
+        suffix: vec![alone(ops[5].header)],
+        faulty: vec![7, 8],
+        trusted_through: u64::MAX,
+    };
+    let header_alone = ViewChangeVote {
+        log_view: 5,
+        op: 8,
+        commit: 5,
+        commit_checksum: Some(ops[4].header.checksum),
+        suffix: vec![
+            alone(ops[4].header),
+            alone(ops[5].header),
+            alone(ops[6].header),
+            alone(of_view_6),
+        ],
+        faulty: vec![],
+        trusted_through: u64::MAX,
+    };
+    let replaced = ViewChangeVote {
+        log_view: 5,
+        op: 8,
+        commit: 7,
+        commit_checksum: None,
+        suffix: vec![
+            whole(&ops[6]),
+            SuffixEntry {
+                header: of_view_5,
+                body: Some(bytes::Bytes::from_static(b"view 5")),
+            },
+        ],
+        faulty: vec![],
+        trusted_through: u64::MAX,
+    };
+    let votes: BTreeMap<ReplicaId, ViewChangeVote> =
+        [(0, damaged), (1, header_alone), (2, replaced)].into();
+    let mut replica = Replica::restart(
+        Config::new(group, 1, 3, 5),
+        CounterMachine::default(),
+        Persisted {
+            durable: DurableState {
+                view: 9,
+                log_view: 5,
+                commit: 5,
+                ..DurableState::default()
+            },
+            checkpoint: None,
+            journal: ops[..5]
+                .iter()
+                .map(|p| (p.header.op, JournalSlot::Prepare(p.clone())))
+                .collect(),
+            journal_trusted: true,
+        },
+    )
+    .unwrap();
+    let mut out = Vec::new();
+    assert!(
+        replica.adopt_canonical_log(&votes, &mut out),
+        "view 6's op 8 is named, and dropped"
+    );
+    assert_eq!(replica.op(), 7, "the log ends at the commit");
+    assert_eq!(
+        replica.header(7).map(|h| h.checksum),
+        Some(ops[6].header.checksum)
+    );
+}
