@@ -54,6 +54,9 @@ use braid_storage::disk;
 use braid_vsr::DurableState;
 
 use super::boot::{BootId, Stamp};
+use codec::{
+    be32, be64, decode_header, decode_slot, encode_header, encode_slot, runs, slot_offset,
+};
 
 /// The magic of the slotted layout.
 const MAGIC: &[u8; 8] = b"BRDVST03";
@@ -192,122 +195,6 @@ enum Resolved {
     },
     /// Damaged in every copy that counts it, naming no group.
     Unattributable,
-}
-
-/// The CRC32C of `bytes`, seeded with the magic (so no other format's sum passes).
-fn checksum(bytes: &[u8]) -> u32 {
-    crc32c::crc32c_append(crc32c::crc32c(MAGIC), bytes)
-}
-
-fn be32(bytes: &[u8], at: usize) -> u32 {
-    let mut b = [0u8; 4];
-    b.copy_from_slice(&bytes[at..at + 4]);
-    u32::from_be_bytes(b)
-}
-
-fn be64(bytes: &[u8], at: usize) -> u64 {
-    let mut b = [0u8; 8];
-    b.copy_from_slice(&bytes[at..at + 8]);
-    u64::from_be_bytes(b)
-}
-
-/// The header: magic, slot size `u32`, slot count `u32`, zeros, CRC32C at the end.
-fn encode_header(count: u32) -> [u8; HEADER_BYTES] {
-    let mut out = [0u8; HEADER_BYTES];
-    out[..8].copy_from_slice(MAGIC);
-    out[8..12].copy_from_slice(&(SLOT_BYTES as u32).to_be_bytes());
-    out[12..16].copy_from_slice(&count.to_be_bytes());
-    let sum = checksum(&out[..HEADER_BYTES - 4]);
-    out[HEADER_BYTES - 4..].copy_from_slice(&sum.to_be_bytes());
-    out
-}
-
-/// A copy's slot count, or why its header is not intact.
-fn decode_header(bytes: &[u8]) -> Result<u32, String> {
-    let Some(header) = bytes.get(..HEADER_BYTES) else {
-        return Err(format!("{} bytes, short of a header", bytes.len()));
-    };
-    if &header[..8] != MAGIC {
-        return Err("no magic".into());
-    }
-    if checksum(&header[..HEADER_BYTES - 4]) != be32(header, HEADER_BYTES - 4) {
-        return Err("header checksum mismatch".into());
-    }
-    if be32(header, 8) != SLOT_BYTES as u32 {
-        return Err(format!("slots of {} bytes", be32(header, 8)));
-    }
-    Ok(be32(header, 12))
-}
-
-fn slot_offset(index: u32) -> u64 {
-    (HEADER_BYTES + index as usize * SLOT_BYTES) as u64
-}
-
-/// `slots` as runs of consecutive slots, one write each: offset, bytes.
-fn runs(slots: &BTreeMap<u32, [u8; SLOT_BYTES]>) -> Vec<(u64, Vec<u8>)> {
-    let mut runs: Vec<(u64, Vec<u8>)> = Vec::new();
-    let mut next = None;
-    for (&index, bytes) in slots {
-        match runs.last_mut() {
-            Some((_, run)) if next == Some(index) => run.extend_from_slice(bytes),
-            _ => runs.push((slot_offset(index), bytes.to_vec())),
-        }
-        next = Some(index + 1);
-    }
-    runs
-}
-
-fn encode_slot(index: u32, seq: u64, content: Content) -> [u8; SLOT_BYTES] {
-    let mut out = [0u8; SLOT_BYTES];
-    let (kind, group) = match content {
-        Content::Free => (KIND_FREE, 0),
-        Content::Used(group, _) => (KIND_USED, group),
-    };
-    out[0..4].copy_from_slice(&index.to_be_bytes());
-    out[4..8].copy_from_slice(&kind.to_be_bytes());
-    out[8..16].copy_from_slice(&seq.to_be_bytes());
-    out[16..24].copy_from_slice(&group.to_be_bytes());
-    let identity = checksum(&out[..IDENTITY_BYTES]);
-    out[IDENTITY_BYTES..STAMP_AT].copy_from_slice(&identity.to_be_bytes());
-    if let Content::Used(_, entry) = content {
-        out[STAMP_AT..STATE_AT].copy_from_slice(&entry.stamp.encode());
-        out[STATE_AT..STATE_AT + DurableState::ENCODED_BYTES]
-            .copy_from_slice(&entry.state.encode(seq));
-    }
-    let sum = checksum(&out[..CHECKSUM_AT]);
-    out[CHECKSUM_AT..].copy_from_slice(&sum.to_be_bytes());
-    out
-}
-
-/// Reads slot `index` from its bytes.
-fn decode_slot(index: u32, bytes: &[u8]) -> SlotRead {
-    debug_assert_eq!(bytes.len(), SLOT_BYTES);
-    let kind = be32(bytes, 4);
-    let identity_intact = checksum(&bytes[..IDENTITY_BYTES]) == be32(bytes, IDENTITY_BYTES)
-        && be32(bytes, 0) == index
-        && (kind == KIND_FREE || kind == KIND_USED);
-    if !identity_intact {
-        return SlotRead::Damaged(None);
-    }
-    let seq = be64(bytes, 8);
-    let group = be64(bytes, 16);
-    let claim = (seq, (kind == KIND_USED).then_some(group));
-    if checksum(&bytes[..CHECKSUM_AT]) != be32(bytes, CHECKSUM_AT) {
-        return SlotRead::Damaged(Some(claim));
-    }
-    if kind == KIND_FREE {
-        return SlotRead::Intact(seq, Content::Free);
-    }
-    let mut stamp = [0u8; Stamp::BYTES];
-    stamp.copy_from_slice(&bytes[STAMP_AT..STATE_AT]);
-    // A slot written before the flags word holds the first, shorter layout.
-    match DurableState::decode_prefix(&bytes[STATE_AT..CHECKSUM_AT]) {
-        Ok(((state_seq, state), _)) if state_seq == seq => {
-            let stamp = Stamp::decode(stamp);
-            SlotRead::Intact(seq, Content::Used(group, Entry { state, stamp }))
-        }
-        _ => SlotRead::Damaged(Some(claim)),
-    }
 }
 
 /// One slot from its two copies. Copy 0 is always written (and synced) first, so in a
@@ -1009,6 +896,7 @@ impl GroupStates {
     }
 }
 
+mod codec;
 mod legacy;
 #[cfg(test)]
 mod tests;

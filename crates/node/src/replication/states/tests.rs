@@ -792,7 +792,7 @@ fn slots_of_the_first_state_layout_still_open() {
             let region = &mut bytes[at + STATE_AT..at + CHECKSUM_AT];
             region.fill(0);
             region[..DurableState::ENCODED_BYTES_V1].copy_from_slice(&encode_v1(&old, seq));
-            let sum = checksum(&bytes[at..at + CHECKSUM_AT]);
+            let sum = super::codec::checksum(&bytes[at..at + CHECKSUM_AT]);
             bytes[at + CHECKSUM_AT..at + SLOT_BYTES].copy_from_slice(&sum.to_be_bytes());
         }
         std::fs::write(&path, bytes).unwrap();
