@@ -380,6 +380,20 @@ impl JournalFile {
     /// # Errors
     /// IO errors, or a file that is not a journal.
     pub(crate) fn open(path: &Path) -> Result<(Self, Recovered), JournalError> {
+        Self::open_marking(path, || Ok(()))
+    }
+
+    /// As [`JournalFile::open`], calling `before_cut` before it cuts a torn tail that
+    /// may hide a synced record ([`Recovered::tail_may_hide`]): the caller makes its
+    /// distrust durable first, or a power loss right after the cut would leave a
+    /// journal that looks whole.
+    ///
+    /// # Errors
+    /// As [`JournalFile::open`], and what `before_cut` returns.
+    pub(crate) fn open_marking(
+        path: &Path,
+        before_cut: impl FnOnce() -> Result<(), JournalError>,
+    ) -> Result<(Self, Recovered), JournalError> {
         let dir = path.parent().unwrap_or(Path::new("."));
         braid_storage::create_dir_durable(dir).map_err(io(dir))?;
         let (file, created) = disk::open_or_create(path).map_err(io(path))?;
@@ -469,6 +483,9 @@ impl JournalFile {
         }
         let torn_tail_bytes = (bytes.len() - at) as u64;
         let tail_may_hide = torn_tail_bytes > 0 && !only_an_unsynced_marker(&bytes[at..], at);
+        if tail_may_hide {
+            before_cut()?;
+        }
         if torn_tail_bytes > 0 {
             tracing::warn!(
                 path = %path.display(),

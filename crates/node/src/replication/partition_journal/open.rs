@@ -36,7 +36,13 @@ impl PartitionJournal {
         }
         // Opened once: an open cuts a torn tail and rewrites a damaged file, and what it
         // found (below) is only in this answer.
-        let (index, found) = match JournalFile::open(&journal_path) {
+        let mark = || {
+            if repairable {
+                mark_untrusted(dir)?;
+            }
+            Ok(())
+        };
+        let (index, found) = match JournalFile::open_marking(&journal_path, mark) {
             Err(JournalError::NotAJournal { .. }) if repairable => {
                 // Damaged past knowing (a zeroed small file, say: the shell simulator's
                 // seed 768) in a member of a cluster: lost, as if deleted; its peers
@@ -365,7 +371,7 @@ impl PartitionJournal {
 pub(crate) const UNTRUSTED_MARKER: &str = "vsr.journal.untrusted";
 
 /// Creates the untrusted mark in `dir`, durably (the file and its directory entry).
-fn mark_untrusted(dir: &Path) -> Result<(), PartitionJournalError> {
+fn mark_untrusted(dir: &Path) -> Result<(), JournalError> {
     let path = dir.join(UNTRUSTED_MARKER);
     let io = |source| JournalError::Io {
         path: path.clone(),

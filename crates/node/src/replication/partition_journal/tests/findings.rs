@@ -503,6 +503,43 @@ fn an_untrusted_open_says_so_again_until_the_distrust_is_durable() {
     }
 }
 
+/// The mark comes before the repair that hides the distrust: a torn tail that may hide
+/// a synced record is cut only once the mark and its directory entry are synced, so a
+/// power loss between the two cannot leave a journal that looks whole (the shell
+/// simulator crashes between ticks, never inside an open, so this order is checked
+/// here, on the disk operations' trace).
+#[test]
+fn the_untrusted_mark_is_durable_before_a_torn_tail_is_cut() {
+    use braid_storage::disk::hook::{self, Event};
+    let ops = chain(5, 1, "a");
+    let (dir, _, _) = peer_holding(&ops);
+    let path = dir.path().join(JOURNAL_FILE);
+    let mut bytes = std::fs::read(&path).unwrap();
+    bytes.extend_from_slice(&[0x42; 7]);
+    std::fs::write(&path, &bytes).unwrap();
+    hook::start_tracing();
+    let opened = PartitionJournal::open(dir.path(), member_config(), 0);
+    let trace = hook::take().expect("traced").trace;
+    let (_, recovered) = opened.unwrap();
+    assert!(recovered.tail_cut);
+    let mark = dir.path().join(super::super::open::UNTRUSTED_MARKER);
+    let at = |found: &dyn Fn(&Event) -> bool| trace.iter().position(found);
+    let marked =
+        at(&|e| matches!(e, Event::Create { path } if *path == mark)).expect("the mark is made");
+    let dir_synced = trace
+        .iter()
+        .skip(marked)
+        .position(|e| matches!(e, Event::DirSync { dir: d } if d == dir.path()))
+        .map(|i| i + marked)
+        .expect("its directory synced");
+    let cut =
+        at(&|e| matches!(e, Event::SetLen { path: p, .. } if *p == path)).expect("the tail is cut");
+    assert!(
+        dir_synced < cut,
+        "the mark is durable before the cut: {trace:?}"
+    );
+}
+
 /// A member's open reads `vsr.journal` once: an earlier version opened it twice (the
 /// first to see whether it was a journal at all), and the first open's repairs (a torn
 /// tail cut, damage rewritten as damaged entries) hid from the second what it found,
