@@ -138,7 +138,8 @@ fn every_member_losing_power_at_once_keeps_every_acknowledged_record() {
 /// which made its unreadable `vsr.journal` anew (acknowledged offset 38 given to another
 /// record); seed 2356 bounced a log copy's fetches and empty answers between two
 /// members until millions were in flight; seed 2697 stopped a member's partitions when
-/// a copy's cut met a zeroed page.
+/// a copy's cut met a zeroed page; seed 2242 with five members restarted a member
+/// trusted after its journal and log were both damaged (offset 10 acknowledged twice).
 #[test]
 fn seeds_that_found_faults_at_four_times_the_faults_pass() {
     let variant = Variant {
@@ -147,6 +148,15 @@ fn seeds_that_found_faults_at_four_times_the_faults_pass() {
     };
     for seed in [90, 2356, 2697] {
         if let Err(failure) = run_seed(seed, variant) {
+            panic!("{failure}");
+        }
+    }
+    let five = Variant {
+        members: 5,
+        ..variant
+    };
+    for seed in [2242] {
+        if let Err(failure) = run_seed(seed, five) {
             panic!("{failure}");
         }
     }

@@ -1,0 +1,112 @@
+//! The journal found untrusted at open (lost, unreadable, a cut tail that may hide a
+//! reported op) stays untrusted until its group's durable state says so.
+
+use super::*;
+
+/// The shell simulator's seed 90 (damage at rest, four times the faults): a member's
+/// open moved an unreadable `vsr.journal` aside and made a new one, and a power loss
+/// came before the group's state said "untrusted". The next open found a whole, empty
+/// journal and the member restarted trusted; its vote dropped committed ops and an
+/// acknowledged offset went to another record. An open that finds the journal
+/// untrusted (lost, unreadable, a tail cut that may hide) leaves a mark first, so every
+/// later open says the same until the host has made the distrust durable.
+#[test]
+fn an_untrusted_open_says_so_again_until_the_distrust_is_durable() {
+    let ops = chain(5, 1, "a");
+    let member = member_config();
+    for lose in ["delete", "zero", "tear"] {
+        let (dir, _, _) = peer_holding(&ops);
+        let path = dir.path().join(JOURNAL_FILE);
+        let mark = dir.path().join(super::super::open::UNTRUSTED_MARKER);
+        match lose {
+            "delete" => std::fs::remove_file(&path).unwrap(),
+            "zero" => {
+                let len = std::fs::metadata(&path).unwrap().len();
+                std::fs::write(&path, vec![0u8; len as usize]).unwrap();
+            }
+            _ => {
+                // A torn record at the end: a cut tail that may hide an op.
+                let mut bytes = std::fs::read(&path).unwrap();
+                bytes.extend_from_slice(&[0x42; 7]);
+                std::fs::write(&path, &bytes).unwrap();
+            }
+        }
+        let (_, recovered) = PartitionJournal::open(dir.path(), member, 0).unwrap();
+        assert!(recovered.tail_cut, "{lose}: untrusted");
+        assert!(mark.exists(), "{lose}: marked");
+        // A power loss now: the open's repairs are on disk, the group's state is not.
+        let (mut journal, recovered) = PartitionJournal::open(dir.path(), member, 0).unwrap();
+        assert!(
+            recovered.tail_cut,
+            "{lose}: still untrusted after the repair"
+        );
+        journal.distrust_persisted().unwrap();
+        assert!(
+            !mark.exists(),
+            "{lose}: the mark goes once the state holds it"
+        );
+        drop(journal);
+        let (_, recovered) = PartitionJournal::open(dir.path(), member, 0).unwrap();
+        assert!(!recovered.tail_cut, "{lose}: the state speaks from now on");
+    }
+}
+
+/// The shell simulator's seed 2242 (five members, damage at four times the faults):
+/// a member's log lost its batches to damage and then its `vsr.journal` was zeroed. An
+/// unreadable journal counted as lost only while the log held batches, so the member
+/// restarted trusted with nothing, and its vote helped drop committed ops (offset 10
+/// acknowledged twice). Unreadable is untrusted whatever the log holds.
+#[test]
+fn an_unreadable_journal_is_untrusted_even_with_an_empty_log() {
+    let ops = chain(5, 1, "a");
+    let (dir, _, _) = peer_holding(&ops);
+    let path = dir.path().join(JOURNAL_FILE);
+    let len = std::fs::metadata(&path).unwrap().len();
+    std::fs::write(&path, vec![0u8; len as usize]).unwrap();
+    for entry in std::fs::read_dir(dir.path()).unwrap() {
+        let file = entry.unwrap().path();
+        if file.extension().is_some_and(|e| e == "log") {
+            std::fs::write(&file, b"").unwrap();
+        }
+    }
+    let (_, recovered) = PartitionJournal::open(dir.path(), member_config(), 0).unwrap();
+    assert!(recovered.tail_cut, "untrusted");
+    assert!(recovered.damage.is_some(), "reported as damage");
+}
+
+/// The mark comes before the repair that hides the distrust: a torn tail that may hide
+/// a synced record is cut only once the mark and its directory entry are synced, so a
+/// power loss between the two cannot leave a journal that looks whole (the shell
+/// simulator crashes between ticks, never inside an open, so this order is checked
+/// here, on the disk operations' trace).
+#[test]
+fn the_untrusted_mark_is_durable_before_a_torn_tail_is_cut() {
+    use braid_storage::disk::hook::{self, Event};
+    let ops = chain(5, 1, "a");
+    let (dir, _, _) = peer_holding(&ops);
+    let path = dir.path().join(JOURNAL_FILE);
+    let mut bytes = std::fs::read(&path).unwrap();
+    bytes.extend_from_slice(&[0x42; 7]);
+    std::fs::write(&path, &bytes).unwrap();
+    hook::start_tracing();
+    let opened = PartitionJournal::open(dir.path(), member_config(), 0);
+    let trace = hook::take().expect("traced").trace;
+    let (_, recovered) = opened.unwrap();
+    assert!(recovered.tail_cut);
+    let mark = dir.path().join(super::super::open::UNTRUSTED_MARKER);
+    let at = |found: &dyn Fn(&Event) -> bool| trace.iter().position(found);
+    let marked =
+        at(&|e| matches!(e, Event::Create { path } if *path == mark)).expect("the mark is made");
+    let dir_synced = trace
+        .iter()
+        .skip(marked)
+        .position(|e| matches!(e, Event::DirSync { dir: d } if d == dir.path()))
+        .map(|i| i + marked)
+        .expect("its directory synced");
+    let cut =
+        at(&|e| matches!(e, Event::SetLen { path: p, .. } if *p == path)).expect("the tail is cut");
+    assert!(
+        dir_synced < cut,
+        "the mark is durable before the cut: {trace:?}"
+    );
+}
