@@ -110,3 +110,32 @@ fn the_untrusted_mark_is_durable_before_a_torn_tail_is_cut() {
         "the mark is durable before the cut: {trace:?}"
     );
 }
+
+/// The shell simulator's seed 26717 with damage (and 3429, five members): a copy ran
+/// to op 30's checkpoint, and the core pruned at op 5 meanwhile. The journal's entries
+/// there were never shown committed (an old view's, perhaps), yet the prune recorded
+/// their end as where the log ends after op 5; the committed log had a batch across
+/// that offset, and after a `kill -9` the open's cut at it refused the partition. A
+/// prune during a copy records no end its entries alone give above the log's known
+/// committed end: the checkpoint restarts the copy instead.
+#[test]
+fn a_prune_during_a_copy_records_no_end_from_entries_never_shown_committed() {
+    let ops = chain(10, 1, "a");
+    let dir = tempfile::tempdir().unwrap();
+    let mut journal = holding(dir.path(), &ops);
+    assert_eq!(journal.applied_end(), 0, "nothing shown committed");
+    journal.checkpointed(30, 7, 500, 0).unwrap();
+    assert!(journal.behind().is_some(), "a copy runs to op 30");
+    journal.prune(5).unwrap();
+    assert_eq!(
+        journal.index.pruned(),
+        (5, None),
+        "op 5's end is not known from the committed log"
+    );
+    drop(journal);
+    let (mut journal, _) = open(dir.path());
+    assert!(
+        journal.log().next_offset() > 0,
+        "nothing cut on that entry's word"
+    );
+}
