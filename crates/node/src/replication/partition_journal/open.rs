@@ -29,16 +29,27 @@ impl PartitionJournal {
         // An earlier open found the journal untrusted and repaired away the evidence
         // (a new file, a cut tail) before the group's state said so: still untrusted.
         let marked = dir.join(UNTRUSTED_MARKER).exists();
+        // Each reason below marks; the first makes the mark durable, the rest find it
+        // made by this open. (A mark found at the open may be in the page cache alone,
+        // from a kill inside an earlier mark: the first marking here syncs it.)
+        let marked_now = std::cell::Cell::new(false);
+        let mark_once = || -> Result<(), JournalError> {
+            if !marked_now.get() {
+                mark_untrusted(dir)?;
+                marked_now.set(true);
+            }
+            Ok(())
+        };
         if journal_lost {
             // Marked before the new file is made: a power loss after its making must
             // not leave a journal that looks whole.
-            mark_untrusted(dir)?;
+            mark_once()?;
         }
         // Opened once: an open cuts a torn tail and rewrites a damaged file, and what it
         // found (below) is only in this answer.
         let mark = || {
             if repairable {
-                mark_untrusted(dir)?;
+                mark_once()?;
             }
             Ok(())
         };
@@ -47,7 +58,7 @@ impl PartitionJournal {
                 // Damaged past knowing (a zeroed small file, say: the shell simulator's
                 // seed 768) in a member of a cluster: lost, as if deleted; its peers
                 // hold the ops. Kept aside as the evidence.
-                mark_untrusted(dir)?;
+                mark_once()?;
                 let aside = dir.join(format!("{JOURNAL_FILE}.damaged"));
                 tracing::warn!(
                     path = %journal_path.display(),
@@ -315,11 +326,12 @@ impl PartitionJournal {
                 || log_cut.unsynced_damage_cut_at.is_some());
         let tail_cut = journal_lost || found.tail_may_hide || log_cut_hides;
         let tail_cut = tail_cut || marked;
-        if tail_cut && repairable && !marked {
+        if tail_cut && repairable {
             // What the open cut or made anew below becomes durable with the next sync;
             // the mark first, so the distrust outlives a power loss until the group's
-            // state holds it ([`PartitionJournal::distrust_persisted`]).
-            mark_untrusted(dir)?;
+            // state holds it ([`PartitionJournal::distrust_persisted`]). A mark found
+            // at the open is synced here too: it may not have been durable.
+            mark_once()?;
         }
         // What the group acts on must be durable: after a kill -9 the file may be in
         // the page cache alone. A clean close synced it (bar its last sync marker, a

@@ -109,6 +109,12 @@ fn the_untrusted_mark_is_durable_before_a_torn_tail_is_cut() {
         dir_synced < cut,
         "the mark is durable before the cut: {trace:?}"
     );
+    // Two reasons to mark (the torn tail, then the tail cut it reports), one mark.
+    let mark_syncs = trace
+        .iter()
+        .filter(|e| matches!(e, Event::Sync { path } if *path == mark))
+        .count();
+    assert_eq!(mark_syncs, 1, "one open marks once: {trace:?}");
 }
 
 /// The shell simulator's seed 26717 with damage (and 3429, five members): a copy ran
