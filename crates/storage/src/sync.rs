@@ -112,6 +112,8 @@ pub struct Syncer {
     sender: Option<mpsc::Sender<Job>>,
     thread: Option<JoinHandle<()>>,
     stats: Arc<SyncerStats>,
+    /// [`Syncer::held`]: requests wait here for [`Syncer::run_held`].
+    held: Option<std::sync::Mutex<Vec<Job>>>,
 }
 
 impl std::fmt::Debug for Job {
@@ -138,7 +140,44 @@ impl Syncer {
             sender: Some(sender),
             thread: Some(thread),
             stats,
+            held: None,
         })
+    }
+
+    /// A syncer without a thread: requests wait until [`Syncer::run_held`] runs them
+    /// on the caller's thread, so a deterministic simulator chooses when each sync
+    /// happens (and its disk model sees them), and drops the waiting ones in a crash.
+    pub fn held() -> Self {
+        Self {
+            sender: None,
+            thread: None,
+            stats: Arc::new(SyncerStats::default()),
+            held: Some(std::sync::Mutex::new(Vec::new())),
+        }
+    }
+
+    /// Requests waiting in a [`Syncer::held`] syncer.
+    pub fn held_len(&self) -> usize {
+        self.held
+            .as_ref()
+            .and_then(|held| held.lock().ok().map(|jobs| jobs.len()))
+            .unwrap_or(0)
+    }
+
+    /// Runs the `count` oldest requests waiting in a [`Syncer::held`] syncer as one
+    /// round (one `fdatasync` per file among them), and their callbacks.
+    pub fn run_held(&self, count: usize) {
+        let Some(held) = &self.held else {
+            return;
+        };
+        let mut round: Vec<Job> = match held.lock() {
+            Ok(mut jobs) => {
+                let count = count.min(jobs.len());
+                jobs.drain(..count).collect()
+            }
+            Err(_) => return,
+        };
+        run_round(&mut round, &self.stats);
     }
 
     /// Queues a request; `done` runs on the sync thread when it completes.
@@ -151,6 +190,12 @@ impl Syncer {
             request,
             done: Box::new(done),
         };
+        if let Some(held) = &self.held {
+            if let Ok(mut jobs) = held.lock() {
+                jobs.push(job);
+                return;
+            }
+        }
         let unsent = match &self.sender {
             Some(sender) => sender.send(job).err().map(|e| e.0),
             None => Some(job),
@@ -188,24 +233,38 @@ fn run(receiver: &mpsc::Receiver<Job>, stats: &SyncerStats) {
                 Err(_) => break,
             }
         }
-        // One fdatasync per distinct file covers every request for it in this round:
-        // all their bytes were written before the sync starts.
-        round.sort_by_key(|job| Arc::as_ptr(&job.request.file) as usize);
-        let mut jobs = round.drain(..).peekable();
-        while let Some(job) = jobs.next() {
-            let file = Arc::clone(&job.request.file);
-            let result = job.request.run();
-            stats.fsyncs.fetch_add(1, Ordering::Relaxed);
-            let mut group = vec![job];
-            while let Some(next) = jobs.next_if(|j| Arc::ptr_eq(&j.request.file, &file)) {
-                group.push(next);
-            }
-            stats
-                .requests
-                .fetch_add(group.len() as u64, Ordering::Relaxed);
-            for job in group {
-                (job.done)(job.request, result.clone());
-            }
+        run_round(&mut round, stats);
+    }
+}
+
+/// Runs `round`'s requests and callbacks, emptying it. One fdatasync per distinct file
+/// covers every request for it in the round: all their bytes were written before the
+/// sync starts. Files are synced in the order of their first request (not by address),
+/// so a simulator that runs a held round sees the same order every run.
+fn run_round(round: &mut Vec<Job>, stats: &SyncerStats) {
+    let mut files: Vec<Vec<Job>> = Vec::new();
+    let mut index_of: std::collections::HashMap<*const File, usize> =
+        std::collections::HashMap::new();
+    for job in round.drain(..) {
+        let at = *index_of
+            .entry(Arc::as_ptr(&job.request.file))
+            .or_insert_with(|| {
+                files.push(Vec::new());
+                files.len() - 1
+            });
+        files[at].push(job);
+    }
+    for group in files {
+        let Some(first) = group.first() else {
+            continue;
+        };
+        let result = first.request.run();
+        stats.fsyncs.fetch_add(1, Ordering::Relaxed);
+        stats
+            .requests
+            .fetch_add(group.len() as u64, Ordering::Relaxed);
+        for job in group {
+            (job.done)(job.request, result.clone());
         }
     }
 }
