@@ -362,23 +362,21 @@ pub(crate) fn claim_as(
 /// Writes the identity file whole (a temporary file, synced, renamed, the directory
 /// synced).
 fn write_identity(data_dir: &Path, identity: &Identity) -> Result<(), IdentityError> {
+    use braid_storage::disk;
     let path = data_dir.join(IDENTITY_FILE);
     let tmp = data_dir.join(format!("{IDENTITY_FILE}.tmp"));
     let io = |path: &Path| {
         let path = path.to_path_buf();
         move |source| IdentityError::Io { path, source }
     };
-    write_synced(&tmp, identity.render().as_bytes()).map_err(io(&tmp))?;
-    std::fs::rename(&tmp, &path).map_err(io(&path))?;
-    braid_storage::sync_dir(data_dir).map_err(io(&path))?;
+    // Through the storage crate's disk seam, as every file a node writes: the shell
+    // simulator's power losses and damage reach it too.
+    disk::write_file(&tmp, identity.render().as_bytes()).map_err(io(&tmp))?;
+    let file = std::fs::File::open(&tmp).map_err(io(&tmp))?;
+    disk::sync_data(&file, &tmp).map_err(io(&tmp))?;
+    disk::rename(&tmp, &path).map_err(io(&path))?;
+    disk::sync_dir(data_dir).map_err(io(&path))?;
     Ok(())
-}
-
-fn write_synced(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    use std::io::Write;
-    let mut file = std::fs::File::create(path)?;
-    file.write_all(bytes)?;
-    file.sync_all()
 }
 
 #[cfg(test)]

@@ -12,7 +12,7 @@ use crate::http::HttpServer;
 use crate::mailbox::{Control, NodeShared, INBOX_REQUESTS_MAX};
 use crate::metadata::MetaOp;
 use crate::metrics::ShardMetrics;
-use crate::replication::meta_group::{MetaGroup, Timing};
+use crate::replication::meta_group::{MetaGroup, MetaOpening, Timing};
 use crate::shard::Shard;
 
 /// Why a node could not start.
@@ -351,16 +351,17 @@ fn open_metadata(
     let dir = config.data_dir.join("metadata");
     braid_storage::create_dir_durable(&dir)?;
     let node_id = identity.node_id;
-    let group = MetaGroup::open(
-        &dir,
-        node_id,
+    let opening = MetaOpening {
+        node: node_id,
         members,
         timing,
-        nonce()?,
-        identity.rejoined,
+        nonce: nonce()?,
+        rejoined: identity.rejoined,
         lost,
-    )
-    .map_err(|e| StartError::Metadata(e.to_string()))?;
+        checkpoint_interval: crate::replication::meta_group::CHECKPOINT_INTERVAL,
+    };
+    let group =
+        MetaGroup::open(&dir, opening).map_err(|e| StartError::Metadata(e.to_string()))?;
     let mut meta = MetaService::new(group);
     let mut ops = Vec::new();
     let next_topic_id = meta.group().state().next_topic_id();

@@ -9,12 +9,13 @@
 
 use std::path::Path;
 
-use braid_bus::{Bus, Delivery};
+use braid_bus::{Bus, Delivery, Frame};
 use braid_proto::client::ErrorCode;
 use braid_vsr::{Config, Input, Message, Replica, ReplicaId, Reply, Request, Status};
 
 use super::machine::MetadataMachine;
 use super::meta_client::{node_of_client, MetaClient, Send};
+use super::outbox::Outbox;
 use super::shard_host::{Effects, HostError, ShardHost};
 use super::wire::{self, Received};
 use crate::error::NodeError;
@@ -51,6 +52,28 @@ impl Timing {
     }
 }
 
+/// How a node opens its metadata group.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct MetaOpening {
+    /// This member, of `members`.
+    pub(crate) node: ReplicaId,
+    pub(crate) members: u8,
+    pub(crate) timing: Timing,
+    pub(crate) nonce: u64,
+    /// The directory was made with `--rejoin`: a group with nothing on disk starts
+    /// untrusted.
+    pub(crate) rejoined: bool,
+    /// A file of the group is gone (a cluster member): it restarts as a replica that
+    /// lost its disk and takes the group's state from its peers.
+    pub(crate) lost: bool,
+    /// Ops between checkpoints ([`CHECKPOINT_INTERVAL`]; fewer in the simulator, so that
+    /// a short run goes through many).
+    pub(crate) checkpoint_interval: u64,
+}
+
+/// Ops between the metadata group's checkpoints; its journal keeps twice as many.
+pub(crate) const CHECKPOINT_INTERVAL: u64 = 256;
+
 /// What a turn of the group produced for the metadata service.
 #[derive(Debug)]
 pub(crate) struct Turn<T> {
@@ -74,7 +97,7 @@ impl<T> Default for Turn<T> {
 pub(crate) struct MetaGroup<T> {
     host: ShardHost<MetadataMachine>,
     client: MetaClient<T>,
-    bus: Option<Bus>,
+    outbox: Outbox,
     node: ReplicaId,
     members: u8,
     now: u64,
@@ -86,21 +109,20 @@ pub(crate) struct MetaGroup<T> {
 }
 
 impl<T> MetaGroup<T> {
-    /// Opens group 0's files in `dir` for member `node` of `members`; `lost`: a file
-    /// of the group is gone (a cluster member), so it restarts as a replica that lost
-    /// its disk and takes the group's state from its peers.
+    /// Opens group 0's files in `dir` as `opening` says.
     ///
     /// # Errors
     /// The files cannot be read or cannot restart the replica.
-    pub(crate) fn open(
-        dir: &Path,
-        node: ReplicaId,
-        members: u8,
-        timing: Timing,
-        nonce: u64,
-        rejoined: bool,
-        lost: bool,
-    ) -> Result<Self, HostError> {
+    pub(crate) fn open(dir: &Path, opening: MetaOpening) -> Result<Self, HostError> {
+        let MetaOpening {
+            node,
+            members,
+            timing,
+            nonce,
+            rejoined,
+            lost,
+            checkpoint_interval,
+        } = opening;
         let mut host = ShardHost::open(dir, 0)?;
         if rejoined {
             host.start_fresh_untrusted();
@@ -110,8 +132,8 @@ impl<T> MetaGroup<T> {
         }
         let config = Config {
             pipeline_max: 8,
-            checkpoint_interval: 256,
-            journal_keep: 512,
+            checkpoint_interval,
+            journal_keep: checkpoint_interval * 2,
             sessions_max: 64,
             heartbeat_ticks: timing.heartbeat_ticks,
             view_change_ticks: timing.view_change_ticks,
@@ -124,7 +146,7 @@ impl<T> MetaGroup<T> {
         let mut group = Self {
             host,
             client: MetaClient::new(node, nonce, timing.retry_ticks * 2),
-            bus: None,
+            outbox: Outbox::Nowhere,
             node,
             members,
             now: 0,
@@ -143,7 +165,28 @@ impl<T> MetaGroup<T> {
 
     /// Sends and receives through `bus` from now on.
     pub(crate) fn attach_bus(&mut self, bus: Bus) {
-        self.bus = Some(bus);
+        self.outbox = Outbox::Owner {
+            bus,
+            shard: METADATA_SHARD,
+        };
+    }
+
+    /// Keeps the frames to peers for [`MetaGroup::take_sent`] (the simulator).
+    #[cfg(test)]
+    pub(crate) fn keep_sent(&mut self) {
+        self.outbox = Outbox::Kept(Vec::new());
+    }
+
+    /// The frames to peers kept since the last call.
+    #[cfg(test)]
+    pub(crate) fn take_sent(&mut self) -> Vec<(u8, Frame)> {
+        self.outbox.take_kept()
+    }
+
+    /// Whether a disk failure stopped the group, and why.
+    #[cfg(test)]
+    pub(crate) fn failure(&self) -> Option<&str> {
+        self.failed.as_deref()
     }
 
     /// The local replica (added at open, so always there).
@@ -241,11 +284,16 @@ impl<T> MetaGroup<T> {
 
     /// A frame from a peer.
     pub(crate) fn deliver(&mut self, delivery: &Delivery) -> Turn<T> {
+        self.deliver_frame(delivery.peer, &delivery.frame)
+    }
+
+    /// A frame from `peer`, as the bus authenticated it.
+    pub(crate) fn deliver_frame(&mut self, peer: u8, frame: &Frame) -> Turn<T> {
         let mut turn = Turn::default();
         if self.failed.is_some() {
             return turn;
         }
-        match wire::received(delivery) {
+        match wire::received_from(peer, frame) {
             Ok(Received::Message(METADATA_GROUP, message)) => {
                 match self
                     .host
@@ -266,14 +314,10 @@ impl<T> MetaGroup<T> {
                 | Received::LogFetch { group, .. }
                 | Received::LogChunk { group, .. },
             ) => {
-                tracing::debug!(
-                    group,
-                    peer = delivery.peer,
-                    "a frame for a group shard 0 does not hold"
-                );
+                tracing::debug!(group, peer, "a frame for a group shard 0 does not hold");
             }
             Err(err) => {
-                tracing::warn!(peer = delivery.peer, %err, "a replica frame that does not decode");
+                tracing::warn!(peer, %err, "a replica frame that does not decode");
             }
         }
         turn
@@ -351,24 +395,17 @@ impl<T> MetaGroup<T> {
         }
         match node_of_client(reply.client) {
             Some(node) if node != self.node && node < self.members => {
-                if let Some(bus) = &self.bus {
-                    // A lost reply is sent again when the client retries.
-                    let _ = bus.send(
-                        METADATA_SHARD,
-                        node,
-                        wire::reply_frame(METADATA_GROUP, &reply),
-                    );
-                }
+                // A lost reply is sent again when the client retries.
+                self.outbox
+                    .send(node, wire::reply_frame(METADATA_GROUP, &reply));
             }
             _ => tracing::debug!(client = reply.client, "a reply for no node"),
         }
     }
 
-    fn send(&self, to: ReplicaId, message: &Message) {
-        if let Some(bus) = &self.bus {
-            // A full or down link drops the frame: consensus retransmits.
-            let _ = bus.send(METADATA_SHARD, to, wire::frame(METADATA_GROUP, message));
-        }
+    fn send(&mut self, to: ReplicaId, message: &Message) {
+        // A full or down link drops the frame: consensus retransmits.
+        self.outbox.send(to, wire::frame(METADATA_GROUP, message));
     }
 
     fn fail(&mut self, turn: &mut Turn<T>, err: HostError) {
@@ -403,16 +440,16 @@ mod tests {
     }
 
     fn lone(dir: &Path) -> MetaGroup<u32> {
-        MetaGroup::open(
-            dir,
-            0,
-            1,
-            Timing::from_heartbeat_timeout_ms(2_000),
-            7,
-            false,
-            false,
-        )
-        .unwrap()
+        let opening = MetaOpening {
+            node: 0,
+            members: 1,
+            timing: Timing::from_heartbeat_timeout_ms(2_000),
+            nonce: 7,
+            rejoined: false,
+            lost: false,
+            checkpoint_interval: CHECKPOINT_INTERVAL,
+        };
+        MetaGroup::open(dir, opening).unwrap()
     }
 
     #[test]

@@ -9,6 +9,7 @@ pub(crate) mod journal_file;
 pub(crate) mod machine;
 pub(crate) mod meta_client;
 pub(crate) mod meta_group;
+pub(crate) mod outbox;
 pub(crate) mod partition_groups;
 pub(crate) mod partition_journal;
 pub(crate) mod partition_machine;

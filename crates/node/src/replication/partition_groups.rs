@@ -37,9 +37,8 @@ mod copy;
 mod frames;
 mod hand_off;
 mod lone;
-mod outbox;
 
-use outbox::Outbox;
+use super::outbox::Outbox;
 
 /// Most produce requests a primary keeps in flight per partition.
 const PIPELINE_MAX: u64 = 16;
@@ -373,10 +372,7 @@ impl PartitionGroups {
     /// The frames to peers kept since the last call.
     #[cfg(test)]
     pub(crate) fn take_sent(&mut self) -> Vec<(u8, braid_bus::Frame)> {
-        match &mut self.bus {
-            Outbox::Kept(kept) => std::mem::take(kept),
-            _ => Vec::new(),
-        }
+        self.bus.take_kept()
     }
 
     /// How many replicas each group has (1: a lone node).
@@ -693,7 +689,7 @@ impl PartitionGroups {
     /// peer: a backup that a client woke (its primary may be gone) hears that it is
     /// not, and sleeps again; one whose primary is gone hears nothing and replaces it.
     fn send_quiet_heartbeats(&mut self) {
-        if matches!(self.bus, Outbox::Nowhere) {
+        if self.bus.is_nowhere() {
             return;
         }
         for (group, message) in self.host.quiet_heartbeats() {

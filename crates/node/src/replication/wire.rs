@@ -5,7 +5,7 @@
 //! partition's log to a replica that installed a checkpoint beyond it (state
 //! transfer).
 
-use braid_bus::{Delivery, Frame};
+use braid_bus::Frame;
 use braid_vsr::{Checksum, DecodeError, Message, Reply};
 
 /// The frame kind of a VSR message.
@@ -144,11 +144,6 @@ fn two_words(payload: &[u8]) -> Result<(u64, u64), WireError> {
     }
 }
 
-/// What a delivery carries: a message, a reply, or a piece of a log copy.
-pub(crate) fn received(delivery: &Delivery) -> Result<Received, WireError> {
-    received_from(delivery.peer, &delivery.frame)
-}
-
 /// What `frame`, from `peer` (as the bus authenticated it), carries.
 pub(crate) fn received_from(peer: u8, frame: &Frame) -> Result<Received, WireError> {
     match frame.kind {
@@ -200,7 +195,7 @@ pub(crate) fn received_from(peer: u8, frame: &Frame) -> Result<Received, WireErr
 /// The group and message a delivery carries. A replica message must come from the
 /// peer it names: the bus authenticated the peer, not the bytes' claim.
 #[cfg(test)]
-pub(crate) fn message(delivery: &Delivery) -> Result<(u64, Message), WireError> {
+pub(crate) fn message(delivery: &braid_bus::Delivery) -> Result<(u64, Message), WireError> {
     message_from(delivery.peer, &delivery.frame)
 }
 
