@@ -881,6 +881,14 @@ impl PartitionGroups {
             }
             Err(err) => self.fail(err.into()),
         }
+        // The sync's marker waits for a sync of its own before its ops are reported.
+        if self
+            .host
+            .journal_mut(group)
+            .is_some_and(|journal| journal.has_unsynced())
+        {
+            self.start_sync(group);
+        }
         self.flush_into(&mut moved);
         moved
     }

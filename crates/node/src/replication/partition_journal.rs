@@ -167,6 +167,11 @@ pub(crate) struct PartitionJournal {
     off_thread: bool,
     /// Syncs running elsewhere, by id.
     running: BTreeMap<u64, RunningSync>,
+    /// Ops a finished sync made durable, by the id of that sync, reported once
+    /// `vsr.journal` is synced through the marker that says so (its end here): a
+    /// record reported written always has a durable marker after it, so the open can
+    /// tell a torn tail (never reported) from damage to what was.
+    awaiting_marker: Vec<(u64, super::journal_file::SyncedLen, Vec<(u64, Checksum)>)>,
     next_sync: u64,
     /// Cuts made while syncs ran: (the first sync id started after it, the op cut
     /// above). A sync started before a cut reports none of the ops above it: their
@@ -690,9 +695,19 @@ impl PartitionJournal {
         self.off_thread = true;
     }
 
-    /// Whether writes wait for a sync job.
+    /// Whether writes wait for a sync job: ops written since the last, or ops synced
+    /// whose marker no running sync covers yet.
     pub(crate) fn has_unsynced(&self) -> bool {
-        self.off_thread && self.trusted() && !self.unsynced.is_empty()
+        self.off_thread && self.trusted() && (!self.unsynced.is_empty() || self.marker_unsynced())
+    }
+
+    /// Whether the last marker written for reported-to-be ops waits for a sync that no
+    /// running one will make.
+    fn marker_unsynced(&self) -> bool {
+        let Some((_, end, _)) = self.awaiting_marker.last() else {
+            return false;
+        };
+        !self.running.values().any(|r| r.index.covers(*end))
     }
 
     /// A job that makes the writes so far durable, for the syncer.
@@ -700,7 +715,7 @@ impl PartitionJournal {
     /// # Errors
     /// The log is poisoned, or the header journal's compaction failed.
     pub(crate) fn start_sync(&mut self) -> Result<Option<SyncJob>, PartitionJournalError> {
-        if self.unsynced.is_empty() {
+        if self.unsynced.is_empty() && !self.marker_unsynced() {
             return Ok(None);
         }
         self.index.compact_if_large()?;
@@ -743,16 +758,30 @@ impl PartitionJournal {
             return Err(err.into());
         }
         self.index.note_synced(done.index)?;
-        let cuts = &self.cuts;
-        let ops = done
-            .ops
+        if !done.ops.is_empty() {
+            let end = self.index.synced_len_if_synced_now();
+            self.awaiting_marker.push((id, end, done.ops));
+        }
+        // What this sync covered (everything written before it began) is durable:
+        // the ops whose marker lies inside it are reported.
+        let (ready, waiting): (Vec<_>, Vec<_>) = std::mem::take(&mut self.awaiting_marker)
             .into_iter()
-            .filter(|(op, _)| !cuts.iter().any(|(after, cut)| id < *after && op > cut))
+            .partition(|(_, end, _)| done.index.covers(*end));
+        self.awaiting_marker = waiting;
+        let cuts = &self.cuts;
+        let ops = ready
+            .into_iter()
+            .flat_map(|(synced_by, _, ops)| {
+                ops.into_iter().filter(move |(op, _)| {
+                    !cuts.iter().any(|(after, cut)| synced_by < *after && op > cut)
+                })
+            })
             .collect();
         let oldest = self
             .running
             .keys()
-            .next()
+            .chain(self.awaiting_marker.iter().map(|(id, _, _)| id))
+            .min()
             .copied()
             .unwrap_or(self.next_sync);
         self.cuts.retain(|(after, _)| *after > oldest);

@@ -29,7 +29,9 @@ use braid_vsr::{
 
 use super::boot::BootId;
 use super::checkpoints::{CheckpointError, CheckpointStore};
-use super::journal_file::{JournalError, JournalFile};
+use super::journal_file::{
+    clear_untrusted_mark, mark_untrusted, untrusted_mark, JournalError, JournalFile, Recovered,
+};
 use super::partition_journal::PartitionJournalError;
 use super::states::{GroupStates, StatesError};
 
@@ -120,6 +122,9 @@ impl Journal for JournalFile {
     }
     fn sync(&mut self) -> Result<Vec<(u64, Checksum)>, HostError> {
         Ok(JournalFile::sync(self)?)
+    }
+    fn distrust_persisted(&mut self) -> Result<(), HostError> {
+        Ok(clear_untrusted_mark(self.path())?)
     }
 }
 
@@ -226,22 +231,69 @@ impl<S: StateMachine> ShardHost<S, JournalFile> {
     /// A file cannot be read, or what it holds cannot restart the replica.
     pub(crate) fn add_group(&mut self, config: Config, machine: S) -> Result<(), HostError> {
         let group = config.group;
-        let (journal, recovered) =
-            JournalFile::open(&self.dir.join(format!("group-{group}.journal")))?;
+        let path = self.dir.join(format!("group-{group}.journal"));
+        let (journal, recovered, untrusted) = open_group_journal(&path, config.replica_count > 1)?;
         let opened = Opened {
             slots: recovered.slots,
-            damage: recovered.damaged_at.map(|at| {
-                format!(
-                    "{} is damaged at byte {at}",
-                    self.dir.join(format!("group-{group}.journal")).display()
-                )
-            }),
+            damage: recovered
+                .damaged_at
+                .map(|at| format!("{} is damaged at byte {at}", path.display())),
             trusted: true,
-            tail_cut: recovered.tail_may_hide,
+            tail_cut: untrusted,
         };
         let dir = self.dir.clone();
         self.add_group_with(config, machine, journal, opened, &dir)
     }
+}
+
+/// Opens a group's [`JournalFile`] at `path`, and says whether it is untrusted: its open
+/// cut a tail that may hide a reported op, or (a member of a cluster, `repairable`) it
+/// was unreadable and was made anew (moved aside as `.damaged`: the peers hold its ops),
+/// or an earlier open found so and the group's state may not say it yet. Each of these
+/// leaves the journal's untrusted mark, durably, before the evidence is repaired away
+/// (the partition journal's rule: the shell simulator's seeds 90 and 40).
+fn open_group_journal(
+    path: &Path,
+    repairable: bool,
+) -> Result<(JournalFile, Recovered, bool), HostError> {
+    let marked = untrusted_mark(path).exists();
+    let marked_now = std::cell::Cell::new(false);
+    let mark_once = || -> Result<(), JournalError> {
+        if repairable && !marked_now.get() {
+            mark_untrusted(path)?;
+            marked_now.set(true);
+        }
+        Ok(())
+    };
+    let (journal, recovered, remade) = match JournalFile::open_marking(path, mark_once) {
+        Err(JournalError::NotAJournal { .. }) if repairable => {
+            mark_once()?;
+            let mut aside = path.as_os_str().to_owned();
+            aside.push(".damaged");
+            let aside = PathBuf::from(aside);
+            tracing::warn!(
+                path = %path.display(),
+                aside = %aside.display(),
+                "the group's journal is not readable as a journal: moved aside, its ops are \
+                 taken from peers"
+            );
+            braid_storage::disk::rename(path, &aside).map_err(|source| JournalError::Io {
+                path: path.to_owned(),
+                source,
+            })?;
+            let (journal, recovered) = JournalFile::open(path)?;
+            (journal, recovered, true)
+        }
+        opened => {
+            let (journal, recovered) = opened?;
+            (journal, recovered, false)
+        }
+    };
+    let untrusted = recovered.tail_may_hide || remade || (repairable && marked);
+    if untrusted {
+        mark_once()?;
+    }
+    Ok((journal, recovered, untrusted))
 }
 
 impl<S: StateMachine, J: Journal> ShardHost<S, J> {

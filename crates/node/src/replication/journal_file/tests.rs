@@ -434,7 +434,7 @@ fn damage_over_the_magic_is_damage_and_another_file_is_refused() {
 /// its marker lost, or zeroed from a sector's start, is a tail that may hide a
 /// reported record.
 #[test]
-fn a_torn_sync_marker_hides_nothing_and_a_damaged_short_record_may() {
+fn a_torn_marker_hides_nothing_and_only_damage_over_a_durable_marker_may() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("meta.journal");
     let (mut journal, _) = JournalFile::open(&path).unwrap();
@@ -456,28 +456,109 @@ fn a_torn_sync_marker_hides_nothing_and_a_damaged_short_record_may() {
         assert!(!recovered.tail_may_hide, "{keep} bytes of the marker kept");
     }
 
-    // The last synced record is a short one (a truncation), its marker lost.
+    // The last synced record is a short one (a truncation): its marker is durable
+    // before the sync returns, so a flipped bit in it is damage, never a torn tail.
     let (mut journal, _) = JournalFile::open(&path).unwrap();
     journal.truncate(2).unwrap();
     journal.sync().unwrap();
     drop(journal);
     let with_marker = std::fs::read(&path).unwrap();
-    let synced = &with_marker[..with_marker.len() - SYNC_MARKER_BYTES];
-    let record_at = synced.len() - (RECORD_HEAD + 8);
-    assert_eq!(synced[record_at + 8], KIND_TRUNCATE);
+    let marker_at = with_marker.len() - SYNC_MARKER_BYTES;
+    let record_at = marker_at - (RECORD_HEAD + 8);
+    assert_eq!(with_marker[record_at + 8], KIND_TRUNCATE);
     for bit in 0..(RECORD_HEAD + 8) * 8 {
-        let mut damaged = synced.to_vec();
+        let mut damaged = with_marker.clone();
         damaged[record_at + bit / 8] ^= 1 << (bit % 8);
         std::fs::write(&path, &damaged).unwrap();
         let (_, recovered) = JournalFile::open(&path).unwrap();
         assert!(
-            recovered.tail_may_hide,
-            "bit {bit} of the truncation flipped reads as a torn marker"
+            recovered.damaged_at.is_some() && recovered.torn_tail_bytes == 0,
+            "bit {bit} of the truncation flipped is damage"
         );
     }
-    assert!(only_an_unsynced_marker(&[0; 17], 4096 + 3));
+    // Damage that takes the marker too (a zeroed sector over both) may hide it.
+    assert!(may_hide(&[0; 17], 4096));
+    assert!(!may_hide(&[0; 17], 4096 + 3), "zeros from inside a sector");
+    let mut record_then_zeroed_sector = vec![0x5a; 40];
+    record_then_zeroed_sector.extend([0; 30]);
+    assert!(may_hide(&record_then_zeroed_sector, 4096 - 40));
     assert!(
-        !only_an_unsynced_marker(&[0; 17], 4096),
-        "zeros from a sector's start"
+        !may_hide(&[0x5a; 70], 4096 - 40),
+        "a flipped bit in one record: its marker would be intact after it"
     );
+}
+
+/// The shell simulator's seeds 104 and 127, with syncs off the shard's turn: a power
+/// loss kept a later unsynced record and zeroed an earlier one. Bad bytes past every
+/// marker, with intact records after them, are unsynced writes lost: a torn tail, cut
+/// there with what follows (it was marked every op damaged, and with a peer's damage
+/// the view change waited for ever). Zeros from inside a sector or a flipped bit hide
+/// nothing (a reported record has its durable marker after it); a zeroed sector may
+/// hide one (damage that took the marker too). Past a durability marker (what a
+/// state write rests on), damage is damage.
+#[test]
+fn bad_bytes_past_every_marker_with_records_after_them_are_a_torn_tail() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("meta.journal");
+    let ops = chain(6, 1);
+    let (mut journal, _) = JournalFile::open(&path).unwrap();
+    for p in &ops[..3] {
+        journal.write_prepare(p).unwrap();
+    }
+    journal.sync().unwrap();
+    let fourth_at = std::fs::metadata(&path).unwrap().len() as usize;
+    for p in &ops[3..] {
+        journal.write_prepare(p).unwrap();
+    }
+    // Ops 1 to 6 encode to records of one length.
+    let record_len = (fourth_at - MAGIC.len() - SYNC_MARKER_BYTES) / 3;
+    let fifth_at = fourth_at + record_len;
+    drop(journal);
+    let whole = std::fs::read(&path).unwrap();
+    assert!(!fourth_at.is_multiple_of(512));
+
+    let mut zeroed = whole.clone();
+    zeroed[fourth_at..fifth_at].fill(0);
+    std::fs::write(&path, &zeroed).unwrap();
+    let (_, recovered) = JournalFile::open(&path).unwrap();
+    assert_eq!(slot_ops(&recovered), [1, 2, 3]);
+    assert!(recovered.damaged_at.is_none(), "not damage");
+    assert!(!recovered.tail_may_hide, "lost unsynced writes hide nothing");
+    assert_eq!(std::fs::metadata(&path).unwrap().len() as usize, fourth_at);
+
+    let mut flipped = whole.clone();
+    flipped[fourth_at + 20] ^= 0x04;
+    std::fs::write(&path, &flipped).unwrap();
+    let (_, recovered) = JournalFile::open(&path).unwrap();
+    assert_eq!(slot_ops(&recovered), [1, 2, 3]);
+    assert!(recovered.damaged_at.is_none());
+    assert!(!recovered.tail_may_hide, "one damaged unsynced record hides nothing");
+
+    // A record's first bytes, a zeroed sector, then the unsynced records.
+    let mut sector_zeroed = whole[..fourth_at].to_vec();
+    sector_zeroed.push(0x42);
+    while !sector_zeroed.len().is_multiple_of(512) {
+        sector_zeroed.push(0x42);
+    }
+    sector_zeroed.extend([0u8; 512]);
+    sector_zeroed.extend_from_slice(&whole[fourth_at..]);
+    std::fs::write(&path, &sector_zeroed).unwrap();
+    let (_, recovered) = JournalFile::open(&path).unwrap();
+    assert_eq!(slot_ops(&recovered), [1, 2, 3]);
+    assert!(recovered.tail_may_hide, "a zeroed sector may have taken a marker");
+
+    // The same records made durable for a state write: damage, every op marked.
+    std::fs::write(&path, &whole).unwrap();
+    let (mut journal, _) = JournalFile::open(&path).unwrap();
+    journal.sync_unmarked().unwrap();
+    drop(journal);
+    let mut flipped = std::fs::read(&path).unwrap();
+    flipped[fourth_at + 20] ^= 0x04;
+    std::fs::write(&path, &flipped).unwrap();
+    let (_, recovered) = JournalFile::open(&path).unwrap();
+    assert_eq!(recovered.damaged_at, Some(fourth_at as u64));
+    assert!(recovered
+        .slots
+        .iter()
+        .all(|(_, s)| *s == JournalSlot::Damaged));
 }

@@ -99,6 +99,7 @@ impl PartitionJournal {
             unsynced: Vec::new(),
             off_thread: false,
             running: BTreeMap::new(),
+            awaiting_marker: Vec::new(),
             next_sync: 0,
             cuts: Vec::new(),
             behind: None,
@@ -196,13 +197,16 @@ impl PartitionJournal {
         if keep_log {
             log_end = None;
         }
-        if (journal_damaged || journal_lost) && pruned == 0 && log_end.is_none() && !keep_log {
-            // Damage inside the header journal, or the journal lost: no op above the
-            // prune point is known to be where it was, so no batch of the log is
-            // either. Each is repaired, and goes in at its place again (found by the
-            // shell simulator, seed 980: a batch went in after the old ones, at offsets
-            // its op did not take; seed 5289 with damage at rest, the same after a
-            // zeroed journal was moved aside).
+        if pruned == 0 && log_end.is_none() && !keep_log {
+            // No op the journal holds names a batch, and nothing is pruned: no batch of
+            // the log is known to be where it was. Damage inside the header journal, or
+            // the journal lost: each is repaired, and goes in at its place again (found
+            // by the shell simulator, seed 980: a batch went in after the old ones, at
+            // offsets its op did not take; seed 5289 with damage at rest, the same
+            // after a zeroed journal was moved aside). Or a torn tail took every record
+            // that named one (seed 613 with syncs off the shard's turn: a register
+            // alone was left, the old batches stayed, and the next batch went in after
+            // them): none was reported.
             log_end = Some(journal.log.start_offset());
         }
         let mut log_bytes_cut = 0;
@@ -386,15 +390,7 @@ pub(crate) const UNTRUSTED_MARKER: &str = "vsr.journal.untrusted";
 
 /// Creates the untrusted mark in `dir`, durably (the file and its directory entry).
 fn mark_untrusted(dir: &Path) -> Result<(), JournalError> {
-    let path = dir.join(UNTRUSTED_MARKER);
-    let io = |source| JournalError::Io {
-        path: path.clone(),
-        source,
-    };
-    let (file, _) = braid_storage::disk::open_or_create(&path).map_err(io)?;
-    braid_storage::disk::sync_data(&file, &path).map_err(io)?;
-    braid_storage::disk::sync_dir(dir).map_err(io)?;
-    Ok(())
+    super::super::journal_file::mark_untrusted(&dir.join(JOURNAL_FILE))
 }
 
 impl PartitionJournal {
@@ -404,17 +400,8 @@ impl PartitionJournal {
     /// # Errors
     /// The mark cannot be removed.
     pub(crate) fn distrust_persisted(&mut self) -> Result<(), PartitionJournalError> {
-        let dir = self.log.dir().to_path_buf();
-        let path = dir.join(UNTRUSTED_MARKER);
-        let io = |source| JournalError::Io {
-            path: path.clone(),
-            source,
-        };
-        match braid_storage::disk::remove(&path) {
-            Ok(()) => braid_storage::disk::sync_dir(&dir).map_err(io)?,
-            Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
-            Err(err) => return Err(io(err).into()),
-        }
-        Ok(())
+        let journal = self.log.dir().join(JOURNAL_FILE);
+        Ok(super::super::journal_file::clear_untrusted_mark(&journal)?)
     }
+
 }

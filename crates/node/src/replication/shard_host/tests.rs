@@ -269,6 +269,57 @@ fn three_replicas_on_real_disks_agree_through_restarts() {
     assert_agree_on_streams(&trio, 40);
 }
 
+/// The shell simulator's seeds 40 and 123 with damage: a zeroed page over the start of
+/// a member's metadata journal ("not a journal file") refused the member's start. A
+/// member of a cluster moves such a journal aside, restarts the group untrusted (the
+/// mark durable before the new file is made, the distrust durable before its first
+/// step, then the mark gone) and takes the ops from its peers.
+#[test]
+fn an_unreadable_metadata_journal_of_a_member_is_taken_from_its_peers() {
+    let mut trio = Trio::new();
+    trio.run(100);
+    let (mut client, register) = MetaClient::register(5);
+    client.session = trio.request(register).session;
+    for i in 0..10 {
+        let reply = trio.request(client.propose(&stream(&format!("s{i}"))));
+        MetadataMachine::outcome(&reply.result.unwrap()).unwrap();
+    }
+    let backup = (trio.primary() + 1) % 3;
+    trio.hosts[backup as usize] = None;
+    let dir = trio.dirs[backup as usize].path().to_owned();
+    let path = dir.join("group-0.journal");
+    let len = std::fs::metadata(&path).unwrap().len() as usize;
+    std::fs::write(&path, vec![0u8; len.min(4096)]).unwrap();
+    let host = open(&dir, backup, 3).expect("a member starts");
+    let replica = host.replica(0).unwrap();
+    assert!(!replica.journal_trusted(), "its journal is untrusted");
+    assert_eq!(
+        on_disk(&dir).1.map(|d| d.journal_trusted_through),
+        Some(0),
+        "the distrust is durable before the first step"
+    );
+    assert!(dir.join("group-0.journal.damaged").exists(), "kept aside");
+    assert!(
+        !dir.join("group-0.journal.untrusted").exists(),
+        "the mark goes once the state says it"
+    );
+    trio.hosts[backup as usize] = Some(host);
+    trio.run(400);
+    for i in 10..15 {
+        let reply = trio.request(client.propose(&stream(&format!("s{i}"))));
+        MetadataMachine::outcome(&reply.result.unwrap()).unwrap();
+    }
+    trio.run(400);
+    assert_agree_on_streams(&trio, 15);
+    // A lone replica has no peer: the same file refuses its start.
+    let lone = tempfile::tempdir().unwrap();
+    std::fs::write(lone.path().join("group-0.journal"), vec![0u8; 4096]).unwrap();
+    assert!(matches!(
+        open(lone.path(), 0, 1),
+        Err(HostError::Journal(JournalError::NotAJournal { .. }))
+    ));
+}
+
 /// Every one of the three hosts holds the same metadata, with `streams` streams.
 fn assert_agree_on_streams(trio: &Trio, streams: usize) {
     let states: Vec<_> = trio

@@ -27,7 +27,7 @@ fn an_untrusted_open_says_so_again_until_the_distrust_is_durable() {
             _ => {
                 // A torn record at the end: a cut tail that may hide an op.
                 let mut bytes = std::fs::read(&path).unwrap();
-                bytes.extend_from_slice(&[0x42; 7]);
+                tear_over_a_marker(&mut bytes);
                 std::fs::write(&path, &bytes).unwrap();
             }
         }
@@ -86,7 +86,7 @@ fn the_untrusted_mark_is_durable_before_a_torn_tail_is_cut() {
     let (dir, _, _) = peer_holding(&ops);
     let path = dir.path().join(JOURNAL_FILE);
     let mut bytes = std::fs::read(&path).unwrap();
-    bytes.extend_from_slice(&[0x42; 7]);
+    tear_over_a_marker(&mut bytes);
     std::fs::write(&path, &bytes).unwrap();
     hook::start_tracing();
     let opened = PartitionJournal::open(dir.path(), member_config(), 0);
