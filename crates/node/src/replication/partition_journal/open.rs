@@ -315,20 +315,16 @@ impl PartitionJournal {
                 }
             }
         }
-        // A tail cut from the log matters only where an op the journal names lost its
-        // batch to it without a sync marker saying the batch was synced (such an op
-        // reads as never written, above): the cut bytes may have been that batch,
-        // synced, reported, and damaged at rest. A cut that took no such op's batch
-        // (a state transfer's unsynced batches, or batches every marker covers, which
-        // read as damaged) hides nothing (the shell simulator's seed 7707 with damage
-        // at rest: a member restarted untrusted for a copy's lost batches, and with
-        // another untrusted member the view change waited for ever).
-        let log_cut = journal.log.recovery();
-        let log_cut_hides = cut_from.is_some()
-            && (log_cut.bytes_truncated > 0
-                || log_cut.damage_cut_at.is_some()
-                || log_cut.unsynced_damage_cut_at.is_some());
-        let tail_cut = journal_lost || found.tail_may_hide || log_cut_hides;
+        // A tail cut from the log beneath an op the journal names (its batch absent,
+        // no sync marker covering its header: it reads as never written, above) hides
+        // nothing: a sync's marker is durable before its ops are reported, so a
+        // reported op's header has an intact marker after it and its lost batch reads
+        // as damaged. Only a journal cut that may have taken such a marker
+        // (`tail_may_hide`) leaves the doubt. (Counting every log cut under a named op
+        // as hiding one made members untrusted after most power losses once syncs
+        // ran off the shard's turn: the shell simulator's seed 24, whose three
+        // members all lost their trust so and whose view change waited for ever.)
+        let tail_cut = journal_lost || found.tail_may_hide;
         let tail_cut = tail_cut || marked;
         if tail_cut && repairable {
             // What the open cut or made anew below becomes durable with the next sync;
@@ -403,5 +399,4 @@ impl PartitionJournal {
         let journal = self.log.dir().join(JOURNAL_FILE);
         Ok(super::super::journal_file::clear_untrusted_mark(&journal)?)
     }
-
 }

@@ -672,15 +672,16 @@ fn a_journal_holding_a_checkpoints_op_holds_the_committed_log_through_it() {
     assert_eq!(peer.committed_through(5, other[4].header.checksum), None);
 }
 
-/// A tail cut from the log makes a member untrusted only where it may hide a batch
-/// that was synced and reported: a batch an op of the journal names, with no sync
-/// marker saying it was synced, which the open therefore reads as never written. Cut
-/// bytes no op names (a state transfer's unsynced batches, a torn append) hide
-/// nothing (the shell simulator's seed 7707 with damage at rest: a member restarted
-/// untrusted for a copy's lost batches, and with another untrusted member the view
-/// change waited for ever).
+/// A tail cut from the log never makes a member untrusted: cut bytes no op names (a
+/// state transfer's unsynced batches, a torn append) hide nothing (the shell
+/// simulator's seed 7707 with damage at rest: a member restarted untrusted for a
+/// copy's lost batches, and with another untrusted member the view change waited for
+/// ever); a reported op's header has a durable sync marker after it, so its batch cut
+/// reads as damaged; and an op whose header no marker covers was never reported, its
+/// batch cut with it (seed 24 with syncs off the shard's turn: every member untrusted
+/// so, and the view change waited for ever).
 #[test]
-fn a_log_tail_cut_makes_a_member_untrusted_only_where_it_may_hide_a_reported_batch() {
+fn a_log_tail_cut_hides_nothing_and_a_reported_batch_it_took_is_damaged() {
     let ops = chain(4, 1, "a");
     let member = member_config();
     let segment = |dir: &Path| dir.join(format!("{:020}.log", 0));
@@ -703,8 +704,25 @@ fn a_log_tail_cut_makes_a_member_untrusted_only_where_it_may_hide_a_reported_bat
     assert!(!recovered.tail_cut, "the cut hid no batch an op names");
     drop(journal);
 
-    // The last op's batch damaged, and the sync marker after its header gone (as a
-    // power loss takes it): its batch may have been synced and reported.
+    // The last op's batch damaged at rest: its header's marker says it was synced.
+    let damage_last_batch = |dir: &Path| {
+        let mut bytes = std::fs::read(segment(dir)).unwrap();
+        let last = bytes.len() - 3;
+        bytes[last] ^= 0x01;
+        std::fs::write(segment(dir), &bytes).unwrap();
+    };
+    let (dir, journal, _) = peer_holding(&ops);
+    drop(journal);
+    damage_last_batch(dir.path());
+    let (_, recovered) = PartitionJournal::open(dir.path(), member, 0).unwrap();
+    assert!(!recovered.tail_cut);
+    assert_eq!(
+        recovered.slots.last(),
+        Some(&(4, JournalSlot::Damaged)),
+        "a reported batch the cut took is damaged, never absent"
+    );
+
+    // No marker after the header (its sync never finished): never reported.
     let (dir, journal, _) = peer_holding(&ops);
     drop(journal);
     let path = dir.path().join(JOURNAL_FILE);
@@ -716,14 +734,13 @@ fn a_log_tail_cut_makes_a_member_untrusted_only_where_it_may_hide_a_reported_bat
         .unwrap()
         .set_len(len - marker)
         .unwrap();
-    let mut bytes = std::fs::read(segment(dir.path())).unwrap();
-    let last = bytes.len() - 3;
-    bytes[last] ^= 0x01;
-    std::fs::write(segment(dir.path()), &bytes).unwrap();
+    damage_last_batch(dir.path());
     let (_, recovered) = PartitionJournal::open(dir.path(), member, 0).unwrap();
-    assert!(
-        recovered.tail_cut,
-        "the cut batch may have been reported: untrusted above the known commit"
+    assert!(!recovered.tail_cut, "trusted");
+    assert_eq!(
+        recovered.slots.iter().map(|(op, _)| *op).collect::<Vec<_>>(),
+        [1, 2, 3],
+        "op 4 was never reported: cut with its batch"
     );
 }
 
