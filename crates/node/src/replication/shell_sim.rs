@@ -2,8 +2,9 @@
 //! real [`PartitionGroups`] (its [`super::shard_host::ShardHost`] turn ordering, the
 //! partition journal over the storage crate's partition log, the shared states table,
 //! checkpoints, boot stamps, state transfer by segments and the partition state
-//! machine), with the node's pipeline and session counts, on real files in a directory
-//! of its own. Everything else is drawn from one seed: which member a producer finds
+//! machine, with the journals' syncs off the shard's turn as the node runs them) and
+//! its real metadata group ([`metadata`]), with the node's pipeline and session
+//! counts, on real files laid out as a node's data directory. Everything else is drawn from one seed: which member a producer finds
 //! leading, the network between members (delay, loss, duplication, reordering, cut
 //! links), and crashes, as `kill -9` (the page cache survives) or as power loss.
 //!
@@ -16,8 +17,9 @@
 //! What is checked: a member restarts from every state a crash leaves; no offset is
 //! acknowledged twice for different records; and at the end, with faults stopped, every
 //! member holds the same log, batch by batch and byte for byte, in which every
-//! acknowledged record sits at its acknowledged offset, before and after a clean
-//! restart of all members.
+//! acknowledged record sits at its acknowledged offset, and the same metadata, with
+//! every stream whose creation was acknowledged, before and after a clean restart of
+//! all members.
 //!
 //! `cargo test -p braid-node --lib shell_sim` runs the seeds CI runs;
 //! `scripts/sim-soak.sh --shell` runs many more.
@@ -26,23 +28,26 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use braid_bus::Frame;
-use braid_proto::{BatchBuilder, ValidatedBatch};
 use braid_sim::Prng;
 use braid_storage::crash::PowerModel;
 use braid_storage::disk::hook;
 use braid_storage::{FsyncPolicy, LogConfig};
 use tokio::sync::oneshot;
 
-use files::{damage_at_rest, describe_batch, read_batches, values_of};
+use files::damage_at_rest;
 
 use super::boot::BootId;
-use super::meta_group::Timing;
+use super::meta_group::METADATA_GROUP;
+use super::meta_group::{MetaGroup, MetaOpening, Timing};
 use super::partition_groups::{PartitionGroups, Role};
 use crate::error::NodeError;
 use crate::layout::PartitionKey;
 
 /// How often (ticks) every member's readable records are checked.
 const SERVE_CHECK_TICKS: u64 = 100;
+/// Chance per tick, in percent, that a member's sync thread runs a round of the syncs
+/// waiting (some of them, oldest first).
+const SYNC_ROUND_PERCENT: u64 = 50;
 /// The node's default heartbeat timeout, so the groups keep the node's timing.
 const HEARTBEAT_TIMEOUT_MS: u64 = 2_000;
 
@@ -125,6 +130,10 @@ pub(crate) struct Outcome {
     pub(crate) ticks_to_converge: u64,
     /// Records in each member's log at the end (the same in all).
     pub(crate) records_stored: u64,
+    /// Streams whose creation the metadata group acknowledged, and the streams every
+    /// member holds at the end (at least as many: an unanswered proposal may commit).
+    pub(crate) streams_acknowledged: u64,
+    pub(crate) streams_stored: u64,
 }
 
 /// Why a run failed.
@@ -143,13 +152,27 @@ impl std::fmt::Display for Failure {
 
 #[derive(Debug)]
 struct Member {
+    /// The member's data directory: its identity, `metadata/` and the partitions.
     dir: PathBuf,
     groups: Option<PartitionGroups>,
+    meta: Option<MetaGroup<u64>>,
+    /// The partition journals' syncs, off the shard's turn as the node runs them: held
+    /// until the simulator runs them, dropped unrun by a crash.
+    syncs: Option<Syncs>,
     /// The disk as the POSIX model sees it since this member's last boot.
     power: PowerModel,
     /// Boots so far: a power loss starts a new one.
     boots: u64,
+    /// Whether it ever started: the first start is told `--init`.
+    started: bool,
     restart_at: Option<u64>,
+}
+
+/// A member's sync thread, as the simulator runs it.
+#[derive(Debug)]
+struct Syncs {
+    syncer: std::sync::Arc<braid_storage::Syncer>,
+    done: tokio::sync::mpsc::UnboundedReceiver<crate::mailbox::Control>,
 }
 
 #[derive(Debug)]
@@ -190,6 +213,14 @@ pub(crate) struct Run {
     trace: bool,
     /// What the serve checks have verified ([`served`]).
     served: served::Checked,
+    /// The metadata client's proposals ([`metadata`]).
+    proposals: metadata::Proposals,
+}
+
+/// Where a member keeps partition `p` (the node's `partitions/` under its data
+/// directory).
+fn partition_dir(data_dir: &std::path::Path, p: u32) -> PathBuf {
+    data_dir.join("partitions").join(format!("p{p}"))
 }
 
 fn key(partition: u32) -> PartitionKey {
@@ -251,15 +282,18 @@ impl Run {
         for m in 0..shape.members {
             let dir = root.path().join(format!("member-{m}"));
             for p in 0..shape.partitions {
-                std::fs::create_dir_all(dir.join(format!("p{p}")))
+                std::fs::create_dir_all(partition_dir(&dir, p))
                     .map_err(|e| fail(format!("{}: {e}", dir.display())))?;
             }
             let power = PowerModel::of_dir(&dir).map_err(|e| fail(e.to_string()))?;
             members.push(Member {
                 dir,
                 groups: None,
+                meta: None,
+                syncs: None,
                 power,
                 boots: 0,
+                started: false,
                 restart_at: None,
             });
         }
@@ -279,6 +313,7 @@ impl Run {
             failure: None,
             trace: std::env::var_os("BRAID_SHELL_SIM_TRACE").is_some(),
             served: served::Checked::default(),
+            proposals: metadata::Proposals::default(),
         };
         hook::start_tracing();
         for m in 0..run.member_count() {
@@ -326,12 +361,38 @@ impl Run {
         let partitions = self.shape.partitions;
         let count = self.member_count();
         let member = &mut self.members[usize::from(m)];
+        let opening = MetaOpening {
+            node: m,
+            members: count,
+            timing: Self::timing(),
+            nonce: nonce ^ 0x6d65_7461,
+            rejoined: false,
+            lost: false,
+            checkpoint_interval: interval,
+        };
+        // The node's layout: `metadata/`, `replication/` (the states tables) and
+        // `partitions/` under the data directory.
+        let states_dir = member.dir.join("replication");
+        if let Err(err) = braid_storage::create_dir_durable(&states_dir) {
+            self.fail(format!("member {m}: {}: {err}", states_dir.display()));
+            return;
+        }
+        let mut meta = match metadata::open(&member.dir, m, opening, !member.started) {
+            Ok(meta) => meta,
+            Err(err) => {
+                let what = format!("member {m} cannot start its metadata group: {err}");
+                self.fail(what);
+                return;
+            }
+        };
+        meta.keep_sent();
+        member.started = true;
         let mut boot_bytes = [0u8; 16];
         boot_bytes[..8].copy_from_slice(&member.boots.to_be_bytes());
         boot_bytes[8] = m;
         let boot = BootId::from_bytes(boot_bytes);
         let opened =
-            PartitionGroups::open_in_boot(&member.dir, m, count, Self::timing(), nonce, boot);
+            PartitionGroups::open_in_boot(&states_dir, m, count, Self::timing(), nonce, boot);
         let mut groups = match opened {
             Ok(groups) => groups,
             Err(err) => {
@@ -342,8 +403,16 @@ impl Run {
         };
         groups.keep_sent();
         groups.set_checkpoint_interval(interval);
+        // As the node: every partition journal's syncs run off the shard's turn.
+        let syncer = std::sync::Arc::new(braid_storage::Syncer::held());
+        let (done_tx, done) = tokio::sync::mpsc::unbounded_channel();
+        groups.sync_through(super::partition_groups::SyncLink {
+            syncer: std::sync::Arc::clone(&syncer),
+            done: done_tx,
+        });
+        member.syncs = Some(Syncs { syncer, done });
         for p in 0..partitions {
-            let dir = member.dir.join(format!("p{p}"));
+            let dir = partition_dir(&member.dir, p);
             if let Err(err) = groups.add(key(p), &dir, log_config, now_ms) {
                 let what = format!("member {m} cannot start partition {p}: {err}");
                 self.fail(what);
@@ -351,6 +420,7 @@ impl Run {
             }
         }
         member.groups = Some(groups);
+        member.meta = Some(meta);
         member.restart_at = None;
         self.served.forget_member(m);
         if self.trace {
@@ -362,7 +432,8 @@ impl Run {
         let Some(groups) = self.members[usize::from(m)].groups.as_ref() else {
             return "down".into();
         };
-        groups
+        let meta = self.describe_metadata(m);
+        let partitions = groups
             .statuses()
             .iter()
             .map(|s| {
@@ -381,7 +452,8 @@ impl Run {
                 )
             })
             .collect::<Vec<_>>()
-            .join(", ")
+            .join(", ");
+        format!("{partitions}; {meta}")
     }
 
     /// Feeds the disk operations since the last call to every member's model.
@@ -403,10 +475,13 @@ impl Run {
         self.drain_trace();
         let seed = self.seed;
         let member = &mut self.members[usize::from(m)];
+        member.meta = None;
+        member.syncs = None;
         if member.groups.take().is_none() {
             return;
         }
         self.served.forget_member(m);
+        self.proposals.forget_member(m);
         let downtime = 20 + self.prng.below(300);
         member.restart_at = Some(self.tick + downtime);
         if self.trace {
@@ -491,6 +566,26 @@ impl Run {
         }
     }
 
+    /// Runs some of member `m`'s waiting syncs (a sync thread takes each round as it
+    /// comes, and a round may take a while) and hands their completions to its groups.
+    fn run_syncs(&mut self, m: u8) {
+        let member = &mut self.members[usize::from(m)];
+        let (Some(syncs), Some(groups)) = (member.syncs.as_mut(), member.groups.as_mut()) else {
+            return;
+        };
+        let waiting = syncs.syncer.held_len();
+        if waiting > 0 && self.prng.chance(SYNC_ROUND_PERCENT) {
+            let count = 1 + self.prng.below(waiting as u64) as usize;
+            syncs.syncer.run_held(count);
+        }
+        while let Ok(control) = syncs.done.try_recv() {
+            if let crate::mailbox::Control::GroupSynced { group, job, result } = control {
+                groups.on_synced(group, job, result);
+            }
+        }
+        self.collect_sent(m);
+    }
+
     fn inject_faults(&mut self) {
         for m in 0..self.member_count() {
             let up = self.members[usize::from(m)].groups.is_some();
@@ -516,105 +611,6 @@ impl Run {
         }
     }
 
-    /// A producer sends one batch to whichever member says it leads the partition.
-    fn produce(&mut self) {
-        let partition = self.prng.below(u64::from(self.shape.partitions)) as u32;
-        let leader = (0..self.member_count()).find(|m| {
-            self.members[usize::from(*m)]
-                .groups
-                .as_ref()
-                .is_some_and(|g| g.role(key(partition)) == Role::Primary)
-        });
-        let Some(leader) = leader else {
-            return;
-        };
-        let records = 1 + self.prng.below(4) as usize;
-        let mut builder = BatchBuilder::new(1_000);
-        let mut values = Vec::new();
-        for _ in 0..records {
-            self.next_value += 1;
-            let value = format!("s{}-v{}", self.seed, self.next_value).into_bytes();
-            builder.push(None, Some(&value), &[], 1_000);
-            values.push(value);
-        }
-        let batch = match ValidatedBatch::new(builder.finish()) {
-            Ok(batch) => batch,
-            Err(err) => {
-                self.fail(format!("the producer built a bad batch: {err}"));
-                return;
-            }
-        };
-        if self.trace {
-            eprintln!(
-                "t{} m{leader} takes a produce to p{partition}: {}..={}",
-                self.tick,
-                self.next_value + 1 - records as u64,
-                self.next_value
-            );
-        }
-        let (reply, answer) = oneshot::channel();
-        if let Some(groups) = self.members[usize::from(leader)].groups.as_mut() {
-            groups.produce(key(partition), batch, reply);
-            groups.flush();
-        }
-        self.waiting.push(Waiting {
-            partition,
-            values,
-            answer,
-        });
-        self.collect_sent(leader);
-    }
-
-    /// Takes the answers that came: an acknowledged batch's offsets are its own.
-    fn take_answers(&mut self) {
-        let mut still = Vec::new();
-        for mut waiting in std::mem::take(&mut self.waiting) {
-            match waiting.answer.try_recv() {
-                Err(oneshot::error::TryRecvError::Empty) => still.push(waiting),
-                Err(oneshot::error::TryRecvError::Closed) | Ok(Err(_)) => {
-                    self.outcome.produces_failed += 1;
-                }
-                Ok(Ok((base, last))) => {
-                    let count = waiting.values.len() as u64;
-                    if self.trace {
-                        eprintln!(
-                            "t{} acked p{} {base}..={last} {:?}",
-                            self.tick,
-                            waiting.partition,
-                            waiting
-                                .values
-                                .iter()
-                                .map(|v| String::from_utf8_lossy(v).into_owned())
-                                .collect::<Vec<_>>()
-                        );
-                    }
-                    if last + 1 < base || last + 1 - base != count {
-                        self.fail(format!(
-                            "a batch of {count} records was acknowledged at {base}..={last}"
-                        ));
-                        continue;
-                    }
-                    for (i, value) in waiting.values.into_iter().enumerate() {
-                        let at = (waiting.partition, base + i as u64);
-                        if let Some(earlier) = self.acked.insert(at, value.clone()) {
-                            if earlier != value {
-                                self.fail(format!(
-                                    "partition {} offset {} acknowledged twice: {} then {}",
-                                    at.0,
-                                    at.1,
-                                    String::from_utf8_lossy(&earlier),
-                                    String::from_utf8_lossy(&value)
-                                ));
-                            }
-                        }
-                        self.outcome.records_acknowledged += 1;
-                    }
-                }
-            }
-        }
-        self.waiting = still;
-    }
-
     fn step(&mut self, faults: bool) {
         self.tick += 1;
         if faults {
@@ -635,23 +631,37 @@ impl Run {
         };
         for packet in due {
             let to = usize::from(packet.to);
-            if let Some(groups) = self.members[to].groups.as_mut() {
+            if packet.frame.group == METADATA_GROUP {
+                if let Some(meta) = self.members[to].meta.as_mut() {
+                    let turn = meta.deliver_frame(packet.from, &packet.frame);
+                    self.take_meta_turn(packet.to, turn);
+                }
+            } else if let Some(groups) = self.members[to].groups.as_mut() {
                 groups.deliver_frame(packet.from, &packet.frame);
                 self.collect_sent(packet.to);
             }
         }
         for m in 0..self.member_count() {
+            self.run_syncs(m);
             if let Some(groups) = self.members[usize::from(m)].groups.as_mut() {
                 groups.tick();
                 self.collect_sent(m);
+            }
+            if let Some(meta) = self.members[usize::from(m)].meta.as_mut() {
+                let turn = meta.tick();
+                self.take_meta_turn(m, turn);
             }
         }
         if faults && self.prng.chance(self.shape.produce_percent) {
             self.produce();
         }
+        if faults {
+            self.propose_stream();
+        }
         self.take_answers();
         if self.tick.is_multiple_of(SERVE_CHECK_TICKS) {
             self.check_served();
+            self.check_metadata_agrees();
         }
         for m in 0..self.member_count() {
             let stopped = self.members[usize::from(m)]
@@ -661,12 +671,19 @@ impl Run {
             if let Some(reason) = stopped {
                 self.fail(format!("member {m}'s partition groups stopped: {reason}"));
             }
+            let stopped = self.members[usize::from(m)]
+                .meta
+                .as_ref()
+                .and_then(|g| g.failure().map(str::to_owned));
+            if let Some(reason) = stopped {
+                self.fail(format!("member {m}'s metadata group stopped: {reason}"));
+            }
         }
         self.drain_trace();
     }
 
     fn converged(&self) -> bool {
-        if !self.waiting.is_empty() {
+        if !self.waiting.is_empty() || !self.metadata_converged() {
             return false;
         }
         (0..self.shape.partitions).all(|p| {
@@ -759,6 +776,7 @@ impl Run {
                     eprintln!("t{} converged: {}", self.tick, self.describe());
                 }
                 let before = self.compare_logs()?;
+                let streams_before = self.compare_metadata()?;
                 self.restart_all_cleanly()?;
                 let after = self.compare_logs()?;
                 if before != after {
@@ -766,7 +784,16 @@ impl Run {
                         "a clean restart changed the logs: {before} records, then {after}"
                     ));
                 }
+                let streams = self.compare_metadata()?;
+                if streams != streams_before {
+                    return Err(format!(
+                        "a clean restart changed the metadata: {streams_before} streams, \
+                         then {streams}"
+                    ));
+                }
                 self.outcome.records_stored = after;
+                self.outcome.streams_acknowledged = self.proposals.acknowledged;
+                self.outcome.streams_stored = streams as u64;
                 return Ok(self.outcome);
             }
         }
@@ -819,6 +846,8 @@ impl Run {
             if let Some(mut groups) = self.members[usize::from(m)].groups.take() {
                 groups.close();
             }
+            self.members[usize::from(m)].meta = None;
+            self.members[usize::from(m)].syncs = None;
             self.boot(m);
             if let Some(what) = self.failure.take() {
                 return Err(what);
@@ -842,112 +871,12 @@ impl Run {
             self.describe()
         ))
     }
-
-    /// Every member's log of every partition, batch by batch: the same bytes at the
-    /// same offsets on all, every acknowledged record at its offset. Returns the
-    /// records in each member's logs.
-    fn compare_logs(&mut self) -> Result<u64, String> {
-        let mut records = 0;
-        for p in 0..self.shape.partitions {
-            let mut logs = Vec::new();
-            let mut unreadable = None;
-            for m in 0..self.member_count() {
-                let groups = self.members[usize::from(m)]
-                    .groups
-                    .as_mut()
-                    .ok_or_else(|| format!("member {m} is down at the end"))?;
-                let mark = groups.high_watermark(key(p));
-                let log = groups
-                    .log(key(p))
-                    .ok_or_else(|| format!("member {m} has no partition {p}"))?;
-                let batches = read_batches(log, 0, mark);
-                logs.push((mark, batches.0));
-                if let Some(err) = batches.1 {
-                    unreadable.get_or_insert(format!("member {m} partition {p}: {err}"));
-                }
-            }
-            if self.trace {
-                for m in 0..self.member_count() {
-                    let Some(groups) = self.members[usize::from(m)].groups.as_ref() else {
-                        continue;
-                    };
-                    let Some(journal) = groups.journal(key(p)) else {
-                        continue;
-                    };
-                    let tip = journal.tip();
-                    let entries: Vec<String> = journal
-                        .entries(tip.saturating_sub(6), tip + 20)
-                        .iter()
-                        .map(|(op, sum, base)| format!("{op}:{:x}@{base:?}", sum >> 112))
-                        .collect();
-                    let batches: Vec<String> = logs[usize::from(m)]
-                        .1
-                        .iter()
-                        .rev()
-                        .take(12)
-                        .map(|(base, bytes)| format!("{base}+{}", bytes.len()))
-                        .collect();
-                    eprintln!("m{m} p{p}: journal {entries:?}; last batches {batches:?}");
-                }
-            }
-            if let Some(err) = unreadable {
-                return Err(err);
-            }
-            let (mark, first) = &logs[0];
-            for (m, (other_mark, other)) in logs.iter().enumerate().skip(1) {
-                if other_mark != mark {
-                    return Err(format!(
-                        "partition {p}: member 0 ends at {mark}, member {m} at {other_mark}"
-                    ));
-                }
-                if let Some(at) = first.iter().zip(other).position(|(a, b)| a != b) {
-                    return Err(format!(
-                        "partition {p}: member 0 and member {m} differ at batch {at}: {} vs {}",
-                        describe_batch(&first[at]),
-                        describe_batch(&other[at])
-                    ));
-                }
-                if first.len() != other.len() {
-                    return Err(format!(
-                        "partition {p}: member 0 holds {} batches, member {m} {}",
-                        first.len(),
-                        other.len()
-                    ));
-                }
-            }
-            let values = values_of(first)?;
-            let start = values.keys().next().copied().unwrap_or(0);
-            if let Some((i, offset)) = values
-                .keys()
-                .enumerate()
-                .find(|(i, offset)| **offset != start + *i as u64)
-            {
-                return Err(format!(
-                    "partition {p}: the log skips from offset {} to {offset}",
-                    start + i as u64
-                ));
-            }
-            records += values.len() as u64;
-            for ((_, offset), value) in self.acked.range((p, 0)..(p + 1, 0)) {
-                match values.get(offset) {
-                    Some(Some(held)) if held == value => {}
-                    held => {
-                        return Err(format!(
-                            "partition {p} offset {offset}: acknowledged {}, the logs hold {:?}",
-                            String::from_utf8_lossy(value),
-                            held.as_ref().map(|h| h
-                                .as_ref()
-                                .map(|v| String::from_utf8_lossy(v).into_owned()))
-                        ))
-                    }
-                }
-            }
-        }
-        Ok(records)
-    }
 }
 
+mod compare;
 mod files;
+mod metadata;
+mod producer;
 mod seeds;
 mod served;
 

@@ -83,6 +83,8 @@ pub(crate) fn run_seeds(
                         all.1.reads_refused += outcome.reads_refused;
                         all.1.damaged_files += outcome.damaged_files;
                         all.1.records_stored += outcome.records_stored;
+                        all.1.streams_acknowledged += outcome.streams_acknowledged;
+                        all.1.streams_stored += outcome.streams_stored;
                         all.1.ticks_to_converge += outcome.ticks_to_converge;
                     }
                     Err(failure) => all.0.push(failure),

@@ -1,0 +1,109 @@
+//! The end of a run: every member's log compared, batch by batch.
+
+use super::files::{describe_batch, read_batches, values_of};
+use super::{key, Run};
+
+impl Run {
+    /// Every member's log of every partition, batch by batch: the same bytes at the
+    /// same offsets on all, every acknowledged record at its offset. Returns the
+    /// records in each member's logs.
+    pub(super) fn compare_logs(&mut self) -> Result<u64, String> {
+        let mut records = 0;
+        for p in 0..self.shape.partitions {
+            let mut logs = Vec::new();
+            let mut unreadable = None;
+            for m in 0..self.member_count() {
+                let groups = self.members[usize::from(m)]
+                    .groups
+                    .as_mut()
+                    .ok_or_else(|| format!("member {m} is down at the end"))?;
+                let mark = groups.high_watermark(key(p));
+                let log = groups
+                    .log(key(p))
+                    .ok_or_else(|| format!("member {m} has no partition {p}"))?;
+                let batches = read_batches(log, 0, mark);
+                logs.push((mark, batches.0));
+                if let Some(err) = batches.1 {
+                    unreadable.get_or_insert(format!("member {m} partition {p}: {err}"));
+                }
+            }
+            if self.trace {
+                for m in 0..self.member_count() {
+                    let Some(groups) = self.members[usize::from(m)].groups.as_ref() else {
+                        continue;
+                    };
+                    let Some(journal) = groups.journal(key(p)) else {
+                        continue;
+                    };
+                    let tip = journal.tip();
+                    let entries: Vec<String> = journal
+                        .entries(tip.saturating_sub(6), tip + 20)
+                        .iter()
+                        .map(|(op, sum, base)| format!("{op}:{:x}@{base:?}", sum >> 112))
+                        .collect();
+                    let batches: Vec<String> = logs[usize::from(m)]
+                        .1
+                        .iter()
+                        .rev()
+                        .take(12)
+                        .map(|(base, bytes)| format!("{base}+{}", bytes.len()))
+                        .collect();
+                    eprintln!("m{m} p{p}: journal {entries:?}; last batches {batches:?}");
+                }
+            }
+            if let Some(err) = unreadable {
+                return Err(err);
+            }
+            let (mark, first) = &logs[0];
+            for (m, (other_mark, other)) in logs.iter().enumerate().skip(1) {
+                if other_mark != mark {
+                    return Err(format!(
+                        "partition {p}: member 0 ends at {mark}, member {m} at {other_mark}"
+                    ));
+                }
+                if let Some(at) = first.iter().zip(other).position(|(a, b)| a != b) {
+                    return Err(format!(
+                        "partition {p}: member 0 and member {m} differ at batch {at}: {} vs {}",
+                        describe_batch(&first[at]),
+                        describe_batch(&other[at])
+                    ));
+                }
+                if first.len() != other.len() {
+                    return Err(format!(
+                        "partition {p}: member 0 holds {} batches, member {m} {}",
+                        first.len(),
+                        other.len()
+                    ));
+                }
+            }
+            let values = values_of(first)?;
+            let start = values.keys().next().copied().unwrap_or(0);
+            if let Some((i, offset)) = values
+                .keys()
+                .enumerate()
+                .find(|(i, offset)| **offset != start + *i as u64)
+            {
+                return Err(format!(
+                    "partition {p}: the log skips from offset {} to {offset}",
+                    start + i as u64
+                ));
+            }
+            records += values.len() as u64;
+            for ((_, offset), value) in self.acked.range((p, 0)..(p + 1, 0)) {
+                match values.get(offset) {
+                    Some(Some(held)) if held == value => {}
+                    held => {
+                        return Err(format!(
+                            "partition {p} offset {offset}: acknowledged {}, the logs hold {:?}",
+                            String::from_utf8_lossy(value),
+                            held.as_ref().map(|h| h
+                                .as_ref()
+                                .map(|v| String::from_utf8_lossy(v).into_owned()))
+                        ))
+                    }
+                }
+            }
+        }
+        Ok(records)
+    }
+}

@@ -1,0 +1,224 @@
+//! The metadata group under the shell simulator: each member runs the node's real
+//! [`MetaGroup`] (its journal of inline ops, checkpoints of the metadata state machine
+//! and states table in `metadata/`), opened as [`crate::node`] opens it: the data
+//! directory's identity claimed, what it lost found by [`identity::check_intact`], the
+//! identity marked initialized after the open. A client proposes streams through any
+//! member; every acknowledged one must be in every member's metadata at the end, and
+//! members that applied the same ops must hold the same metadata at every check.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+
+use super::Run;
+use crate::identity::{self, Start};
+use crate::metadata::{MetaOp, Metadata};
+use crate::replication::meta_group::{MetaGroup, MetaOpening, Turn};
+
+/// Chance per tick, in percent, that the client proposes a stream.
+const PROPOSE_PERCENT: u64 = 3;
+
+/// The cluster name the members' identities carry.
+const CLUSTER: &str = "shell-sim";
+
+/// What the client proposed and what was acknowledged.
+#[derive(Debug, Default)]
+pub(super) struct Proposals {
+    next: u64,
+    /// Proposal -> the member that took it, until it is answered (or the member dies).
+    waiting: BTreeMap<u64, u8>,
+    /// Streams whose creation was acknowledged.
+    acked: BTreeSet<String>,
+    pub(super) acknowledged: u64,
+    pub(super) refused: u64,
+}
+
+impl Proposals {
+    /// Member `m` died: what it had not answered is unknown, never acknowledged.
+    pub(super) fn forget_member(&mut self, m: u8) {
+        self.waiting.retain(|_, at| *at != m);
+    }
+
+    pub(super) fn settled(&self) -> bool {
+        self.waiting.is_empty()
+    }
+}
+
+fn stream_name(n: u64) -> String {
+    format!("stream-{n}")
+}
+
+/// Opens member `m`'s metadata group in `data_dir` as a node's start does.
+pub(super) fn open(
+    data_dir: &Path,
+    m: u8,
+    opening: MetaOpening,
+    first_boot: bool,
+) -> Result<MetaGroup<u64>, String> {
+    let lost = identity::check_intact(data_dir, true).map_err(|e| e.to_string())?;
+    let identity = identity::claim_as(
+        data_dir,
+        Some((CLUSTER, m)),
+        Start::Told { init: first_boot },
+        false,
+        || CLUSTER.into(),
+    )
+    .map_err(|e| e.to_string())?;
+    let dir = data_dir.join("metadata");
+    braid_storage::create_dir_durable(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let opening = MetaOpening {
+        rejoined: identity.rejoined,
+        lost: lost.metadata,
+        ..opening
+    };
+    let group = MetaGroup::open(&dir, opening).map_err(|e| e.to_string())?;
+    identity::mark_initialized(data_dir, &identity).map_err(|e| e.to_string())?;
+    Ok(group)
+}
+
+impl Run {
+    /// Member `m`'s metadata group, if it is up.
+    fn meta_mut(&mut self, m: u8) -> Option<&mut MetaGroup<u64>> {
+        self.members[usize::from(m)].meta.as_mut()
+    }
+
+    /// Takes what a turn of member `m`'s group answered, and sends what it sent.
+    pub(super) fn take_meta_turn(&mut self, m: u8, turn: Turn<u64>) {
+        for (token, outcome) in turn.answered {
+            let Some(took) = self.proposals.waiting.remove(&token) else {
+                continue;
+            };
+            if took != m {
+                self.fail(format!(
+                    "proposal {token}, taken by member {took}, answered by member {m}"
+                ));
+            }
+            match outcome {
+                Ok(()) => {
+                    self.proposals.acknowledged += 1;
+                    self.proposals.acked.insert(stream_name(token));
+                    if self.trace {
+                        eprintln!("t{} m{m} acked {}", self.tick, stream_name(token));
+                    }
+                }
+                Err(_) => self.proposals.refused += 1,
+            }
+        }
+        let sent = self.meta_mut(m).map(MetaGroup::take_sent);
+        for (to, frame) in sent.unwrap_or_default() {
+            self.send(m, to, frame);
+        }
+    }
+
+    /// With some chance, the client proposes a new stream through a member that is up.
+    pub(super) fn propose_stream(&mut self) {
+        if !self.prng.chance(PROPOSE_PERCENT) {
+            return;
+        }
+        let m = self.prng.below(u64::from(self.member_count())) as u8;
+        let token = self.proposals.next;
+        let Some(group) = self.meta_mut(m) else {
+            return;
+        };
+        let turn = group.propose(
+            MetaOp::CreateStream {
+                name: stream_name(token),
+            },
+            token,
+        );
+        self.proposals.next += 1;
+        self.proposals.waiting.insert(token, m);
+        self.take_meta_turn(m, turn);
+    }
+
+    /// Members that applied the same ops hold the same metadata: the state at a commit
+    /// is a function of the committed ops, so a difference is divergence.
+    pub(super) fn check_metadata_agrees(&mut self) {
+        let mut by_commit: BTreeMap<u64, (u8, &Metadata)> = BTreeMap::new();
+        let mut failure = None;
+        for (m, member) in self.members.iter().enumerate() {
+            let Some(group) = member.meta.as_ref() else {
+                continue;
+            };
+            let Some(status) = group.status() else {
+                continue;
+            };
+            match by_commit.get(&status.commit_min) {
+                Some((other, state)) if *state != group.state() => {
+                    failure.get_or_insert(format!(
+                        "members {other} and {m} applied the metadata's ops to {} and hold \
+                         different metadata",
+                        status.commit_min
+                    ));
+                }
+                Some(_) => {}
+                None => {
+                    by_commit.insert(status.commit_min, (m as u8, group.state()));
+                }
+            }
+        }
+        if let Some(what) = failure {
+            self.fail(what);
+        }
+    }
+
+    /// Every member's metadata group is normal, with every op it holds applied, at
+    /// the same commit, and every proposal answered.
+    pub(super) fn metadata_converged(&self) -> bool {
+        let mut commits = self.members.iter().map(|member| {
+            let status = member.meta.as_ref()?.status()?;
+            (status.status == braid_vsr::Status::Normal && status.commit_min == status.op)
+                .then_some(status.commit_min)
+        });
+        let Some(Some(first)) = commits.next() else {
+            return false;
+        };
+        self.proposals.settled() && commits.all(|c| c == Some(first))
+    }
+
+    /// At the end: every member holds the same metadata, with every acknowledged
+    /// stream in it. Returns the streams.
+    pub(super) fn compare_metadata(&self) -> Result<usize, String> {
+        let mut states = Vec::new();
+        for (m, member) in self.members.iter().enumerate() {
+            let group = member
+                .meta
+                .as_ref()
+                .ok_or_else(|| format!("member {m}'s metadata group is down at the end"))?;
+            states.push(group.state());
+        }
+        let first = states[0];
+        if let Some(m) = states.iter().position(|s| *s != first) {
+            return Err(format!(
+                "members 0 and {m} hold different metadata at the end: {} and {} streams",
+                first.streams.len(),
+                states[m].streams.len()
+            ));
+        }
+        if let Some(lost) = self
+            .proposals
+            .acked
+            .iter()
+            .find(|name| !first.streams.contains_key(*name))
+        {
+            return Err(format!(
+                "the acknowledged creation of {lost} is in no member's metadata"
+            ));
+        }
+        Ok(first.streams.len())
+    }
+
+    /// Member `m`'s metadata group, for a failure's report.
+    pub(super) fn describe_metadata(&self, m: u8) -> String {
+        match self.members[usize::from(m)]
+            .meta
+            .as_ref()
+            .and_then(MetaGroup::status)
+        {
+            Some(s) => format!(
+                "meta: {:?} v{} op{} c{}/{} {:?}",
+                s.status, s.view, s.op, s.commit_min, s.commit_max, s.trusted
+            ),
+            None => "meta: down".into(),
+        }
+    }
+}
