@@ -360,8 +360,7 @@ fn open_metadata(
         lost,
         checkpoint_interval: crate::replication::meta_group::CHECKPOINT_INTERVAL,
     };
-    let group =
-        MetaGroup::open(&dir, opening).map_err(|e| StartError::Metadata(e.to_string()))?;
+    let group = MetaGroup::open(&dir, opening).map_err(|e| StartError::Metadata(e.to_string()))?;
     let mut meta = MetaService::new(group);
     let mut ops = Vec::new();
     let next_topic_id = meta.group().state().next_topic_id();

@@ -164,7 +164,8 @@ impl SyncedLen {
     /// Whether a sync of this much makes `end` durable: the same file through `end`,
     /// or a later one (a rewrite is synced whole before it replaces the file).
     pub(crate) fn covers(&self, end: SyncedLen) -> bool {
-        end.generation < self.generation || (end.generation == self.generation && end.len <= self.len)
+        end.generation < self.generation
+            || (end.generation == self.generation && end.len <= self.len)
     }
 }
 

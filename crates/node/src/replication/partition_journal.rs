@@ -773,7 +773,9 @@ impl PartitionJournal {
             .into_iter()
             .flat_map(|(synced_by, _, ops)| {
                 ops.into_iter().filter(move |(op, _)| {
-                    !cuts.iter().any(|(after, cut)| synced_by < *after && op > cut)
+                    !cuts
+                        .iter()
+                        .any(|(after, cut)| synced_by < *after && op > cut)
                 })
             })
             .collect();

@@ -523,7 +523,10 @@ fn bad_bytes_past_every_marker_with_records_after_them_are_a_torn_tail() {
     let (_, recovered) = JournalFile::open(&path).unwrap();
     assert_eq!(slot_ops(&recovered), [1, 2, 3]);
     assert!(recovered.damaged_at.is_none(), "not damage");
-    assert!(!recovered.tail_may_hide, "lost unsynced writes hide nothing");
+    assert!(
+        !recovered.tail_may_hide,
+        "lost unsynced writes hide nothing"
+    );
     assert_eq!(std::fs::metadata(&path).unwrap().len() as usize, fourth_at);
 
     let mut flipped = whole.clone();
@@ -532,7 +535,10 @@ fn bad_bytes_past_every_marker_with_records_after_them_are_a_torn_tail() {
     let (_, recovered) = JournalFile::open(&path).unwrap();
     assert_eq!(slot_ops(&recovered), [1, 2, 3]);
     assert!(recovered.damaged_at.is_none());
-    assert!(!recovered.tail_may_hide, "one damaged unsynced record hides nothing");
+    assert!(
+        !recovered.tail_may_hide,
+        "one damaged unsynced record hides nothing"
+    );
 
     // A record's first bytes, a zeroed sector, then the unsynced records.
     let mut sector_zeroed = whole[..fourth_at].to_vec();
@@ -545,7 +551,10 @@ fn bad_bytes_past_every_marker_with_records_after_them_are_a_torn_tail() {
     std::fs::write(&path, &sector_zeroed).unwrap();
     let (_, recovered) = JournalFile::open(&path).unwrap();
     assert_eq!(slot_ops(&recovered), [1, 2, 3]);
-    assert!(recovered.tail_may_hide, "a zeroed sector may have taken a marker");
+    assert!(
+        recovered.tail_may_hide,
+        "a zeroed sector may have taken a marker"
+    );
 
     // The same records made durable for a state write: damage, every op marked.
     std::fs::write(&path, &whole).unwrap();

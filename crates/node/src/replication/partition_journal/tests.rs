@@ -459,7 +459,10 @@ fn an_off_thread_sync_reports_what_it_covers_and_nothing_a_later_cut_removed() {
         journal.finish_sync(first.id, Ok(())).unwrap().is_empty(),
         "reported once its marker is durable"
     );
-    assert!(journal.has_unsynced(), "the marker waits for a sync of its own");
+    assert!(
+        journal.has_unsynced(),
+        "the marker waits for a sync of its own"
+    );
     let second = journal.start_sync().unwrap().unwrap();
     for request in &second.requests {
         request.run().unwrap();
@@ -470,7 +473,11 @@ fn an_off_thread_sync_reports_what_it_covers_and_nothing_a_later_cut_removed() {
         .iter()
         .map(|w| w.0)
         .collect();
-    assert_eq!(reported, vec![1, 2, 3], "4 and 5 were cut while the first ran");
+    assert_eq!(
+        reported,
+        vec![1, 2, 3],
+        "4 and 5 were cut while the first ran"
+    );
     let third = journal.start_sync().unwrap().unwrap();
     for request in &third.requests {
         request.run().unwrap();

@@ -738,7 +738,11 @@ fn a_log_tail_cut_hides_nothing_and_a_reported_batch_it_took_is_damaged() {
     let (_, recovered) = PartitionJournal::open(dir.path(), member, 0).unwrap();
     assert!(!recovered.tail_cut, "trusted");
     assert_eq!(
-        recovered.slots.iter().map(|(op, _)| *op).collect::<Vec<_>>(),
+        recovered
+            .slots
+            .iter()
+            .map(|(op, _)| *op)
+            .collect::<Vec<_>>(),
         [1, 2, 3],
         "op 4 was never reported: cut with its batch"
     );
