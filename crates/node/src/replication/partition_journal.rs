@@ -111,6 +111,16 @@ pub(crate) struct SyncJob {
     pub(crate) requests: Vec<braid_storage::SyncRequest>,
 }
 
+/// Ops a finished sync made durable, waiting for the sync of its marker.
+#[derive(Debug)]
+struct AwaitingMarker {
+    /// The sync that made them durable (a cut after it removes them).
+    synced_by: u64,
+    /// Where the marker ends in `vsr.journal`.
+    end: super::journal_file::SyncedLen,
+    ops: Vec<(u64, Checksum)>,
+}
+
 /// A sync that runs elsewhere: the ops it will report, and the log's request.
 #[derive(Debug)]
 struct RunningSync {
@@ -171,7 +181,7 @@ pub(crate) struct PartitionJournal {
     /// `vsr.journal` is synced through the marker that says so (its end here): a
     /// record reported written always has a durable marker after it, so the open can
     /// tell a torn tail (never reported) from damage to what was.
-    awaiting_marker: Vec<(u64, super::journal_file::SyncedLen, Vec<(u64, Checksum)>)>,
+    awaiting_marker: Vec<AwaitingMarker>,
     next_sync: u64,
     /// Cuts made while syncs ran: (the first sync id started after it, the op cut
     /// above). A sync started before a cut reports none of the ops above it: their
@@ -704,10 +714,10 @@ impl PartitionJournal {
     /// Whether the last marker written for reported-to-be ops waits for a sync that no
     /// running one will make.
     fn marker_unsynced(&self) -> bool {
-        let Some((_, end, _)) = self.awaiting_marker.last() else {
+        let Some(last) = self.awaiting_marker.last() else {
             return false;
         };
-        !self.running.values().any(|r| r.index.covers(*end))
+        !self.running.values().any(|r| r.index.covers(last.end))
     }
 
     /// A job that makes the writes so far durable, for the syncer.
@@ -760,18 +770,22 @@ impl PartitionJournal {
         self.index.note_synced(done.index)?;
         if !done.ops.is_empty() {
             let end = self.index.synced_len_if_synced_now();
-            self.awaiting_marker.push((id, end, done.ops));
+            self.awaiting_marker.push(AwaitingMarker {
+                synced_by: id,
+                end,
+                ops: done.ops,
+            });
         }
         // What this sync covered (everything written before it began) is durable:
         // the ops whose marker lies inside it are reported.
         let (ready, waiting): (Vec<_>, Vec<_>) = std::mem::take(&mut self.awaiting_marker)
             .into_iter()
-            .partition(|(_, end, _)| done.index.covers(*end));
+            .partition(|awaiting| done.index.covers(awaiting.end));
         self.awaiting_marker = waiting;
         let cuts = &self.cuts;
         let ops = ready
             .into_iter()
-            .flat_map(|(synced_by, _, ops)| {
+            .flat_map(|AwaitingMarker { synced_by, ops, .. }| {
                 ops.into_iter().filter(move |(op, _)| {
                     !cuts
                         .iter()
@@ -782,7 +796,7 @@ impl PartitionJournal {
         let oldest = self
             .running
             .keys()
-            .chain(self.awaiting_marker.iter().map(|(id, _, _)| id))
+            .chain(self.awaiting_marker.iter().map(|a| &a.synced_by))
             .min()
             .copied()
             .unwrap_or(self.next_sync);
