@@ -477,8 +477,14 @@ fn a_torn_marker_hides_nothing_and_only_damage_over_a_durable_marker_may() {
         );
     }
     // Damage that takes the marker too (a zeroed sector over both) may hide it.
-    assert!(may_hide(&[0; 17], 4096));
-    assert!(!may_hide(&[0; 17], 4096 + 3), "zeros from inside a sector");
+    assert!(may_hide(&[0; 60], 4096));
+    assert!(!may_hide(&[0; 60], 4096 + 3), "zeros from inside a sector");
+    let mut torn_marker = vec![0x5a; 12];
+    torn_marker.extend([0; 13]);
+    assert!(
+        !may_hide(&torn_marker, 4096 - 12),
+        "a marker torn at a page: shorter than a record and its marker"
+    );
     let mut record_then_zeroed_sector = vec![0x5a; 40];
     record_then_zeroed_sector.extend([0; 30]);
     assert!(may_hide(&record_then_zeroed_sector, 4096 - 40));
