@@ -268,3 +268,46 @@ fn run_round(round: &mut Vec<Job>, stats: &SyncerStats) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A held syncer runs nothing until told, then the oldest requests as one round on
+    /// the caller's thread (the disk hook sees the syncs), in the order they came.
+    #[test]
+    fn a_held_syncer_runs_its_requests_when_told_and_in_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let path: Arc<std::path::Path> = dir.path().join("f").into();
+        let file = Arc::new(File::create(&path).unwrap());
+        let syncer = Syncer::held();
+        let (done_tx, done_rx) = mpsc::channel();
+        for i in 0..3u64 {
+            let mut request = SyncRequest::for_file(Arc::clone(&file), Arc::clone(&path));
+            request.next_offset = i;
+            let tx = done_tx.clone();
+            syncer.submit(request, move |request, result| {
+                tx.send((request.next_offset, result)).unwrap();
+            });
+        }
+        assert_eq!(syncer.held_len(), 3);
+        assert!(done_rx.try_recv().is_err(), "nothing ran yet");
+        crate::disk::hook::start_tracing();
+        syncer.run_held(2);
+        let trace = crate::disk::hook::take().unwrap().trace;
+        let syncs = trace
+            .iter()
+            .filter(|e| matches!(e, crate::disk::hook::Event::Sync { .. }))
+            .count();
+        assert_eq!(
+            syncs, 1,
+            "two requests of one file, one sync, here: {trace:?}"
+        );
+        let done: Vec<u64> = done_rx.try_iter().map(|(offset, _)| offset).collect();
+        assert_eq!(done, vec![0, 1], "the two oldest, in order");
+        assert_eq!(syncer.held_len(), 1);
+        syncer.run_held(usize::MAX);
+        assert_eq!(done_rx.try_iter().count(), 1);
+        assert_eq!((syncer.stats().requests(), syncer.stats().fsyncs()), (3, 2));
+    }
+}

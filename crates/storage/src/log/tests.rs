@@ -622,47 +622,6 @@ fn group_commit_shares_one_fsync_among_waiting_appends() {
     assert!(!log.sync_due(0));
 }
 
-/// A held syncer runs nothing until told, then the oldest requests as one round on
-/// the caller's thread (the disk hook sees the syncs), in the order they came.
-#[test]
-fn a_held_syncer_runs_its_requests_when_told_and_in_order() {
-    let dir = tempfile::tempdir().unwrap();
-    let config = LogConfig {
-        fsync: FsyncPolicy::Always,
-        ..LogConfig::default()
-    };
-    let mut log = PartitionLog::open(dir.path(), config, 0).unwrap();
-    let syncer = Syncer::held();
-    let (done_tx, done_rx) = std::sync::mpsc::channel();
-    for i in 0..3 {
-        log.append(batch_of(&records(1, 0, 10, i)), 0).unwrap();
-        let request = log.sync_request().unwrap().unwrap();
-        let tx = done_tx.clone();
-        syncer.submit(request, move |request, result| {
-            tx.send((request, result)).unwrap();
-        });
-    }
-    assert_eq!(syncer.held_len(), 3);
-    assert!(done_rx.try_recv().is_err(), "nothing ran yet");
-    crate::disk::hook::start_tracing();
-    syncer.run_held(2);
-    let trace = crate::disk::hook::take().unwrap().trace;
-    assert_eq!(
-        trace
-            .iter()
-            .filter(|e| matches!(e, crate::disk::hook::Event::Sync { .. }))
-            .count(),
-        1,
-        "two requests of one file, one sync, on this thread: {trace:?}"
-    );
-    let offsets: Vec<u64> = done_rx.try_iter().map(|(r, _)| r.next_offset).collect();
-    assert_eq!(offsets, vec![1, 2], "the two oldest, in order");
-    assert_eq!(syncer.held_len(), 1);
-    syncer.run_held(usize::MAX);
-    assert_eq!(done_rx.try_iter().count(), 1);
-    assert_eq!((syncer.stats().requests(), syncer.stats().fsyncs()), (3, 2));
-}
-
 #[test]
 fn interval_policy_asks_for_a_sync_when_due() {
     let dir = tempfile::tempdir().unwrap();

@@ -1,3 +1,4 @@
+use super::open::may_hide;
 use super::*;
 use braid_storage::disk::hook::{self, Plan};
 use braid_vsr::{checksum, Operation};
