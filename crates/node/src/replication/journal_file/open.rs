@@ -63,89 +63,32 @@ impl JournalFile {
             tracing::warn!(path = %path.display(), "the journal's magic is damaged");
             magic_damaged = true;
         }
-        let mut entries = BTreeMap::new();
-        let mut pruned = (0u64, None);
-        let mut committed_end = None;
-        let mut at = MAGIC.len();
-        let mut damaged_at = None;
-        let mut highest_op = 0u64;
-        // Where each op's latest record starts, and the bytes the last marker says
-        // were synced.
-        let mut written_at = BTreeMap::new();
-        let mut synced_len = 0u64;
-        // The bytes any marker (sync or durability) says were made durable.
-        let mut durable_len = 0u64;
-        // Where the first bad stretch that intact records follow starts.
-        let mut first_bad: Option<usize> = None;
-        while at < bytes.len() {
-            match parse_at(&bytes, at) {
-                Some((decoded, total)) => {
-                    match &decoded {
-                        Decoded::Entry(entry) => {
-                            highest_op = highest_op.max(entry.op());
-                            written_at.insert(entry.op(), at);
-                        }
-                        Decoded::Synced(len, op_max) => {
-                            synced_len = synced_len.max(*len);
-                            durable_len = durable_len.max(*len);
-                            highest_op = highest_op.max(*op_max);
-                        }
-                        Decoded::Durable(len) => durable_len = durable_len.max(*len),
-                        _ => {}
-                    }
-                    replay(&mut entries, &mut pruned, &mut committed_end, decoded);
-                    at += total;
-                }
-                None => {
-                    // Damage, or the torn tail: intact records after it tell which.
-                    let next = (at + 1..bytes.len()).find(|&o| parse_at(&bytes, o).is_some());
-                    match next {
-                        None => break,
-                        Some(next) => {
-                            damaged_at.get_or_insert(at as u64);
-                            first_bad.get_or_insert(at);
-                            at = next;
-                        }
-                    }
-                }
-            }
-        }
-        if let Some(bad) = first_bad.filter(|bad| *bad as u64 >= durable_len) {
+        let mut found = Scan::of(&bytes, bytes.len());
+        if let Some(bad) = found
+            .first_bad
+            .filter(|bad| *bad as u64 >= found.durable_len)
+        {
             // Bad bytes past everything a marker says was made durable, with intact
             // records after them: unsynced writes that a power loss lost while later
             // ones landed (the POSIX model; common once syncs run off the shard's turn,
             // the shell simulator's seeds 104 and 127: every op was marked damaged, and
             // with a peer's damage the group's view change waited for ever). A torn
             // tail, cut there with what follows (none of it reported, unless damage
-            // at rest hit a synced record whose marker was lost: then it may hide one).
-            damaged_at = None;
-            entries.clear();
-            pruned = (0, None);
-            committed_end = None;
-            written_at.clear();
-            highest_op = 0;
-            synced_len = 0;
-            let mut replayed = MAGIC.len();
-            while replayed < bad {
-                let Some((decoded, total)) = parse_at(&bytes, replayed) else {
-                    break;
-                };
-                match &decoded {
-                    Decoded::Entry(entry) => {
-                        highest_op = highest_op.max(entry.op());
-                        written_at.insert(entry.op(), replayed);
-                    }
-                    Decoded::Synced(len, op_max) => {
-                        synced_len = synced_len.max(*len);
-                        highest_op = highest_op.max(*op_max);
-                    }
-                    _ => {}
-                }
-                replay(&mut entries, &mut pruned, &mut committed_end, decoded);
-                replayed += total;
-            }
-            at = bad;
+            // at rest took a reported record's marker too: `may_hide`).
+            found = Scan::of(&bytes, bad);
         }
+        let Scan {
+            mut entries,
+            pruned,
+            committed_end,
+            end: at,
+            first_bad,
+            highest_op,
+            written_at,
+            synced_len,
+            ..
+        } = found;
+        let mut damaged_at = first_bad.map(|bad| bad as u64);
         if magic_damaged {
             damaged_at = Some(0);
         }
@@ -258,4 +201,76 @@ pub(super) fn may_hide(stretch: &[u8], at: usize) -> bool {
         sector += SECTOR;
     }
     false
+}
+
+/// What replaying a journal's records found.
+struct Scan {
+    entries: BTreeMap<u64, Entry>,
+    pruned: (u64, Option<u64>),
+    committed_end: Option<u64>,
+    /// Where the records end: the start of a torn tail, or the limit.
+    end: usize,
+    /// Where the first bad stretch that intact records follow starts.
+    first_bad: Option<usize>,
+    highest_op: u64,
+    /// Where each op's latest record starts.
+    written_at: BTreeMap<u64, usize>,
+    /// The bytes the last sync marker says were synced (their batches too).
+    synced_len: u64,
+    /// The bytes any marker (sync or durability) says were made durable.
+    durable_len: u64,
+}
+
+impl Scan {
+    /// Replays the records of `bytes` before `limit`, past bad stretches that intact
+    /// records follow, up to a torn tail.
+    fn of(bytes: &[u8], limit: usize) -> Self {
+        let mut scan = Self {
+            entries: BTreeMap::new(),
+            pruned: (0, None),
+            committed_end: None,
+            end: MAGIC.len(),
+            first_bad: None,
+            highest_op: 0,
+            written_at: BTreeMap::new(),
+            synced_len: 0,
+            durable_len: 0,
+        };
+        let mut at = MAGIC.len();
+        while at < limit {
+            let Some((decoded, total)) = parse_at(bytes, at) else {
+                // Damage, or the torn tail: intact records after it tell which.
+                match (at + 1..limit).find(|&o| parse_at(bytes, o).is_some()) {
+                    None => break,
+                    Some(next) => {
+                        scan.first_bad.get_or_insert(at);
+                        at = next;
+                        continue;
+                    }
+                }
+            };
+            match &decoded {
+                Decoded::Entry(entry) => {
+                    scan.highest_op = scan.highest_op.max(entry.op());
+                    scan.written_at.insert(entry.op(), at);
+                }
+                Decoded::Synced(len, op_max) => {
+                    scan.synced_len = scan.synced_len.max(*len);
+                    scan.durable_len = scan.durable_len.max(*len);
+                    scan.highest_op = scan.highest_op.max(*op_max);
+                }
+                Decoded::Durable(len) => scan.durable_len = scan.durable_len.max(*len),
+                _ => {}
+            }
+            replay(
+                &mut scan.entries,
+                &mut scan.pruned,
+                &mut scan.committed_end,
+                decoded,
+            );
+            at += total;
+        }
+        scan.end = at;
+        scan
+    }
 }
