@@ -607,8 +607,8 @@ fn a_clean_stop_is_trusted_in_any_boot_until_the_next_write_restamps_it() {
 }
 
 /// Both copies of a group's checkpoint damaged: a member of several restarts the group
-/// as a replica that lost its state (never refusing, never from nothing as if new),
-/// installs a peer's checkpoint and catches up; a lone replica refuses (found by the
+/// with its views and journal (never refusing, never from nothing as if new), installs
+/// a peer's checkpoint and catches up; a lone replica refuses (found by the
 /// shell simulator with damage at rest, seed 40).
 #[test]
 fn a_checkpoint_damaged_in_both_copies_is_taken_from_a_peer() {
@@ -623,6 +623,11 @@ fn a_checkpoint_damaged_in_both_copies_is_taken_from_a_peer() {
         MetadataMachine::outcome(&reply.result.unwrap()).unwrap();
         if i == interval + 5 {
             let backup = (trio.primary() + 1) % 3;
+            let view = trio.hosts[backup as usize]
+                .as_ref()
+                .and_then(|h| h.replica(0))
+                .map(|r| r.view())
+                .unwrap();
             trio.hosts[backup as usize] = None;
             let dir = trio.dirs[backup as usize].path();
             for copy in 0..2 {
@@ -634,6 +639,13 @@ fn a_checkpoint_damaged_in_both_copies_is_taken_from_a_peer() {
                 }
             }
             trio.restart(backup);
+            // Only the state below its journal is gone: it keeps its views and its
+            // journal's vote (a lost disk's abstention could stall a group in which
+            // another member doubts its journal too).
+            let restarted = trio.hosts[backup as usize].as_ref().unwrap();
+            let replica = restarted.replica(0).unwrap();
+            assert_eq!(replica.view(), view);
+            assert!(replica.journal_trusted());
         }
     }
     trio.run(800);
