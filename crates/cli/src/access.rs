@@ -120,9 +120,17 @@ pub(crate) enum UserCommand {
         #[arg(long, value_name = "FILE")]
         new_password_file: Option<PathBuf>,
     },
+    /// Give a user a new password (a user may change its own; others need the node's
+    /// `users` permission). Read as at `create`. Every connection logged in with the
+    /// old one is closed.
+    Passwd {
+        name: String,
+        #[arg(long, value_name = "FILE")]
+        new_password_file: Option<PathBuf>,
+    },
     /// List users with their permissions.
     List,
-    /// Delete a user and its permissions.
+    /// Delete a user and its permissions; its connections are closed.
     Delete { name: String },
 }
 
@@ -172,20 +180,17 @@ pub(crate) async fn user_command(
             name,
             new_password_file,
         } => {
-            let password = match new_password_file {
-                Some(file) => first_line(&file)?,
-                None => {
-                    eprintln!("password for {name} (one line on standard input):");
-                    let mut line = String::new();
-                    std::io::stdin().lock().read_line(&mut line)?;
-                    line.trim_end_matches(['\n', '\r']).to_owned()
-                }
-            };
-            if password.is_empty() {
-                bail!("the password is empty");
-            }
+            let password = new_password(&name, new_password_file.as_deref())?;
             client.create_user(&name, &password).await?;
             eprintln!("created user {name}");
+        }
+        UserCommand::Passwd {
+            name,
+            new_password_file,
+        } => {
+            let password = new_password(&name, new_password_file.as_deref())?;
+            client.change_password(&name, &password).await?;
+            eprintln!("changed the password of {name}; its other connections are closed");
         }
         UserCommand::Delete { name } => {
             client.delete_user(&name).await?;
@@ -194,6 +199,24 @@ pub(crate) async fn user_command(
         UserCommand::List => list_grants(client, as_json, None).await?,
     }
     Ok(())
+}
+
+/// A new password for `name`: the first line of `file`, else one line of standard
+/// input; never empty.
+fn new_password(name: &str, file: Option<&std::path::Path>) -> Result<String> {
+    let password = match file {
+        Some(file) => first_line(file)?,
+        None => {
+            eprintln!("password for {name} (one line on standard input):");
+            let mut line = String::new();
+            std::io::stdin().lock().read_line(&mut line)?;
+            line.trim_end_matches(['\n', '\r']).to_owned()
+        }
+    };
+    if password.is_empty() {
+        bail!("the password is empty");
+    }
+    Ok(password)
 }
 
 pub(crate) async fn acl_command(client: &Client, as_json: bool, command: AclCommand) -> Result<()> {

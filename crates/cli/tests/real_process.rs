@@ -362,6 +362,9 @@ fn readme_secured_tour_runs() {
         "produced 1 records",
         "PermissionDenied",
         "app may not read: refused",
+        "changed the password of app",
+        "AuthenticationFailed",
+        "the old password: refused",
     ] {
         assert!(
             transcript.contains(expected),

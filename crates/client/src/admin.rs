@@ -229,17 +229,28 @@ impl Client {
     /// # Errors
     /// As [`Client::call`]; `UserExists` if the name is taken.
     pub async fn create_user(&self, name: &str, password: &str) -> Result<(), ClientError> {
-        use braid_proto::scram::{ScramCredential, ITERATIONS_DEFAULT, SALT_BYTES};
-        let mut salt = [0u8; SALT_BYTES];
-        getrandom::getrandom(&mut salt)
-            .map_err(|e| ClientError::Invalid(format!("drawing a salt: {e}")))?;
-        let password = password.to_owned();
-        let credential = tokio::task::spawn_blocking(move || {
-            ScramCredential::derive(&password, &salt, ITERATIONS_DEFAULT)
+        let credential = derive_credential(password).await?;
+        self.call(&Request::CreateUser {
+            name,
+            salt: &credential.salt,
+            iterations: credential.iterations,
+            stored_key: &credential.stored_key,
+            server_key: &credential.server_key,
         })
         .await
-        .map_err(|e| ClientError::Invalid(e.to_string()))?;
-        self.call(&Request::CreateUser {
+        .map(|_| ())
+    }
+
+    /// Gives user `name` a new password (derived here, as at [`Client::create_user`]);
+    /// a user may change its own, others need the node's `users` permission. Every
+    /// connection logged in with the old password is closed, this one included if it
+    /// is that user's.
+    ///
+    /// # Errors
+    /// As [`Client::call`]; `UserNotFound`.
+    pub async fn change_password(&self, name: &str, password: &str) -> Result<(), ClientError> {
+        let credential = derive_credential(password).await?;
+        self.call(&Request::ChangePassword {
             name,
             salt: &credential.salt,
             iterations: credential.iterations,
@@ -297,4 +308,20 @@ impl Client {
             .await
             .map(|_| ())
     }
+}
+
+/// A new SCRAM credential of `password` with a fresh salt (PBKDF2 off the runtime).
+async fn derive_credential(
+    password: &str,
+) -> Result<braid_proto::scram::ScramCredential, ClientError> {
+    use braid_proto::scram::{ScramCredential, ITERATIONS_DEFAULT, SALT_BYTES};
+    let mut salt = [0u8; SALT_BYTES];
+    getrandom::getrandom(&mut salt)
+        .map_err(|e| ClientError::Invalid(format!("drawing a salt: {e}")))?;
+    let password = password.to_owned();
+    tokio::task::spawn_blocking(move || {
+        ScramCredential::derive(&password, &salt, ITERATIONS_DEFAULT)
+    })
+    .await
+    .map_err(|e| ClientError::Invalid(e.to_string()))
 }

@@ -237,9 +237,15 @@ async fn every_request_checks_the_permission_it_needs_and_grants_apply_at_once()
     );
     fetch(&alice, "orders").await.unwrap();
     admin.delete_user("alice").await.unwrap();
-    assert_eq!(
-        code(fetch(&alice, "orders").await),
-        ErrorCode::NotAuthenticated
+    // Deleted: its connection is closed (`a_deleted_user_or_a_new_password_ends_its_
+    // connections`), and a new one cannot log in.
+    let refused = code(fetch(&alice, "orders").await);
+    assert!(
+        matches!(
+            refused,
+            ErrorCode::NotAuthenticated | ErrorCode::AuthenticationFailed
+        ),
+        "{refused:?}"
     );
     assert_eq!(
         code(admin.delete_user("alice").await),
@@ -249,6 +255,85 @@ async fn every_request_checks_the_permission_it_needs_and_grants_apply_at_once()
     assert_eq!(
         code(admin.delete_user("admin").await),
         ErrorCode::InvalidArgument
+    );
+    node.shutdown();
+}
+
+/// Waits until the node has closed `client`'s connection.
+async fn closed_by_the_node(client: &Client, what: &str) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while !client.is_closed() {
+        assert!(std::time::Instant::now() < deadline, "{what}: still open");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// A login binds a connection to a credential, not to a name: deleting a user or
+/// giving it a new password closes its connections at once (counted), and a user made
+/// again under the same name never inherits the old connections (found by review:
+/// the old connection worked again, with the new user's rights).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_user_or_a_new_password_ends_its_connections() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start(secured_config(dir.path())).unwrap();
+    let admin = connect(&node, &login("admin", ADMIN_PASSWORD))
+        .await
+        .unwrap();
+    common::create_topic(&admin, "orders", "t", 1).await;
+    let orders = Resource::Stream("orders".into());
+    let grant = |permissions| Grant {
+        resource: orders.clone(),
+        permissions,
+    };
+    admin.create_user("alice", "first").await.unwrap();
+    admin.grant("alice", grant(READ)).await.unwrap();
+    let old = connect(&node, &login("alice", "first")).await.unwrap();
+    old.fetch("orders", "t", 0, 0, 1 << 10, 0).await.unwrap();
+
+    // Deleted and made again with a new password and more rights: the old
+    // connection is closed, before it can make a request, and never writes.
+    admin.delete_user("alice").await.unwrap();
+    admin.create_user("alice", "second").await.unwrap();
+    admin.grant("alice", grant(READ | WRITE)).await.unwrap();
+    closed_by_the_node(&old, "a deleted user's connection").await;
+    assert_eq!(
+        code(connect(&node, &login("alice", "first")).await),
+        ErrorCode::AuthenticationFailed
+    );
+
+    // A new password, set by an administrator: the connection on the old one closes.
+    let second = connect(&node, &login("alice", "second")).await.unwrap();
+    second
+        .produce("orders", "t", 0, &one_record_batch(b"y"))
+        .await
+        .unwrap();
+    admin.change_password("alice", "third").await.unwrap();
+    closed_by_the_node(&second, "a connection on the old password").await;
+    assert_eq!(
+        code(connect(&node, &login("alice", "second")).await),
+        ErrorCode::AuthenticationFailed
+    );
+
+    // A user changes its own password: the answer arrives, then the connection
+    // closes; it may not change another's.
+    let third = connect(&node, &login("alice", "third")).await.unwrap();
+    assert_eq!(
+        code(third.change_password("admin", "mine now").await),
+        ErrorCode::PermissionDenied
+    );
+    third.change_password("alice", "fourth").await.unwrap();
+    closed_by_the_node(&third, "its own connection after a new password").await;
+    let fourth = connect(&node, &login("alice", "fourth")).await.unwrap();
+    fourth.fetch("orders", "t", 0, 0, 1 << 10, 0).await.unwrap();
+    // The administrator's own connection is untouched by all of it.
+    admin.list_users().await.unwrap();
+    assert_eq!(
+        code(admin.change_password("nobody", "x").await),
+        ErrorCode::UserNotFound
+    );
+    assert_eq!(
+        common::metric(node.http_addr(), "braid_logins_ended_total").await,
+        3
     );
     node.shutdown();
 }

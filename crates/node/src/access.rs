@@ -26,6 +26,8 @@ pub(crate) enum Need<'a> {
     SeeStream(&'a str),
     /// `MANAGE` on the stream or `STREAMS` on the node (deleting a stream).
     DeleteStream(&'a str),
+    /// Being this user, or `USERS` on the node (changing a password).
+    UserOrUsers(&'a str),
 }
 
 impl Need<'_> {
@@ -40,6 +42,7 @@ impl Need<'_> {
             Self::DeleteStream(stream) => {
                 format!("manage on stream {stream} or streams on the node")
             }
+            Self::UserOrUsers(user) => format!("to be user {user}, or users on the node"),
         }
     }
 }
@@ -73,6 +76,7 @@ pub(crate) fn need_of<'a>(request: &Request<'a>) -> Need<'a> {
         | Request::ListUsers
         | Request::GrantPermissions { .. }
         | Request::RevokePermissions { .. } => Need::Node(USERS),
+        Request::ChangePassword { name, .. } => Need::UserOrUsers(name),
         // A command added to the protocol but not here is refused until it is.
         _ => Need::Node(USERS | STREAMS),
     }
@@ -125,9 +129,12 @@ impl Access {
         self.users.get(user).map(|u| u.credential.clone())
     }
 
-    /// Whether `user` still exists (a deleted user's connections lose everything).
-    pub(crate) fn exists(&self, user: &str) -> bool {
-        self.users.contains_key(user)
+    /// Whether `user` exists with the credential whose `StoredKey` is `key` (what a
+    /// login is bound to).
+    pub(crate) fn holds(&self, user: &str, key: &[u8; 32]) -> bool {
+        self.users
+            .get(user)
+            .is_some_and(|u| u.credential.stored_key == *key)
     }
 
     fn stream_bits(user: &UserAccess, stream: &str) -> u8 {
@@ -140,6 +147,7 @@ impl Access {
             return matches!(need, Need::Nothing);
         };
         match need {
+            Need::UserOrUsers(name) => name == user || u.node & USERS != 0,
             Need::Nothing | Need::Authenticated => true,
             Need::Node(bits) => u.node & bits == bits,
             Need::Stream(stream, bits) => Self::stream_bits(u, stream) & bits == bits,
@@ -231,6 +239,18 @@ mod tests {
         assert!(allowed("ops", &Request::CreateStream { name: "c" }));
         assert!(allowed("ops", &Request::DeleteStream { name: "a" }));
         assert!(!allowed("ops", &Request::DeleteUser { name: "reader" }));
+        let passwd = |name| Request::ChangePassword {
+            name,
+            salt: b"s",
+            iterations: 4096,
+            stored_key: &[0; 32],
+            server_key: &[0; 32],
+        };
+        assert!(allowed("reader", &passwd("reader")), "its own password");
+        assert!(
+            !allowed("reader", &passwd("ops")),
+            "another user's password"
+        );
         assert!(!allowed("nobody", &fetch("a")), "an unknown user");
         assert!(allowed("nobody", &Request::Ping));
         assert!(access.sees_stream("reader", "a"));

@@ -61,6 +61,10 @@ pub(crate) enum AdminRequest {
         name: String,
         credential: ScramCredential,
     },
+    ChangePassword {
+        name: String,
+        credential: ScramCredential,
+    },
     DeleteUser(String),
     ListUsers,
     Grant {
@@ -179,6 +183,21 @@ pub(crate) fn admin_request(request: &Request<'_>) -> Option<AdminRequest> {
             stored_key,
             server_key,
         } => AdminRequest::CreateUser {
+            name: own(name),
+            credential: ScramCredential {
+                salt: salt.to_vec(),
+                iterations: *iterations,
+                stored_key: key(stored_key)?,
+                server_key: key(server_key)?,
+            },
+        },
+        Request::ChangePassword {
+            name,
+            salt,
+            iterations,
+            stored_key,
+            server_key,
+        } => AdminRequest::ChangePassword {
             name: own(name),
             credential: ScramCredential {
                 salt: salt.to_vec(),

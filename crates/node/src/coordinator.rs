@@ -381,6 +381,9 @@ impl MetaService {
             AdminRequest::CreateUser { name, credential } => {
                 self.change(shared, MetaOp::CreateUser { name, credential }, reply)
             }
+            AdminRequest::ChangePassword { name, credential } => {
+                self.change(shared, MetaOp::SetCredential { name, credential }, reply)
+            }
             AdminRequest::DeleteUser(name) => {
                 self.change(shared, MetaOp::DeleteUser { name }, reply)
             }

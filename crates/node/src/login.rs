@@ -2,7 +2,9 @@
 //! messages (SCRAM-SHA-256, see `braid_proto::scram`). The connection supplies the
 //! user table, the node's stand-in secret and a fresh nonce.
 
-use braid_proto::scram::{ClientFirst, ScramCredential, ScramError, ScramServer, MECHANISM};
+use braid_proto::scram::{
+    ClientFirst, ScramCredential, ScramError, ScramServer, KEY_BYTES, MECHANISM,
+};
 
 use crate::access::Access;
 
@@ -14,8 +16,10 @@ pub(crate) enum Login {
     Anonymous,
     /// The server-first message went out; the client's proof is awaited.
     Exchanging(Box<ScramServer>),
-    /// Logged in as this user.
-    Authenticated(String),
+    /// Logged in as `user` with the credential whose `StoredKey` is `key`: the login
+    /// lasts while that user has that credential, so a new password, or the user
+    /// deleted (and perhaps made again under the same name), ends it.
+    Authenticated { user: String, key: [u8; KEY_BYTES] },
 }
 
 /// Why a login failed; the connection answers `AuthenticationFailed` and closes.
@@ -35,7 +39,29 @@ impl Login {
     /// The logged-in user.
     pub(crate) fn user(&self) -> Option<&str> {
         match self {
-            Self::Authenticated(user) => Some(user),
+            Self::Authenticated { user, .. } => Some(user),
+            _ => None,
+        }
+    }
+
+    /// The user a login step with `message` is for, if it names one: for the log
+    /// line of a failed login.
+    pub(crate) fn attempted(&self, message: &[u8]) -> Option<String> {
+        match self {
+            Self::Exchanging(server) => Some(server.user().to_owned()),
+            Self::Anonymous => std::str::from_utf8(message)
+                .ok()
+                .and_then(|m| ClientFirst::parse(m).ok())
+                .map(|first| first.user),
+            Self::Authenticated { user, .. } => Some(user.clone()),
+        }
+    }
+
+    /// The logged-in user if its login has lapsed: the user was deleted or its
+    /// credential replaced since.
+    pub(crate) fn lapsed(&self, access: &Access) -> Option<&str> {
+        match self {
+            Self::Authenticated { user, key } if !access.holds(user, key) => Some(user),
             _ => None,
         }
     }
@@ -64,12 +90,13 @@ impl Login {
                 Ok(server_first.into_bytes())
             }
             Self::Exchanging(server) => {
+                let key = server.stored_key();
                 let (user, server_final) = server.finish(message)?;
-                *self = Self::Authenticated(user);
+                *self = Self::Authenticated { user, key };
                 Ok(server_final.into_bytes())
             }
-            Self::Authenticated(user) => {
-                *self = Self::Authenticated(user);
+            done @ Self::Authenticated { .. } => {
+                *self = done;
                 Err(LoginError::Again)
             }
         }

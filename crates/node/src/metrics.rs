@@ -31,6 +31,7 @@ pub(crate) struct ShardMetrics {
     pub(crate) connections_closed_stalled: AtomicU64,
     pub(crate) fetch_waits_refused: AtomicU64,
     pub(crate) connections_closed_deadline: AtomicU64,
+    pub(crate) logins_ended: AtomicU64,
     pub(crate) connections_refused: AtomicU64,
     pub(crate) authentication_failures: AtomicU64,
     pub(crate) authentications: AtomicU64,
@@ -63,6 +64,7 @@ impl Default for ShardMetrics {
             connections_closed_stalled: AtomicU64::new(0),
             fetch_waits_refused: AtomicU64::new(0),
             connections_closed_deadline: AtomicU64::new(0),
+            logins_ended: AtomicU64::new(0),
             connections_refused: AtomicU64::new(0),
             authentication_failures: AtomicU64::new(0),
             authentications: AtomicU64::new(0),
@@ -183,6 +185,12 @@ pub(crate) fn render(
         "counter",
         "Connections closed for no first frame, a frame not completed, or idleness in time.",
         sum(&|s| &s.connections_closed_deadline),
+    );
+    metric(
+        "braid_logins_ended_total",
+        "counter",
+        "Connections closed because their user was deleted or its password changed.",
+        sum(&|s| &s.logins_ended),
     );
     metric(
         "braid_connections_refused_total",

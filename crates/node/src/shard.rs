@@ -61,6 +61,8 @@ pub(crate) struct Shard {
     /// Partitions under `fsync = interval` with appends not yet synced.
     dirty: HashSet<PartitionKey>,
     pub(crate) draining: watch::Sender<bool>,
+    /// Bumped with each layout applied: connections check their logins against it.
+    access_changed: watch::Sender<u64>,
     pub(crate) meta: Option<crate::coordinator::MetaService>,
     last_retention_ms: u64,
     /// Partitions whose woken waiting fetches are still to be answered, in turn, and
@@ -107,6 +109,7 @@ impl Shard {
             lru: OpenLogLru::new(capacity),
             dirty: HashSet::new(),
             draining: watch::channel(false).0,
+            access_changed: watch::channel(0).0,
             meta,
             last_retention_ms: now_ms(),
             woken: VecDeque::new(),
@@ -295,6 +298,8 @@ impl Shard {
         );
         *self.layout.borrow_mut() = layout;
         self.layout_changed = true;
+        self.access_changed
+            .send_modify(|generation| *generation += 1);
         Ok(())
     }
 
@@ -609,6 +614,7 @@ impl Shard {
                     layout: Rc::clone(&self.layout),
                     metrics: Arc::clone(&self.shared.metrics[self.id]),
                     draining: self.draining.subscribe(),
+                    access_changed: self.access_changed.subscribe(),
                 };
                 crate::connection::spawn(context, stream);
             }

@@ -31,6 +31,10 @@ pub const ITERATIONS_MAX: u32 = 10_000_000;
 pub const ITERATIONS_DEFAULT: u32 = 16_384;
 /// Bytes of a credential's salt made by this crate's callers.
 pub const SALT_BYTES: usize = 16;
+/// Most bytes of a credential's salt a node stores: the salt goes out in every login's
+/// server-first message, so an unbounded one would let a stranger's 56-byte login
+/// start draw an answer of any size.
+pub const SALT_BYTES_MAX: usize = 64;
 /// Bytes of each key.
 pub const KEY_BYTES: usize = 32;
 /// Longest SCRAM message accepted.
@@ -330,7 +334,9 @@ impl ClientFirst {
                 "only the gs2 header \"n,,\" is supported",
             ))?;
         let [user, nonce] = attributes(bare, ['n', 'r'])?;
-        if user.is_empty() || user.contains('=') {
+        // A user name follows the name rule: one that cannot exist is malformed, not
+        // served a stand-in exchange as an unknown user.
+        if user.contains('=') || crate::client::check_name(user, 0, "user").is_err() {
             return Err(ScramError::Malformed("user name"));
         }
         check_nonce(nonce)?;
@@ -388,6 +394,17 @@ impl ScramServer {
             },
             server_first,
         ))
+    }
+
+    /// The user this exchange is for.
+    pub fn user(&self) -> &str {
+        &self.user
+    }
+
+    /// The `StoredKey` of the credential this exchange checks: what a login is bound
+    /// to, so that a new password (or a user deleted and made again) ends it.
+    pub fn stored_key(&self) -> [u8; KEY_BYTES] {
+        self.credential.stored_key
     }
 
     /// Checks the client-final message; on success gives the authenticated user and
@@ -531,6 +548,16 @@ mod tests {
         }
         let long = format!("n,,n=user,r={}", "a".repeat(2000));
         assert!(ClientFirst::parse(&long).is_err());
+        // A name no user can have is malformed, not an unknown user's stand-in login.
+        for name in ["a".repeat(300), "bad name".into(), "a/b".into()] {
+            let first = format!("n,,n={name},r=abc");
+            assert_eq!(
+                ClientFirst::parse(&first).err(),
+                Some(ScramError::Malformed("user name")),
+                "{name:?}"
+            );
+        }
+        assert!(ClientFirst::parse(&format!("n,,n={},r=abc", "a".repeat(249))).is_ok());
 
         let client = || ScramClient::new(USER, CLIENT_NONCE).unwrap();
         let nonce = format!("{CLIENT_NONCE}x");

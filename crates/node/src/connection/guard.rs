@@ -34,16 +34,39 @@ pub(super) fn admit(
     if layout.access.allows(user, need) {
         return Ok(());
     }
-    if !layout.access.exists(user) {
-        return Err(NodeError::new(
-            ErrorCode::NotAuthenticated,
-            format!("user {user} no longer exists"),
-        ));
-    }
     Err(NodeError::new(
         ErrorCode::PermissionDenied,
         format!("user {user} lacks {}", need.describe()),
     ))
+}
+
+/// The user of the connection's login if it has lapsed (the user was deleted or
+/// given a new password since), counted and logged: the connection must close. A login
+/// binds a connection to a credential, not to a name, so a user made again under the
+/// same name never inherits the old connections.
+pub(super) fn lapsed_login(env: &Env) -> Option<String> {
+    let user = {
+        let layout = env.layout.borrow();
+        let login = env.login.borrow();
+        login.lapsed(&layout.access).map(str::to_owned)
+    }?;
+    add(&env.metrics.logins_ended, 1);
+    tracing::info!(
+        peer = ?env.peer,
+        user,
+        "ending a connection: its user was deleted or its password changed"
+    );
+    Some(user)
+}
+
+/// Tells the client why its connection ends: as the answer to its request, or with
+/// request id 0 when it is the node's own doing.
+pub(super) async fn send_lapsed(env: &Env, request_id: u64, command: u16, user: &str) {
+    let err = NodeError::new(
+        ErrorCode::NotAuthenticated,
+        format!("user {user} was deleted or its password changed: log in again"),
+    );
+    send_error(env, request_id, command, &err).await;
 }
 
 /// One `Authenticate` step, answered inline (a few HMACs: the client pays the
@@ -55,6 +78,7 @@ pub(super) async fn authenticate(
     mechanism: &str,
     message: &[u8],
 ) -> Flow {
+    let attempted = env.login.borrow().attempted(message);
     let mut random = [0u8; 18];
     let step = match crate::admin_bootstrap::random_bytes(&mut random) {
         Ok(()) => {
@@ -77,7 +101,7 @@ pub(super) async fn authenticate(
         Ok(reply) => {
             if let Some(user) = env.login.borrow().user() {
                 add(&env.metrics.authentications, 1);
-                tracing::debug!(user, "client authenticated");
+                tracing::debug!(peer = ?env.peer, user, "client authenticated");
             }
             let mut frame = Vec::new();
             Response::Authenticated(reply).encode(request_id, Command::Authenticate, &mut frame);
@@ -86,7 +110,12 @@ pub(super) async fn authenticate(
         }
         Err(err) => {
             add(&env.metrics.authentication_failures, 1);
-            tracing::info!(%err, "client authentication failed; closing the connection");
+            tracing::info!(
+                peer = ?env.peer,
+                user = attempted.as_deref().unwrap_or("-"),
+                %err,
+                "client authentication failed; closing the connection"
+            );
             let err = NodeError::new(ErrorCode::AuthenticationFailed, err.to_string());
             send_error(env, request_id, Command::Authenticate as u16, &err).await;
             Flow::Close

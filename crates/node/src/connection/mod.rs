@@ -58,6 +58,8 @@ struct Env {
     waiting: Rc<Cell<u32>>,
     /// Who this connection logged in as.
     login: std::cell::RefCell<crate::login::Login>,
+    /// The client's address, for the log lines that concern it.
+    peer: Option<std::net::SocketAddr>,
 }
 
 /// What the reader does after a frame.
@@ -75,6 +77,7 @@ pub(crate) fn spawn(context: ServeContext, stream: std::net::TcpStream) {
         layout,
         metrics,
         draining,
+        access_changed,
     } = context;
     tokio::task::spawn_local(async move {
         let peer = stream.peer_addr().ok();
@@ -99,16 +102,17 @@ pub(crate) fn spawn(context: ServeContext, stream: std::net::TcpStream) {
             layout,
             metrics: Arc::clone(&metrics),
             draining,
+            access_changed,
         };
         match tls {
             None => {
                 let (reader, writer) = stream.into_split();
-                serve(reader, writer, context).await;
+                serve(reader, writer, context, peer).await;
             }
             Some(tls) => {
                 if let Some(stream) = handshake(&tls, stream, &context, peer).await {
                     let (reader, writer) = tokio::io::split(stream);
-                    serve(reader, writer, context).await;
+                    serve(reader, writer, context, peer).await;
                 }
             }
         }
@@ -125,6 +129,9 @@ pub(crate) struct ServeContext {
     pub(crate) layout: Rc<std::cell::RefCell<Arc<Layout>>>,
     pub(crate) metrics: Arc<ShardMetrics>,
     pub(crate) draining: watch::Receiver<bool>,
+    /// Changes with each new layout (users and grants included): a connection then
+    /// checks that its login still holds.
+    pub(crate) access_changed: watch::Receiver<u64>,
 }
 
 /// The TLS handshake of a new connection, or `None` (counted and logged) if it failed
@@ -205,8 +212,12 @@ pub(crate) fn spawn_acceptor(
     });
 }
 
-async fn serve<R, W>(mut reader: R, writer: W, context: ServeContext)
-where
+async fn serve<R, W>(
+    mut reader: R,
+    writer: W,
+    context: ServeContext,
+    peer: Option<std::net::SocketAddr>,
+) where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin + 'static,
 {
@@ -215,6 +226,7 @@ where
         layout,
         metrics,
         mut draining,
+        mut access_changed,
     } = context;
     let (out, outgoing) = mpsc::channel(OUTGOING_FRAMES_MAX);
     let mut writer_task = tokio::task::spawn_local(write_loop(
@@ -242,10 +254,12 @@ where
         reading_done,
         waiting: Rc::new(Cell::new(0)),
         login: std::cell::RefCell::default(),
+        peer,
     };
     let login_needed = env.shared.config.authentication;
     let mut buf = BytesMut::with_capacity(READ_CHUNK_BYTES);
     let mut deadlines = Deadlines::new(&env.shared.config);
+    let mut ended_login = None;
     'read: loop {
         loop {
             // Until the connection logs in, frames are small: a stranger cannot make
@@ -303,6 +317,14 @@ where
                 }
             },
             _ = draining.changed() => {}
+            // A deleted user or a new password ends the connections logged in with
+            // the old credential at once, not at their next request.
+            Ok(()) = access_changed.changed() => {
+                ended_login = guard::lapsed_login(&env);
+                if ended_login.is_some() {
+                    break;
+                }
+            }
             // The writer stopped (the client reads nothing, or the socket failed): no
             // answer can go out, so nothing more is read.
             _ = &mut writer_task => {
@@ -317,6 +339,11 @@ where
     let _ = reading_done_tx.send(true);
     while env.in_flight.get() > 0 {
         tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    if let Some(user) = ended_login {
+        // After the answers in flight (a user's own password change among them), so
+        // the client's reader, which gives up on a connection-level error, has them.
+        guard::send_lapsed(&env, 0, 0, &user).await;
     }
     drop(env);
     if !writer_done {
@@ -482,6 +509,10 @@ async fn handle_frame(env: &Env, mut frame: BytesMut) -> Flow {
             return Flow::Continue;
         }
     };
+    if let Some(user) = guard::lapsed_login(env) {
+        guard::send_lapsed(env, request_id, code, &user).await;
+        return Flow::Close;
+    }
     if let Err(err) = guard::admit(env, &request) {
         add(&env.metrics.permission_denials, 1);
         send_error(env, request_id, code, &err).await;

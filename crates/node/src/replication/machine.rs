@@ -206,6 +206,15 @@ mod tests {
                     server_key: [2; 32],
                 },
             }),
+            (name.clone(), 1u8..4).prop_map(|(name, key)| MetaOp::SetCredential {
+                name,
+                credential: ScramCredential {
+                    salt: vec![key; 16],
+                    iterations: 4096,
+                    stored_key: [key; 32],
+                    server_key: [key; 32],
+                },
+            }),
             name.clone().prop_map(|name| MetaOp::DeleteUser { name }),
             (name.clone(), name).prop_map(|(user, stream)| MetaOp::Grant {
                 user,

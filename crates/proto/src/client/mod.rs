@@ -26,6 +26,7 @@
 mod access;
 mod node_status;
 mod request;
+pub(crate) use request::check_name;
 mod response;
 
 pub use access::{
@@ -143,6 +144,8 @@ codes! {
         GrantPermissions = 53,
         /// Take permissions on a resource from a user.
         RevokePermissions = 54,
+        /// Replace a user's SCRAM credential (a new password); ends its connections.
+        ChangePassword = 55,
         /// The cluster's members and each partition's primary (any node answers).
         ClusterInfo = 60,
         /// The answering member's replicas summed up and its bundle to each peer.

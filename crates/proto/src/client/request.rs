@@ -274,6 +274,20 @@ pub enum Request<'a> {
         /// SCRAM `ServerKey`, 32 bytes.
         server_key: &'a [u8],
     },
+    /// See [`Command::ChangePassword`]: the user's new credential, derived by the
+    /// client as at [`Command::CreateUser`].
+    ChangePassword {
+        /// User name.
+        name: &'a str,
+        /// PBKDF2 salt.
+        salt: &'a [u8],
+        /// PBKDF2 iterations.
+        iterations: u32,
+        /// SCRAM `StoredKey`, 32 bytes.
+        stored_key: &'a [u8],
+        /// SCRAM `ServerKey`, 32 bytes.
+        server_key: &'a [u8],
+    },
     /// See [`Command::DeleteUser`].
     DeleteUser {
         /// User name.
@@ -465,6 +479,44 @@ pub(crate) fn check_name(value: &str, at: usize, field: &'static str) -> Result<
 }
 
 /// A SCRAM key field: exactly [`crate::scram::KEY_BYTES`] bytes.
+/// A user's name and SCRAM credential (`CreateUser`, `ChangePassword`), each field in
+/// its range: the salt goes out in every login's answer, and the iterations are what a
+/// client pays at each login.
+#[allow(clippy::type_complexity)]
+fn credential<'a>(
+    r: &mut WireReader<'a>,
+) -> Result<(&'a str, &'a [u8], u32, &'a [u8], &'a [u8]), WireError> {
+    use crate::scram::{ITERATIONS_MAX, ITERATIONS_MIN, SALT_BYTES_MAX};
+    let name = name(r, "user")?;
+    let at = r.position();
+    let salt = r.bytes("salt")?;
+    if salt.is_empty() || salt.len() > SALT_BYTES_MAX {
+        return Err(WireError::OutOfRange {
+            at,
+            field: "salt length",
+            value: salt.len() as u64,
+            range: "1..=64",
+        });
+    }
+    let at = r.position();
+    let iterations = r.u32("iterations")?;
+    if !(ITERATIONS_MIN..=ITERATIONS_MAX).contains(&iterations) {
+        return Err(WireError::OutOfRange {
+            at,
+            field: "iterations",
+            value: iterations.into(),
+            range: "4096..=10000000",
+        });
+    }
+    Ok((
+        name,
+        salt,
+        iterations,
+        key(r, "stored_key")?,
+        key(r, "server_key")?,
+    ))
+}
+
 fn key<'a>(reader: &mut WireReader<'a>, field: &'static str) -> Result<&'a [u8], WireError> {
     let at = reader.position();
     let value = reader.bytes(field)?;
@@ -501,6 +553,7 @@ impl<'a> Request<'a> {
             Self::Ping => Command::Ping,
             Self::Authenticate { .. } => Command::Authenticate,
             Self::CreateUser { .. } => Command::CreateUser,
+            Self::ChangePassword { .. } => Command::ChangePassword,
             Self::DeleteUser { .. } => Command::DeleteUser,
             Self::ListUsers => Command::ListUsers,
             Self::ClusterInfo => Command::ClusterInfo,
@@ -546,6 +599,13 @@ impl<'a> Request<'a> {
                 out.put_bytes(message);
             }
             Self::CreateUser {
+                name,
+                salt,
+                iterations,
+                stored_key,
+                server_key,
+            }
+            | Self::ChangePassword {
                 name,
                 salt,
                 iterations,
@@ -683,23 +743,23 @@ impl<'a> Request<'a> {
                 message: r.bytes("message")?,
             },
             Command::CreateUser => {
-                let name = name(&mut r, "user")?;
-                let salt = r.bytes("salt")?;
-                let at = r.position();
-                let iterations = r.u32("iterations")?;
-                if iterations < crate::scram::ITERATIONS_MIN || salt.is_empty() {
-                    return Err(WireError::BadValue {
-                        at,
-                        field: "iterations",
-                        value: iterations.into(),
-                    });
-                }
+                let (name, salt, iterations, stored_key, server_key) = credential(&mut r)?;
                 Self::CreateUser {
                     name,
                     salt,
                     iterations,
-                    stored_key: key(&mut r, "stored_key")?,
-                    server_key: key(&mut r, "server_key")?,
+                    stored_key,
+                    server_key,
+                }
+            }
+            Command::ChangePassword => {
+                let (name, salt, iterations, stored_key, server_key) = credential(&mut r)?;
+                Self::ChangePassword {
+                    name,
+                    salt,
+                    iterations,
+                    stored_key,
+                    server_key,
                 }
             }
             Command::DeleteUser => Self::DeleteUser {

@@ -455,6 +455,7 @@ impl Response {
             | Command::LeaveGroup
             | Command::CommitOffsets
             | Command::CreateUser
+            | Command::ChangePassword
             | Command::DeleteUser
             | Command::GrantPermissions
             | Command::RevokePermissions => Self::Empty,

@@ -24,22 +24,63 @@ fn round_trip(request: Request<'_>) {
 #[test]
 fn requests_round_trip() {
     // A credential's keys are 32 bytes and its iterations at least RFC 7677's 4096.
+    // Its salt is 1 to 64 bytes and its iterations at most 10,000,000 (a salt goes out
+    // in every login's answer; iterations are what each login costs the client).
+    let with = |salt: &[u8], iterations: u32, key: &[u8]| {
+        let fields = |name| (name, salt, iterations, key, &[2u8; 32][..]);
+        [Command::CreateUser, Command::ChangePassword].map(|command| {
+            let (name, salt, iterations, stored_key, server_key) = fields("alice");
+            let request = match command {
+                Command::CreateUser => Request::CreateUser {
+                    name,
+                    salt,
+                    iterations,
+                    stored_key,
+                    server_key,
+                },
+                _ => Request::ChangePassword {
+                    name,
+                    salt,
+                    iterations,
+                    stored_key,
+                    server_key,
+                },
+            };
+            let mut frame = Vec::new();
+            request.encode(1, &mut frame);
+            let (_, body) = split_request(&frame).unwrap();
+            let decoded = Request::decode(command, body);
+            if let Ok(decoded) = &decoded {
+                assert_eq!(decoded, &request);
+            }
+            decoded.map(|_| ())
+        })
+    };
     let user = |iterations: u32, key: &[u8]| {
-        let mut frame = Vec::new();
-        Request::CreateUser {
-            name: "alice",
-            salt: b"salt",
-            iterations,
-            stored_key: key,
-            server_key: &[2; 32],
-        }
-        .encode(1, &mut frame);
-        let (_, body) = split_request(&frame).unwrap();
-        Request::decode(Command::CreateUser, body).map(|_| ())
+        let [create, change] = with(b"salt", iterations, key);
+        assert_eq!(create.is_ok(), change.is_ok());
+        create
     };
     assert!(user(4096, &[1; 32]).is_ok());
+    assert!(user(10_000_000, &[1; 32]).is_ok());
     assert!(user(4095, &[1; 32]).is_err());
+    assert!(matches!(
+        user(10_000_001, &[1; 32]),
+        Err(WireError::OutOfRange { .. })
+    ));
+    assert!(user(u32::MAX, &[1; 32]).is_err());
     assert!(user(4096, &[1; 31]).is_err());
+    for salt in [&[][..], &[7; 65][..], &vec![7; 15 << 20][..]] {
+        let refused = with(salt, 4096, &[1; 32]);
+        assert!(
+            refused
+                .iter()
+                .all(|r| matches!(r, Err(WireError::OutOfRange { .. }))),
+            "{} bytes of salt: {refused:?}",
+            salt.len()
+        );
+    }
+    assert!(with(&[7; 64], 4096, &[1; 32]).iter().all(Result::is_ok));
     let member = GroupMemberRequest {
         stream: "s",
         group: "g",
