@@ -314,6 +314,30 @@ async fn a_deleted_user_or_a_new_password_ends_its_connections() {
         ErrorCode::AuthenticationFailed
     );
 
+    // A credential's salt and iterations are bounded (a 15 MiB salt made every
+    // stranger's 56-byte login start draw a 20 MB answer; 2^32-1 iterations were
+    // taken): refused as arguments, for a new user and a new password alike.
+    for (salt, iterations) in [(vec![7u8; 1024], 4096), (vec![7u8; 16], u32::MAX)] {
+        for request in [
+            braid_proto::client::Request::CreateUser {
+                name: "bob",
+                salt: &salt,
+                iterations,
+                stored_key: &[1; 32],
+                server_key: &[2; 32],
+            },
+            braid_proto::client::Request::ChangePassword {
+                name: "alice",
+                salt: &salt,
+                iterations,
+                stored_key: &[1; 32],
+                server_key: &[2; 32],
+            },
+        ] {
+            assert_eq!(code(admin.call(&request).await), ErrorCode::InvalidArgument);
+        }
+    }
+
     // A user changes its own password: the answer arrives, then the connection
     // closes; it may not change another's.
     let third = connect(&node, &login("alice", "third")).await.unwrap();
