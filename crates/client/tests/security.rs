@@ -362,6 +362,50 @@ async fn a_deleted_user_or_a_new_password_ends_its_connections() {
     node.shutdown();
 }
 
+/// An open node made no admin when turned secure, and any local process could have
+/// made itself the only administrator first (found by review). Users, passwords and
+/// grants are made only where logins are required; turned secure, the node bootstraps
+/// `admin` as on a first start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_open_node_makes_no_users_so_turned_secure_it_has_only_its_admin() {
+    let dir = tempfile::tempdir().unwrap();
+    let open = Node::start(common::config(dir.path(), FsyncSetting::Never)).unwrap();
+    let stranger = Client::connect(open.client_addr()).await.unwrap();
+    stranger.create_stream("s").await.unwrap();
+    assert_eq!(
+        code(stranger.create_user("mallory", "mine").await),
+        ErrorCode::PermissionDenied
+    );
+    let everything = Grant {
+        resource: Resource::AllStreams,
+        permissions: READ | WRITE,
+    };
+    assert_eq!(
+        code(stranger.grant("admin", everything).await),
+        ErrorCode::PermissionDenied
+    );
+    assert_eq!(
+        code(stranger.change_password("admin", "mine").await),
+        ErrorCode::PermissionDenied
+    );
+    assert!(stranger.list_users().await.unwrap().is_empty());
+    drop(stranger);
+    open.shutdown();
+
+    let secured = Node::start(secured_config(dir.path())).unwrap();
+    let admin = connect(&secured, &login("admin", ADMIN_PASSWORD))
+        .await
+        .unwrap();
+    let users = admin.list_users().await.unwrap();
+    let names: Vec<&str> = users.iter().map(|u| u.name.as_str()).collect();
+    assert_eq!(names, ["admin"]);
+    assert_eq!(
+        code(connect(&secured, &login("mallory", "mine")).await),
+        ErrorCode::AuthenticationFailed
+    );
+    secured.shutdown();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn users_and_grants_survive_a_restart_and_a_drawn_admin_password_is_kept_private() {
     let dir = tempfile::tempdir().unwrap();

@@ -56,6 +56,25 @@ pub(crate) fn admin_ops(
     state: &Metadata,
     config: &NodeConfig,
 ) -> Result<Vec<MetaOp>, BootstrapError> {
+    if config.authentication && !state.users.is_empty() {
+        // Named at every secured start: an operator sees who may manage users (and
+        // so everything else), a stranger among them included.
+        let managers: Vec<&str> = state
+            .users
+            .iter()
+            .filter(|(_, user)| {
+                user.grants
+                    .get(&Resource::Node)
+                    .is_some_and(|bits| bits & braid_proto::client::USERS != 0)
+            })
+            .map(|(name, _)| name.as_str())
+            .collect();
+        tracing::info!(
+            users = state.users.len(),
+            managers = ?managers,
+            "authentication is on; these users may manage users"
+        );
+    }
     if !config.authentication || !state.users.is_empty() {
         return Ok(Vec::new());
     }

@@ -17,6 +17,16 @@ pub(super) fn admit(
     request: &braid_proto::client::Request<'_>,
 ) -> Result<(), NodeError> {
     if !env.shared.config.authentication {
+        // On an open node anyone could make itself an administrator, who would stay
+        // one once authentication is turned on (found by review): users and grants
+        // are made only where logins are required.
+        if grants_access(request) {
+            return Err(NodeError::new(
+                ErrorCode::PermissionDenied,
+                "authentication is off on this node: users, passwords and grants are \
+                 managed only on a node that requires logins (authentication = true)",
+            ));
+        }
         return Ok(());
     }
     let need = need_of(request);
@@ -67,6 +77,17 @@ pub(super) async fn send_lapsed(env: &Env, request_id: u64, command: u16, user: 
         format!("user {user} was deleted or its password changed: log in again"),
     );
     send_error(env, request_id, command, &err).await;
+}
+
+/// Whether `request` gives someone access: a user, a password or a grant.
+fn grants_access(request: &braid_proto::client::Request<'_>) -> bool {
+    use braid_proto::client::Request;
+    matches!(
+        request,
+        Request::CreateUser { .. }
+            | Request::ChangePassword { .. }
+            | Request::GrantPermissions { .. }
+    )
 }
 
 /// One `Authenticate` step, answered inline (a few HMACs: the client pays the
