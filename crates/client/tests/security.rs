@@ -406,6 +406,47 @@ async fn an_open_node_makes_no_users_so_turned_secure_it_has_only_its_admin() {
     secured.shutdown();
 }
 
+/// The data directory holds every record and the users' SCRAM keys: everything the
+/// node makes in it is its owner's alone (found by review: 0755 and 0644, readable by
+/// any local user).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_data_directory_is_private_to_the_node_s_user() {
+    use std::os::unix::fs::PermissionsExt;
+    let parent = tempfile::tempdir().unwrap();
+    let data = parent.path().join("data");
+    let node = Node::start(secured_config(&data)).unwrap();
+    let admin = connect(&node, &login("admin", ADMIN_PASSWORD))
+        .await
+        .unwrap();
+    common::create_topic(&admin, "s", "t", 2).await;
+    admin.create_user("alice", "pw").await.unwrap();
+    for partition in 0..2 {
+        admin
+            .produce("s", "t", partition, &one_record_batch(b"private"))
+            .await
+            .unwrap();
+    }
+    drop(admin);
+    node.shutdown();
+    let mut dirs = vec![data.clone()];
+    let mut files = 0;
+    while let Some(dir) = dirs.pop() {
+        let mode = std::fs::metadata(&dir).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o700, "{}", dir.display());
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else {
+                let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+                assert_eq!(mode, 0o600, "{}", path.display());
+                files += 1;
+            }
+        }
+    }
+    assert!(files > 10, "only {files} files");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn users_and_grants_survive_a_restart_and_a_drawn_admin_password_is_kept_private() {
     let dir = tempfile::tempdir().unwrap();

@@ -15,6 +15,17 @@ use std::path::Path;
 /// A listing or a sync failed.
 pub(crate) fn prepare(data_dir: &Path) -> std::io::Result<u32> {
     braid_storage::create_dir_durable(data_dir)?;
+    if let Some(mode) = open_to_others(data_dir)? {
+        // Every record and the users' SCRAM keys are in it. The node makes its own
+        // directories 0700 and files 0600; one given to it is left as the operator
+        // set it, but said loudly.
+        tracing::warn!(
+            dir = %data_dir.display(),
+            mode = format!("{mode:o}"),
+            "the data directory is open to other local users, who can read every \
+             record and the users' SCRAM keys: chmod 700 it"
+        );
+    }
     let partitions = data_dir.join("partitions");
     braid_storage::create_dir_durable(&partitions)?;
     braid_storage::sync_dir(data_dir)?;
@@ -35,6 +46,21 @@ pub(crate) fn prepare(data_dir: &Path) -> std::io::Result<u32> {
         }
     }
     Ok(floor)
+}
+
+/// The mode of `dir` if users other than its owner may enter or read it.
+fn open_to_others(dir: &Path) -> std::io::Result<Option<u32>> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(dir)?.permissions().mode() & 0o777;
+        Ok(Some(mode).filter(|mode| mode & 0o077 != 0))
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = dir;
+        Ok(None)
+    }
 }
 
 #[cfg(test)]

@@ -40,6 +40,14 @@ pub fn write_at(file: &File, path: &Path, bytes: &[u8], offset: u64) -> std::io:
     Ok(())
 }
 
+/// `options` making a file only its owner may read or write (0600): the data directory
+/// holds every record and the users' SCRAM keys.
+fn private(options: &mut OpenOptions) -> &mut OpenOptions {
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(options, 0o600);
+    options
+}
+
 /// Appends `bytes` to the file at `path`, creating it if needed; with `sync`, syncs it.
 pub fn append(path: &Path, bytes: &[u8], sync: bool) -> std::io::Result<()> {
     // Whether it exists and where the write lands matter only to the test hook's trace:
@@ -49,7 +57,7 @@ pub fn append(path: &Path, bytes: &[u8], sync: bool) -> std::io::Result<()> {
     if traced && !existed {
         hook::before(DiskOp::Create, path)?;
     }
-    let mut file = OpenOptions::new().create(true).append(true).open(path)?;
+    let mut file = private(OpenOptions::new().create(true).append(true)).open(path)?;
     if traced && !existed {
         hook::created(path);
     }
@@ -84,11 +92,7 @@ pub fn set_len(file: &File, path: &Path, len: u64) -> std::io::Result<()> {
 /// Creates a new file for reading and writing; refuses one that exists.
 pub fn create_new(path: &Path) -> std::io::Result<File> {
     hook::before(DiskOp::Create, path)?;
-    let file = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create_new(true)
-        .open(path)?;
+    let file = private(OpenOptions::new().read(true).write(true).create_new(true)).open(path)?;
     hook::created(path);
     Ok(file)
 }
@@ -99,11 +103,8 @@ pub fn open_or_create(path: &Path) -> std::io::Result<(File, bool)> {
         Ok(file) => Ok((file, false)),
         Err(err) if err.kind() == std::io::ErrorKind::NotFound => {
             hook::before(DiskOp::Create, path)?;
-            let file = OpenOptions::new()
-                .write(true)
-                .create(true)
-                .truncate(false)
-                .open(path)?;
+            let file =
+                private(OpenOptions::new().write(true).create(true).truncate(false)).open(path)?;
             hook::created(path);
             Ok((file, true))
         }
@@ -114,7 +115,7 @@ pub fn open_or_create(path: &Path) -> std::io::Result<(File, bool)> {
 /// Creates (or empties) a file and writes `bytes` to it, unsynced.
 pub fn write_file(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     hook::before(DiskOp::Create, path)?;
-    let file = File::create(path)?;
+    let file = private(OpenOptions::new().write(true).create(true).truncate(true)).open(path)?;
     hook::created(path);
     hook::set_len(path, 0);
     write_at(&file, path, bytes, 0)
@@ -139,7 +140,10 @@ pub fn rename(from: &Path, to: &Path) -> std::io::Result<()> {
 /// Creates directory `dir` (its parent must exist).
 pub fn create_dir(dir: &Path) -> std::io::Result<()> {
     hook::before(DiskOp::Create, dir)?;
-    std::fs::create_dir(dir)?;
+    let mut builder = std::fs::DirBuilder::new();
+    #[cfg(unix)]
+    std::os::unix::fs::DirBuilderExt::mode(&mut builder, 0o700);
+    builder.create(dir)?;
     hook::made_dir(dir);
     Ok(())
 }
