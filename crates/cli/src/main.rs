@@ -228,7 +228,20 @@ struct ConsumeArgs {
     verbose: bool,
 }
 
-fn main() -> Result<()> {
+fn main() -> std::process::ExitCode {
+    match run() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(err) => {
+            // The error and its causes on one line: never a stack trace, which `main`
+            // returning the error prints whenever RUST_BACKTRACE is set (many shells
+            // set it for development).
+            eprintln!("Error: {err:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run() -> Result<()> {
     let cli = Cli::parse();
     if !matches!(
         cli.command,

@@ -409,3 +409,25 @@ fn a_closed_output_pipe_ends_a_command_quietly() {
     assert_eq!(output.status.signal(), Some(libc::SIGPIPE), "{stderr}");
     assert!(!stderr.contains("panicked"), "{stderr}");
 }
+
+/// A CLI error is one line, whatever the environment: with RUST_BACKTRACE set, as many
+/// shells have it, every error printed a stack trace of some 30 frames (found by
+/// review).
+#[test]
+fn a_cli_error_is_one_line_even_with_rust_backtrace_set() {
+    // Nothing listens on port 1 of loopback.
+    let output = Command::new(BRAID)
+        .args(["--addr", "127.0.0.1:1", "stream", "list"])
+        .env("RUST_BACKTRACE", "1")
+        .env_remove("BRAID_ADDR")
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert_eq!(lines.len(), 1, "{stderr}");
+    assert!(
+        lines[0].starts_with("Error: connecting to 127.0.0.1:1"),
+        "{stderr}"
+    );
+}

@@ -254,11 +254,17 @@ async fn read_loop<R: AsyncRead + Unpin>(reader: &mut R, pending: &Mutex<Pending
     let mut buf = BytesMut::with_capacity(64 * 1024);
     loop {
         loop {
-            let total = match frame_length(&buf, RESPONSE_HEADER_BYTES, RESPONSE_BYTES_MAX) {
-                Ok(Some(total)) => total,
-                Ok(None) => break,
-                Err(err) => return ClientError::Protocol(err.to_string()),
-            };
+            let total =
+                match frame_length(&buf, RESPONSE_HEADER_BYTES, RESPONSE_BYTES_MAX) {
+                    Ok(Some(total)) => total,
+                    Ok(None) => break,
+                    Err(_) if speaks_tls(&buf) => return ClientError::Protocol(
+                        "the node speaks TLS: connect with TLS (the SDK's ConnectOptions::tls, \
+                         the CLI's --tls-ca or BRAID_TLS_CA)"
+                            .into(),
+                    ),
+                    Err(err) => return ClientError::Protocol(err.to_string()),
+                };
             let frame = buf.split_to(total).freeze();
             let (header, body) = match split_response(&frame) {
                 Ok(split) => split,
@@ -310,4 +316,11 @@ async fn read_loop<R: AsyncRead + Unpin>(reader: &mut R, pending: &Mutex<Pending
 /// The address a client connects to by default: the node's default client port.
 pub fn default_addr() -> SocketAddr {
     SocketAddr::from(([127, 0, 0, 1], 7070))
+}
+
+/// Whether `answer` starts like a TLS record (an alert or a handshake, TLS 1.0 to 1.3):
+/// what a TLS node answers a client that did not start TLS (read as a frame length,
+/// 352,518,912 bytes).
+fn speaks_tls(answer: &[u8]) -> bool {
+    matches!(answer, [0x15 | 0x16, 0x03, 0x01..=0x04, ..])
 }
