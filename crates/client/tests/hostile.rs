@@ -645,3 +645,91 @@ async fn a_keyed_record_in_the_wrong_partition_is_refused() {
         .await
         .unwrap();
 }
+
+/// Consumer groups are bounded (found by review: 8,000 members with 60 KB names took
+/// 1 GB, and `DescribeGroup` answered 480 MB): members per group and groups per node
+/// are settings, refused past them with `QuotaExceeded`, and a member's name is at most
+/// 255 bytes, so every description fits a frame.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn consumer_groups_are_bounded_in_members_groups_and_name_length() {
+    use braid_proto::client::{ErrorCode, Response};
+    let _serial = SERIAL.lock().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = common::config(dir.path(), FsyncSetting::Never);
+    config.group_members_max = 3;
+    config.groups_max = 2;
+    let node = braid_node::Node::start(config).unwrap();
+    let client = Client::connect(node.client_addr()).await.unwrap();
+    common::create_topic(&client, "s", "t", 4).await;
+    let join = |group: &'static str, name: String| {
+        let client = client.clone();
+        async move {
+            let request = Request::JoinGroup {
+                stream: "s",
+                group,
+                topic: "t",
+                member_name: &name,
+                session_timeout_ms: 30_000,
+            };
+            match client.call(&request).await {
+                Ok(Response::Assignment { member_id, .. }) => Ok(member_id),
+                Ok(other) => panic!("{other:?}"),
+                Err(err) => Err(err.code().expect("a server error")),
+            }
+        }
+    };
+    let long = "n".repeat(255);
+    let mut members = Vec::new();
+    for _ in 0..3 {
+        members.push(join("a", long.clone()).await.unwrap());
+    }
+    assert_eq!(
+        join("a", "one more".into()).await,
+        Err(ErrorCode::QuotaExceeded)
+    );
+    assert_eq!(
+        join("b", "n".repeat(256)).await,
+        Err(ErrorCode::InvalidArgument),
+        "a member name of 256 bytes"
+    );
+    join("b", "first".into()).await.unwrap();
+    assert_eq!(
+        join("c", "first".into()).await,
+        Err(ErrorCode::QuotaExceeded),
+        "a third group"
+    );
+    let described = client.describe_group("s", "a").await.unwrap();
+    assert_eq!(described.members.len(), 3);
+    // Members that leave make room, in the group and for another group.
+    client
+        .call(&Request::LeaveGroup {
+            stream: "s",
+            group: "a",
+            member_id: members[0],
+        })
+        .await
+        .unwrap();
+    join("a", "back".into()).await.unwrap();
+    for member_id in &members[1..] {
+        client
+            .call(&Request::LeaveGroup {
+                stream: "s",
+                group: "a",
+                member_id: *member_id,
+            })
+            .await
+            .unwrap();
+    }
+    let described = client.describe_group("s", "a").await.unwrap();
+    let back = described.members[0].id;
+    client
+        .call(&Request::LeaveGroup {
+            stream: "s",
+            group: "a",
+            member_id: back,
+        })
+        .await
+        .unwrap();
+    join("c", "first".into()).await.unwrap();
+    node.shutdown();
+}

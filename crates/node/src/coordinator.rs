@@ -140,10 +140,10 @@ fn topic_keys(topic: &TopicMeta) -> Vec<PartitionKey> {
 }
 
 impl MetaService {
-    pub(crate) fn new(group: MetaGroup<Reply>) -> Self {
+    pub(crate) fn new(group: MetaGroup<Reply>, limits: crate::groups::GroupLimits) -> Self {
         Self {
             group,
-            groups: GroupCoordinator::default(),
+            groups: GroupCoordinator::new(limits),
             caught_up_barrier_sent: false,
         }
     }

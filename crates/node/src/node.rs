@@ -361,7 +361,11 @@ fn open_metadata(
         checkpoint_interval: crate::replication::meta_group::CHECKPOINT_INTERVAL,
     };
     let group = MetaGroup::open(&dir, opening).map_err(|e| StartError::Metadata(e.to_string()))?;
-    let mut meta = MetaService::new(group);
+    let limits = crate::groups::GroupLimits {
+        members: config.group_members_max,
+        groups: config.groups_max,
+    };
+    let mut meta = MetaService::new(group, limits);
     let mut ops = Vec::new();
     let next_topic_id = meta.group().state().next_topic_id();
     if topic_id_floor > next_topic_id {

@@ -65,6 +65,11 @@ pub struct NodeConfig {
     /// Fetches one connection may have parked at a partition's end; more are answered
     /// at once.
     pub connection_waiting_fetches_max: u32,
+    /// Members one consumer group may have; a join beyond is refused `QuotaExceeded`.
+    pub group_members_max: u32,
+    /// Consumer groups with members the coordinator keeps, over all streams; a join
+    /// that would start another is refused `QuotaExceeded`.
+    pub groups_max: u32,
     /// A new connection's first complete frame must arrive within this (ms).
     pub connection_first_frame_ms: u64,
     /// A frame, once its first byte arrived, must be whole within this (ms).
@@ -269,6 +274,8 @@ impl Default for NodeConfig {
             fetch_bytes_max: 512 << 20,
             connection_write_timeout_ms: 30_000,
             connection_waiting_fetches_max: 1024,
+            group_members_max: 1_000,
+            groups_max: 10_000,
             connection_first_frame_ms: 10_000,
             connection_frame_ms: 30_000,
             connection_idle_ms: 600_000,
@@ -393,6 +400,8 @@ impl NodeConfig {
                 "CONNECTION_WAITING_FETCHES_MAX" => {
                     self.connection_waiting_fetches_max = parse(&value).map_err(bad)?
                 }
+                "GROUP_MEMBERS_MAX" => self.group_members_max = parse(&value).map_err(bad)?,
+                "GROUPS_MAX" => self.groups_max = parse(&value).map_err(bad)?,
                 "CONNECTION_WRITE_TIMEOUT_MS" => {
                     self.connection_write_timeout_ms = parse(&value).map_err(bad)?
                 }
@@ -482,6 +491,14 @@ impl NodeConfig {
             return Err(ConfigError::Invalid(
                 "frame_bytes_max must be at least 1024".into(),
             ));
+        }
+        for (name, value) in [
+            ("group_members_max", self.group_members_max),
+            ("groups_max", self.groups_max),
+        ] {
+            if value == 0 {
+                return Err(ConfigError::Invalid(format!("{name} must be at least 1")));
+            }
         }
         if self.connection_requests_max == 0 {
             return Err(ConfigError::Invalid(

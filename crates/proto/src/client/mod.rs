@@ -40,8 +40,8 @@ pub use node_status::{
 pub use request::{
     GroupMemberRequest, OffsetSpec, Request, SettingOutOfRange, TopicSettings, FSYNC_ALWAYS,
     FSYNC_DEFAULT, FSYNC_INTERVAL, FSYNC_INTERVAL_MS_MAX, FSYNC_NEVER, MAX_BATCH_BYTES_MIN,
-    RETENTION_BYTES_MAX, RETENTION_FOREVER, RETENTION_MS_MAX, SEGMENT_BYTES_MAX, SEGMENT_BYTES_MIN,
-    TOPIC_PARTITIONS_MAX,
+    MEMBER_NAME_BYTES_MAX, RETENTION_BYTES_MAX, RETENTION_FOREVER, RETENTION_MS_MAX,
+    SEGMENT_BYTES_MAX, SEGMENT_BYTES_MIN, TOPIC_PARTITIONS_MAX,
 };
 pub use response::{
     decode_error_message, encode_fetch_prefix, error_code, ClusterInfo, ClusterMember,
@@ -202,6 +202,9 @@ codes! {
         ShuttingDown = 41,
         /// The node is overloaded; retry later.
         Busy = 42,
+        /// One of the node's limits (members per group, groups, ...) would be passed;
+        /// the message names the setting.
+        QuotaExceeded = 43,
         /// Wrong user name or password (the same code for both); the connection is
         /// closed after this.
         AuthenticationFailed = 60,

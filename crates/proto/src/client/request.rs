@@ -14,6 +14,9 @@ pub const FSYNC_NEVER: u8 = 3;
 
 /// Most partitions a topic may be created with.
 pub const TOPIC_PARTITIONS_MAX: u32 = 10_000;
+/// Longest consumer group member name (a name for people; it is kept by the
+/// coordinator and shown in every `DescribeGroup`).
+pub const MEMBER_NAME_BYTES_MAX: usize = 255;
 /// The one explicit "keep forever" form of [`TopicSettings::retention_ms`], and "no
 /// size limit" of [`TopicSettings::retention_bytes`]: `u64::MAX` (2^64 − 1). The CLI
 /// and the node's config spell it `forever`. (0 on the wire is the node's default.)
@@ -840,7 +843,19 @@ impl<'a> Request<'a> {
                 stream: name(&mut r, "stream")?,
                 group: name(&mut r, "group")?,
                 topic: name(&mut r, "topic")?,
-                member_name: r.string("member_name")?,
+                member_name: {
+                    let at = r.position();
+                    let member_name = r.string("member_name")?;
+                    if member_name.len() > MEMBER_NAME_BYTES_MAX {
+                        return Err(WireError::OutOfRange {
+                            at,
+                            field: "member_name length",
+                            value: member_name.len() as u64,
+                            range: "0..=255",
+                        });
+                    }
+                    member_name
+                },
                 session_timeout_ms: r.u32("session_timeout_ms")?,
             },
             Command::Heartbeat => {
