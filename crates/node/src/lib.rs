@@ -21,6 +21,7 @@ pub mod config;
 mod connection;
 mod coordinator;
 mod data_dir;
+mod door;
 mod error;
 pub mod groups;
 mod http;

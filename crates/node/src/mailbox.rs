@@ -69,7 +69,8 @@ pub(crate) enum ShardRequest {
 /// Messages that must not wait behind requests or block their sender.
 #[derive(Debug)]
 pub(crate) enum Control {
-    Connection(std::net::TcpStream),
+    /// A new client connection, and its place at the door while it has not logged in.
+    Connection(std::net::TcpStream, Option<StrangerSlot>),
     Listener(std::net::TcpListener),
     Layout {
         layout: Arc<Layout>,
@@ -117,6 +118,8 @@ pub(crate) struct NodeShared {
     pub(crate) fetch_bytes: Arc<tokio::sync::Semaphore>,
     /// Client connections served now, over every shard (`connections_max`).
     pub(crate) connections: std::sync::atomic::AtomicUsize,
+    /// Connections not logged in yet, and recent login failures (authentication on).
+    pub(crate) door: std::sync::Mutex<crate::door::Door>,
     /// Each open partition's high watermark, published by its owner for the group
     /// coordinator (a commit beyond it is refused). Written when partitions open or
     /// go, read per commit; never on the produce or fetch path.
@@ -155,6 +158,41 @@ pub(crate) struct ClusterView {
     pub(crate) members: Vec<braid_proto::client::ClusterMember>,
 }
 
+/// A connection's place among the strangers at the door (it has not logged in): given
+/// back when it logs in or closes, whichever comes first.
+pub(crate) struct StrangerSlot {
+    shared: Arc<NodeShared>,
+    source: std::net::IpAddr,
+}
+
+impl StrangerSlot {
+    /// Lets a connection from `source` in as a stranger, or says why not.
+    pub(crate) fn take(
+        shared: &Arc<NodeShared>,
+        source: std::net::IpAddr,
+    ) -> Result<Self, crate::door::Turned> {
+        shared.door().admit(source)?;
+        Ok(Self {
+            shared: Arc::clone(shared),
+            source,
+        })
+    }
+}
+
+impl std::fmt::Debug for StrangerSlot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StrangerSlot")
+            .field("source", &self.source)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for StrangerSlot {
+    fn drop(&mut self) {
+        self.shared.door().stranger_gone(self.source);
+    }
+}
+
 /// "No member known" where a member id is published.
 pub(crate) const NO_MEMBER: u8 = u8::MAX;
 
@@ -189,6 +227,14 @@ impl NodeShared {
             braid_proto::client::ErrorCode::NotLeader,
             format!("node {} does not lead {what}: {hint}", self.cluster.node_id),
         )
+    }
+
+    /// The door (a poisoned lock is taken as it is: its counts stay whole, each
+    /// change being one step).
+    pub(crate) fn door(&self) -> std::sync::MutexGuard<'_, crate::door::Door> {
+        self.door
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     pub(crate) fn shards(&self) -> usize {

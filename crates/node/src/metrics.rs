@@ -32,6 +32,8 @@ pub(crate) struct ShardMetrics {
     pub(crate) fetch_waits_refused: AtomicU64,
     pub(crate) connections_closed_deadline: AtomicU64,
     pub(crate) logins_ended: AtomicU64,
+    pub(crate) strangers_refused: AtomicU64,
+    pub(crate) logins_delayed: AtomicU64,
     pub(crate) connections_refused: AtomicU64,
     pub(crate) authentication_failures: AtomicU64,
     pub(crate) authentications: AtomicU64,
@@ -65,6 +67,8 @@ impl Default for ShardMetrics {
             fetch_waits_refused: AtomicU64::new(0),
             connections_closed_deadline: AtomicU64::new(0),
             logins_ended: AtomicU64::new(0),
+            strangers_refused: AtomicU64::new(0),
+            logins_delayed: AtomicU64::new(0),
             connections_refused: AtomicU64::new(0),
             authentication_failures: AtomicU64::new(0),
             authentications: AtomicU64::new(0),
@@ -185,6 +189,18 @@ pub(crate) fn render(
         "counter",
         "Connections closed for no first frame, a frame not completed, or idleness in time.",
         sum(&|s| &s.connections_closed_deadline),
+    );
+    metric(
+        "braid_connections_refused_unauthenticated_total",
+        "counter",
+        "Connections closed at accept because the node, or their source address, held its maximum of connections not logged in.",
+        sum(&|s| &s.strangers_refused),
+    );
+    metric(
+        "braid_logins_delayed_total",
+        "counter",
+        "Logins made to wait because their source address or user had recent failures.",
+        sum(&|s| &s.logins_delayed),
     );
     metric(
         "braid_logins_ended_total",

@@ -163,6 +163,12 @@ impl Node {
         let fetch_bytes_permits = usize::try_from(config.fetch_bytes_max)
             .unwrap_or(usize::MAX)
             .min(tokio::sync::Semaphore::MAX_PERMITS);
+        let door = crate::door::Door::new(crate::door::DoorLimits {
+            strangers: config
+                .connections_unauthenticated_max
+                .min((config.connections_max / 2).max(1)),
+            strangers_per_source: config.connections_unauthenticated_per_source_max,
+        });
         let shared = Arc::new(NodeShared {
             config,
             inboxes,
@@ -174,6 +180,7 @@ impl Node {
             read_buffers: crate::buffers::ReadBuffers::default(),
             fetch_bytes: Arc::new(tokio::sync::Semaphore::new(fetch_bytes_permits)),
             connections: std::sync::atomic::AtomicUsize::new(0),
+            door: std::sync::Mutex::new(door),
             high_watermarks: std::sync::RwLock::default(),
             primaries: std::sync::RwLock::default(),
             coordinator: std::sync::atomic::AtomicU8::new(crate::mailbox::NO_MEMBER),

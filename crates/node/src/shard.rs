@@ -608,7 +608,7 @@ impl Shard {
     /// Returns false when the shard should stop.
     pub(crate) fn handle_control(&mut self, control: Control) -> bool {
         match control {
-            Control::Connection(stream) => {
+            Control::Connection(stream, stranger) => {
                 let context = crate::connection::ServeContext {
                     shared: Arc::clone(&self.shared),
                     layout: Rc::clone(&self.layout),
@@ -616,7 +616,7 @@ impl Shard {
                     draining: self.draining.subscribe(),
                     access_changed: self.access_changed.subscribe(),
                 };
-                crate::connection::spawn(context, stream);
+                crate::connection::spawn(context, stream, stranger);
             }
             Control::Listener(listener) => {
                 crate::connection::spawn_acceptor(

@@ -65,6 +65,11 @@ pub struct NodeConfig {
     /// Fetches one connection may have parked at a partition's end; more are answered
     /// at once.
     pub connection_waiting_fetches_max: u32,
+    /// Connections that have not logged in (with authentication on) the node holds;
+    /// at most half of `connections_max`.
+    pub connections_unauthenticated_max: u32,
+    /// Connections that have not logged in the node holds from one source address.
+    pub connections_unauthenticated_per_source_max: u32,
     /// Members one consumer group may have; a join beyond is refused `QuotaExceeded`.
     pub group_members_max: u32,
     /// Consumer groups with members the coordinator keeps, over all streams; a join
@@ -274,6 +279,8 @@ impl Default for NodeConfig {
             fetch_bytes_max: 512 << 20,
             connection_write_timeout_ms: 30_000,
             connection_waiting_fetches_max: 1024,
+            connections_unauthenticated_max: 1_000,
+            connections_unauthenticated_per_source_max: 16,
             group_members_max: 1_000,
             groups_max: 10_000,
             connection_first_frame_ms: 10_000,
@@ -400,6 +407,12 @@ impl NodeConfig {
                 "CONNECTION_WAITING_FETCHES_MAX" => {
                     self.connection_waiting_fetches_max = parse(&value).map_err(bad)?
                 }
+                "CONNECTIONS_UNAUTHENTICATED_MAX" => {
+                    self.connections_unauthenticated_max = parse(&value).map_err(bad)?
+                }
+                "CONNECTIONS_UNAUTHENTICATED_PER_SOURCE_MAX" => {
+                    self.connections_unauthenticated_per_source_max = parse(&value).map_err(bad)?
+                }
                 "GROUP_MEMBERS_MAX" => self.group_members_max = parse(&value).map_err(bad)?,
                 "GROUPS_MAX" => self.groups_max = parse(&value).map_err(bad)?,
                 "CONNECTION_WRITE_TIMEOUT_MS" => {
@@ -494,6 +507,14 @@ impl NodeConfig {
         }
         for (name, value) in [
             ("group_members_max", self.group_members_max),
+            (
+                "connections_unauthenticated_max",
+                self.connections_unauthenticated_max,
+            ),
+            (
+                "connections_unauthenticated_per_source_max",
+                self.connections_unauthenticated_per_source_max,
+            ),
             ("groups_max", self.groups_max),
         ] {
             if value == 0 {

@@ -100,6 +100,16 @@ pub(super) async fn authenticate(
     message: &[u8],
 ) -> Flow {
     let attempted = env.login.borrow().attempted(message);
+    let now_ms = || u64::try_from(env.shared.started.elapsed().as_millis()).unwrap_or(u64::MAX);
+    let starting = matches!(*env.login.borrow(), crate::login::Login::Anonymous);
+    if let (true, Some(peer), Some(user)) = (starting, env.peer, attempted.as_deref()) {
+        // A guesser's source, or a user being guessed at, waits before each try.
+        let delay = env.shared.door().login_delay(peer.ip(), user, now_ms());
+        if !delay.is_zero() {
+            add(&env.metrics.logins_delayed, 1);
+            tokio::time::sleep(delay).await;
+        }
+    }
     let mut random = [0u8; 18];
     let step = match crate::admin_bootstrap::random_bytes(&mut random) {
         Ok(()) => {
@@ -123,6 +133,8 @@ pub(super) async fn authenticate(
             if let Some(user) = env.login.borrow().user() {
                 add(&env.metrics.authentications, 1);
                 tracing::debug!(peer = ?env.peer, user, "client authenticated");
+                // No longer a stranger: its place at the door goes back.
+                env.stranger.borrow_mut().take();
             }
             let mut frame = Vec::new();
             Response::Authenticated(reply).encode(request_id, Command::Authenticate, &mut frame);
@@ -131,6 +143,11 @@ pub(super) async fn authenticate(
         }
         Err(err) => {
             add(&env.metrics.authentication_failures, 1);
+            if let Some(peer) = env.peer {
+                env.shared
+                    .door()
+                    .login_failed(peer.ip(), attempted.as_deref(), now_ms());
+            }
             tracing::info!(
                 peer = ?env.peer,
                 user = attempted.as_deref().unwrap_or("-"),

@@ -29,9 +29,10 @@ use deadlines::Deadlines;
 use writer::{write_loop, FetchBudget, Outgoing};
 
 use crate::admin::admin_request;
+use crate::door::Turned;
 use crate::error::NodeError;
 use crate::layout::{Layout, PartitionKey, TopicRoute};
-use crate::mailbox::{Control, FetchOutcome, NodeShared, ShardRequest};
+use crate::mailbox::{Control, FetchOutcome, NodeShared, ShardRequest, StrangerSlot};
 use crate::metrics::{add, ShardMetrics};
 
 /// Responses queued for the writer of one connection before the reader waits.
@@ -60,6 +61,8 @@ struct Env {
     login: std::cell::RefCell<crate::login::Login>,
     /// The client's address, for the log lines that concern it.
     peer: Option<std::net::SocketAddr>,
+    /// Its place among the strangers at the door, until it logs in.
+    stranger: std::cell::RefCell<Option<StrangerSlot>>,
 }
 
 /// What the reader does after a frame.
@@ -71,7 +74,11 @@ enum Flow {
 }
 
 /// Starts serving a connection on the current shard, with what `context` gives of it.
-pub(crate) fn spawn(context: ServeContext, stream: std::net::TcpStream) {
+pub(crate) fn spawn(
+    context: ServeContext,
+    stream: std::net::TcpStream,
+    stranger: Option<StrangerSlot>,
+) {
     let ServeContext {
         shared,
         layout,
@@ -107,12 +114,12 @@ pub(crate) fn spawn(context: ServeContext, stream: std::net::TcpStream) {
         match tls {
             None => {
                 let (reader, writer) = stream.into_split();
-                serve(reader, writer, context, peer).await;
+                serve(reader, writer, context, peer, stranger).await;
             }
             Some(tls) => {
                 if let Some(stream) = handshake(&tls, stream, &context, peer).await {
                     let (reader, writer) = tokio::io::split(stream);
-                    serve(reader, writer, context, peer).await;
+                    serve(reader, writer, context, peer, stranger).await;
                 }
             }
         }
@@ -173,6 +180,7 @@ pub(crate) fn spawn_acceptor(
     tokio::task::spawn_local(async move {
         let mut next = 0usize;
         let mut last_refusal_logged = None;
+        let mut last_stranger_logged = None;
         loop {
             tokio::select! {
                 _ = draining.changed() => break,
@@ -190,13 +198,35 @@ pub(crate) fn spawn_acceptor(
                             }
                             continue; // dropping the socket closes it
                         }
+                        // Until it logs in, a connection holds a stranger's place: their
+                        // own budget, per source too, so they never take the users'.
+                        let stranger = if shared.config.authentication {
+                            match StrangerSlot::take(&shared, peer.ip()) {
+                                Ok(slot) => Some(slot),
+                                Err(turned) => {
+                                    shared.connections.fetch_sub(1, Ordering::AcqRel);
+                                    add(&shared.metrics[0].strangers_refused, 1);
+                                    if last_stranger_logged.is_none_or(|at: tokio::time::Instant| at.elapsed() >= Duration::from_secs(10)) {
+                                        last_stranger_logged = Some(tokio::time::Instant::now());
+                                        let limit = match turned {
+                                            Turned::Node => "connections_unauthenticated_max",
+                                            Turned::Source => "connections_unauthenticated_per_source_max",
+                                        };
+                                        tracing::warn!(%peer, limit, "refusing connections that have not logged in: the node holds its maximum of them");
+                                    }
+                                    continue;
+                                }
+                            }
+                        } else {
+                            None
+                        };
                         let Ok(stream) = stream.into_std() else {
                             shared.connections.fetch_sub(1, Ordering::AcqRel);
                             continue;
                         };
                         let shard = next % shared.shards();
                         next += 1;
-                        if shared.controls[shard].send(Control::Connection(stream)).is_err() {
+                        if shared.controls[shard].send(Control::Connection(stream, stranger)).is_err() {
                             shared.connections.fetch_sub(1, Ordering::AcqRel);
                         }
                     }
@@ -217,6 +247,7 @@ async fn serve<R, W>(
     writer: W,
     context: ServeContext,
     peer: Option<std::net::SocketAddr>,
+    stranger: Option<StrangerSlot>,
 ) where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin + 'static,
@@ -255,6 +286,7 @@ async fn serve<R, W>(
         waiting: Rc::new(Cell::new(0)),
         login: std::cell::RefCell::default(),
         peer,
+        stranger: std::cell::RefCell::new(stranger),
     };
     let login_needed = env.shared.config.authentication;
     let mut buf = BytesMut::with_capacity(READ_CHUNK_BYTES);
