@@ -733,3 +733,57 @@ async fn consumer_groups_are_bounded_in_members_groups_and_name_length() {
     join("c", "first".into()).await.unwrap();
     node.shutdown();
 }
+
+/// Frames being received share one node-wide budget (found by review: each connection
+/// could hold 16 MiB of an unfinished frame, and 160 of them took 2.5 GB): 40
+/// connections that each send half of a 16 MiB frame and stop hold what the budget
+/// allows, the rest wait unread, and a small produce from another client goes through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unfinished_frames_share_a_node_wide_budget() {
+    let _serial = SERIAL.lock().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = common::config(dir.path(), FsyncSetting::Never);
+    config.frame_bytes_in_flight_max = 32 << 20;
+    let node = braid_node::Node::start(config).unwrap();
+    let client = Client::connect(node.client_addr()).await.unwrap();
+    common::create_topic(&client, "s", "t", 1).await;
+    let before = resident_bytes();
+    let mut attackers = Vec::new();
+    for id in 1..=40u64 {
+        let mut stream = TcpStream::connect(node.client_addr()).await.unwrap();
+        attackers.push(tokio::spawn(async move {
+            let mut frame = Vec::new();
+            frame.extend_from_slice(&((16u32 << 20) - 4).to_be_bytes());
+            frame.extend_from_slice(&id.to_be_bytes());
+            frame.extend_from_slice(&(braid_proto::client::Command::Produce as u16).to_be_bytes());
+            // Half the body, a chunk at a time (this process is the node's too: its
+            // own buffers must not count); blocks once the node stops reading.
+            let chunk = [7u8; 64 << 10];
+            if stream.write_all(&frame).await.is_ok() {
+                for _ in 0..128 {
+                    if stream.write_all(&chunk).await.is_err() {
+                        break;
+                    }
+                }
+            }
+            tokio::time::sleep(Duration::from_secs(60)).await;
+            drop(stream);
+        }));
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let grown = resident_bytes().saturating_sub(before);
+    let started = Instant::now();
+    client.produce("s", "t", 0, &batch(10, 100)).await.unwrap();
+    let produce = started.elapsed();
+    eprintln!(
+        "40 unfinished 16 MiB frames: resident memory grew by {} MiB; a small produce took {produce:?}",
+        grown >> 20
+    );
+    assert!(grown < 100 << 20, "the node grew by {grown} bytes");
+    let waits = common::metric(node.http_addr(), "braid_frame_budget_waits_total").await;
+    assert!(waits >= 30, "{waits} frames waited for the budget");
+    for attacker in attackers {
+        attacker.abort();
+    }
+    node.shutdown();
+}

@@ -116,6 +116,9 @@ pub(crate) struct NodeShared {
     pub(crate) read_buffers: crate::buffers::ReadBuffers,
     /// Fetch-response bytes in flight over the node (`fetch_bytes_max`).
     pub(crate) fetch_bytes: Arc<tokio::sync::Semaphore>,
+    /// Bytes of client frames being received, over the node
+    /// (`frame_bytes_in_flight_max`).
+    pub(crate) frame_bytes: Arc<tokio::sync::Semaphore>,
     /// Client connections served now, over every shard (`connections_max`).
     pub(crate) connections: std::sync::atomic::AtomicUsize,
     /// Connections not logged in yet, and recent login failures (authentication on).

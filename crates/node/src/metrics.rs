@@ -34,6 +34,7 @@ pub(crate) struct ShardMetrics {
     pub(crate) logins_ended: AtomicU64,
     pub(crate) strangers_refused: AtomicU64,
     pub(crate) logins_delayed: AtomicU64,
+    pub(crate) frame_budget_waits: AtomicU64,
     pub(crate) connections_refused: AtomicU64,
     pub(crate) authentication_failures: AtomicU64,
     pub(crate) authentications: AtomicU64,
@@ -69,6 +70,7 @@ impl Default for ShardMetrics {
             logins_ended: AtomicU64::new(0),
             strangers_refused: AtomicU64::new(0),
             logins_delayed: AtomicU64::new(0),
+            frame_budget_waits: AtomicU64::new(0),
             connections_refused: AtomicU64::new(0),
             authentication_failures: AtomicU64::new(0),
             authentications: AtomicU64::new(0),
@@ -195,6 +197,12 @@ pub(crate) fn render(
         "counter",
         "Connections closed at accept because the node, or their source address, held its maximum of connections not logged in.",
         sum(&|s| &s.strangers_refused),
+    );
+    metric(
+        "braid_frame_budget_waits_total",
+        "counter",
+        "Large client frames whose reading waited for the node's frame_bytes_in_flight_max.",
+        sum(&|s| &s.frame_budget_waits),
     );
     metric(
         "braid_logins_delayed_total",

@@ -163,6 +163,9 @@ impl Node {
         let fetch_bytes_permits = usize::try_from(config.fetch_bytes_max)
             .unwrap_or(usize::MAX)
             .min(tokio::sync::Semaphore::MAX_PERMITS);
+        let frame_bytes_permits = usize::try_from(config.frame_bytes_in_flight_max)
+            .unwrap_or(usize::MAX)
+            .min(tokio::sync::Semaphore::MAX_PERMITS);
         let door = crate::door::Door::new(crate::door::DoorLimits {
             strangers: config
                 .connections_unauthenticated_max
@@ -179,6 +182,7 @@ impl Node {
             started: Instant::now(),
             read_buffers: crate::buffers::ReadBuffers::default(),
             fetch_bytes: Arc::new(tokio::sync::Semaphore::new(fetch_bytes_permits)),
+            frame_bytes: Arc::new(tokio::sync::Semaphore::new(frame_bytes_permits)),
             connections: std::sync::atomic::AtomicUsize::new(0),
             door: std::sync::Mutex::new(door),
             high_watermarks: std::sync::RwLock::default(),

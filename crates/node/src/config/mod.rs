@@ -41,6 +41,10 @@ pub struct NodeConfig {
     pub shards: usize,
     /// Largest client frame accepted (bytes).
     pub frame_bytes_max: u32,
+    /// Bytes of client frames being received that the whole node may hold (a frame
+    /// over 64 KiB takes its length from this before its body is read; while there is
+    /// none, its socket is not read).
+    pub frame_bytes_in_flight_max: u64,
     /// Logs per shard that may hold open files at once; idle ones are released.
     pub open_logs_per_shard: usize,
     /// How long a graceful shutdown waits for in-flight requests (ms).
@@ -268,6 +272,7 @@ impl Default for NodeConfig {
             http_addr: SocketAddr::from(([127, 0, 0, 1], 7080)),
             shards: 0,
             frame_bytes_max: braid_proto::client::FRAME_BYTES_MAX_DEFAULT,
+            frame_bytes_in_flight_max: 256 << 20,
             open_logs_per_shard: 1024,
             shutdown_grace_ms: 10_000,
             retention_check_ms: 60_000,
@@ -382,6 +387,9 @@ impl NodeConfig {
                 "HTTP_ADDR" => self.http_addr = parse(&value).map_err(bad)?,
                 "SHARDS" => self.shards = parse(&value).map_err(bad)?,
                 "FRAME_BYTES_MAX" => self.frame_bytes_max = parse(&value).map_err(bad)?,
+                "FRAME_BYTES_IN_FLIGHT_MAX" => {
+                    self.frame_bytes_in_flight_max = parse(&value).map_err(bad)?
+                }
                 "OPEN_LOGS_PER_SHARD" => self.open_logs_per_shard = parse(&value).map_err(bad)?,
                 "SHUTDOWN_GRACE_MS" => self.shutdown_grace_ms = parse(&value).map_err(bad)?,
                 "RETENTION_CHECK_MS" => self.retention_check_ms = parse(&value).map_err(bad)?,
@@ -520,6 +528,13 @@ impl NodeConfig {
             if value == 0 {
                 return Err(ConfigError::Invalid(format!("{name} must be at least 1")));
             }
+        }
+        // A whole frame must fit, or one would wait for ever.
+        if self.frame_bytes_in_flight_max < u64::from(self.frame_bytes_max) {
+            return Err(ConfigError::Invalid(format!(
+                "frame_bytes_in_flight_max ({}) must be at least frame_bytes_max ({})",
+                self.frame_bytes_in_flight_max, self.frame_bytes_max
+            )));
         }
         if self.connection_requests_max == 0 {
             return Err(ConfigError::Invalid(

@@ -292,6 +292,7 @@ async fn serve<R, W>(
     let mut buf = BytesMut::with_capacity(READ_CHUNK_BYTES);
     let mut deadlines = Deadlines::new(&env.shared.config);
     let mut ended_login = None;
+    let mut frame_permit = None;
     'read: loop {
         loop {
             // Until the connection logs in, frames are small: a stranger cannot make
@@ -305,6 +306,8 @@ async fn serve<R, W>(
             match frame_length(&buf, REQUEST_HEADER_BYTES, max) {
                 Ok(Some(total)) => {
                     let frame = buf.split_to(total);
+                    // Received whole: its share of the node's budget goes back.
+                    frame_permit = None;
                     deadlines.frame_done();
                     if handle_frame(&env, frame).await == Flow::Close {
                         break 'read;
@@ -322,6 +325,18 @@ async fn serve<R, W>(
         }
         if *draining.borrow() {
             break;
+        }
+        if frame_permit.is_none() {
+            if let Some(total) = announced_total(&buf).filter(|t| *t > READ_CHUNK_BYTES) {
+                // A large frame takes its length from the node's budget before its body
+                // is read (until then its socket waits, pushing back through TCP), and
+                // its room at once rather than by doubling.
+                let Some(permit) = frame_budget(&env, total, &mut draining).await else {
+                    break;
+                };
+                frame_permit = Some(permit);
+                buf.reserve(total.saturating_sub(buf.len()));
+            }
         }
         if buf.capacity() - buf.len() < READ_CHUNK_BYTES {
             buf.reserve(READ_CHUNK_BYTES);
@@ -380,6 +395,31 @@ async fn serve<R, W>(
     drop(env);
     if !writer_done {
         let _ = writer_task.await;
+    }
+}
+
+/// The length of the frame `buf` starts with, if its length field is in.
+fn announced_total(buf: &[u8]) -> Option<usize> {
+    let raw: [u8; 4] = buf.get(..4)?.try_into().ok()?;
+    Some(4 + u32::from_be_bytes(raw) as usize)
+}
+
+/// `bytes` of the node's frame budget for a frame being received, waited for (the
+/// socket is not read meanwhile); `None` if the node drains first.
+async fn frame_budget(
+    env: &Env,
+    bytes: usize,
+    draining: &mut watch::Receiver<bool>,
+) -> Option<tokio::sync::OwnedSemaphorePermit> {
+    let bytes = u32::try_from(bytes).ok()?;
+    let budget = Arc::clone(&env.shared.frame_bytes);
+    if let Ok(permit) = Arc::clone(&budget).try_acquire_many_owned(bytes) {
+        return Some(permit);
+    }
+    add(&env.metrics.frame_budget_waits, 1);
+    tokio::select! {
+        permit = budget.acquire_many_owned(bytes) => permit.ok(),
+        _ = draining.changed() => None,
     }
 }
 
