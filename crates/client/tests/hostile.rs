@@ -787,3 +787,74 @@ async fn unfinished_frames_share_a_node_wide_budget() {
     }
     node.shutdown();
 }
+
+/// Shares of the fetch budget are fair (found by review: eight connections that read
+/// nothing held the node's whole budget, and every other consumer waited about 30 s).
+/// One user (here, with authentication off, one source address) holds at most its
+/// share over all its connections; and while fetches wait for the node's budget,
+/// connections whose answers do not move are closed after `fetch_stall_contended_ms`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readers_that_read_nothing_delay_other_consumers_only_briefly() {
+    let _serial = SERIAL.lock().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = common::config(dir.path(), FsyncSetting::Never);
+    config.connection_fetch_bytes_max = 4 << 20;
+    config.fetch_bytes_per_user_max = 8 << 20;
+    config.fetch_bytes_max = 24 << 20;
+    config.fetch_stall_contended_ms = 500;
+    let node = braid_node::Node::start(config).unwrap();
+    let client = Client::connect(node.client_addr()).await.unwrap();
+    common::create_topic(&client, "s", "t", 1).await;
+    for _ in 0..8 {
+        client
+            .produce("s", "t", 0, &batch(500, 1000))
+            .await
+            .unwrap();
+    }
+    // Eight connections from each of `addresses` ask for 4 MiB answers and read none.
+    let attack = |addresses: std::ops::RangeInclusive<u8>| {
+        let node = node.client_addr();
+        async move {
+            let mut held = Vec::new();
+            for last in addresses {
+                for _ in 0..8 {
+                    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+                    socket
+                        .bind(std::net::SocketAddr::from(([127, 0, 0, last], 0)))
+                        .unwrap();
+                    let mut stream = socket.connect(node).await.unwrap();
+                    let mut fetches = Vec::new();
+                    for id in 1..=8u64 {
+                        encode_fetch(&mut fetches, id, "t", 0, 4 << 20, 0);
+                    }
+                    stream.write_all(&fetches).await.unwrap();
+                    held.push(stream);
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            held
+        }
+    };
+    let fetch = || async {
+        let started = Instant::now();
+        let fetched = client.fetch("s", "t", 0, 0, 4 << 20, 0).await.unwrap();
+        assert!(!fetched.batches.is_empty());
+        started.elapsed()
+    };
+    // One address: it holds its 8 MiB share, not the node's 24 MiB.
+    let one = attack(2..=2).await;
+    let alone = fetch().await;
+    // Three addresses take the whole budget: the others wait until the stalled are
+    // closed, about half a second, not the 30 s write timeout.
+    let three = attack(3..=5).await;
+    let contended = fetch().await;
+    eprintln!(
+        "another consumer's 4 MiB fetch: {alone:?} beside one address reading nothing, \
+         {contended:?} beside three that hold the node's whole budget"
+    );
+    assert!(alone < Duration::from_millis(400), "{alone:?}");
+    assert!(contended < Duration::from_secs(5), "{contended:?}");
+    assert!(common::metric(node.http_addr(), "braid_connections_closed_stalled_total").await >= 1);
+    drop((one, three));
+    node.shutdown();
+}

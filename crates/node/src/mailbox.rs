@@ -116,6 +116,12 @@ pub(crate) struct NodeShared {
     pub(crate) read_buffers: crate::buffers::ReadBuffers,
     /// Fetch-response bytes in flight over the node (`fetch_bytes_max`).
     pub(crate) fetch_bytes: Arc<tokio::sync::Semaphore>,
+    /// Fetches waiting for the node's fetch budget now: while there are any, a
+    /// connection whose answers do not move is closed sooner.
+    pub(crate) fetch_budget_waiting: std::sync::atomic::AtomicUsize,
+    /// Each user's (or source address's) share of the fetch budget, while in use.
+    pub(crate) principals:
+        std::sync::Mutex<HashMap<String, std::sync::Weak<tokio::sync::Semaphore>>>,
     /// Bytes of client frames being received, over the node
     /// (`frame_bytes_in_flight_max`).
     pub(crate) frame_bytes: Arc<tokio::sync::Semaphore>,
@@ -238,6 +244,32 @@ impl NodeShared {
         self.door
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The fetch-budget share of `principal` ("user NAME" or "address IP"), made when
+    /// first needed and dropped with its last connection.
+    pub(crate) fn principal_budget(&self, principal: &str) -> Arc<tokio::sync::Semaphore> {
+        let mut principals = self
+            .principals
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(budget) = principals.get(principal).and_then(std::sync::Weak::upgrade) {
+            return budget;
+        }
+        if principals.len() >= 1024 {
+            principals.retain(|_, budget| budget.strong_count() > 0);
+        }
+        let config = &self.config;
+        let bytes = config
+            .fetch_bytes_per_user_max
+            .max(u64::from(config.connection_fetch_bytes_max))
+            .min(config.fetch_bytes_max);
+        let permits = usize::try_from(bytes)
+            .unwrap_or(usize::MAX)
+            .min(tokio::sync::Semaphore::MAX_PERMITS);
+        let budget = Arc::new(tokio::sync::Semaphore::new(permits));
+        principals.insert(principal.to_owned(), Arc::downgrade(&budget));
+        budget
     }
 
     pub(crate) fn shards(&self) -> usize {

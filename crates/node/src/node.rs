@@ -183,6 +183,8 @@ impl Node {
             read_buffers: crate::buffers::ReadBuffers::default(),
             fetch_bytes: Arc::new(tokio::sync::Semaphore::new(fetch_bytes_permits)),
             frame_bytes: Arc::new(tokio::sync::Semaphore::new(frame_bytes_permits)),
+            fetch_budget_waiting: std::sync::atomic::AtomicUsize::new(0),
+            principals: std::sync::Mutex::default(),
             connections: std::sync::atomic::AtomicUsize::new(0),
             door: std::sync::Mutex::new(door),
             high_watermarks: std::sync::RwLock::default(),

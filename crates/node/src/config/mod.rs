@@ -66,6 +66,13 @@ pub struct NodeConfig {
     pub connection_fetch_bytes_max: u32,
     /// Fetch-response bytes the whole node may hold in flight, over all connections.
     pub fetch_bytes_max: u64,
+    /// Fetch-response bytes one user (or, with authentication off, one source address)
+    /// may hold over all its connections; taken between `connection_fetch_bytes_max`
+    /// and `fetch_bytes_max`.
+    pub fetch_bytes_per_user_max: u64,
+    /// While fetches wait for the node's budget, a connection whose answers make no
+    /// progress for this long (ms) is closed, releasing what it holds.
+    pub fetch_stall_contended_ms: u64,
     /// Fetches one connection may have parked at a partition's end; more are answered
     /// at once.
     pub connection_waiting_fetches_max: u32,
@@ -282,6 +289,8 @@ impl Default for NodeConfig {
             connection_requests_max: 256,
             connection_fetch_bytes_max: 64 << 20,
             fetch_bytes_max: 512 << 20,
+            fetch_bytes_per_user_max: 128 << 20,
+            fetch_stall_contended_ms: 2_000,
             connection_write_timeout_ms: 30_000,
             connection_waiting_fetches_max: 1024,
             connections_unauthenticated_max: 1_000,
@@ -402,6 +411,12 @@ impl NodeConfig {
                     self.connection_fetch_bytes_max = parse(&value).map_err(bad)?
                 }
                 "FETCH_BYTES_MAX" => self.fetch_bytes_max = parse(&value).map_err(bad)?,
+                "FETCH_BYTES_PER_USER_MAX" => {
+                    self.fetch_bytes_per_user_max = parse(&value).map_err(bad)?
+                }
+                "FETCH_STALL_CONTENDED_MS" => {
+                    self.fetch_stall_contended_ms = parse(&value).map_err(bad)?
+                }
                 "CONNECTION_FIRST_FRAME_MS" => {
                     self.connection_first_frame_ms = parse(&value).map_err(bad)?
                 }
@@ -552,6 +567,11 @@ impl NodeConfig {
                 "fetch_bytes_max ({}) must be at least connection_fetch_bytes_max ({})",
                 self.fetch_bytes_max, self.connection_fetch_bytes_max
             )));
+        }
+        if self.fetch_stall_contended_ms == 0 {
+            return Err(ConfigError::Invalid(
+                "fetch_stall_contended_ms must be at least 1".into(),
+            ));
         }
         // Protected mode: a node reachable from other machines must not let anyone who
         // reaches its port do anything, unless told so in as many words.

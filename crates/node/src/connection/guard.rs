@@ -133,8 +133,11 @@ pub(super) async fn authenticate(
             if let Some(user) = env.login.borrow().user() {
                 add(&env.metrics.authentications, 1);
                 tracing::debug!(peer = ?env.peer, user, "client authenticated");
-                // No longer a stranger: its place at the door goes back.
+                // No longer a stranger: its place at the door goes back, and its
+                // fetches count against its user's share from now on.
                 env.stranger.borrow_mut().take();
+                *env.principal_bytes.borrow_mut() =
+                    env.shared.principal_budget(&format!("user {user}"));
             }
             let mut frame = Vec::new();
             Response::Authenticated(reply).encode(request_id, Command::Authenticate, &mut frame);

@@ -52,6 +52,9 @@ struct Env {
     requests: Arc<Semaphore>,
     /// Fetch-response bytes this connection may still hold (`connection_fetch_bytes_max`).
     fetch_bytes: Arc<Semaphore>,
+    /// Its user's (before a login, or with authentication off, its source address's)
+    /// share of the node's fetch budget (`fetch_bytes_per_user_max`).
+    principal_bytes: std::cell::RefCell<Arc<Semaphore>>,
     /// Becomes true when the client's side closed (or the connection is ending): a
     /// waiting fetch stops waiting and answers with what there is.
     reading_done: watch::Receiver<bool>,
@@ -274,6 +277,8 @@ async fn serve<R, W>(
         shared.config.connection_fetch_bytes_max as usize,
     ));
     let (reading_done_tx, reading_done) = watch::channel(false);
+    let address = peer.map_or_else(|| "unknown".to_owned(), |p| p.ip().to_string());
+    let principal_bytes = shared.principal_budget(&format!("address {address}"));
     let env = Env {
         shared,
         layout,
@@ -285,6 +290,7 @@ async fn serve<R, W>(
         reading_done,
         waiting: Rc::new(Cell::new(0)),
         login: std::cell::RefCell::default(),
+        principal_bytes: std::cell::RefCell::new(principal_bytes),
         peer,
         stranger: std::cell::RefCell::new(stranger),
     };
@@ -499,17 +505,32 @@ async fn fetch_budget(env: &Env, bytes: u32) -> Option<FetchBudget> {
                 .ok()?
         }
     };
+    // A user's connections together hold at most its share: one that reads nothing
+    // cannot take the node's whole budget with a few connections.
+    let principal = Arc::clone(&env.principal_bytes.borrow());
+    let principal = match Arc::clone(&principal).try_acquire_many_owned(bytes) {
+        Ok(permit) => permit,
+        Err(_) => {
+            add(&env.metrics.connection_reads_paused, 1);
+            principal.acquire_many_owned(bytes).await.ok()?
+        }
+    };
     let node = match Arc::clone(&env.shared.fetch_bytes).try_acquire_many_owned(bytes) {
         Ok(permit) => permit,
         Err(_) => {
             add(&env.metrics.fetch_budget_waits, 1);
-            Arc::clone(&env.shared.fetch_bytes)
+            // Counted while it waits: connections whose answers do not move are then
+            // closed after `fetch_stall_contended_ms`, not the full write timeout.
+            let waiting = &env.shared.fetch_budget_waiting;
+            waiting.fetch_add(1, Ordering::AcqRel);
+            let permit = Arc::clone(&env.shared.fetch_bytes)
                 .acquire_many_owned(bytes)
-                .await
-                .ok()?
+                .await;
+            waiting.fetch_sub(1, Ordering::AcqRel);
+            permit.ok()?
         }
     };
-    Some(FetchBudget::new(connection, node))
+    Some(FetchBudget::new(connection, principal, node))
 }
 
 fn route(

@@ -17,17 +17,46 @@ pub(super) enum Outgoing {
     Fetch(Vec<u8>, braid_storage::LogRead, FetchBudget),
 }
 
-/// A fetch's shares of its connection's and the node's fetch-byte budgets.
+/// A fetch's shares of its connection's, its user's and the node's fetch-byte budgets.
 pub(super) struct FetchBudget {
     _connection: OwnedSemaphorePermit,
+    _principal: OwnedSemaphorePermit,
     _node: OwnedSemaphorePermit,
 }
 
 impl FetchBudget {
-    pub(super) fn new(connection: OwnedSemaphorePermit, node: OwnedSemaphorePermit) -> Self {
+    pub(super) fn new(
+        connection: OwnedSemaphorePermit,
+        principal: OwnedSemaphorePermit,
+        node: OwnedSemaphorePermit,
+    ) -> Self {
         Self {
             _connection: connection,
+            _principal: principal,
             _node: node,
+        }
+    }
+}
+
+/// How long an answer may make no progress before its connection is closed: the write
+/// timeout, or `fetch_stall_contended_ms` while other fetches wait for the node's
+/// budget (a client that reads nothing then delays the others that little).
+struct Stall {
+    shared: Arc<NodeShared>,
+    alone: Duration,
+    contended: Duration,
+}
+
+impl Stall {
+    fn bound(&self) -> Duration {
+        let waiting = self
+            .shared
+            .fetch_budget_waiting
+            .load(std::sync::atomic::Ordering::Acquire);
+        if waiting > 0 {
+            self.contended.min(self.alone)
+        } else {
+            self.alone
         }
     }
 }
@@ -38,16 +67,20 @@ pub(super) async fn write_loop<W: AsyncWrite + Unpin>(
     shared: Arc<NodeShared>,
     metrics: Arc<ShardMetrics>,
 ) {
-    let stall = Duration::from_millis(shared.config.connection_write_timeout_ms.max(1));
+    let stall = Stall {
+        alone: Duration::from_millis(shared.config.connection_write_timeout_ms.max(1)),
+        contended: Duration::from_millis(shared.config.fetch_stall_contended_ms.max(1)),
+        shared: Arc::clone(&shared),
+    };
     let mut writer = BufWriter::with_capacity(64 * 1024, writer);
     while let Some(first) = outgoing.recv().await {
         let mut next = Some(first);
         while let Some(item) = next {
             let written = match &item {
-                Outgoing::Frame(frame) => write_progressing(&mut writer, frame, stall).await,
+                Outgoing::Frame(frame) => write_progressing(&mut writer, frame, &stall).await,
                 Outgoing::Fetch(prefix, read, _) => {
-                    match write_progressing(&mut writer, prefix, stall).await {
-                        Ok(()) => write_progressing(&mut writer, read.bytes(), stall).await,
+                    match write_progressing(&mut writer, prefix, &stall).await {
+                        Ok(()) => write_progressing(&mut writer, read.bytes(), &stall).await,
                         Err(err) => Err(err),
                     }
                 }
@@ -56,7 +89,7 @@ pub(super) async fn write_loop<W: AsyncWrite + Unpin>(
                 if err.kind() == std::io::ErrorKind::TimedOut {
                     add(&metrics.connections_closed_stalled, 1);
                     tracing::info!(
-                        stall_ms = stall.as_millis() as u64,
+                        stall_ms = stall.bound().as_millis() as u64,
                         "closing a connection whose client reads no answers"
                     );
                 }
@@ -69,7 +102,7 @@ pub(super) async fn write_loop<W: AsyncWrite + Unpin>(
             }
             next = outgoing.try_recv().ok();
         }
-        let flushed = tokio::time::timeout(stall, writer.flush()).await;
+        let flushed = tokio::time::timeout(stall.alone, writer.flush()).await;
         if !matches!(flushed, Ok(Ok(()))) {
             return;
         }
@@ -80,17 +113,30 @@ pub(super) async fn write_loop<W: AsyncWrite + Unpin>(
 /// write timeout, so a slow reader is not closed but a stopped one is.
 const WRITE_STEP_BYTES: usize = 256 * 1024;
 
+/// How often a stalled write checks whether its bound changed.
+const STALL_CHECK: Duration = Duration::from_millis(250);
+
 /// Writes `bytes`, failing with `TimedOut` if a step of them makes no progress within
-/// `stall`.
+/// the stall bound (which tightens while others wait for the budget).
 async fn write_progressing<W: AsyncWrite + Unpin>(
     writer: &mut BufWriter<W>,
     bytes: &[u8],
-    stall: Duration,
+    stall: &Stall,
 ) -> std::io::Result<()> {
     for step in bytes.chunks(WRITE_STEP_BYTES) {
-        match tokio::time::timeout(stall, writer.write_all(step)).await {
-            Ok(result) => result?,
-            Err(_) => return Err(std::io::ErrorKind::TimedOut.into()),
+        let started = tokio::time::Instant::now();
+        let mut write = std::pin::pin!(writer.write_all(step));
+        loop {
+            match tokio::time::timeout(STALL_CHECK.min(stall.alone), &mut write).await {
+                Ok(result) => {
+                    result?;
+                    break;
+                }
+                Err(_) if started.elapsed() >= stall.bound() => {
+                    return Err(std::io::ErrorKind::TimedOut.into())
+                }
+                Err(_) => {}
+            }
         }
     }
     Ok(())
