@@ -910,3 +910,65 @@ async fn failed_logins_make_the_next_ones_wait() {
     );
     node.shutdown();
 }
+
+/// `GET path` with optional extra header lines; the status line and the body.
+async fn http_status(http: std::net::SocketAddr, path: &str, headers: &str) -> (String, String) {
+    let mut stream = tokio::net::TcpStream::connect(http).await.unwrap();
+    let request = format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n{headers}\r\n");
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut text = String::new();
+    stream.read_to_string(&mut text).await.unwrap();
+    let status = text.lines().next().unwrap_or("").to_owned();
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    (status, body)
+}
+
+/// The HTTP admin port shows every group and counter: off loopback it needs a token
+/// (protected mode, as the client port), and with one `/metrics` and `/replication`
+/// answer only a request that carries it; `/health` and `/ready` stay open to load
+/// balancers (found by review: no authentication, any address, silently).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_http_port_asks_for_its_token_and_refuses_to_be_exposed_without_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let exposed = Node::start(NodeConfig {
+        http_addr: "0.0.0.0:0".parse().unwrap(),
+        ..secured_config(&dir.path().join("exposed"))
+    });
+    let Err(refused) = exposed else {
+        panic!("an exposed HTTP port without a token started");
+    };
+    assert!(refused.to_string().contains("http_token_file"), "{refused}");
+
+    let token_file = dir.path().join("http-token");
+    std::fs::write(&token_file, "a token of at least sixteen bytes\n").unwrap();
+    let node = Node::start(NodeConfig {
+        http_token_file: Some(token_file),
+        ..secured_config(&dir.path().join("data"))
+    })
+    .unwrap();
+    let http = node.http_addr();
+    for path in ["/metrics", "/replication"] {
+        let (status, _) = http_status(http, path, "").await;
+        assert!(status.contains(" 401 "), "{path} without a token: {status}");
+        let (status, _) = http_status(http, path, "Authorization: Bearer wrong\r\n").await;
+        assert!(
+            status.contains(" 401 "),
+            "{path} with a wrong token: {status}"
+        );
+        let bearer = "Authorization: Bearer a token of at least sixteen bytes\r\n";
+        let (status, body) = http_status(http, path, bearer).await;
+        assert!(status.contains(" 200 "), "{path} with the token: {status}");
+        assert!(!body.is_empty());
+    }
+    // (200, or 503 while the node catches up: never 401.)
+    for path in ["/health", "/ready"] {
+        let (status, _) = http_status(http, path, "").await;
+        assert!(!status.contains(" 401 "), "{path}: {status}");
+    }
+    let (status, _) = http_status(http, "/health", "").await;
+    assert!(status.contains(" 200 "), "/health: {status}");
+    node.shutdown();
+}

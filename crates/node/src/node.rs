@@ -280,7 +280,20 @@ impl Node {
             node.stop_shards();
             return Err(err);
         }
-        node.http = Some(HttpServer::start(http, Arc::clone(&node.shared))?);
+        let token = node.shared.config.http_token()?;
+        node.http = Some(HttpServer::start(http, Arc::clone(&node.shared), token)?);
+        let config = &node.shared.config;
+        if config.authentication
+            && config.tls.cert_file.is_none()
+            && !client_addr.ip().is_loopback()
+        {
+            // Logins are SCRAM (no password crosses), but every record does, in clear.
+            tracing::warn!(
+                client = %client_addr,
+                "authentication is on but TLS is off on a non-loopback address: every \
+                 record, and each user's name, crosses the network in clear; configure [tls]"
+            );
+        }
         let _ = node.shared.controls[0].send(Control::Listener(client));
         tracing::info!(client = %client_addr, http = %http_addr, shards, "node started");
         Ok(node)

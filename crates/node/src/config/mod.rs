@@ -112,6 +112,10 @@ pub struct NodeConfig {
     /// Let a node listen on a non-loopback address without authentication. Without it
     /// such a node refuses to start (protected mode).
     pub allow_unauthenticated: bool,
+    /// A file holding the bearer token `/metrics` and `/replication` ask for
+    /// (`Authorization: Bearer TOKEN`). Required when `http_addr` is not a loopback
+    /// address, unless `allow_unauthenticated` says otherwise.
+    pub http_token_file: Option<PathBuf>,
     /// A file holding the bootstrap admin's password, read when authentication is on
     /// and no user exists yet (also `BRAID_ADMIN_PASSWORD`). Without either, a random
     /// password is written to `<data_dir>/admin-password`.
@@ -306,6 +310,7 @@ impl Default for NodeConfig {
             authentication: false,
             allow_unauthenticated: false,
             admin_password_file: None,
+            http_token_file: None,
             admin_password: None,
             tls: TlsSettings::default(),
             cluster: None,
@@ -446,6 +451,7 @@ impl NodeConfig {
                     self.allow_unauthenticated = parse(&value).map_err(bad)?
                 }
                 "ADMIN_PASSWORD_FILE" => self.admin_password_file = Some(PathBuf::from(&value)),
+                "HTTP_TOKEN_FILE" => self.http_token_file = Some(PathBuf::from(&value)),
                 "ADMIN_PASSWORD" => self.admin_password = Some(Secret(value.clone())),
                 "TLS_CERT_FILE" => self.tls.cert_file = Some(PathBuf::from(&value)),
                 "TLS_KEY_FILE" => self.tls.key_file = Some(PathBuf::from(&value)),
@@ -507,6 +513,28 @@ impl NodeConfig {
     /// The `[cluster]` table, made (with its defaults) if it was not there.
     pub fn cluster_mut(&mut self) -> &mut ClusterSettings {
         self.cluster.get_or_insert_with(ClusterSettings::default)
+    }
+
+    /// The HTTP admin port's bearer token, read from `http_token_file` (its first
+    /// line), if one is set.
+    ///
+    /// # Errors
+    /// The file cannot be read, or the token is shorter than 16 bytes.
+    pub fn http_token(&self) -> Result<Option<String>, ConfigError> {
+        let Some(path) = &self.http_token_file else {
+            return Ok(None);
+        };
+        let text = std::fs::read_to_string(path).map_err(|err| {
+            ConfigError::Invalid(format!("http_token_file {}: {err}", path.display()))
+        })?;
+        let token = text.lines().next().unwrap_or("").trim().to_owned();
+        if token.len() < 16 {
+            return Err(ConfigError::Invalid(format!(
+                "the token in http_token_file {} is shorter than 16 bytes",
+                path.display()
+            )));
+        }
+        Ok(Some(token))
     }
 
     /// Checks ranges and resolves `shards = 0` to the core count.
@@ -586,6 +614,20 @@ impl NodeConfig {
                 self.client_addr
             )));
         }
+        // The same for the HTTP admin port: what it shows (every group, every counter)
+        // is for operators, so off loopback it asks for a token.
+        if self.http_token_file.is_none()
+            && !self.allow_unauthenticated
+            && !self.http_addr.ip().is_loopback()
+        {
+            return Err(ConfigError::Invalid(format!(
+                "refusing to serve the HTTP admin port on {} without a token: set \
+                 http_token_file, or allow_unauthenticated = true to show it to anyone \
+                 who reaches the port",
+                self.http_addr
+            )));
+        }
+        self.http_token()?;
         if let Some(cluster) = &self.cluster {
             cluster.check()?;
             cluster.read_secret()?;
