@@ -858,3 +858,50 @@ async fn readers_that_read_nothing_delay_other_consumers_only_briefly() {
     drop((one, three));
     node.shutdown();
 }
+
+/// Quotas on what one admin request may create (found by review: a topic of 10,000
+/// partitions held every produce and fetch of the node for 16.8 s, and nothing bounded
+/// streams or topics): past each, `QuotaExceeded` naming the setting, nothing created.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn creates_past_a_quota_are_refused_naming_the_setting() {
+    use braid_proto::client::{ErrorCode, TopicSettings};
+    let _serial = SERIAL.lock().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = common::config(dir.path(), FsyncSetting::Never);
+    config.topic_partitions_max = 8;
+    config.topics_per_stream_max = 2;
+    config.streams_max = 2;
+    config.partitions_max = 12;
+    let node = braid_node::Node::start(config).unwrap();
+    let client = Client::connect(node.client_addr()).await.unwrap();
+    let topic = |partitions| TopicSettings {
+        partitions,
+        ..TopicSettings::default()
+    };
+    let refused = |result: Result<(), braid_client::ClientError>, setting: &str| {
+        let err = result.unwrap_err();
+        assert_eq!(err.code(), Some(ErrorCode::QuotaExceeded), "{err}");
+        assert!(err.to_string().contains(setting), "{err}");
+    };
+    client.create_stream("a").await.unwrap();
+    client.create_stream("b").await.unwrap();
+    refused(client.create_stream("c").await, "streams_max");
+    refused(
+        client.create_topic("a", "big", topic(9)).await,
+        "topic_partitions_max",
+    );
+    client.create_topic("a", "t1", topic(8)).await.unwrap();
+    client.create_topic("a", "t2", topic(1)).await.unwrap();
+    refused(
+        client.create_topic("a", "t3", topic(1)).await,
+        "topics_per_stream_max",
+    );
+    refused(
+        client.create_topic("b", "t4", topic(4)).await,
+        "partitions_max",
+    );
+    client.create_topic("b", "t4", topic(3)).await.unwrap();
+    let topics = client.list_topics("a").await.unwrap();
+    assert_eq!(topics.len(), 2);
+    node.shutdown();
+}

@@ -258,6 +258,62 @@ impl MetaService {
 
     /// Proposes `op` to the metadata group; `reply` is answered once it is committed
     /// and in place on this node's shards.
+    /// Refuses a create that would pass one of the node's quotas, by this member's
+    /// metadata (checked where the change comes in: a change racing another may pass
+    /// a quota by what that one adds).
+    fn within_quotas(
+        &self,
+        config: &crate::config::NodeConfig,
+        request: &AdminRequest,
+    ) -> Result<(), NodeError> {
+        let state = self.group.state();
+        let refuse = |what: String, setting: &str, max: u32| {
+            Err(NodeError::new(
+                ErrorCode::QuotaExceeded,
+                format!("{what}: {setting} allows {max}"),
+            ))
+        };
+        match request {
+            AdminRequest::CreateStream(_) if state.streams.len() >= config.streams_max as usize => {
+                refuse(
+                    format!("there are {} streams", state.streams.len()),
+                    "streams_max",
+                    config.streams_max,
+                )
+            }
+            AdminRequest::CreateTopic {
+                stream, settings, ..
+            } => {
+                let partitions = settings.partitions;
+                if partitions > config.topic_partitions_max {
+                    return refuse(
+                        format!("a topic of {partitions} partitions"),
+                        "topic_partitions_max",
+                        config.topic_partitions_max,
+                    );
+                }
+                let topics = state.streams.get(stream).map_or(0, |s| s.topics.len());
+                if topics >= config.topics_per_stream_max as usize {
+                    return refuse(
+                        format!("stream {stream} has {topics} topics"),
+                        "topics_per_stream_max",
+                        config.topics_per_stream_max,
+                    );
+                }
+                let existing: usize = state.topics().map(|(_, _, t)| t.partitions.len()).sum();
+                if existing + partitions as usize > config.partitions_max as usize {
+                    return refuse(
+                        format!("{existing} partitions and {partitions} more"),
+                        "partitions_max",
+                        config.partitions_max,
+                    );
+                }
+                Ok(())
+            }
+            _ => Ok(()),
+        }
+    }
+
     pub(crate) fn change(&mut self, shared: &Arc<NodeShared>, op: MetaOp, reply: Reply) {
         let turn = self.group.propose(op, reply);
         self.finish(shared, turn);
@@ -336,6 +392,10 @@ impl MetaService {
                 return;
             }
             self.groups.enter_epoch(self.group.view());
+        }
+        if let Err(err) = self.within_quotas(&shared.config, &request) {
+            let _ = reply.send(Err(err));
+            return;
         }
         match request {
             AdminRequest::CreateStream(name) => {

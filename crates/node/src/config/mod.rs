@@ -81,6 +81,16 @@ pub struct NodeConfig {
     pub connections_unauthenticated_max: u32,
     /// Connections that have not logged in the node holds from one source address.
     pub connections_unauthenticated_per_source_max: u32,
+    /// Partitions one topic may have (at most the protocol's 10,000); a larger create
+    /// is refused `QuotaExceeded`.
+    pub topic_partitions_max: u32,
+    /// Topics one stream may have.
+    pub topics_per_stream_max: u32,
+    /// Streams the cluster may have.
+    pub streams_max: u32,
+    /// Partitions the cluster may have over all topics (each member holds a replica
+    /// of every one).
+    pub partitions_max: u32,
     /// Members one consumer group may have; a join beyond is refused `QuotaExceeded`.
     pub group_members_max: u32,
     /// Consumer groups with members the coordinator keeps, over all streams; a join
@@ -299,6 +309,10 @@ impl Default for NodeConfig {
             connection_waiting_fetches_max: 1024,
             connections_unauthenticated_max: 1_000,
             connections_unauthenticated_per_source_max: 16,
+            topic_partitions_max: 1_000,
+            topics_per_stream_max: 1_000,
+            streams_max: 10_000,
+            partitions_max: 100_000,
             group_members_max: 1_000,
             groups_max: 10_000,
             connection_first_frame_ms: 10_000,
@@ -441,6 +455,12 @@ impl NodeConfig {
                 "CONNECTIONS_UNAUTHENTICATED_PER_SOURCE_MAX" => {
                     self.connections_unauthenticated_per_source_max = parse(&value).map_err(bad)?
                 }
+                "TOPIC_PARTITIONS_MAX" => self.topic_partitions_max = parse(&value).map_err(bad)?,
+                "TOPICS_PER_STREAM_MAX" => {
+                    self.topics_per_stream_max = parse(&value).map_err(bad)?
+                }
+                "STREAMS_MAX" => self.streams_max = parse(&value).map_err(bad)?,
+                "PARTITIONS_MAX" => self.partitions_max = parse(&value).map_err(bad)?,
                 "GROUP_MEMBERS_MAX" => self.group_members_max = parse(&value).map_err(bad)?,
                 "GROUPS_MAX" => self.groups_max = parse(&value).map_err(bad)?,
                 "CONNECTION_WRITE_TIMEOUT_MS" => {
@@ -558,6 +578,10 @@ impl NodeConfig {
         }
         for (name, value) in [
             ("group_members_max", self.group_members_max),
+            ("topic_partitions_max", self.topic_partitions_max),
+            ("topics_per_stream_max", self.topics_per_stream_max),
+            ("streams_max", self.streams_max),
+            ("partitions_max", self.partitions_max),
             (
                 "connections_unauthenticated_max",
                 self.connections_unauthenticated_max,
