@@ -47,7 +47,7 @@ fn config(replica: u8, addresses: &[std::net::SocketAddr], links: u16) -> BusCon
         shards: SHARDS,
         links,
         skip_shard_zero: false,
-        secret: None,
+        keys: braid_bus::LinkKeys::Off,
         handshake_grace: Duration::from_secs(2),
         heartbeat_timeout: Duration::from_secs(5),
         queue_frames_max: 256,

@@ -11,9 +11,11 @@
 //!    hellos);
 //! 3. dialer -> acceptor: `Confirm` (the dialer's MAC over both hellos).
 //!
-//! With a cluster secret, the MACs (HMAC-SHA256) cover every field and both nonces, so
-//! neither side admits a peer that does not know the secret, and a recorded handshake
-//! cannot be replayed. One admission deadline, set when the socket was accepted, covers
+//! With keys ([`LinkKeys`]), the MACs (HMAC-SHA256) cover every field and both nonces,
+//! so neither side admits a peer that does not know the key, and a recorded handshake
+//! cannot be replayed. With a key per pair of members, a member holds only its own
+//! pairs' keys, so it can prove no id but its own: a hello's replica id is what the
+//! key proves, not what the dialer claims. One admission deadline, set when the socket was accepted, covers
 //! the preamble read and every step.
 
 use hmac::{Hmac, Mac};
@@ -233,10 +235,64 @@ pub struct HandshakeConfig {
     pub links: u16,
     /// Capability bits this node offers.
     pub capabilities: u32,
-    /// The cluster secret; `None` turns authentication off.
-    pub secret: Option<Vec<u8>>,
+    /// What the handshake's MACs are keyed with.
+    pub keys: LinkKeys,
     /// This process's incarnation (random per start).
     pub incarnation: u64,
+}
+
+/// The keys of a member's links.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub enum LinkKeys {
+    /// No MAC: any peer that reaches the port is admitted (tests, trusted networks).
+    #[default]
+    Off,
+    /// One cluster secret for every pair: a holder can pose as any member.
+    Shared(Vec<u8>),
+    /// A key per peer, the one its pair shares: a member holds only its own pairs'
+    /// keys, so it can prove only its own id. A peer without a key is refused.
+    PerPeer(std::collections::BTreeMap<u8, Vec<u8>>),
+}
+
+impl std::fmt::Debug for LinkKeys {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the keys themselves.
+        match self {
+            Self::Off => f.write_str("Off"),
+            Self::Shared(_) => f.write_str("Shared(..)"),
+            Self::PerPeer(keys) => write!(f, "PerPeer(peers {:?})", keys.keys()),
+        }
+    }
+}
+
+/// The key members `a` and `b` of cluster `cluster` share, derived from the operator's
+/// master secret (HMAC-SHA256). The operator derives each member's keys and gives it
+/// only those; the master stays off the members.
+pub fn pair_key(master: &[u8], cluster: &str, a: u8, b: u8) -> [u8; MAC_BYTES] {
+    let Ok(mut mac) = Hmac::<Sha256>::new_from_slice(master) else {
+        return [0; MAC_BYTES];
+    };
+    mac.update(b"braid member pair v1\0");
+    mac.update(cluster.as_bytes());
+    mac.update(&[0, a.min(b), a.max(b)]);
+    mac.finalize().into_bytes().into()
+}
+
+impl LinkKeys {
+    /// The key of the link with `peer`: `None` when MACs are off.
+    ///
+    /// # Errors
+    /// [`Refusal::BadMac`] for a peer this member holds no key for.
+    fn for_peer(&self, peer: u8) -> Result<Option<&[u8]>, Refusal> {
+        match self {
+            Self::Off => Ok(None),
+            Self::Shared(secret) => Ok(Some(secret)),
+            Self::PerPeer(keys) => keys
+                .get(&peer)
+                .map(|k| Some(k.as_slice()))
+                .ok_or(Refusal::BadMac),
+        }
+    }
 }
 
 /// A link both sides admitted.
@@ -254,7 +310,7 @@ pub struct Established {
     pub peer_incarnation: u64,
 }
 
-fn mac(secret: &Option<Vec<u8>>, label: &[u8], hello: &[u8], reply: &[u8]) -> [u8; MAC_BYTES] {
+fn mac(secret: Option<&[u8]>, label: &[u8], hello: &[u8], reply: &[u8]) -> [u8; MAC_BYTES] {
     let Some(secret) = secret else {
         return [0; MAC_BYTES];
     };
@@ -268,7 +324,7 @@ fn mac(secret: &Option<Vec<u8>>, label: &[u8], hello: &[u8], reply: &[u8]) -> [u
 }
 
 fn verify(
-    secret: &Option<Vec<u8>>,
+    secret: Option<&[u8]>,
     label: &[u8],
     hello: &[u8],
     reply: &[u8],
@@ -364,10 +420,11 @@ impl DialerAwaitReply {
                 theirs: theirs.links.into(),
             });
         }
-        verify(&self.config.secret, LABEL_ACCEPT, &self.hello, fields, tag)?;
+        let key = self.config.keys.for_peer(self.peer)?;
+        verify(key, LABEL_ACCEPT, &self.hello, fields, tag)?;
         let mut confirm = [0u8; CONFIRM_BYTES];
         confirm[0] = KIND_CONFIRM;
-        confirm[1..].copy_from_slice(&mac(&self.config.secret, LABEL_DIAL, &self.hello, fields));
+        confirm[1..].copy_from_slice(&mac(key, LABEL_DIAL, &self.hello, fields));
         let established = Established {
             peer: self.peer,
             link: self.link,
@@ -484,11 +541,14 @@ impl AcceptorAwaitHello {
         .encode(KIND_REPLY);
         let mut reply = [0u8; REPLY_BYTES];
         reply[..HELLO_BYTES].copy_from_slice(&ours);
-        reply[HELLO_BYTES..].copy_from_slice(&mac(&self.config.secret, LABEL_ACCEPT, bytes, &ours));
+        // Keyed by the id the hello claims: only that member (or this one) holds the
+        // key, so a dialer that claims another's id cannot confirm.
+        let key = self.config.keys.for_peer(p.replica)?.map(<[u8]>::to_vec);
+        reply[HELLO_BYTES..].copy_from_slice(&mac(key.as_deref(), LABEL_ACCEPT, bytes, &ours));
         let mut hello_bytes = [0u8; HELLO_BYTES];
         hello_bytes.copy_from_slice(bytes);
         let next = AcceptorAwaitConfirm {
-            secret: self.config.secret,
+            key,
             hello: hello_bytes,
             reply: ours,
             established: Established {
@@ -507,7 +567,7 @@ impl AcceptorAwaitHello {
 /// The acceptor, waiting for the dialer's confirm.
 #[derive(Debug)]
 pub struct AcceptorAwaitConfirm {
-    secret: Option<Vec<u8>>,
+    key: Option<Vec<u8>>,
     hello: [u8; HELLO_BYTES],
     reply: [u8; HELLO_BYTES],
     established: Established,
@@ -527,7 +587,7 @@ impl AcceptorAwaitConfirm {
             return Err(Refusal::Malformed);
         }
         verify(
-            &self.secret,
+            self.key.as_deref(),
             LABEL_DIAL,
             &self.hello,
             &self.reply,
@@ -548,9 +608,42 @@ mod tests {
             replica_count: 3,
             links,
             capabilities: CAPABILITY_LIGHT_FRAMES,
-            secret: secret.map(<[u8]>::to_vec),
+            keys: secret.map_or(LinkKeys::Off, |s| LinkKeys::Shared(s.to_vec())),
             incarnation: 100 + u64::from(replica),
         }
+    }
+
+    /// Member `replica`'s keys of a cluster of three: one per pair it is in.
+    fn per_peer(replica: u8, links: u16) -> HandshakeConfig {
+        let pair = |a: u8, b: u8| vec![a.min(b), a.max(b), 0x5a];
+        let keys = (0..3)
+            .filter(|peer| *peer != replica)
+            .map(|peer| (peer, pair(replica, peer)))
+            .collect();
+        HandshakeConfig {
+            keys: LinkKeys::PerPeer(keys),
+            ..config(replica, links, None)
+        }
+    }
+
+    #[test]
+    fn with_a_key_per_pair_a_member_can_prove_only_its_own_id() {
+        let (dialed, accepted) = run(per_peer(0, 2), per_peer(2, 2), |_| {}).unwrap();
+        assert_eq!((dialed.peer, accepted.peer), (2, 0));
+        run(per_peer(1, 2), per_peer(2, 2), |_| {}).unwrap();
+        // Member 0 claims to be member 1 when dialing member 2 (found by review: any
+        // holder of the cluster secret could): it holds no key of the pair 1-2.
+        let impostor = HandshakeConfig {
+            replica: 1,
+            ..per_peer(0, 2)
+        };
+        assert_eq!(run(impostor, per_peer(2, 2), |_| {}), Err(Refusal::BadMac));
+        // A member without a key for the peer refuses it.
+        let mut lacking = per_peer(2, 2);
+        if let LinkKeys::PerPeer(keys) = &mut lacking.keys {
+            keys.remove(&0);
+        }
+        assert_eq!(run(per_peer(0, 2), lacking, |_| {}), Err(Refusal::BadMac));
     }
 
     fn run(

@@ -48,8 +48,9 @@ pub struct BusConfig {
     pub links: u16,
     /// Keep links off shard 0 while its range has another shard.
     pub skip_shard_zero: bool,
-    /// The cluster secret; `None` turns the handshake MAC off.
-    pub secret: Option<Vec<u8>>,
+    /// What the handshake's MACs are keyed with (a key per pair of members, or one
+    /// cluster secret, or none).
+    pub keys: crate::handshake::LinkKeys,
     /// One admission deadline for preamble and handshake; also how long a bundle may
     /// stay incomplete.
     pub handshake_grace: Duration,
@@ -382,7 +383,7 @@ fn handshake_config(config: &BusConfig) -> HandshakeConfig {
         replica_count: config.addresses.len() as u8,
         links: config.links,
         capabilities: crate::handshake::CAPABILITY_LIGHT_FRAMES,
-        secret: config.secret.clone(),
+        keys: config.keys.clone(),
         incarnation: config.incarnation,
     }
 }

@@ -26,7 +26,8 @@ mod test_certificates;
 pub use bundle::{Backoff, Bundle, BundleAction, LinkRefused};
 pub use frame::{Frame, FrameError, FRAME_HEADER_BYTES, ZERO_COPY_PAYLOAD_BYTES_MIN};
 pub use handshake::{
-    accept_preamble, DialerAwaitReply, Established, HandshakeConfig, Preamble, Refusal,
+    accept_preamble, pair_key, DialerAwaitReply, Established, HandshakeConfig, LinkKeys, Preamble,
+    Refusal,
 };
 pub use io::{
     BundleEvent, Bus, BusConfig, BusMetrics, BusView, Delivery, DeliveryRoute, PeerStatus,

@@ -35,7 +35,7 @@ async fn peers_with_another_k_or_secret_and_unknown_replicas_are_refused_and_cou
     let mut ls = ls.into_iter();
     let (a, _ra) = Bus::start(config(0, &addresses, 4, 1), ls.next().unwrap()).unwrap();
     let mut wrong = config(1, &addresses, 4, 1);
-    wrong.secret = Some(b"another secret".to_vec());
+    wrong.keys = braid_bus::LinkKeys::Shared(b"another secret".to_vec());
     let (b, _rb) = Bus::start(wrong, ls.next().unwrap()).unwrap();
     wait_until("a wrong MAC counted", || {
         a.metrics().handshake_failures_for("bad_mac")
@@ -403,7 +403,7 @@ async fn the_dialer_backs_off_from_a_peer_that_refuses_it() {
     let mut ls = ls.into_iter();
     let dialer = config(0, &addresses, 4, 1);
     let mut refuser = config(1, &addresses, 4, 1);
-    refuser.secret = Some(b"another cluster's secret".to_vec());
+    refuser.keys = braid_bus::LinkKeys::Shared(b"another cluster's secret".to_vec());
     let (a, _ra) = Bus::start(dialer, ls.next().unwrap()).unwrap();
     let (b, _rb) = Bus::start(refuser, ls.next().unwrap()).unwrap();
     tokio::time::sleep(Duration::from_secs(3)).await;
@@ -433,7 +433,7 @@ async fn a_higher_id_dialing_a_lower_one_is_refused() {
         replica_count: 3,
         links: 1,
         capabilities: 0,
-        secret: Some(b"cluster secret".to_vec()),
+        keys: braid_bus::LinkKeys::Shared(b"cluster secret".to_vec()),
         incarnation: 77,
     };
     let (_, hello) = braid_bus::DialerAwaitReply::start(impostor, 0, 0, 1_000, [9; 16]);
@@ -501,4 +501,51 @@ async fn counters_add_up_per_shard() {
     assert!(bus.send(3, 1, frame).is_err());
     assert_eq!(bus.metrics().shard_send_counts(3).1, 1);
     assert_eq!(bus.metrics().shard_send_counts(2), (0, 0, 0));
+}
+
+/// With a key per pair of members, a member can prove only its own id (found by
+/// review: any holder of the cluster secret could dial in as any member and get its
+/// bundle). Member 2's keys, posing as member 0, never link to member 1; the real
+/// members 0 and 1 do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_cannot_pose_as_another_with_per_pair_keys() {
+    let keys_of = |replica: u8| {
+        let keys = (0..3u8)
+            .filter(|peer| *peer != replica)
+            .map(|peer| {
+                let key = braid_bus::pair_key(b"master secret", "c", replica, peer);
+                (peer, key.to_vec())
+            })
+            .collect();
+        braid_bus::LinkKeys::PerPeer(keys)
+    };
+    let (ls, addresses) = listeners(3).await;
+    let mut ls = ls.into_iter();
+    let mut impostor = config(0, &addresses, 2, 1);
+    impostor.keys = keys_of(2);
+    let (fake, _rf) = Bus::start(impostor, ls.next().unwrap()).unwrap();
+    let mut one = config(1, &addresses, 2, 1);
+    one.keys = keys_of(1);
+    let (b, _rb) = Bus::start(one, ls.next().unwrap()).unwrap();
+    wait_until("the impostor refused", || {
+        b.metrics().handshake_failures_for("bad_mac")
+            + fake.metrics().handshake_failures_for("bad_mac")
+            > 0
+    })
+    .await;
+    assert!(!b.bundle_up(0) && !fake.bundle_up(1));
+    drop((fake, b));
+    // The real members 0 and 1, each with its own keys, link.
+    let (ls, addresses) = listeners(3).await;
+    let mut ls = ls.into_iter();
+    let mut zero = config(0, &addresses, 2, 1);
+    zero.keys = keys_of(0);
+    let (a, _ra) = Bus::start(zero, ls.next().unwrap()).unwrap();
+    let mut one = config(1, &addresses, 2, 1);
+    one.keys = keys_of(1);
+    let (b, _rb) = Bus::start(one, ls.next().unwrap()).unwrap();
+    wait_until("members 0 and 1 linked", || {
+        a.bundle_up(1) && b.bundle_up(0)
+    })
+    .await;
 }

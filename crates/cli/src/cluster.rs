@@ -1,6 +1,6 @@
 //! `braid cluster`: what the cluster looks like from the node asked.
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use braid_client::Client;
 use braid_proto::client::{NodeStatus, GROUPS_BEHIND_LISTED_MAX};
 use clap::Subcommand;
@@ -29,6 +29,60 @@ pub(crate) enum ClusterCommand {
         #[arg(long)]
         fsync: Option<String>,
     },
+    /// Write member NODE_ID's replica-bus keys (one per peer, derived from a master
+    /// secret) to a file of its own, mode 0600. Give each member only its file and
+    /// keep the master off the members: a member then proves only its own id, where
+    /// any holder of a shared cluster secret could pose as any member.
+    MemberKeys {
+        /// The cluster's config file (its `[cluster]` id and members).
+        #[arg(long, value_name = "FILE")]
+        config: std::path::PathBuf,
+        /// The master secret (first line, at least 16 bytes).
+        #[arg(long, value_name = "FILE")]
+        master_secret_file: std::path::PathBuf,
+        /// The member whose keys to write.
+        #[arg(long)]
+        node_id: u8,
+        /// Where to write them.
+        #[arg(long, value_name = "FILE")]
+        out: std::path::PathBuf,
+    },
+}
+
+/// Writes member `node_id`'s keys of `cluster`, derived from the master secret in
+/// `master_file`, to `out` (mode 0600).
+pub(crate) fn write_member_keys(
+    cluster: &braid_node::ClusterSettings,
+    master_file: &std::path::Path,
+    node_id: u8,
+    out: &std::path::Path,
+) -> Result<()> {
+    let master = std::fs::read_to_string(master_file)
+        .with_context(|| format!("reading {}", master_file.display()))?;
+    let master = master.lines().next().unwrap_or_default();
+    if master.len() < braid_node::SECRET_BYTES_MIN {
+        anyhow::bail!(
+            "the master secret in {} is shorter than {} bytes",
+            master_file.display(),
+            braid_node::SECRET_BYTES_MIN
+        );
+    }
+    if !cluster.members.iter().any(|m| m.id == node_id) {
+        anyhow::bail!("member {node_id} is not among the cluster's members");
+    }
+    let text = cluster.member_keys_text(master.as_bytes(), node_id);
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(out)
+        .with_context(|| format!("writing {}", out.display()))?;
+    file.write_all(text.as_bytes())
+        .and_then(|()| file.sync_all())
+        .with_context(|| format!("writing {}", out.display()))
 }
 
 pub(crate) async fn cluster_command(

@@ -2,7 +2,8 @@
 //! each a child process of this binary with its own data directory under one root.
 //! Node i listens for clients on BASE + i, for HTTP on BASE + 10 + i and for its peers
 //! on BASE + 20 + i (127.0.0.1 only; BASE is 7070 unless `--base-port` says otherwise);
-//! the cluster secret is drawn once into the root. Ctrl-C stops them all (SIGTERM, then
+//! a master secret is drawn once into the root, and each member's bus keys derived from
+//! it into `node-ID.keys`. Ctrl-C stops them all (SIGTERM, then
 //! SIGKILL after the grace period).
 
 use std::io::Read;
@@ -59,6 +60,28 @@ pub(crate) fn run(members: u8, root: &Path, base: u16, fsync: Option<&str>) -> R
         .collect();
     // A new root starts a new cluster (every member --init); a member whose directory
     // is gone from a root whose others have theirs lost its data (--rejoin).
+    // Each member gets only its own pairs' keys, derived from the drawn secret: none
+    // can pose as another on the replica bus.
+    let settings = braid_node::ClusterSettings {
+        id: "local".into(),
+        members: (0..members)
+            .map(|id| {
+                let (client, _, replica) = ports(base, id);
+                braid_node::MemberSettings {
+                    id,
+                    replica_addr: ([127, 0, 0, 1], replica).into(),
+                    client_addr: ([127, 0, 0, 1], client).into(),
+                }
+            })
+            .collect(),
+        ..braid_node::ClusterSettings::default()
+    };
+    let keys: Vec<PathBuf> = (0..members)
+        .map(|id| {
+            let path = root.join(format!("node-{id}.keys"));
+            crate::cluster::write_member_keys(&settings, &secret, id, &path).map(|()| path)
+        })
+        .collect::<Result<_>>()?;
     let claimed = |id: u8| root.join(format!("node-{id}")).join("identity").exists();
     let new_cluster = !(0..members).any(claimed);
     let mut children: Vec<(u8, Child)> = Vec::new();
@@ -85,8 +108,8 @@ pub(crate) fn run(members: u8, root: &Path, base: u16, fsync: Option<&str>) -> R
             .arg("local")
             .arg("--node-id")
             .arg(id.to_string())
-            .arg("--cluster-secret-file")
-            .arg(&secret);
+            .arg("--cluster-member-keys-file")
+            .arg(&keys[usize::from(id)]);
         for member in &member_flags {
             command.arg("--member").arg(member);
         }

@@ -112,6 +112,10 @@ struct ServerArgs {
     /// secret itself).
     #[arg(long, value_name = "FILE")]
     cluster_secret_file: Option<PathBuf>,
+    /// A file of this member's replica-bus keys, one per peer (`braid cluster
+    /// member-keys` writes it): it then proves only its own id to its peers.
+    #[arg(long, value_name = "FILE")]
+    cluster_member_keys_file: Option<PathBuf>,
     /// This member lost its data (its data directory was deleted or replaced) and
     /// rejoins the cluster: its groups start untrusted until they are caught up, so
     /// they never help lose a record it acknowledged before. Recorded in the data
@@ -279,6 +283,20 @@ fn run() -> Result<()> {
             data_dir,
             fsync,
         }) => cluster_local::run(members, &data_dir, base_port, fsync.as_deref()),
+        Command::Cluster(cluster::ClusterCommand::MemberKeys {
+            config,
+            master_secret_file,
+            node_id,
+            out,
+        }) => {
+            let config = NodeConfig::from_file(&config)?;
+            let Some(cluster_settings) = config.cluster.as_ref() else {
+                bail!("the config has no [cluster] table");
+            };
+            cluster::write_member_keys(cluster_settings, &master_secret_file, node_id, &out)?;
+            eprintln!("wrote the keys of member {node_id} to {}", out.display());
+            Ok(())
+        }
         command => {
             if let Some(Some(file)) = &cli.json {
                 bail!(
@@ -339,6 +357,9 @@ fn server(args: ServerArgs) -> Result<()> {
     }
     if let Some(file) = args.cluster_secret_file {
         config.cluster_mut().secret_file = Some(file);
+    }
+    if let Some(file) = args.cluster_member_keys_file {
+        config.cluster_mut().member_keys_file = Some(file);
     }
     if args.rejoin {
         config.cluster_mut().rejoin = true;

@@ -41,7 +41,7 @@ mod tls;
 pub use admin_bootstrap::BootstrapError;
 pub use config::{
     ClusterSettings, ConfigError, FsyncSetting, MemberSettings, NodeConfig, RecoverySetting,
-    Secret, TlsSettings, TopicDefaults,
+    Secret, TlsSettings, TopicDefaults, SECRET_BYTES_MIN,
 };
 pub use error::NodeError;
 pub use identity::{IdentityError, DATA_DIR_FORMAT};

@@ -80,7 +80,7 @@ impl Node {
         if let Some(cluster) = config.cluster.as_ref().filter(|c| c.members.len() > 1) {
             // Checked before the directory is claimed: a member that cannot join its
             // peers must not leave a directory behind that says it did.
-            cluster.read_secret()?;
+            cluster.link_keys()?;
         }
         let clustered = config.cluster.as_ref().is_some_and(|c| c.members.len() > 1);
         let lost = crate::identity::check_intact(&config.data_dir, clustered)?;
@@ -487,7 +487,7 @@ fn bus_start(
         shards: config.shards as u16,
         links: cluster.links_per_peer,
         skip_shard_zero: false,
-        secret: cluster.read_secret()?,
+        keys: cluster.link_keys()?,
         handshake_grace: Duration::from_millis(cluster.heartbeat_timeout_ms.max(1_000)),
         heartbeat_timeout: Duration::from_millis(cluster.heartbeat_timeout_ms),
         queue_frames_max: 4_096,

@@ -35,7 +35,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         shards: 4,
         links,
         skip_shard_zero: true,
-        secret: Some(b"cluster secret".to_vec()),
+        keys: braid_bus::LinkKeys::Shared(b"cluster secret".to_vec()),
         handshake_grace: Duration::from_millis(1000),
         heartbeat_timeout: Duration::from_millis(heartbeat_ms),
         queue_frames_max: 1024,

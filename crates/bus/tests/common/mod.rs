@@ -27,7 +27,7 @@ pub(crate) fn config(
         shards,
         links,
         skip_shard_zero: true,
-        secret: Some(b"cluster secret".to_vec()),
+        keys: braid_bus::LinkKeys::Shared(b"cluster secret".to_vec()),
         handshake_grace: GRACE,
         heartbeat_timeout: Duration::from_secs(2),
         queue_frames_max: 4096,

@@ -47,6 +47,11 @@ pub struct ClusterSettings {
     /// The secret from `BRAID_CLUSTER_SECRET`.
     #[serde(skip)]
     pub secret: Option<Secret>,
+    /// A file of this member's link keys, one per peer (`braid cluster member-keys`
+    /// writes it from a master secret kept off the members): with it, a member can
+    /// prove only its own id on the replica bus, where any holder of a shared cluster
+    /// secret can pose as any member. Used instead of the secret.
+    pub member_keys_file: Option<PathBuf>,
     /// This member lost its data (its data directory was deleted or replaced) and
     /// rejoins: `braid server --rejoin`. Recorded in the data directory; its groups
     /// start untrusted, so it never helps a view change drop an op it once
@@ -71,6 +76,7 @@ impl Default for ClusterSettings {
             heartbeat_timeout_ms: 2_000,
             secret_file: None,
             secret: None,
+            member_keys_file: None,
             rejoin: false,
             init: false,
         }
@@ -108,17 +114,79 @@ impl ClusterSettings {
             (None, None) => None,
         };
         match secret {
-            None if self.members.len() > 1 => Err(ConfigError::Invalid(
-                "a cluster of more than one needs a secret: cluster.secret_file or \
-                 BRAID_CLUSTER_SECRET"
-                    .into(),
-            )),
+            None if self.members.len() > 1 && self.member_keys_file.is_none() => {
+                Err(ConfigError::Invalid(
+                    "a cluster of more than one needs its member keys (cluster.member_keys_file) \
+                     or a secret (cluster.secret_file or BRAID_CLUSTER_SECRET)"
+                        .into(),
+                ))
+            }
             None => Ok(None),
             Some(secret) if secret.len() < SECRET_BYTES_MIN => Err(ConfigError::Invalid(format!(
                 "the cluster secret must be at least {SECRET_BYTES_MIN} bytes"
             ))),
             Some(secret) => Ok(Some(secret.into_bytes())),
         }
+    }
+
+    /// What this member's bus links are keyed with: its member keys if
+    /// `member_keys_file` is set (a key for every peer, each at least
+    /// [`SECRET_BYTES_MIN`] bytes), else the cluster secret, else nothing.
+    ///
+    /// # Errors
+    /// [`ConfigError`] if a file cannot be read or a key is missing or malformed.
+    pub fn link_keys(&self) -> Result<braid_bus::LinkKeys, ConfigError> {
+        let Some(path) = &self.member_keys_file else {
+            return Ok(self
+                .read_secret()?
+                .map_or(braid_bus::LinkKeys::Off, braid_bus::LinkKeys::Shared));
+        };
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.clone(),
+            source,
+        })?;
+        let bad = |m: String| ConfigError::Invalid(format!("{}: {m}", path.display()));
+        let mut keys = std::collections::BTreeMap::new();
+        for line in text.lines().map(str::trim) {
+            if line.is_empty() || line.starts_with('#') {
+                continue;
+            }
+            let (peer, hex) = line
+                .split_once(char::is_whitespace)
+                .ok_or_else(|| bad(format!("{line:?} is not \"PEER HEXKEY\"")))?;
+            let peer: u8 = peer
+                .parse()
+                .map_err(|_| bad(format!("{peer:?} is not a member id")))?;
+            let key = decode_hex(hex.trim())
+                .filter(|k| k.len() >= SECRET_BYTES_MIN)
+                .ok_or_else(|| {
+                    bad(format!(
+                        "the key of member {peer} is not hex of 16 bytes or more"
+                    ))
+                })?;
+            keys.insert(peer, key);
+        }
+        for member in self.members.iter().filter(|m| m.id != self.node_id) {
+            if !keys.contains_key(&member.id) {
+                return Err(bad(format!("no key for member {}", member.id)));
+            }
+        }
+        Ok(braid_bus::LinkKeys::PerPeer(keys))
+    }
+
+    /// The member keys file of member `node_id` (one line per peer), derived from
+    /// `master` for this cluster's name and members.
+    pub fn member_keys_text(&self, master: &[u8], node_id: u8) -> String {
+        let mut text = format!(
+            "# braid member keys of member {node_id} of cluster {}: keep it private (0600)\n",
+            self.id
+        );
+        for member in self.members.iter().filter(|m| m.id != node_id) {
+            let key = braid_bus::pair_key(master, &self.id, node_id, member.id);
+            let hex: String = key.iter().map(|b| format!("{b:02x}")).collect();
+            text.push_str(&format!("{} {hex}\n", member.id));
+        }
+        text
     }
 
     /// Checks the table on its own: a name, members numbered 0 to n-1 with distinct
@@ -205,6 +273,17 @@ pub fn parse_members(text: &str) -> Result<Vec<MemberSettings>, String> {
         .collect()
 }
 
+/// The bytes of a hex string, if it is one.
+fn decode_hex(hex: &str) -> Option<Vec<u8>> {
+    if !hex.len().is_multiple_of(2) {
+        return None;
+    }
+    (0..hex.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(hex.get(i..i + 2)?, 16).ok())
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -219,6 +298,64 @@ mod tests {
             .unwrap(),
             secret: Some(Secret("0123456789abcdef".into())),
             ..ClusterSettings::default()
+        }
+    }
+
+    /// A member's keys file holds one key per peer, derived from the master for its
+    /// pairs only: two members' files agree on their pair, and no file holds a pair
+    /// it is not in. A missing peer, bad hex or a short key is refused by name.
+    #[test]
+    fn member_keys_are_per_pair_and_checked() {
+        let dir = tempfile::tempdir().unwrap();
+        let cluster = three();
+        let master = b"the operator's master secret";
+        let keys_of = |node_id: u8, text: &str| {
+            let path = dir.path().join(format!("member-{node_id}.keys"));
+            std::fs::write(&path, text).unwrap();
+            ClusterSettings {
+                node_id,
+                secret: None,
+                member_keys_file: Some(path),
+                ..three()
+            }
+            .link_keys()
+        };
+        let per_peer =
+            |node_id: u8| match keys_of(node_id, &cluster.member_keys_text(master, node_id)) {
+                Ok(braid_bus::LinkKeys::PerPeer(keys)) => keys,
+                other => panic!("{other:?}"),
+            };
+        let (zero, one, two) = (per_peer(0), per_peer(1), per_peer(2));
+        assert_eq!(zero.get(&1), one.get(&0));
+        assert_eq!(one.get(&2), two.get(&1));
+        assert_eq!(zero.get(&2), two.get(&0));
+        assert_ne!(zero.get(&1), zero.get(&2));
+        assert_eq!(zero.keys().copied().collect::<Vec<_>>(), [1, 2]);
+        // Without a secret, the keys suffice for a cluster of three.
+        let keyed = ClusterSettings {
+            secret: None,
+            member_keys_file: Some(dir.path().join("member-0.keys")),
+            node_id: 0,
+            ..three()
+        };
+        keyed.read_secret().unwrap();
+        for (text, why) in [
+            (
+                "0 00112233445566778899aabbccddeeff\n",
+                "no key for member 2",
+            ),
+            (
+                "0 0011\n2 00112233445566778899aabbccddeeff\n",
+                "hex of 16 bytes",
+            ),
+            (
+                "0 zz112233445566778899aabbccddeeff\n2 00112233445566778899aabbccddeeff\n",
+                "hex of 16 bytes",
+            ),
+            ("zero 00112233445566778899aabbccddeeff\n", "not a member id"),
+        ] {
+            let err = keys_of(1, text).unwrap_err().to_string();
+            assert!(err.contains(why), "{text:?}: {err}");
         }
     }
 

@@ -25,7 +25,7 @@ const RETENTION_MS_RANGE: &str =
 const RETENTION_BYTES_RANGE: &str =
     "1 to 1152921504606846976 (2^60, 1 EiB), or \"forever\" for no size limit (also 0 or 18446744073709551615)";
 
-pub use cluster::{ClusterSettings, MemberSettings};
+pub use cluster::{ClusterSettings, MemberSettings, SECRET_BYTES_MIN};
 
 /// Settings of one node.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -482,6 +482,9 @@ impl NodeConfig {
                     self.cluster_mut().members = cluster::parse_members(&value).map_err(bad)?
                 }
                 "CLUSTER_SECRET" => self.cluster_mut().secret = Some(Secret(value.clone())),
+                "CLUSTER_MEMBER_KEYS_FILE" => {
+                    self.cluster_mut().member_keys_file = Some(PathBuf::from(&value))
+                }
                 "CLUSTER_SECRET_FILE" => {
                     self.cluster_mut().secret_file = Some(PathBuf::from(&value))
                 }
@@ -654,7 +657,7 @@ impl NodeConfig {
         self.http_token()?;
         if let Some(cluster) = &self.cluster {
             cluster.check()?;
-            cluster.read_secret()?;
+            cluster.link_keys()?;
         }
         if self.connection_login_frame_bytes_max < 1024 {
             return Err(ConfigError::Invalid(

@@ -35,7 +35,7 @@ fn bus_config(replica: u8, addresses: &[std::net::SocketAddr]) -> BusConfig {
         shards: 1,
         links: 1,
         skip_shard_zero: false,
-        secret: Some(b"a cluster secret of some length".to_vec()),
+        keys: braid_bus::LinkKeys::Shared(b"a cluster secret of some length".to_vec()),
         handshake_grace: Duration::from_secs(1),
         heartbeat_timeout: Duration::from_secs(2),
         queue_frames_max: 4096,
