@@ -166,11 +166,14 @@ impl Node {
         let frame_bytes_permits = usize::try_from(config.frame_bytes_in_flight_max)
             .unwrap_or(usize::MAX)
             .min(tokio::sync::Semaphore::MAX_PERMITS);
+        let strangers = config
+            .connections_unauthenticated_max
+            .min((config.connections_max / 2).max(1));
         let door = crate::door::Door::new(crate::door::DoorLimits {
-            strangers: config
-                .connections_unauthenticated_max
-                .min((config.connections_max / 2).max(1)),
-            strangers_per_source: config.connections_unauthenticated_per_source_max,
+            strangers,
+            strangers_per_source: config
+                .connections_unauthenticated_per_source_max
+                .min((strangers / 4).max(1)),
         });
         let shared = Arc::new(NodeShared {
             config,

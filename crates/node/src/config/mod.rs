@@ -79,7 +79,8 @@ pub struct NodeConfig {
     /// Connections that have not logged in (with authentication on) the node holds;
     /// at most half of `connections_max`.
     pub connections_unauthenticated_max: u32,
-    /// Connections that have not logged in the node holds from one source address.
+    /// Connections that have not logged in the node holds from one source address; at
+    /// most a quarter of the node's budget for them, so one address cannot take it.
     pub connections_unauthenticated_per_source_max: u32,
     /// Partitions one topic may have (at most the protocol's 10,000); a larger create
     /// is refused `QuotaExceeded`.
@@ -308,7 +309,7 @@ impl Default for NodeConfig {
             connection_write_timeout_ms: 30_000,
             connection_waiting_fetches_max: 1024,
             connections_unauthenticated_max: 1_000,
-            connections_unauthenticated_per_source_max: 16,
+            connections_unauthenticated_per_source_max: 64,
             topic_partitions_max: 1_000,
             topics_per_stream_max: 1_000,
             streams_max: 10_000,
