@@ -905,3 +905,47 @@ async fn creates_past_a_quota_are_refused_naming_the_setting() {
     assert_eq!(topics.len(), 2);
     node.shutdown();
 }
+
+/// A large create does not hold the data path (found by review: a topic of 10,000
+/// partitions held every produce and fetch of the node for 16.8 s). The shard opens a
+/// new layout's partitions a chunk per turn and serves requests between: produces to
+/// another topic on the same shard are acknowledged while the create runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn produces_go_on_while_a_large_topic_is_created() {
+    use braid_proto::client::TopicSettings;
+    let _serial = SERIAL.lock().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = common::config(dir.path(), FsyncSetting::Never);
+    config.shards = 1;
+    config.topic_partitions_max = 1_000;
+    let node = braid_node::Node::start(config).unwrap();
+    let client = Client::connect(node.client_addr()).await.unwrap();
+    common::create_topic(&client, "s", "t", 1).await;
+    let creating = {
+        let client = client.clone();
+        tokio::spawn(async move {
+            let settings = TopicSettings {
+                partitions: 1_000,
+                ..TopicSettings::default()
+            };
+            client.create_topic("s", "big", settings).await.unwrap();
+        })
+    };
+    // Produces issued while the create runs; those acknowledged before it ends.
+    let mut during = 0;
+    while !creating.is_finished() {
+        client.produce("s", "t", 0, &batch(1, 100)).await.unwrap();
+        if !creating.is_finished() {
+            during += 1;
+        }
+    }
+    creating.await.unwrap();
+    eprintln!("{during} produces acknowledged while 1,000 partitions were created");
+    assert!(
+        during >= 5,
+        "only {during} produces went through during the create"
+    );
+    let topics = client.list_topics("s").await.unwrap();
+    assert_eq!(topics.len(), 2);
+    node.shutdown();
+}

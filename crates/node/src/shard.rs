@@ -44,6 +44,24 @@ const DELIVERIES_PER_TURN: usize = 256;
 /// (two descriptors each).
 const OPENED_TOGETHER: usize = 256;
 
+/// Partitions of a new layout a serving shard opens per turn of its loop: a chunk
+/// takes some tens of milliseconds, and produces and fetches are served between.
+const OPENED_PER_TURN: usize = 32;
+
+/// A layout queued on a shard, and how far its application is.
+struct Applying {
+    layout: Arc<Layout>,
+    done: Option<tokio::sync::oneshot::Sender<Result<(), String>>>,
+    plan: Option<LayoutPlan>,
+}
+
+/// The partitions a layout still has to open on a shard, taken from the back.
+struct LayoutPlan {
+    layout: Arc<Layout>,
+    found: Vec<(PartitionKey, Arc<crate::layout::TopicRoute>)>,
+    created: Vec<(PartitionKey, Arc<crate::layout::TopicRoute>)>,
+}
+
 /// Woken waiting fetches a shard answers per turn of its loop, between its other
 /// requests.
 const WOKEN_FETCHES_PER_TURN: usize = 64;
@@ -77,6 +95,8 @@ pub(crate) struct Shard {
     ticks: u64,
     /// Partitions were opened or dropped since the board last had every row.
     layout_changed: bool,
+    /// Layouts queued, the first being opened a chunk per turn.
+    applying: VecDeque<Applying>,
 }
 
 impl Shard {
@@ -118,6 +138,7 @@ impl Shard {
             bundles: None,
             ticks: 0,
             layout_changed: true,
+            applying: VecDeque::new(),
         })
     }
 
@@ -217,18 +238,80 @@ impl Shard {
     }
 
     /// Opens the partitions of `layout` this shard owns and drops those it no longer
-    /// has (their topic was deleted: the data goes too).
+    /// has (their topic was deleted: the data goes too), all at once (at start, before
+    /// the shard serves).
     pub(crate) fn apply_layout(&mut self, layout: Arc<Layout>) -> Result<(), String> {
+        let mut plan = self.plan_layout(layout);
+        while !self.open_some(&mut plan, OPENED_TOGETHER)? {}
+        self.finish_layout(plan.layout);
+        Ok(())
+    }
+
+    /// Queues `layout` to be applied a chunk of partitions per turn of the shard's loop
+    /// ([`Shard::apply_step`]), after those queued before it, and takes its first step.
+    /// `done` hears when it is whole. Until then the shard keeps routing by the layout
+    /// before, so no client reaches a topic whose partitions are half opened, and its
+    /// produces and fetches go on between the chunks (a topic of 10,000 partitions held
+    /// them for 16.8 s when it was opened in one go).
+    pub(crate) fn queue_layout(
+        &mut self,
+        layout: Arc<Layout>,
+        done: Option<tokio::sync::oneshot::Sender<Result<(), String>>>,
+    ) {
+        self.applying.push_back(Applying {
+            layout,
+            done,
+            plan: None,
+        });
+        self.apply_step();
+    }
+
+    /// Whether a queued layout still has partitions to open.
+    pub(crate) fn applying(&self) -> bool {
+        !self.applying.is_empty()
+    }
+
+    /// Opens the next chunk of the oldest queued layout's partitions, and applies the
+    /// layout once none is left.
+    pub(crate) fn apply_step(&mut self) {
+        let Some(mut applying) = self.applying.pop_front() else {
+            return;
+        };
+        let mut plan = match applying.plan.take() {
+            Some(plan) => plan,
+            None => self.plan_layout(Arc::clone(&applying.layout)),
+        };
+        let result = match self.open_some(&mut plan, OPENED_PER_TURN) {
+            Ok(false) => {
+                applying.plan = Some(plan);
+                self.applying.push_front(applying);
+                return;
+            }
+            Ok(true) => {
+                self.finish_layout(plan.layout);
+                Ok(())
+            }
+            Err(err) => {
+                tracing::error!(shard = self.id, %err, "applying the topic layout");
+                Err(err)
+            }
+        };
+        if let Some(done) = applying.done {
+            let _ = done.send(result);
+        }
+    }
+
+    /// What applying `layout` takes on this shard: its partitions not open yet, those
+    /// with files first.
+    fn plan_layout(&self, layout: Arc<Layout>) -> LayoutPlan {
         let shards = self.shared.shards();
-        let mut wanted = HashSet::new();
         let mut found = Vec::new();
         let mut created = Vec::new();
         for (key, topic) in layout.partitions() {
-            if key.shard(shards) != self.id {
-                continue;
-            }
-            wanted.insert(key);
-            if self.partitions.contains_key(&key) || self.refused.contains_key(&key) {
+            if key.shard(shards) != self.id
+                || self.partitions.contains_key(&key)
+                || self.refused.contains_key(&key)
+            {
                 continue;
             }
             if key.dir(self.shared.data_dir()).exists() {
@@ -237,20 +320,33 @@ impl Shard {
                 created.push((key, Arc::clone(topic)));
             }
         }
-        for chunk in found.chunks(OPENED_TOGETHER) {
-            for (key, topic) in chunk {
+        // Taken from the back: reversed, so they open in the layout's order.
+        found.reverse();
+        created.reverse();
+        LayoutPlan {
+            layout,
+            found,
+            created,
+        }
+    }
+
+    /// Opens up to `count` partitions of `plan`; true once none is left.
+    fn open_some(&mut self, plan: &mut LayoutPlan, count: usize) -> Result<bool, String> {
+        if !plan.found.is_empty() {
+            let chunk: Vec<_> = (0..count).map_while(|_| plan.found.pop()).collect();
+            for (key, topic) in &chunk {
                 self.open_partition(*key, topic)?;
             }
-            self.settle_opened(chunk)?;
-        }
-        for chunk in created.chunks(OPENED_TOGETHER) {
+            self.settle_opened(&chunk)?;
+        } else if !plan.created.is_empty() {
+            let chunk: Vec<_> = (0..count).map_while(|_| plan.created.pop()).collect();
             // New partitions: their directories' syncs, several per partition and each
             // an ext4 journal commit, are made once for the chunk, before their groups
             // write a state (a state on disk says the files are). Nothing in them is
             // acknowledged before this returns.
             let opened = braid_storage::disk::with_dir_syncs_deferred(
                 || -> std::io::Result<Result<(), String>> {
-                    for (key, topic) in chunk {
+                    for (key, topic) in &chunk {
                         if let Err(err) = self.open_partition(*key, topic) {
                             return Ok(Err(err));
                         }
@@ -259,8 +355,19 @@ impl Shard {
                 },
             );
             opened.map_err(|e| format!("syncing the new partitions' directories: {e}"))??;
-            self.settle_opened(chunk)?;
+            self.settle_opened(&chunk)?;
         }
+        Ok(plan.found.is_empty() && plan.created.is_empty())
+    }
+
+    /// Drops the partitions `layout` no longer has, and routes by it from now on.
+    fn finish_layout(&mut self, layout: Arc<Layout>) {
+        let shards = self.shared.shards();
+        let wanted: HashSet<PartitionKey> = layout
+            .partitions()
+            .map(|(key, _)| key)
+            .filter(|key| key.shard(shards) == self.id)
+            .collect();
         let gone: Vec<PartitionKey> = self
             .partitions
             .keys()
@@ -300,7 +407,6 @@ impl Shard {
         self.layout_changed = true;
         self.access_changed
             .send_modify(|generation| *generation += 1);
-        Ok(())
     }
 
     /// Publishes the groups' rows on the board and each partition's primary: in full
@@ -625,15 +731,7 @@ impl Shard {
                     listener,
                 );
             }
-            Control::Layout { layout, done } => {
-                let result = self.apply_layout(layout);
-                if let Err(err) = &result {
-                    tracing::error!(shard = self.id, %err, "applying the topic layout");
-                }
-                if let Some(done) = done {
-                    let _ = done.send(result);
-                }
-            }
+            Control::Layout { layout, done } => self.queue_layout(layout, done),
             Control::GroupSynced { group, job, result } => {
                 let moved = self.groups.on_synced(group, job, result);
                 self.apply_moved(moved);
@@ -768,20 +866,26 @@ impl Shard {
                     let moved = self.groups.flush();
                     self.apply_moved(moved);
                     // One turn of woken fetches after each turn of requests: neither
-                    // side can hold up the other for long.
+                    // side can hold up the other for long. So with a layout's chunks.
                     self.answer_woken(WOKEN_FETCHES_PER_TURN);
+                    self.apply_step();
                 }
                 () = std::future::ready(()), if !self.woken.is_empty() => {
                     self.answer_woken(WOKEN_FETCHES_PER_TURN);
                 }
                 Some(delivery) = next_delivery(&mut self.deliveries) => {
                     self.handle_deliveries(delivery);
+                    self.apply_step();
                 }
                 lost = next_bundle_down(&mut self.bundles) => {
                     let moved = self.groups.peers_lost(&lost);
                     self.apply_moved(moved);
                 }
                 _ = ticker.tick() => self.tick(),
+                // Last: a queued layout's chunks run when nothing else waits, and one
+                // after each turn of requests or frames. Yielding first, so that the
+                // shard's connections (tasks on this thread) read their requests.
+                () = tokio::task::yield_now(), if self.applying() => self.apply_step(),
             }
         }
     }
