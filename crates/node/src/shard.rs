@@ -44,9 +44,13 @@ const DELIVERIES_PER_TURN: usize = 256;
 /// (two descriptors each).
 const OPENED_TOGETHER: usize = 256;
 
-/// Partitions of a new layout a serving shard opens per turn of its loop: a chunk
-/// takes some tens of milliseconds, and produces and fetches are served between.
-const OPENED_PER_TURN: usize = 32;
+/// Partitions of a new layout a shard opens at a time: a chunk takes some tens of
+/// milliseconds (its directories' syncs are shared by the chunk), and the next waits as
+/// long as it took ([`Shard::apply_step`]), so a large create takes at most half of
+/// the shard's time and requests are served between. (An idle shard waits too: telling
+/// idle from busy by the requests queued at the instant a chunk ends went wrong, the
+/// connections having had no turn to queue theirs, and the data path fell to 2%.)
+const OPENED_PER_CHUNK: usize = 32;
 
 /// A layout queued on a shard, and how far its application is.
 struct Applying {
@@ -95,8 +99,10 @@ pub(crate) struct Shard {
     ticks: u64,
     /// Partitions were opened or dropped since the board last had every row.
     layout_changed: bool,
-    /// Layouts queued, the first being opened a chunk per turn.
+    /// Layouts queued, the first being opened a chunk at a time.
     applying: VecDeque<Applying>,
+    /// When the next chunk of a queued layout may run.
+    apply_resume: tokio::time::Instant,
 }
 
 impl Shard {
@@ -139,6 +145,7 @@ impl Shard {
             ticks: 0,
             layout_changed: true,
             applying: VecDeque::new(),
+            apply_resume: tokio::time::Instant::now(),
         })
     }
 
@@ -247,8 +254,8 @@ impl Shard {
         Ok(())
     }
 
-    /// Queues `layout` to be applied a chunk of partitions per turn of the shard's loop
-    /// ([`Shard::apply_step`]), after those queued before it, and takes its first step.
+    /// Queues `layout` to be applied a chunk of partitions at a time between the turns
+    /// of the shard's loop ([`Shard::apply_step`]), after those queued before it, and takes its first step.
     /// `done` hears when it is whole. Until then the shard keeps routing by the layout
     /// before, so no client reaches a topic whose partitions are half opened, and its
     /// produces and fetches go on between the chunks (a topic of 10,000 partitions held
@@ -263,12 +270,22 @@ impl Shard {
             done,
             plan: None,
         });
-        self.apply_step();
+        if self.applying.len() == 1 {
+            self.apply_step();
+        }
     }
 
     /// Whether a queued layout still has partitions to open.
     pub(crate) fn applying(&self) -> bool {
         !self.applying.is_empty()
+    }
+
+    /// After a turn of requests or frames: takes a step of the queued layouts if one
+    /// is due.
+    fn apply_if_due(&mut self) {
+        if self.applying() && tokio::time::Instant::now() >= self.apply_resume {
+            self.apply_step();
+        }
     }
 
     /// Opens the next chunk of the oldest queued layout's partitions, and applies the
@@ -277,11 +294,15 @@ impl Shard {
         let Some(mut applying) = self.applying.pop_front() else {
             return;
         };
+        let started = tokio::time::Instant::now();
         let mut plan = match applying.plan.take() {
             Some(plan) => plan,
             None => self.plan_layout(Arc::clone(&applying.layout)),
         };
-        let result = match self.open_some(&mut plan, OPENED_PER_TURN) {
+        let result = self.open_some(&mut plan, OPENED_PER_CHUNK);
+        // The next chunk waits as long as this one took: the data path keeps half.
+        self.apply_resume = tokio::time::Instant::now() + started.elapsed();
+        let result = match result {
             Ok(false) => {
                 applying.plan = Some(plan);
                 self.applying.push_front(applying);
@@ -868,24 +889,26 @@ impl Shard {
                     // One turn of woken fetches after each turn of requests: neither
                     // side can hold up the other for long. So with a layout's chunks.
                     self.answer_woken(WOKEN_FETCHES_PER_TURN);
-                    self.apply_step();
+                    self.apply_if_due();
                 }
                 () = std::future::ready(()), if !self.woken.is_empty() => {
                     self.answer_woken(WOKEN_FETCHES_PER_TURN);
                 }
                 Some(delivery) = next_delivery(&mut self.deliveries) => {
                     self.handle_deliveries(delivery);
-                    self.apply_step();
+                    self.apply_if_due();
                 }
                 lost = next_bundle_down(&mut self.bundles) => {
                     let moved = self.groups.peers_lost(&lost);
                     self.apply_moved(moved);
                 }
                 _ = ticker.tick() => self.tick(),
-                // Last: a queued layout's chunks run when nothing else waits, and one
-                // after each turn of requests or frames. Yielding first, so that the
-                // shard's connections (tasks on this thread) read their requests.
-                () = tokio::task::yield_now(), if self.applying() => self.apply_step(),
+                // Last: a queued layout's next chunk, once due (also after a turn of
+                // requests or frames that finds it due). Its wait lets the shard's
+                // connections, tasks on this thread, read their requests.
+                () = tokio::time::sleep_until(self.apply_resume), if self.applying() => {
+                    self.apply_step();
+                }
             }
         }
     }

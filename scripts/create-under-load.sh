@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# What one large admin request costs the data path: a single node (data on the real
+# disk) runs `braid bench latency-1kb` for SECONDS seconds, and half-way in a topic of
+# PARTITIONS partitions is created on another stream (the bench's probe and warm-up
+# take the first seconds: keep SECONDS at 40 or more). Prints how long the create
+# took, the run's produce ack percentiles, and the fewest records produced in any one
+# second against the median second.
+#
+#   scripts/create-under-load.sh [BRAID_BINARY] [PARTITIONS] [SECONDS]
+set -euo pipefail
+braid=$(realpath "${1:-target/release/braid}")
+partitions=${2:-10000}
+seconds=${3:-40}
+# Past the default quotas on purpose.
+export BRAID_TOPIC_PARTITIONS_MAX=10000 BRAID_PARTITIONS_MAX=1000000
+dir=$(mktemp -d -p "${BENCH_DIR:-$PWD}" create-under-load.XXXXXX)
+trap 'kill "$server" 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$dir"' EXIT
+port=$((20000 + RANDOM % 20000))
+BRAID_LOG=warn "$braid" server --data-dir "$dir/data" --client-addr "127.0.0.1:$port" \
+	--http-addr "127.0.0.1:$((port + 1))" >"$dir/server.out" 2>&1 &
+server=$!
+for _ in $(seq 100); do
+	"$braid" --addr "127.0.0.1:$port" stream list >/dev/null 2>&1 && break
+	sleep 0.1
+done
+"$braid" --addr "127.0.0.1:$port" bench latency-1kb --duration "$seconds" \
+	--json "$dir/report.json" >"$dir/bench.out" 2>&1 &
+bench=$!
+sleep $((seconds / 2))
+"$braid" --addr "127.0.0.1:$port" stream create other >/dev/null 2>&1
+start=$(date +%s.%N)
+"$braid" --addr "127.0.0.1:$port" topic create other big --partitions "$partitions" >/dev/null 2>&1
+took=$(echo "$(date +%s.%N) - $start" | bc)
+wait "$bench" || { cat "$dir/bench.out"; exit 1; }
+python3 - "$dir/report.json" "$partitions" "$took" ${SHOW_SECONDS:+1} <<'EOF'
+import json, statistics, sys
+report = json.load(open(sys.argv[1]))
+ack = report["ack_latency"]
+seconds = [s["produced"] for s in report["timeline"]]
+print(f"a topic of {sys.argv[2]} partitions created in {float(sys.argv[3]):.2f} s during the run")
+print(f"produce ack p50 {ack['p50_us']} us, p99 {ack['p99_us']} us, p99.9 {ack['p999_us']} us, max {ack['max_us']} us")
+print(f"records per second: fewest {min(seconds)}, median {statistics.median(seconds)}")
+if len(sys.argv) > 4: print(seconds)
+EOF
