@@ -98,6 +98,22 @@ fn key(bytes: &[u8]) -> Option<[u8; KEY_BYTES]> {
     bytes.try_into().ok()
 }
 
+/// A request's credential fields (`CreateUser`, `ChangePassword`) as the metadata
+/// keeps them.
+fn credential(
+    salt: &[u8],
+    iterations: u32,
+    stored_key: &[u8],
+    server_key: &[u8],
+) -> Option<ScramCredential> {
+    Some(ScramCredential {
+        salt: salt.to_vec(),
+        iterations,
+        stored_key: key(stored_key)?,
+        server_key: key(server_key)?,
+    })
+}
+
 /// The admin form of a request, or `None` for the requests the connection serves
 /// itself.
 pub(crate) fn admin_request(request: &Request<'_>) -> Option<AdminRequest> {
@@ -184,12 +200,7 @@ pub(crate) fn admin_request(request: &Request<'_>) -> Option<AdminRequest> {
             server_key,
         } => AdminRequest::CreateUser {
             name: own(name),
-            credential: ScramCredential {
-                salt: salt.to_vec(),
-                iterations: *iterations,
-                stored_key: key(stored_key)?,
-                server_key: key(server_key)?,
-            },
+            credential: credential(salt, *iterations, stored_key, server_key)?,
         },
         Request::ChangePassword {
             name,
@@ -199,12 +210,7 @@ pub(crate) fn admin_request(request: &Request<'_>) -> Option<AdminRequest> {
             server_key,
         } => AdminRequest::ChangePassword {
             name: own(name),
-            credential: ScramCredential {
-                salt: salt.to_vec(),
-                iterations: *iterations,
-                stored_key: key(stored_key)?,
-                server_key: key(server_key)?,
-            },
+            credential: credential(salt, *iterations, stored_key, server_key)?,
         },
         Request::DeleteUser { name } => AdminRequest::DeleteUser(own(name)),
         Request::ListUsers => AdminRequest::ListUsers,
