@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use braid_proto::client::{Request, Resource, MANAGE, READ, STREAMS, USERS, WRITE};
 use braid_proto::scram::ScramCredential;
 
-use crate::metadata::Metadata;
+use crate::metadata::{Metadata, UserMeta};
 
 /// What one request needs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -83,16 +83,38 @@ pub(crate) fn need_of<'a>(request: &Request<'a>) -> Need<'a> {
 }
 
 /// One user as the shards see it.
-#[derive(Debug, Clone)]
-struct UserAccess {
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct UserAccess {
     credential: ScramCredential,
     node: u8,
     all_streams: u8,
     streams: HashMap<String, u8>,
 }
 
-/// Every user's credential and permissions, rebuilt with each metadata change.
-#[derive(Debug, Default)]
+impl UserAccess {
+    /// The user as its metadata says.
+    pub(crate) fn of(user: &UserMeta) -> Self {
+        let mut access = Self {
+            credential: user.credential.clone(),
+            node: 0,
+            all_streams: 0,
+            streams: HashMap::new(),
+        };
+        for (resource, bits) in &user.grants {
+            match resource {
+                Resource::Node => access.node |= bits,
+                Resource::AllStreams => access.all_streams |= bits,
+                Resource::Stream(stream) => {
+                    access.streams.insert(stream.clone(), *bits);
+                }
+            }
+        }
+        access
+    }
+}
+
+/// Every user's credential and permissions, changed user by user with the metadata.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub(crate) struct Access {
     users: HashMap<String, UserAccess>,
 }
@@ -102,26 +124,21 @@ impl Access {
         let users = meta
             .users
             .iter()
-            .map(|(name, user)| {
-                let mut access = UserAccess {
-                    credential: user.credential.clone(),
-                    node: 0,
-                    all_streams: 0,
-                    streams: HashMap::new(),
-                };
-                for (resource, bits) in &user.grants {
-                    match resource {
-                        Resource::Node => access.node |= bits,
-                        Resource::AllStreams => access.all_streams |= bits,
-                        Resource::Stream(stream) => {
-                            access.streams.insert(stream.clone(), *bits);
-                        }
-                    }
-                }
-                (name.clone(), access)
-            })
+            .map(|(name, user)| (name.clone(), UserAccess::of(user)))
             .collect();
         Self { users }
+    }
+
+    /// Sets `user` to what `access` says, or removes it.
+    pub(crate) fn set(&mut self, user: &str, access: Option<UserAccess>) {
+        match access {
+            Some(access) => {
+                self.users.insert(user.to_owned(), access);
+            }
+            None => {
+                self.users.remove(user);
+            }
+        }
     }
 
     /// The credential of `user`, if it exists.

@@ -19,9 +19,10 @@ use crate::admin::AdminRequest;
 use crate::config::{FsyncSetting, TopicDefaults};
 use crate::error::NodeError;
 use crate::groups::GroupCoordinator;
-use crate::layout::{Layout, PartitionKey};
+use crate::layout::{Layout, LayoutChange, LayoutUpdate, PartitionKey};
 use crate::mailbox::{now_ms, Control, NodeShared, ShardRequest};
 use crate::metadata::{MetaOp, TopicMeta};
+use crate::replication::machine::LayoutNews;
 use crate::replication::meta_group::{MetaGroup, Turn};
 
 type Reply = oneshot::Sender<Result<Response, NodeError>>;
@@ -323,15 +324,25 @@ impl MetaService {
     /// every shard has the layout they may depend on.
     fn finish(&mut self, shared: &Arc<NodeShared>, turn: Turn<Reply>) {
         let mut waits = Vec::new();
-        if turn.layout_changed {
-            let state = self.group.state();
+        let state = self.group.state();
+        let (update, removes_topics) = match turn.layout {
+            LayoutNews::Unchanged => (None, false),
+            LayoutNews::Whole => (Some(LayoutUpdate::Whole(Arc::new(self.layout()))), true),
+            LayoutNews::Touched(touched) => {
+                let change = LayoutChange::of(state, &touched);
+                let removes = change.removes_topics();
+                (Some(LayoutUpdate::Change(Arc::new(change))), removes)
+            }
+        };
+        if removes_topics {
             self.groups
                 .retain_topics(|stream, topic| state.topic(stream, topic).is_ok());
-            let layout = Arc::new(self.layout());
+        }
+        if let Some(update) = update {
             for control in &shared.controls {
                 let (done, wait) = oneshot::channel();
                 let message = Control::Layout {
-                    layout: Arc::clone(&layout),
+                    update: update.clone(),
                     done: Some(done),
                 };
                 if control.send(message).is_ok() {

@@ -13,7 +13,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::config::NodeConfig;
 use crate::error::NodeError;
-use crate::layout::{Layout, PartitionKey};
+use crate::layout::PartitionKey;
 use crate::metrics::ShardMetrics;
 
 /// Offsets a produce got: (base, last).
@@ -73,7 +73,7 @@ pub(crate) enum Control {
     Connection(std::net::TcpStream, Option<StrangerSlot>),
     Listener(std::net::TcpListener),
     Layout {
-        layout: Arc<Layout>,
+        update: crate::layout::LayoutUpdate,
         done: Option<oneshot::Sender<Result<(), String>>>,
     },
     /// This shard's receiver and sender of the replica bus (shard 0 starts it).

@@ -165,6 +165,24 @@ pub enum MetaOp {
     },
 }
 
+/// A part of the metadata an op changed, as the layout and the access table see it:
+/// each is read again from the metadata after the op, so applying a change to a
+/// layout costs what changed, not what exists.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Touch {
+    /// A stream was created or deleted (with its topics).
+    Stream(String),
+    /// A topic was created or deleted.
+    Topic {
+        /// Its stream.
+        stream: String,
+        /// Its name.
+        topic: String,
+    },
+    /// A user was created or deleted, or its credential or grants changed.
+    User(String),
+}
+
 /// Why an op was refused. Nothing changed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
@@ -446,6 +464,40 @@ impl Metadata {
             }
         }
         Ok(())
+    }
+
+    /// What applying `op` touches, in the terms the layout and the access table are
+    /// built from; asked before the op is applied (a deleted stream's grants are gone
+    /// after). An op that changes neither (an offset commit, the topic id floor)
+    /// touches nothing.
+    pub fn touches(&self, op: &MetaOp) -> Vec<Touch> {
+        match op {
+            MetaOp::CreateStream { name } => vec![Touch::Stream(name.clone())],
+            MetaOp::DeleteStream { name } => {
+                let resource = Resource::Stream(name.clone());
+                let granted = self
+                    .users
+                    .iter()
+                    .filter(|(_, user)| user.grants.contains_key(&resource))
+                    .map(|(user, _)| Touch::User(user.clone()));
+                std::iter::once(Touch::Stream(name.clone()))
+                    .chain(granted)
+                    .collect()
+            }
+            MetaOp::CreateTopic { stream, name, .. } | MetaOp::DeleteTopic { stream, name } => {
+                vec![Touch::Topic {
+                    stream: stream.clone(),
+                    topic: name.clone(),
+                }]
+            }
+            MetaOp::CreateUser { name, .. }
+            | MetaOp::SetCredential { name, .. }
+            | MetaOp::DeleteUser { name } => vec![Touch::User(name.clone())],
+            MetaOp::Grant { user, .. } | MetaOp::Revoke { user, .. } => {
+                vec![Touch::User(user.clone())]
+            }
+            MetaOp::CommitOffsets { .. } | MetaOp::RaiseTopicIdFloor { .. } => Vec::new(),
+        }
     }
 
     /// Refuses taking `bits` of the node's permissions from `user` (or the user, for

@@ -15,17 +15,39 @@
 use braid_proto::client::ErrorCode;
 use braid_proto::wire::{WireReader, WireWrite};
 
+use std::collections::{BTreeSet, VecDeque};
+
 use crate::error::NodeError;
-use crate::metadata::{MetaOp, Metadata};
+use crate::metadata::{MetaOp, Metadata, Touch};
+
+/// Touches a machine keeps for the shell ([`MetadataMachine::news_since`]): a shell
+/// further behind rebuilds the whole layout instead.
+const TOUCHES_KEPT: usize = 4096;
 
 /// The metadata as a replicated state machine.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct MetadataMachine {
     state: Metadata,
-    /// Counts applied ops that may change the topic layout or the access table (every
-    /// op but an offset commit) and restores: the shell republishes the layout when it
-    /// moves. Local to this replica, not part of the replicated state.
-    layout_changes: u64,
+    /// What the last applied ops touched ([`TOUCHES_KEPT`] at most), the last one being
+    /// number `touched_end - 1`: the shell changes each shard's layout by them. Local
+    /// to this replica, not part of the replicated state.
+    touches: VecDeque<Touch>,
+    touched_end: u64,
+    /// `touched_end` just after the last restore (an installed checkpoint may change
+    /// anything).
+    restored_at: u64,
+}
+
+/// How the layout moved since the shell last looked.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub(crate) enum LayoutNews {
+    /// Nothing the layout is built from changed.
+    #[default]
+    Unchanged,
+    /// These parts changed (read them from the metadata as it is now).
+    Touched(BTreeSet<Touch>),
+    /// Anything may have changed: rebuild it whole.
+    Whole,
 }
 
 impl PartialEq for MetadataMachine {
@@ -42,9 +64,23 @@ impl MetadataMachine {
         &self.state
     }
 
-    /// Moves whenever the layout may have changed.
-    pub(crate) fn layout_changes(&self) -> u64 {
-        self.layout_changes
+    /// Counts the touches applied so far (and restores): a shell compares it with what
+    /// it last saw.
+    pub(crate) fn touched_end(&self) -> u64 {
+        self.touched_end
+    }
+
+    /// How the layout moved since the shell saw `touched_end` equal to `seen`.
+    pub(crate) fn news_since(&self, seen: u64) -> LayoutNews {
+        let behind = self.touched_end.saturating_sub(seen);
+        if behind == 0 {
+            LayoutNews::Unchanged
+        } else if self.restored_at > seen || behind > self.touches.len() as u64 {
+            LayoutNews::Whole
+        } else {
+            let first = self.touches.len() - behind as usize;
+            LayoutNews::Touched(self.touches.range(first..).cloned().collect())
+        }
     }
 
     /// The input that proposes `ops`, in order.
@@ -101,10 +137,16 @@ impl MetadataMachine {
         let op = MetaOp::decode(bytes).map_err(|err| {
             NodeError::new(ErrorCode::MalformedRequest, format!("metadata op: {err}"))
         })?;
-        if !matches!(op, MetaOp::CommitOffsets { .. }) {
-            self.layout_changes += 1;
+        let touches = self.state.touches(&op);
+        self.state.apply(&op).map_err(NodeError::from)?;
+        for touch in touches {
+            if self.touches.len() == TOUCHES_KEPT {
+                self.touches.pop_front();
+            }
+            self.touches.push_back(touch);
+            self.touched_end += 1;
         }
-        self.state.apply(&op).map_err(NodeError::from)
+        Ok(())
     }
 }
 
@@ -158,13 +200,14 @@ impl braid_vsr::StateMachine for MetadataMachine {
 
     fn restore(&mut self, snapshot: &[u8]) -> Result<(), String> {
         self.state = Metadata::decode(snapshot).map_err(|e| e.to_string())?;
-        self.layout_changes += 1;
+        self.touched_end += 1;
+        self.restored_at = self.touched_end;
         Ok(())
     }
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use braid_proto::client::{Grant, Resource, TopicSettings, READ};
     use braid_proto::scram::ScramCredential;
@@ -172,7 +215,7 @@ mod tests {
     use proptest::prelude::*;
 
     /// Ops over a few names, so that many collide (exists, not found) and are refused.
-    fn op() -> impl Strategy<Value = MetaOp> {
+    pub(crate) fn op() -> impl Strategy<Value = MetaOp> {
         let name = prop::sample::select(vec!["a", "b", "c"]).prop_map(str::to_owned);
         prop_oneof![
             name.clone().prop_map(|name| MetaOp::CreateStream { name }),
@@ -216,7 +259,14 @@ mod tests {
                 },
             }),
             name.clone().prop_map(|name| MetaOp::DeleteUser { name }),
-            (name.clone(), name).prop_map(|(user, stream)| MetaOp::Grant {
+            (name.clone(), name.clone()).prop_map(|(user, stream)| MetaOp::Grant {
+                user,
+                grant: Grant {
+                    resource: Resource::Stream(stream),
+                    permissions: READ,
+                },
+            }),
+            (name.clone(), name).prop_map(|(user, stream)| MetaOp::Revoke {
                 user,
                 grant: Grant {
                     resource: Resource::Stream(stream),
@@ -288,6 +338,46 @@ mod tests {
             machine.state().streams.len(),
             2,
             "a failed restore kept the state"
+        );
+    }
+
+    #[test]
+    fn news_name_what_changed_until_a_restore_or_too_many() {
+        let mut machine = MetadataMachine::default();
+        let create = |name: &str| {
+            MetadataMachine::input(&[MetaOp::CreateStream {
+                name: name.to_owned(),
+            }])
+        };
+        assert_eq!(machine.news_since(0), LayoutNews::Unchanged);
+        machine.apply(1, &create("a"));
+        machine.apply(2, &create("a")); // refused: touches nothing
+        machine.apply(3, &create("b"));
+        let touched = [Touch::Stream("a".into()), Touch::Stream("b".into())];
+        assert_eq!(
+            machine.news_since(0),
+            LayoutNews::Touched(touched.iter().cloned().collect())
+        );
+        assert_eq!(
+            machine.news_since(1),
+            LayoutNews::Touched(touched[1..].iter().cloned().collect())
+        );
+        let seen = machine.touched_end();
+        assert_eq!(machine.news_since(seen), LayoutNews::Unchanged);
+        let snapshot = machine.snapshot();
+        machine.restore(&snapshot).unwrap();
+        assert_eq!(machine.news_since(seen), LayoutNews::Whole);
+        let seen = machine.touched_end();
+        for i in 0..=TOUCHES_KEPT {
+            machine.apply(4 + i as u64, &create(&format!("s{i}")));
+        }
+        assert_eq!(
+            machine.news_since(seen),
+            LayoutNews::Whole,
+            "more than are kept"
+        );
+        assert!(
+            matches!(machine.news_since(seen + 1), LayoutNews::Touched(t) if t.len() == TOUCHES_KEPT)
         );
     }
 }

@@ -13,7 +13,7 @@ use braid_bus::{Bus, Delivery, Frame};
 use braid_proto::client::ErrorCode;
 use braid_vsr::{Config, Input, Message, Replica, ReplicaId, Reply, Request, Status};
 
-use super::machine::MetadataMachine;
+use super::machine::{LayoutNews, MetadataMachine};
 use super::meta_client::{node_of_client, MetaClient, Send};
 use super::outbox::Outbox;
 use super::shard_host::{Effects, HostError, ShardHost};
@@ -79,15 +79,15 @@ pub(crate) const CHECKPOINT_INTERVAL: u64 = 256;
 pub(crate) struct Turn<T> {
     /// Outcomes of this node's proposals.
     pub(crate) answered: Vec<(T, Result<(), NodeError>)>,
-    /// Whether committed ops may have changed the topic layout or the access table.
-    pub(crate) layout_changed: bool,
+    /// How committed ops changed the topic layout and the access table.
+    pub(crate) layout: LayoutNews,
 }
 
 impl<T> Default for Turn<T> {
     fn default() -> Self {
         Self {
             answered: Vec::new(),
-            layout_changed: false,
+            layout: LayoutNews::Unchanged,
         }
     }
 }
@@ -101,7 +101,8 @@ pub(crate) struct MetaGroup<T> {
     node: ReplicaId,
     members: u8,
     now: u64,
-    layout_changes: u64,
+    /// The machine's `touched_end` when the layout was last published.
+    layout_seen: u64,
     /// Answers from a remote primary, held until the local replica has applied the op
     /// they name: a client told "created" must find the topic on this node.
     held: Vec<(u64, T, Result<(), NodeError>)>,
@@ -150,7 +151,7 @@ impl<T> MetaGroup<T> {
             node,
             members,
             now: 0,
-            layout_changes: 0,
+            layout_seen: 0,
             held: Vec::new(),
             failed: None,
         };
@@ -159,7 +160,7 @@ impl<T> MetaGroup<T> {
             // journal syncs inline, and it has no peer or client yet.
             drop(group.host.recover_lone(&[METADATA_GROUP], &mut group.now)?);
         }
-        group.layout_changes = group.layout_changes_now();
+        group.layout_seen = group.touched_end();
         Ok(group)
     }
 
@@ -194,9 +195,9 @@ impl<T> MetaGroup<T> {
         self.host.replica(METADATA_GROUP)
     }
 
-    fn layout_changes_now(&self) -> u64 {
+    fn touched_end(&self) -> u64 {
         self.replica()
-            .map_or(0, |r| r.state().machine().layout_changes())
+            .map_or(0, |r| r.state().machine().touched_end())
     }
 
     fn commit_min(&self) -> u64 {
@@ -360,10 +361,18 @@ impl<T> MetaGroup<T> {
                 }
             }
         }
-        let changes = self.layout_changes_now();
-        if changes != self.layout_changes {
-            self.layout_changes = changes;
-            turn.layout_changed = true;
+        if let Some(replica) = self.replica() {
+            let machine = replica.state().machine();
+            let news = machine.news_since(self.layout_seen);
+            self.layout_seen = machine.touched_end();
+            turn.layout = match (std::mem::take(&mut turn.layout), news) {
+                (LayoutNews::Whole, _) | (_, LayoutNews::Whole) => LayoutNews::Whole,
+                (LayoutNews::Touched(mut earlier), LayoutNews::Touched(later)) => {
+                    earlier.extend(later);
+                    LayoutNews::Touched(earlier)
+                }
+                (LayoutNews::Unchanged, news) | (news, LayoutNews::Unchanged) => news,
+            };
         }
         let applied = self.commit_min();
         let (ready, waiting): (Vec<_>, Vec<_>) = std::mem::take(&mut self.held)
@@ -460,7 +469,10 @@ mod tests {
         for i in 0..3 {
             let turn = group.propose(stream(&format!("s{i}")), i);
             assert_eq!(turn.answered, vec![(i, Ok(()))], "proposal {i}");
-            assert!(turn.layout_changed);
+            // Only what the op touched, not the whole layout (20,000 stream creates
+            // each rebuilt and published everything).
+            let touched = crate::metadata::Touch::Stream(format!("s{i}"));
+            assert_eq!(turn.layout, LayoutNews::Touched([touched].into()));
         }
         let refused = group.propose(stream("s1"), 9);
         assert_eq!(refused.answered.len(), 1);

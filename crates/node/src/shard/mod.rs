@@ -15,6 +15,8 @@ use braid_proto::client::ErrorCode;
 use braid_storage::{OpenLogLru, PartitionLog};
 use tokio::sync::{mpsc, watch};
 
+mod layout;
+
 use crate::error::NodeError;
 use crate::layout::{Layout, PartitionKey};
 use crate::mailbox::{now_ms, Control, FetchOutcome, NodeShared, ShardRequest};
@@ -39,32 +41,6 @@ const TICK_MS: u64 = crate::replication::meta_group::TICK_MS;
 /// Frames from peers taken in one turn of the partition groups: enough to batch a
 /// burst, few enough that requests and ticks wait little behind it.
 const DELIVERIES_PER_TURN: usize = 256;
-
-/// Partitions a shard opens, and recovers, together: their files are open until then
-/// (two descriptors each).
-const OPENED_TOGETHER: usize = 256;
-
-/// Partitions of a new layout a shard opens at a time: a chunk takes some tens of
-/// milliseconds (its directories' syncs are shared by the chunk), and the next waits as
-/// long as it took ([`Shard::apply_step`]), so a large create takes at most half of
-/// the shard's time and requests are served between. (An idle shard waits too: telling
-/// idle from busy by the requests queued at the instant a chunk ends went wrong, the
-/// connections having had no turn to queue theirs, and the data path fell to 2%.)
-const OPENED_PER_CHUNK: usize = 32;
-
-/// A layout queued on a shard, and how far its application is.
-struct Applying {
-    layout: Arc<Layout>,
-    done: Option<tokio::sync::oneshot::Sender<Result<(), String>>>,
-    plan: Option<LayoutPlan>,
-}
-
-/// The partitions a layout still has to open on a shard, taken from the back.
-struct LayoutPlan {
-    layout: Arc<Layout>,
-    found: Vec<(PartitionKey, Arc<crate::layout::TopicRoute>)>,
-    created: Vec<(PartitionKey, Arc<crate::layout::TopicRoute>)>,
-}
 
 /// Woken waiting fetches a shard answers per turn of its loop, between its other
 /// requests.
@@ -100,7 +76,7 @@ pub(crate) struct Shard {
     /// Partitions were opened or dropped since the board last had every row.
     layout_changed: bool,
     /// Layouts queued, the first being opened a chunk at a time.
-    applying: VecDeque<Applying>,
+    applying: VecDeque<layout::Applying>,
     /// When the next chunk of a queued layout may run.
     apply_resume: tokio::time::Instant,
 }
@@ -242,192 +218,6 @@ impl Shard {
 
     fn metrics(&self) -> &ShardMetrics {
         &self.shared.metrics[self.id]
-    }
-
-    /// Opens the partitions of `layout` this shard owns and drops those it no longer
-    /// has (their topic was deleted: the data goes too), all at once (at start, before
-    /// the shard serves).
-    pub(crate) fn apply_layout(&mut self, layout: Arc<Layout>) -> Result<(), String> {
-        let mut plan = self.plan_layout(layout);
-        while !self.open_some(&mut plan, OPENED_TOGETHER)? {}
-        self.finish_layout(plan.layout);
-        Ok(())
-    }
-
-    /// Queues `layout` to be applied a chunk of partitions at a time between the turns
-    /// of the shard's loop ([`Shard::apply_step`]), after those queued before it, and takes its first step.
-    /// `done` hears when it is whole. Until then the shard keeps routing by the layout
-    /// before, so no client reaches a topic whose partitions are half opened, and its
-    /// produces and fetches go on between the chunks (a topic of 10,000 partitions held
-    /// them for 16.8 s when it was opened in one go).
-    pub(crate) fn queue_layout(
-        &mut self,
-        layout: Arc<Layout>,
-        done: Option<tokio::sync::oneshot::Sender<Result<(), String>>>,
-    ) {
-        self.applying.push_back(Applying {
-            layout,
-            done,
-            plan: None,
-        });
-        if self.applying.len() == 1 {
-            self.apply_step();
-        }
-    }
-
-    /// Whether a queued layout still has partitions to open.
-    pub(crate) fn applying(&self) -> bool {
-        !self.applying.is_empty()
-    }
-
-    /// After a turn of requests or frames: takes a step of the queued layouts if one
-    /// is due.
-    fn apply_if_due(&mut self) {
-        if self.applying() && tokio::time::Instant::now() >= self.apply_resume {
-            self.apply_step();
-        }
-    }
-
-    /// Opens the next chunk of the oldest queued layout's partitions, and applies the
-    /// layout once none is left.
-    pub(crate) fn apply_step(&mut self) {
-        let Some(mut applying) = self.applying.pop_front() else {
-            return;
-        };
-        let started = tokio::time::Instant::now();
-        let mut plan = match applying.plan.take() {
-            Some(plan) => plan,
-            None => self.plan_layout(Arc::clone(&applying.layout)),
-        };
-        let result = self.open_some(&mut plan, OPENED_PER_CHUNK);
-        // The next chunk waits as long as this one took: the data path keeps half.
-        self.apply_resume = tokio::time::Instant::now() + started.elapsed();
-        let result = match result {
-            Ok(false) => {
-                applying.plan = Some(plan);
-                self.applying.push_front(applying);
-                return;
-            }
-            Ok(true) => {
-                self.finish_layout(plan.layout);
-                Ok(())
-            }
-            Err(err) => {
-                tracing::error!(shard = self.id, %err, "applying the topic layout");
-                Err(err)
-            }
-        };
-        if let Some(done) = applying.done {
-            let _ = done.send(result);
-        }
-    }
-
-    /// What applying `layout` takes on this shard: its partitions not open yet, those
-    /// with files first.
-    fn plan_layout(&self, layout: Arc<Layout>) -> LayoutPlan {
-        let shards = self.shared.shards();
-        let mut found = Vec::new();
-        let mut created = Vec::new();
-        for (key, topic) in layout.partitions() {
-            if key.shard(shards) != self.id
-                || self.partitions.contains_key(&key)
-                || self.refused.contains_key(&key)
-            {
-                continue;
-            }
-            if key.dir(self.shared.data_dir()).exists() {
-                found.push((key, Arc::clone(topic)));
-            } else {
-                created.push((key, Arc::clone(topic)));
-            }
-        }
-        // Taken from the back: reversed, so they open in the layout's order.
-        found.reverse();
-        created.reverse();
-        LayoutPlan {
-            layout,
-            found,
-            created,
-        }
-    }
-
-    /// Opens up to `count` partitions of `plan`; true once none is left.
-    fn open_some(&mut self, plan: &mut LayoutPlan, count: usize) -> Result<bool, String> {
-        if !plan.found.is_empty() {
-            let chunk: Vec<_> = (0..count).map_while(|_| plan.found.pop()).collect();
-            for (key, topic) in &chunk {
-                self.open_partition(*key, topic)?;
-            }
-            self.settle_opened(&chunk)?;
-        } else if !plan.created.is_empty() {
-            let chunk: Vec<_> = (0..count).map_while(|_| plan.created.pop()).collect();
-            // New partitions: their directories' syncs, several per partition and each
-            // an ext4 journal commit, are made once for the chunk, before their groups
-            // write a state (a state on disk says the files are). Nothing in them is
-            // acknowledged before this returns.
-            let opened = braid_storage::disk::with_dir_syncs_deferred(
-                || -> std::io::Result<Result<(), String>> {
-                    for (key, topic) in &chunk {
-                        if let Err(err) = self.open_partition(*key, topic) {
-                            return Ok(Err(err));
-                        }
-                    }
-                    Ok(Ok(()))
-                },
-            );
-            opened.map_err(|e| format!("syncing the new partitions' directories: {e}"))??;
-            self.settle_opened(&chunk)?;
-        }
-        Ok(plan.found.is_empty() && plan.created.is_empty())
-    }
-
-    /// Drops the partitions `layout` no longer has, and routes by it from now on.
-    fn finish_layout(&mut self, layout: Arc<Layout>) {
-        let shards = self.shared.shards();
-        let wanted: HashSet<PartitionKey> = layout
-            .partitions()
-            .map(|(key, _)| key)
-            .filter(|key| key.shard(shards) == self.id)
-            .collect();
-        let gone: Vec<PartitionKey> = self
-            .partitions
-            .keys()
-            .chain(self.refused.keys())
-            .filter(|k| !wanted.contains(k))
-            .copied()
-            .collect();
-        for key in gone {
-            self.partitions.remove(&key);
-            self.refused.remove(&key);
-            self.groups.remove(key);
-            if let Ok(mut published) = self.shared.high_watermarks.write() {
-                published.remove(&key);
-            }
-            if let Ok(mut published) = self.shared.primaries.write() {
-                published.remove(&key);
-            }
-            self.lru.remove(&key);
-            self.dirty.remove(&key);
-            let dir = key.dir(self.shared.data_dir());
-            if let Err(err) = std::fs::remove_dir_all(&dir) {
-                tracing::warn!(dir = %dir.display(), %err, "could not remove a deleted partition");
-            }
-            if let Some(parent) = dir.parent() {
-                let _ = std::fs::remove_dir(parent);
-            }
-        }
-        self.metrics().partitions.store(
-            self.partitions.len() as u64,
-            std::sync::atomic::Ordering::Relaxed,
-        );
-        self.metrics().partitions_refused.store(
-            self.refused.len() as u64,
-            std::sync::atomic::Ordering::Relaxed,
-        );
-        *self.layout.borrow_mut() = layout;
-        self.layout_changed = true;
-        self.access_changed
-            .send_modify(|generation| *generation += 1);
     }
 
     /// Publishes the groups' rows on the board and each partition's primary: in full
@@ -752,7 +542,7 @@ impl Shard {
                     listener,
                 );
             }
-            Control::Layout { layout, done } => self.queue_layout(layout, done),
+            Control::Layout { update, done } => self.queue_layout(update, done),
             Control::GroupSynced { group, job, result } => {
                 let moved = self.groups.on_synced(group, job, result);
                 self.apply_moved(moved);
