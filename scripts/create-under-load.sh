@@ -4,13 +4,21 @@
 # PARTITIONS partitions is created on another stream (the bench's probe and warm-up
 # take the first seconds: keep SECONDS at 40 or more). Prints how long the create
 # took, the run's produce ack percentiles, and the fewest records produced in any one
-# second against the median second.
+# second against the median second. With RATE (records/s), the bench is
+# `end-to-end-1kb` at that fixed rate instead, producing and consuming at once, and the
+# end-to-end (produce to fetch) percentiles are printed too.
 #
-#   scripts/create-under-load.sh [BRAID_BINARY] [PARTITIONS] [SECONDS]
+#   scripts/create-under-load.sh [BRAID_BINARY] [PARTITIONS] [SECONDS] [RATE]
 set -euo pipefail
 braid=$(realpath "${1:-target/release/braid}")
 partitions=${2:-10000}
 seconds=${3:-40}
+rate=${4:-}
+if [ -n "$rate" ]; then
+	workload=(end-to-end-1kb --rate "$rate" --warmup 2)
+else
+	workload=(latency-1kb)
+fi
 # Past the default quotas on purpose.
 export BRAID_TOPIC_PARTITIONS_MAX=10000 BRAID_PARTITIONS_MAX=1000000
 dir=$(mktemp -d -p "${BENCH_DIR:-$PWD}" create-under-load.XXXXXX)
@@ -23,7 +31,7 @@ for _ in $(seq 100); do
 	"$braid" --addr "127.0.0.1:$port" stream list >/dev/null 2>&1 && break
 	sleep 0.1
 done
-"$braid" --addr "127.0.0.1:$port" bench latency-1kb --duration "$seconds" \
+"$braid" --addr "127.0.0.1:$port" bench "${workload[@]}" --duration "$seconds" \
 	--json "$dir/report.json" >"$dir/bench.out" 2>&1 &
 bench=$!
 sleep $((seconds / 2))
@@ -39,6 +47,9 @@ ack = report["ack_latency"]
 seconds = [s["produced"] for s in report["timeline"]]
 print(f"a topic of {sys.argv[2]} partitions created in {float(sys.argv[3]):.2f} s during the run")
 print(f"produce ack p50 {ack['p50_us']} us, p99 {ack['p99_us']} us, p99.9 {ack['p999_us']} us, max {ack['max_us']} us")
+e2e = report.get("end_to_end_latency") or {}
+if e2e.get("count"):
+    print(f"end to end p50 {e2e['p50_us']} us, p99 {e2e['p99_us']} us, p99.9 {e2e['p999_us']} us, max {e2e['max_us']} us")
 print(f"records per second: fewest {min(seconds)}, median {statistics.median(seconds)}")
 if len(sys.argv) > 4: print(seconds)
 EOF

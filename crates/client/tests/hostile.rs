@@ -848,14 +848,22 @@ async fn readers_that_read_nothing_delay_other_consumers_only_briefly() {
     // closed, about half a second, not the 30 s write timeout.
     let three = attack(3..=5).await;
     let contended = fetch().await;
+    drop((one, three));
+    // Eight from the consumer's own address, which holds that address's whole share:
+    // they are closed once stalled while the consumer waits for the share (it waited
+    // for the 30 s write timeout when only the node's budget counted as contended).
+    let own = attack(1..=1).await;
+    let same_address = fetch().await;
     eprintln!(
         "another consumer's 4 MiB fetch: {alone:?} beside one address reading nothing, \
-         {contended:?} beside three that hold the node's whole budget"
+         {contended:?} beside three that hold the node's whole budget, \
+         {same_address:?} beside eight of its own address"
     );
     assert!(alone < Duration::from_millis(400), "{alone:?}");
     assert!(contended < Duration::from_secs(5), "{contended:?}");
+    assert!(same_address < Duration::from_secs(5), "{same_address:?}");
     assert!(common::metric(node.http_addr(), "braid_connections_closed_stalled_total").await >= 1);
-    drop((one, three));
+    drop(own);
     node.shutdown();
 }
 

@@ -120,8 +120,7 @@ pub(crate) struct NodeShared {
     /// connection whose answers do not move is closed sooner.
     pub(crate) fetch_budget_waiting: std::sync::atomic::AtomicUsize,
     /// Each user's (or source address's) share of the fetch budget, while in use.
-    pub(crate) principals:
-        std::sync::Mutex<HashMap<String, std::sync::Weak<tokio::sync::Semaphore>>>,
+    pub(crate) principals: std::sync::Mutex<HashMap<String, std::sync::Weak<PrincipalBudget>>>,
     /// Bytes of client frames being received, over the node
     /// (`frame_bytes_in_flight_max`).
     pub(crate) frame_bytes: Arc<tokio::sync::Semaphore>,
@@ -248,7 +247,7 @@ impl NodeShared {
 
     /// The fetch-budget share of `principal` ("user NAME" or "address IP"), made when
     /// first needed and dropped with its last connection.
-    pub(crate) fn principal_budget(&self, principal: &str) -> Arc<tokio::sync::Semaphore> {
+    pub(crate) fn principal_budget(&self, principal: &str) -> Arc<PrincipalBudget> {
         let mut principals = self
             .principals
             .lock()
@@ -267,7 +266,10 @@ impl NodeShared {
         let permits = usize::try_from(bytes)
             .unwrap_or(usize::MAX)
             .min(tokio::sync::Semaphore::MAX_PERMITS);
-        let budget = Arc::new(tokio::sync::Semaphore::new(permits));
+        let budget = Arc::new(PrincipalBudget {
+            bytes: Arc::new(tokio::sync::Semaphore::new(permits)),
+            waiting: std::sync::atomic::AtomicUsize::new(0),
+        });
         principals.insert(principal.to_owned(), Arc::downgrade(&budget));
         budget
     }
@@ -279,6 +281,16 @@ impl NodeShared {
     pub(crate) fn data_dir(&self) -> &PathBuf {
         &self.config.data_dir
     }
+}
+
+/// One user's (or, unauthenticated, one source address's) share of the node's fetch
+/// budget, and how many of its fetches wait for it: while one does, its connections
+/// whose answers make no progress are closed after `fetch_stall_contended_ms`, so one
+/// of its consumers that reads nothing holds up its others only that long.
+#[derive(Debug)]
+pub(crate) struct PrincipalBudget {
+    pub(crate) bytes: Arc<tokio::sync::Semaphore>,
+    pub(crate) waiting: std::sync::atomic::AtomicUsize,
 }
 
 /// The wall clock in ms (group sessions, retention).

@@ -54,7 +54,7 @@ struct Env {
     fetch_bytes: Arc<Semaphore>,
     /// Its user's (before a login, or with authentication off, its source address's)
     /// share of the node's fetch budget (`fetch_bytes_per_user_max`).
-    principal_bytes: std::cell::RefCell<Arc<Semaphore>>,
+    principal_bytes: std::cell::RefCell<Arc<crate::mailbox::PrincipalBudget>>,
     /// Becomes true when the client's side closed (or the connection is ending): a
     /// waiting fetch stops waiting and answers with what there is.
     reading_done: watch::Receiver<bool>,
@@ -508,11 +508,16 @@ async fn fetch_budget(env: &Env, bytes: u32) -> Option<FetchBudget> {
     // A user's connections together hold at most its share: one that reads nothing
     // cannot take the node's whole budget with a few connections.
     let principal = Arc::clone(&env.principal_bytes.borrow());
-    let principal = match Arc::clone(&principal).try_acquire_many_owned(bytes) {
+    let principal_permit = match Arc::clone(&principal.bytes).try_acquire_many_owned(bytes) {
         Ok(permit) => permit,
         Err(_) => {
             add(&env.metrics.connection_reads_paused, 1);
-            principal.acquire_many_owned(bytes).await.ok()?
+            // Counted while it waits: the user's connections whose answers do not
+            // move are then closed after `fetch_stall_contended_ms`.
+            principal.waiting.fetch_add(1, Ordering::AcqRel);
+            let permit = Arc::clone(&principal.bytes).acquire_many_owned(bytes).await;
+            principal.waiting.fetch_sub(1, Ordering::AcqRel);
+            permit.ok()?
         }
     };
     let node = match Arc::clone(&env.shared.fetch_bytes).try_acquire_many_owned(bytes) {
@@ -530,7 +535,12 @@ async fn fetch_budget(env: &Env, bytes: u32) -> Option<FetchBudget> {
             permit.ok()?
         }
     };
-    Some(FetchBudget::new(connection, principal, node))
+    Some(FetchBudget::new(
+        connection,
+        principal_permit,
+        node,
+        principal,
+    ))
 }
 
 fn route(

@@ -7,7 +7,7 @@ use std::time::Duration;
 use tokio::io::{AsyncWrite, AsyncWriteExt, BufWriter};
 use tokio::sync::{mpsc, OwnedSemaphorePermit};
 
-use crate::mailbox::NodeShared;
+use crate::mailbox::{NodeShared, PrincipalBudget};
 use crate::metrics::{add, ShardMetrics};
 
 pub(super) enum Outgoing {
@@ -22,25 +22,31 @@ pub(super) struct FetchBudget {
     _connection: OwnedSemaphorePermit,
     _principal: OwnedSemaphorePermit,
     _node: OwnedSemaphorePermit,
+    /// Whose share it holds: while another fetch of the same user waits for it, this
+    /// answer may stall only `fetch_stall_contended_ms`.
+    principal: Arc<PrincipalBudget>,
 }
 
 impl FetchBudget {
     pub(super) fn new(
         connection: OwnedSemaphorePermit,
-        principal: OwnedSemaphorePermit,
+        principal_permit: OwnedSemaphorePermit,
         node: OwnedSemaphorePermit,
+        principal: Arc<PrincipalBudget>,
     ) -> Self {
         Self {
             _connection: connection,
-            _principal: principal,
+            _principal: principal_permit,
             _node: node,
+            principal,
         }
     }
 }
 
 /// How long an answer may make no progress before its connection is closed: the write
 /// timeout, or `fetch_stall_contended_ms` while other fetches wait for the node's
-/// budget (a client that reads nothing then delays the others that little).
+/// budget or for the share of the user whose fetch answer it is (a client that reads
+/// nothing then delays the others that little).
 struct Stall {
     shared: Arc<NodeShared>,
     alone: Duration,
@@ -48,12 +54,13 @@ struct Stall {
 }
 
 impl Stall {
-    fn bound(&self) -> Duration {
-        let waiting = self
-            .shared
-            .fetch_budget_waiting
-            .load(std::sync::atomic::Ordering::Acquire);
-        if waiting > 0 {
+    fn bound(&self, principal: Option<&PrincipalBudget>) -> Duration {
+        let load = |waiting: &std::sync::atomic::AtomicUsize| {
+            waiting.load(std::sync::atomic::Ordering::Acquire)
+        };
+        let contended = load(&self.shared.fetch_budget_waiting) > 0
+            || principal.is_some_and(|p| load(&p.waiting) > 0);
+        if contended {
             self.contended.min(self.alone)
         } else {
             self.alone
@@ -76,11 +83,19 @@ pub(super) async fn write_loop<W: AsyncWrite + Unpin>(
     while let Some(first) = outgoing.recv().await {
         let mut next = Some(first);
         while let Some(item) = next {
+            let principal = match &item {
+                Outgoing::Frame(_) => None,
+                Outgoing::Fetch(_, _, budget) => Some(&*budget.principal),
+            };
             let written = match &item {
-                Outgoing::Frame(frame) => write_progressing(&mut writer, frame, &stall).await,
+                Outgoing::Frame(frame) => {
+                    write_progressing(&mut writer, frame, &stall, principal).await
+                }
                 Outgoing::Fetch(prefix, read, _) => {
-                    match write_progressing(&mut writer, prefix, &stall).await {
-                        Ok(()) => write_progressing(&mut writer, read.bytes(), &stall).await,
+                    match write_progressing(&mut writer, prefix, &stall, principal).await {
+                        Ok(()) => {
+                            write_progressing(&mut writer, read.bytes(), &stall, principal).await
+                        }
                         Err(err) => Err(err),
                     }
                 }
@@ -89,7 +104,7 @@ pub(super) async fn write_loop<W: AsyncWrite + Unpin>(
                 if err.kind() == std::io::ErrorKind::TimedOut {
                     add(&metrics.connections_closed_stalled, 1);
                     tracing::info!(
-                        stall_ms = stall.bound().as_millis() as u64,
+                        stall_ms = stall.bound(principal).as_millis() as u64,
                         "closing a connection whose client reads no answers"
                     );
                 }
@@ -122,6 +137,7 @@ async fn write_progressing<W: AsyncWrite + Unpin>(
     writer: &mut BufWriter<W>,
     bytes: &[u8],
     stall: &Stall,
+    principal: Option<&PrincipalBudget>,
 ) -> std::io::Result<()> {
     for step in bytes.chunks(WRITE_STEP_BYTES) {
         let started = tokio::time::Instant::now();
@@ -132,7 +148,7 @@ async fn write_progressing<W: AsyncWrite + Unpin>(
                     result?;
                     break;
                 }
-                Err(_) if started.elapsed() >= stall.bound() => {
+                Err(_) if started.elapsed() >= stall.bound(principal) => {
                     return Err(std::io::ErrorKind::TimedOut.into())
                 }
                 Err(_) => {}
