@@ -381,14 +381,17 @@ async fn an_open_node_makes_no_users_so_turned_secure_it_has_only_its_admin() {
         permissions: READ | WRITE,
     };
     assert_eq!(
-        code(stranger.grant("admin", everything).await),
+        code(stranger.grant("admin", everything.clone()).await),
         ErrorCode::PermissionDenied
     );
     assert_eq!(
         code(stranger.change_password("admin", "mine").await),
         ErrorCode::PermissionDenied
     );
-    assert!(stranger.list_users().await.unwrap().is_empty());
+    assert_eq!(
+        code(stranger.list_users().await),
+        ErrorCode::PermissionDenied
+    );
     drop(stranger);
     open.shutdown();
 
@@ -403,7 +406,69 @@ async fn an_open_node_makes_no_users_so_turned_secure_it_has_only_its_admin() {
         code(connect(&secured, &login("mallory", "mine")).await),
         ErrorCode::AuthenticationFailed
     );
+    admin.create_user("bob", "bobs").await.unwrap();
+    admin.grant("bob", everything.clone()).await.unwrap();
+    drop(admin);
     secured.shutdown();
+
+    // Secure, then restarted open (found by review): a stranger could list the users
+    // and grants, delete users and strip their grants.
+    let open = Node::start(common::config(dir.path(), FsyncSetting::Never)).unwrap();
+    let stranger = Client::connect(open.client_addr()).await.unwrap();
+    assert_eq!(
+        code(stranger.list_users().await),
+        ErrorCode::PermissionDenied
+    );
+    assert_eq!(
+        code(stranger.revoke("bob", everything).await),
+        ErrorCode::PermissionDenied
+    );
+    assert_eq!(
+        code(stranger.delete_user("bob").await),
+        ErrorCode::PermissionDenied
+    );
+    drop(stranger);
+    open.shutdown();
+    let secured = Node::start(secured_config(dir.path())).unwrap();
+    let bob = connect(&secured, &login("bob", "bobs")).await.unwrap();
+    assert_eq!(
+        bob.list_streams().await.unwrap().len(),
+        1,
+        "bob keeps his grant"
+    );
+    secured.shutdown();
+}
+
+/// A fetch parked at the end of the log before a revoke gets nothing written after
+/// it (found by review: it answered with the record produced after the revoke).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fetch_parked_before_a_revoke_gets_nothing_written_after_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start(secured_config(dir.path())).unwrap();
+    let admin = connect(&node, &login("admin", ADMIN_PASSWORD))
+        .await
+        .unwrap();
+    common::create_topic(&admin, "vault", "t", 1).await;
+    admin.create_user("bob", "bobs").await.unwrap();
+    let read = Grant {
+        resource: Resource::Stream("vault".into()),
+        permissions: READ,
+    };
+    admin.grant("bob", read.clone()).await.unwrap();
+    let bob = connect(&node, &login("bob", "bobs")).await.unwrap();
+    let parked = {
+        let bob = bob.clone();
+        tokio::spawn(async move { bob.fetch("vault", "t", 0, 0, 1 << 20, 10_000).await })
+    };
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    admin.revoke("bob", read).await.unwrap();
+    admin
+        .produce("vault", "t", 0, &one_record_batch(b"secret"))
+        .await
+        .unwrap();
+    let answer = parked.await.unwrap();
+    assert_eq!(code(answer), ErrorCode::PermissionDenied);
+    node.shutdown();
 }
 
 /// The data directory holds every record and the users' SCRAM keys: everything the

@@ -31,6 +31,8 @@ pub(crate) enum LoginError {
     Again,
     #[error("the SCRAM message is not UTF-8")]
     NotUtf8,
+    #[error("the user's password changed, or the user was deleted, during the login")]
+    Lapsed,
     #[error(transparent)]
     Scram(#[from] ScramError),
 }
@@ -54,6 +56,14 @@ impl Login {
                 .and_then(|m| ClientFirst::parse(m).ok())
                 .map(|first| first.user),
             Self::Authenticated { user, .. } => Some(user.clone()),
+        }
+    }
+
+    /// The logged-in user with the `StoredKey` of its credential.
+    pub(crate) fn authenticated(&self) -> Option<(&str, &[u8; KEY_BYTES])> {
+        match self {
+            Self::Authenticated { user, key } => Some((user, key)),
+            _ => None,
         }
     }
 
@@ -92,6 +102,12 @@ impl Login {
             Self::Exchanging(server) => {
                 let key = server.stored_key();
                 let (user, server_final) = server.finish(message)?;
+                // The credential the exchange began with may be gone by its end (the
+                // password changed, the user deleted): such a login is refused, not
+                // told it succeeded and ended at the next request.
+                if !access.holds(&user, &key) {
+                    return Err(LoginError::Lapsed);
+                }
                 *self = Self::Authenticated { user, key };
                 Ok(server_final.into_bytes())
             }
@@ -166,5 +182,34 @@ mod tests {
         assert!(matches!(plain, Err(LoginError::Mechanism(_))));
         let binary = fresh.step(MECHANISM, &[0xff, 0xfe], &access(), b"k", "n");
         assert!(matches!(binary, Err(LoginError::NotUtf8)));
+    }
+
+    #[test]
+    fn a_password_changed_during_a_login_fails_it() {
+        let before = access();
+        let mut meta = Metadata::default();
+        meta.apply(&MetaOp::CreateUser {
+            name: "alice".into(),
+            credential: ScramCredential::derive("new", b"salt2", 4096),
+        })
+        .unwrap();
+        let after = Access::from_metadata(&meta);
+        let mut login = Login::default();
+        let client = ScramClient::new("alice", "cnonce").unwrap();
+        let first = login
+            .step(
+                MECHANISM,
+                client.client_first().as_bytes(),
+                &before,
+                b"k",
+                "s",
+            )
+            .unwrap();
+        let (_, last) = client
+            .answer(&String::from_utf8(first).unwrap(), "secret")
+            .unwrap();
+        let finished = login.step(MECHANISM, last.as_bytes(), &after, b"k", "u");
+        assert!(matches!(finished, Err(LoginError::Lapsed)), "{finished:?}");
+        assert_eq!(login.user(), None);
     }
 }

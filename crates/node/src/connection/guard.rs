@@ -24,7 +24,7 @@ pub(super) fn admit(
             return Err(NodeError::new(
                 ErrorCode::PermissionDenied,
                 "authentication is off on this node: users, passwords and grants are \
-                 managed only on a node that requires logins (authentication = true)",
+                 listed and managed only on a node that requires logins (authentication = true)",
             ));
         }
         return Ok(());
@@ -48,6 +48,47 @@ pub(super) fn admit(
         ErrorCode::PermissionDenied,
         format!("user {user} lacks {}", need.describe()),
     ))
+}
+
+/// Who asked for a fetch, to check again when its answer is ready (a parked fetch may
+/// wait up to a minute, and a revoke in between must hold for what it would get).
+pub(super) struct Reader {
+    layout: std::rc::Rc<std::cell::RefCell<std::sync::Arc<crate::layout::Layout>>>,
+    /// The logged-in user and its credential's `StoredKey`; `None` on an open node.
+    login: Option<(String, [u8; 32])>,
+    stream: String,
+}
+
+impl Reader {
+    pub(super) fn of(env: &Env, stream: &str) -> Self {
+        let login = env.login.borrow();
+        Self {
+            layout: std::rc::Rc::clone(&env.layout),
+            login: login
+                .authenticated()
+                .map(|(user, key)| (user.to_owned(), *key)),
+            stream: stream.to_owned(),
+        }
+    }
+
+    /// `PermissionDenied` if the reader may no longer read its stream.
+    pub(super) fn still_allowed(&self) -> Result<(), NodeError> {
+        let Some((user, key)) = &self.login else {
+            return Ok(());
+        };
+        let layout = self.layout.borrow();
+        let need = Need::Stream(&self.stream, braid_proto::client::READ);
+        if layout.access.holds(user, key) && layout.access.allows(user, need) {
+            return Ok(());
+        }
+        Err(NodeError::new(
+            ErrorCode::PermissionDenied,
+            format!(
+                "user {user} lost {} while its fetch waited",
+                need.describe()
+            ),
+        ))
+    }
 }
 
 /// The user of the connection's login if it has lapsed (the user was deleted or
@@ -82,11 +123,16 @@ pub(super) async fn send_lapsed(env: &Env, request_id: u64, command: u16, user: 
 /// Whether `request` gives someone access: a user, a password or a grant.
 fn grants_access(request: &braid_proto::client::Request<'_>) -> bool {
     use braid_proto::client::Request;
+    // Every user command: a node that was secure and is restarted open must not let a
+    // stranger list its users and grants, or delete users and strip their grants.
     matches!(
         request,
         Request::CreateUser { .. }
+            | Request::DeleteUser { .. }
+            | Request::ListUsers
             | Request::ChangePassword { .. }
             | Request::GrantPermissions { .. }
+            | Request::RevokePermissions { .. }
     )
 }
 

@@ -700,7 +700,10 @@ async fn handle_frame(env: &Env, mut frame: BytesMut) -> Flow {
             max_bytes,
             max_wait_ms,
         } => match route(env, stream, topic, partition) {
-            Ok((_, key)) => fetch(env, request_id, key, offset, max_bytes, max_wait_ms).await,
+            Ok((_, key)) => {
+                let reader = guard::Reader::of(env, stream);
+                fetch(env, request_id, key, offset, max_bytes, max_wait_ms, reader).await
+            }
             Err(err) => Err(err),
         },
         Request::ListOffsets {
@@ -848,6 +851,7 @@ async fn fetch(
     offset: u64,
     max_bytes: u32,
     max_wait_ms: u32,
+    reader: guard::Reader,
 ) -> Result<(), NodeError> {
     let shared = Arc::clone(&env.shared);
     let out = env.out.clone();
@@ -875,6 +879,9 @@ async fn fetch(
     };
     in_flight(env, async move {
         let outcome = fetch_answer(&shared, key, offset, max_bytes, wait, &mut reading_done).await;
+        // Checked again once the answer is ready: a revoke (or the login's lapse) while
+        // the fetch waited must not hand it the records that came after.
+        let outcome = outcome.and_then(|answer| reader.still_allowed().map(|()| answer));
         drop(waiting);
         let item = match outcome {
             Ok(FetchOutcome {

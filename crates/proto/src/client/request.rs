@@ -472,6 +472,9 @@ pub(crate) fn check_name(value: &str, at: usize, field: &'static str) -> Result<
         .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
     {
         Some("a character outside a-z A-Z 0-9 - _ .")
+    } else if value.bytes().all(|b| b == b'.') {
+        // `.` and `..` mean something to every tool that turns a name into a path.
+        Some("dots alone")
     } else {
         None
     };
@@ -852,6 +855,14 @@ impl<'a> Request<'a> {
                             field: "member_name length",
                             value: member_name.len() as u64,
                             range: "0..=255",
+                        });
+                    }
+                    // Shown by `braid group describe` and logged: no escape sequences.
+                    if member_name.chars().any(char::is_control) {
+                        return Err(WireError::InvalidName {
+                            at,
+                            field: "member_name",
+                            reason: "a control character",
                         });
                     }
                     member_name

@@ -547,6 +547,8 @@ fn bad_bodies_are_typed_errors() {
         "tab\t",
         "é",
         long.as_str(),
+        ".",
+        "..",
     ] {
         let mut body = Vec::new();
         Request::JoinGroup {
@@ -562,6 +564,30 @@ fn bad_bodies_are_typed_errors() {
             matches!(
                 Request::decode(Command::JoinGroup, request_body),
                 Err(WireError::InvalidName { field: "group", .. })
+            ),
+            "{bad:?}"
+        );
+    }
+    // A member name is free text, but shown and logged: no control characters (an
+    // ANSI escape would rewrite a terminal).
+    for bad in ["\u{1b}[31mred", "new\nline", "nul\0"] {
+        let mut body = Vec::new();
+        Request::JoinGroup {
+            stream: "s",
+            group: "g",
+            topic: "t",
+            member_name: bad,
+            session_timeout_ms: 10_000,
+        }
+        .encode(1, &mut body);
+        let (_, request_body) = super::split_request(&body).unwrap();
+        assert!(
+            matches!(
+                Request::decode(Command::JoinGroup, request_body),
+                Err(WireError::InvalidName {
+                    field: "member_name",
+                    ..
+                })
             ),
             "{bad:?}"
         );
