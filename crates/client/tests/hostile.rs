@@ -734,6 +734,87 @@ async fn consumer_groups_are_bounded_in_members_groups_and_name_length() {
     node.shutdown();
 }
 
+/// One stream cannot take the node's groups (found by review: one tenant joined 10,000
+/// groups in 0.1 s and every other stream's JoinGroup was `QuotaExceeded`), nor keep
+/// committed offsets for groups without end (join, commit, leave in a loop kept 36,000
+/// groups and an 18 MB ListGroups answer): `groups_per_stream_max` bounds both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_stream_cannot_take_the_node_s_consumer_groups() {
+    use braid_proto::client::{ErrorCode, GroupMemberRequest, Response};
+    let _serial = SERIAL.lock().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = common::config(dir.path(), FsyncSetting::Never);
+    config.groups_max = 10;
+    config.groups_per_stream_max = 2;
+    let node = braid_node::Node::start(config).unwrap();
+    let client = Client::connect(node.client_addr()).await.unwrap();
+    for stream in ["mallory", "alice"] {
+        common::create_topic(&client, stream, "t", 1).await;
+    }
+    let join = |stream: &'static str, group: String| {
+        let client = client.clone();
+        async move {
+            let request = Request::JoinGroup {
+                stream,
+                group: &group,
+                topic: "t",
+                member_name: "m",
+                session_timeout_ms: 30_000,
+            };
+            match client.call(&request).await {
+                Ok(Response::Assignment {
+                    member_id,
+                    generation,
+                    ..
+                }) => Ok((member_id, generation)),
+                Ok(other) => panic!("{other:?}"),
+                Err(err) => Err(err.code().expect("a server error")),
+            }
+        }
+    };
+    join("mallory", "g1".into()).await.unwrap();
+    join("mallory", "g2".into()).await.unwrap();
+    assert_eq!(
+        join("mallory", "g3".into()).await,
+        Err(ErrorCode::QuotaExceeded)
+    );
+    join("alice", "g1".into()).await.unwrap();
+    // Join, commit, leave: each new group's offsets are kept, up to the bound.
+    let mut refused = None;
+    for i in 0..4 {
+        let group = format!("cycle{i}");
+        let Ok((member_id, generation)) = join("alice", group.clone()).await else {
+            panic!("a join in alice's stream with one live group");
+        };
+        let member = GroupMemberRequest {
+            stream: "alice",
+            group: &group,
+            member_id,
+            generation,
+        };
+        let committed = client
+            .call(&Request::CommitOffsets {
+                member,
+                offsets: vec![(0, 0)],
+            })
+            .await;
+        client
+            .call(&Request::LeaveGroup {
+                stream: "alice",
+                group: &group,
+                member_id,
+            })
+            .await
+            .unwrap();
+        if let Err(err) = committed {
+            refused = Some((i, err.code()));
+            break;
+        }
+    }
+    assert_eq!(refused, Some((2, Some(ErrorCode::QuotaExceeded))));
+    node.shutdown();
+}
+
 /// Frames being received share one node-wide budget (found by review: each connection
 /// could hold 16 MiB of an unfinished frame, and 160 of them took 2.5 GB): 40
 /// connections that each send half of a 16 MiB frame and stop hold what the budget

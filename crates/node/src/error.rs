@@ -45,9 +45,9 @@ impl From<crate::groups::GroupError> for NodeError {
             GroupError::UnknownMember { .. } => ErrorCode::UnknownMember,
             GroupError::NotAssigned { .. } => ErrorCode::NotAssigned,
             GroupError::StaleGeneration { .. } => ErrorCode::StaleGeneration,
-            GroupError::GroupFull { .. } | GroupError::TooManyGroups { .. } => {
-                ErrorCode::QuotaExceeded
-            }
+            GroupError::GroupFull { .. }
+            | GroupError::TooManyGroups { .. }
+            | GroupError::TooManyGroupsInStream { .. } => ErrorCode::QuotaExceeded,
             _ => ErrorCode::InvalidArgument,
         };
         Self::new(code, err.to_string())

@@ -55,6 +55,15 @@ pub enum GroupError {
         /// The limit.
         max: u32,
     },
+    /// The stream has as many groups with members as the node allows one stream
+    /// (`groups_per_stream_max`).
+    #[error("stream {stream:?} has {max} consumer groups with members, the most groups_per_stream_max allows")]
+    TooManyGroupsInStream {
+        /// The stream.
+        stream: String,
+        /// The limit.
+        max: u32,
+    },
     /// The member commits for a partition it neither owns nor was granted.
     #[error("member {member_id} does not own partition {partition}")]
     NotAssigned {
@@ -140,6 +149,8 @@ pub struct GroupLimits {
     pub members: u32,
     /// Groups with members.
     pub groups: u32,
+    /// Groups with members in one stream.
+    pub per_stream: u32,
 }
 
 impl Default for GroupLimits {
@@ -147,6 +158,7 @@ impl Default for GroupLimits {
         Self {
             members: 1_000,
             groups: 10_000,
+            per_stream: 1_000,
         }
     }
 }
@@ -277,17 +289,30 @@ impl GroupCoordinator {
                     max: self.limits.members,
                 });
             }
-            None if self.groups.len() >= self.limits.groups as usize => {
-                // Groups whose members all left are kept to be described; a new one
-                // may take their place.
-                self.groups.retain(|_, g| !g.members.is_empty());
+            None => {
                 if self.groups.len() >= self.limits.groups as usize {
-                    return Err(GroupError::TooManyGroups {
-                        max: self.limits.groups,
+                    // Groups whose members all left are kept to be described; a new
+                    // one may take their place.
+                    self.groups.retain(|_, g| !g.members.is_empty());
+                    if self.groups.len() >= self.limits.groups as usize {
+                        return Err(GroupError::TooManyGroups {
+                            max: self.limits.groups,
+                        });
+                    }
+                }
+                let in_stream = self
+                    .groups
+                    .iter()
+                    .filter(|((s, _), g)| s == stream && !g.members.is_empty())
+                    .count();
+                if in_stream >= self.limits.per_stream as usize {
+                    return Err(GroupError::TooManyGroupsInStream {
+                        stream: stream.to_owned(),
+                        max: self.limits.per_stream,
                     });
                 }
             }
-            _ => {}
+            Some(_) => {}
         }
         // The low 16 bits of the epoch, shifted: a group's generations are this
         // coordinator's alone unless 65,536 rebalances or views pass.

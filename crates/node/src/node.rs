@@ -393,6 +393,7 @@ fn open_metadata(
     let limits = crate::groups::GroupLimits {
         members: config.group_members_max,
         groups: config.groups_max,
+        per_stream: config.groups_per_stream_max,
     };
     let mut meta = MetaService::new(group, limits);
     let mut ops = Vec::new();

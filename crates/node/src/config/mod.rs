@@ -97,6 +97,10 @@ pub struct NodeConfig {
     /// Consumer groups with members the coordinator keeps, over all streams; a join
     /// that would start another is refused `QuotaExceeded`.
     pub groups_max: u32,
+    /// Consumer groups one stream may have, with members and with committed offsets
+    /// each: one tenant's stream cannot take the node's whole `groups_max`, nor keep
+    /// offsets for groups without end.
+    pub groups_per_stream_max: u32,
     /// A new connection's first complete frame must arrive within this (ms).
     pub connection_first_frame_ms: u64,
     /// A frame, once its first byte arrived, must be whole within this (ms).
@@ -316,6 +320,7 @@ impl Default for NodeConfig {
             partitions_max: 100_000,
             group_members_max: 1_000,
             groups_max: 10_000,
+            groups_per_stream_max: 1_000,
             connection_first_frame_ms: 10_000,
             connection_frame_ms: 30_000,
             connection_idle_ms: 600_000,
@@ -464,6 +469,9 @@ impl NodeConfig {
                 "PARTITIONS_MAX" => self.partitions_max = parse(&value).map_err(bad)?,
                 "GROUP_MEMBERS_MAX" => self.group_members_max = parse(&value).map_err(bad)?,
                 "GROUPS_MAX" => self.groups_max = parse(&value).map_err(bad)?,
+                "GROUPS_PER_STREAM_MAX" => {
+                    self.groups_per_stream_max = parse(&value).map_err(bad)?;
+                }
                 "CONNECTION_WRITE_TIMEOUT_MS" => {
                     self.connection_write_timeout_ms = parse(&value).map_err(bad)?
                 }
@@ -595,6 +603,7 @@ impl NodeConfig {
                 self.connections_unauthenticated_per_source_max,
             ),
             ("groups_max", self.groups_max),
+            ("groups_per_stream_max", self.groups_per_stream_max),
         ] {
             if value == 0 {
                 return Err(ConfigError::Invalid(format!("{name} must be at least 1")));
