@@ -28,6 +28,8 @@ pub(super) struct Applying {
     update: LayoutUpdate,
     done: Option<tokio::sync::oneshot::Sender<Result<(), String>>>,
     plan: Option<LayoutPlan>,
+    /// Once it routes: the partitions it took away, still to drop.
+    dropping: Option<Vec<PartitionKey>>,
 }
 
 /// The partitions an update still has to open on a shard, taken from the back.
@@ -46,7 +48,10 @@ impl Shard {
         let update = LayoutUpdate::Whole(layout);
         let mut plan = self.plan_layout(&update);
         while !self.open_some(&mut plan, OPENED_TOGETHER)? {}
-        self.finish_layout(update, plan.opens);
+        let gone = self.finish_layout(update, plan.opens);
+        for key in gone {
+            self.drop_partition(key);
+        }
         Ok(())
     }
 
@@ -65,13 +70,14 @@ impl Shard {
             update,
             done,
             plan: None,
+            dropping: None,
         });
         if self.applying.len() == 1 {
             self.apply_step();
         }
     }
 
-    /// Whether a queued layout still has partitions to open.
+    /// Whether a queued layout still has partitions to open or to drop.
     pub(crate) fn applying(&self) -> bool {
         !self.applying.is_empty()
     }
@@ -89,6 +95,25 @@ impl Shard {
     pub(crate) fn apply_step(&mut self) {
         while let Some(mut applying) = self.applying.pop_front() {
             let started = tokio::time::Instant::now();
+            if let Some(gone) = applying.dropping.as_mut() {
+                // Routed no more; their groups and files go a chunk at a time (a
+                // stream of 3,000 partitions dropped at once held another stream's
+                // produces for a second), and the change is done once they are gone.
+                for _ in 0..OPENED_PER_CHUNK {
+                    let Some(key) = gone.pop() else { break };
+                    self.drop_partition(key);
+                }
+                self.partitions_changed();
+                self.apply_resume = tokio::time::Instant::now() + started.elapsed();
+                if gone.is_empty() {
+                    if let Some(done) = applying.done {
+                        let _ = done.send(Ok(()));
+                    }
+                } else {
+                    self.applying.push_front(applying);
+                }
+                return;
+            }
             // Planned when it comes first: against the layout the ones before made.
             let mut plan = match applying.plan.take() {
                 Some(plan) => plan,
@@ -106,7 +131,15 @@ impl Shard {
                     return;
                 }
                 Ok(true) => {
-                    self.finish_layout(applying.update, plan.opens);
+                    let gone = self.finish_layout(applying.update.clone(), plan.opens);
+                    if !gone.is_empty() {
+                        applying.dropping = Some(gone);
+                        self.applying.push_front(applying);
+                        if plan.opens {
+                            return;
+                        }
+                        continue;
+                    }
                     Ok(())
                 }
                 Err(err) => {
@@ -190,8 +223,9 @@ impl Shard {
         Ok(plan.found.is_empty() && plan.created.is_empty())
     }
 
-    /// Drops the partitions `update` takes away, and routes by it from now on.
-    fn finish_layout(&mut self, update: LayoutUpdate, opened: bool) {
+    /// Routes by `update` from now on, and gives the partitions it takes away (a whole
+    /// layout, at start, drops them at once and gives none).
+    fn finish_layout(&mut self, update: LayoutUpdate, opened: bool) -> Vec<PartitionKey> {
         let shards = self.shared.shards();
         let gone: Vec<PartitionKey> = match &update {
             LayoutUpdate::Whole(layout) => {
@@ -215,36 +249,45 @@ impl Shard {
                 .filter(|k| self.partitions.contains_key(k) || self.refused.contains_key(k))
                 .collect(),
         };
-        let dropped = !gone.is_empty();
-        for key in gone {
-            self.drop_partition(key);
-        }
-        let access = match update {
+        let (access, gone) = match update {
             LayoutUpdate::Whole(layout) => {
+                let dropped = !gone.is_empty();
+                for key in gone {
+                    self.drop_partition(key);
+                }
+                if dropped {
+                    self.partitions_changed();
+                }
                 *self.layout.borrow_mut() = layout;
-                true
+                (true, Vec::new())
             }
             LayoutUpdate::Change(change) => {
                 // In place: connections hold the layout only within a call.
                 Arc::make_mut(&mut *self.layout.borrow_mut()).apply(&change);
-                change.changes_access()
+                (change.changes_access(), gone)
             }
         };
-        if opened || dropped {
-            self.metrics().partitions.store(
-                self.partitions.len() as u64,
-                std::sync::atomic::Ordering::Relaxed,
-            );
-            self.metrics().partitions_refused.store(
-                self.refused.len() as u64,
-                std::sync::atomic::Ordering::Relaxed,
-            );
-            self.layout_changed = true;
+        if opened {
+            self.partitions_changed();
         }
         if access {
             self.access_changed
                 .send_modify(|generation| *generation += 1);
         }
+        gone
+    }
+
+    /// Publishes the partition counts, and the board's rows in full next time.
+    fn partitions_changed(&mut self) {
+        self.metrics().partitions.store(
+            self.partitions.len() as u64,
+            std::sync::atomic::Ordering::Relaxed,
+        );
+        self.metrics().partitions_refused.store(
+            self.refused.len() as u64,
+            std::sync::atomic::Ordering::Relaxed,
+        );
+        self.layout_changed = true;
     }
 
     /// Drops a partition whose topic is gone, with its files.
