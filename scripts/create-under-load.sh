@@ -20,7 +20,7 @@ else
 	workload=(latency-1kb)
 fi
 # Past the default quotas on purpose.
-export BRAID_TOPIC_PARTITIONS_MAX=10000 BRAID_PARTITIONS_MAX=1000000
+export BRAID_TOPIC_PARTITIONS_MAX=10000 BRAID_PARTITIONS_MAX=1000000 BRAID_PARTITIONS_PER_STREAM_MAX=1000000
 dir=$(mktemp -d -p "${BENCH_DIR:-$PWD}" create-under-load.XXXXXX)
 trap 'kill "$server" 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$dir"' EXIT
 port=$((20000 + RANDOM % 20000))

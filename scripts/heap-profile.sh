@@ -14,7 +14,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 braid=$(realpath "${1:-target/debug/braid}")
 # Past the default quotas (1,000 partitions a topic, 100,000 in all) on purpose.
-export BRAID_TOPIC_PARTITIONS_MAX=10000 BRAID_PARTITIONS_MAX=1000000
+export BRAID_TOPIC_PARTITIONS_MAX=10000 BRAID_PARTITIONS_MAX=1000000 BRAID_PARTITIONS_PER_STREAM_MAX=1000000
 partitions=${2:-10000}
 base=19370
 root=$(mktemp -d /tmp/braid-heap.XXXXXX)

@@ -12,7 +12,7 @@ cd "$(dirname "$0")/.."
 export RUST_BACKTRACE=0
 braid=${1:-target/release/braid}
 # Past the default quotas (1,000 partitions a topic, 100,000 in all) on purpose.
-export BRAID_TOPIC_PARTITIONS_MAX=10000 BRAID_PARTITIONS_MAX=1000000
+export BRAID_TOPIC_PARTITIONS_MAX=10000 BRAID_PARTITIONS_MAX=1000000 BRAID_PARTITIONS_PER_STREAM_MAX=1000000
 partitions=${2:-100000}
 dir=$(mktemp -d /tmp/braid-scale-one.XXXXXX)
 port=18070

@@ -961,6 +961,7 @@ async fn creates_past_a_quota_are_refused_naming_the_setting() {
     config.topics_per_stream_max = 2;
     config.streams_max = 2;
     config.partitions_max = 12;
+    config.partitions_per_stream_max = 9;
     let node = braid_node::Node::start(config).unwrap();
     let client = Client::connect(node.client_addr()).await.unwrap();
     let topic = |partitions| TopicSettings {
@@ -980,6 +981,10 @@ async fn creates_past_a_quota_are_refused_naming_the_setting() {
         "topic_partitions_max",
     );
     client.create_topic("a", "t1", topic(8)).await.unwrap();
+    refused(
+        client.create_topic("a", "t2", topic(2)).await,
+        "partitions_per_stream_max",
+    );
     client.create_topic("a", "t2", topic(1)).await.unwrap();
     refused(
         client.create_topic("a", "t3", topic(1)).await,

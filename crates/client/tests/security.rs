@@ -1039,3 +1039,42 @@ async fn the_http_port_asks_for_its_token_and_refuses_to_be_exposed_without_one(
     assert!(status.contains(" 200 "), "/health: {status}");
     node.shutdown();
 }
+
+/// One user cannot take every connection of the node (found by review: one user, from
+/// many source addresses, held all 10,000 slots and no other user could log in):
+/// `connections_per_user_max` refuses its next login `QuotaExceeded`, counted, while
+/// other users still get in, and a closed connection gives its slot back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_user_cannot_take_every_connection() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start(NodeConfig {
+        connections_per_user_max: 2,
+        ..secured_config(dir.path())
+    })
+    .unwrap();
+    let admin = connect(&node, &login("admin", ADMIN_PASSWORD))
+        .await
+        .unwrap();
+    admin.create_user("mallory", "hers").await.unwrap();
+    let first = connect(&node, &login("mallory", "hers")).await.unwrap();
+    let second = connect(&node, &login("mallory", "hers")).await.unwrap();
+    assert_eq!(
+        code(connect(&node, &login("mallory", "hers")).await),
+        ErrorCode::QuotaExceeded
+    );
+    let other_admin = connect(&node, &login("admin", ADMIN_PASSWORD)).await;
+    assert!(other_admin.is_ok(), "another user still logs in");
+    assert!(common::metric(node.http_addr(), "braid_logins_refused_per_user_total").await >= 1);
+    drop(first);
+    let mut again = None;
+    for _ in 0..50 {
+        if let Ok(client) = connect(&node, &login("mallory", "hers")).await {
+            again = Some(client);
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert!(again.is_some(), "a closed connection gives its slot back");
+    drop((second, again));
+    node.shutdown();
+}

@@ -318,6 +318,16 @@ impl MetaService {
                         config.topics_per_stream_max,
                     );
                 }
+                let in_stream: usize = state
+                    .stream(stream)
+                    .map_or(0, |s| s.topics.values().map(|t| t.partitions.len()).sum());
+                if in_stream + partitions as usize > config.partitions_per_stream_max as usize {
+                    return refuse(
+                        format!("stream {stream} has {in_stream} partitions and {partitions} more"),
+                        "partitions_per_stream_max",
+                        config.partitions_per_stream_max,
+                    );
+                }
                 let existing: usize = state.topics().map(|(_, _, t)| t.partitions.len()).sum();
                 if existing + partitions as usize > config.partitions_max as usize {
                     return refuse(

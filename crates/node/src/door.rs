@@ -31,6 +31,8 @@ pub(crate) struct DoorLimits {
     pub(crate) strangers: u32,
     /// Connections not logged in, per source address.
     pub(crate) strangers_per_source: u32,
+    /// Connections logged in, per user.
+    pub(crate) per_user: u32,
 }
 
 /// Why a stranger was turned away at accept.
@@ -62,6 +64,8 @@ pub(crate) struct Door {
     strangers: HashMap<IpAddr, u32>,
     strangers_total: u32,
     failures: HashMap<Who, Failures>,
+    /// Connections logged in, by user.
+    logged_in: HashMap<String, u32>,
 }
 
 impl Door {
@@ -71,6 +75,7 @@ impl Door {
             strangers: HashMap::new(),
             strangers_total: 0,
             failures: HashMap::new(),
+            logged_in: HashMap::new(),
         }
     }
 
@@ -96,6 +101,28 @@ impl Door {
             self.strangers_total -= 1;
             if *count == 0 {
                 self.strangers.remove(&source);
+            }
+        }
+    }
+
+    /// Lets a connection that just logged in as `user` stay, or refuses it (false)
+    /// when the user holds `connections_per_user_max` already; one let in must be
+    /// given back with [`Door::user_gone`].
+    pub(crate) fn admit_user(&mut self, user: &str) -> bool {
+        let count = self.logged_in.entry(user.to_owned()).or_default();
+        if *count >= self.limits.per_user {
+            return false;
+        }
+        *count += 1;
+        true
+    }
+
+    /// A connection logged in as `user` closed.
+    pub(crate) fn user_gone(&mut self, user: &str) {
+        if let Some(count) = self.logged_in.get_mut(user) {
+            *count -= 1;
+            if *count == 0 {
+                self.logged_in.remove(user);
             }
         }
     }
@@ -163,6 +190,7 @@ mod tests {
         let mut door = Door::new(DoorLimits {
             strangers: 3,
             strangers_per_source: 2,
+            per_user: 2,
         });
         door.admit(ip(1)).unwrap();
         door.admit(ip(1)).unwrap();
@@ -181,6 +209,7 @@ mod tests {
         let mut door = Door::new(DoorLimits {
             strangers: 10,
             strangers_per_source: 10,
+            per_user: 10,
         });
         let now = 1_000_000;
         for _ in 0..FAILURES_FREE {
@@ -209,11 +238,28 @@ mod tests {
         let mut door = Door::new(DoorLimits {
             strangers: 1,
             strangers_per_source: 1,
+            per_user: 1,
         });
         for n in 0..(FAILURES_REMEMBERED_MAX as u64 + 10) {
             let source = IpAddr::from(std::net::Ipv6Addr::from(u128::from(n)));
             door.login_failed(source, None, n);
         }
         assert!(door.failures.len() <= FAILURES_REMEMBERED_MAX);
+    }
+
+    #[test]
+    fn a_user_holds_at_most_its_connections() {
+        let mut door = Door::new(DoorLimits {
+            strangers: 3,
+            strangers_per_source: 2,
+            per_user: 2,
+        });
+        assert!(door.admit_user("mallory"));
+        assert!(door.admit_user("mallory"));
+        assert!(!door.admit_user("mallory"));
+        assert!(door.admit_user("alice"), "another user is not held up");
+        door.user_gone("mallory");
+        assert!(door.admit_user("mallory"));
+        door.user_gone("nobody"); // never let in: nothing to give back
     }
 }

@@ -121,6 +121,10 @@ pub(crate) struct NodeShared {
     pub(crate) fetch_budget_waiting: std::sync::atomic::AtomicUsize,
     /// Each user's (or source address's) share of the fetch budget, while in use.
     pub(crate) principals: std::sync::Mutex<HashMap<String, std::sync::Weak<PrincipalBudget>>>,
+    /// Per user being guessed at, the slots of its delayed logins
+    /// ([`LOGINS_DELAYED_PER_USER_MAX`]), while in use.
+    pub(crate) login_slots:
+        std::sync::Mutex<HashMap<String, std::sync::Weak<tokio::sync::Semaphore>>>,
     /// Bytes of client frames being received, over the node
     /// (`frame_bytes_in_flight_max`).
     pub(crate) frame_bytes: Arc<tokio::sync::Semaphore>,
@@ -201,6 +205,38 @@ impl Drop for StrangerSlot {
     }
 }
 
+/// A connection's place among its user's logged-in connections, given back when it
+/// closes.
+pub(crate) struct UserSlot {
+    shared: Arc<NodeShared>,
+    user: String,
+}
+
+impl UserSlot {
+    /// Lets a connection that logged in as `user` stay, or `None` when the user holds
+    /// `connections_per_user_max` connections already.
+    pub(crate) fn take(shared: &Arc<NodeShared>, user: &str) -> Option<Self> {
+        shared.door().admit_user(user).then(|| Self {
+            shared: Arc::clone(shared),
+            user: user.to_owned(),
+        })
+    }
+}
+
+impl std::fmt::Debug for UserSlot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UserSlot")
+            .field("user", &self.user)
+            .finish()
+    }
+}
+
+impl Drop for UserSlot {
+    fn drop(&mut self) {
+        self.shared.door().user_gone(&self.user);
+    }
+}
+
 /// "No member known" where a member id is published.
 pub(crate) const NO_MEMBER: u8 = u8::MAX;
 
@@ -274,6 +310,25 @@ impl NodeShared {
         budget
     }
 
+    /// The slots of `user`'s delayed logins: at most [`LOGINS_DELAYED_PER_USER_MAX`]
+    /// go through their delay and exchange at once, so connections from many
+    /// addresses do not guess faster than a few.
+    pub(crate) fn login_slots(&self, user: &str) -> Arc<tokio::sync::Semaphore> {
+        let mut slots = self
+            .login_slots
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(found) = slots.get(user).and_then(std::sync::Weak::upgrade) {
+            return found;
+        }
+        if slots.len() >= 1024 {
+            slots.retain(|_, s| s.strong_count() > 0);
+        }
+        let made = Arc::new(tokio::sync::Semaphore::new(LOGINS_DELAYED_PER_USER_MAX));
+        slots.insert(user.to_owned(), Arc::downgrade(&made));
+        made
+    }
+
     pub(crate) fn shards(&self) -> usize {
         self.inboxes.len()
     }
@@ -292,6 +347,11 @@ pub(crate) struct PrincipalBudget {
     pub(crate) bytes: Arc<tokio::sync::Semaphore>,
     pub(crate) waiting: std::sync::atomic::AtomicUsize,
 }
+
+/// Delayed logins of one user that go through at once (each waits its delay, up to
+/// 5 s, then its exchange): guessing one user's password, from any number of
+/// addresses, gets at most this many tries per delay.
+pub(crate) const LOGINS_DELAYED_PER_USER_MAX: usize = 8;
 
 /// The wall clock in ms (group sessions, retention).
 pub(crate) fn now_ms() -> u64 {

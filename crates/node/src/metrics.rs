@@ -32,6 +32,7 @@ pub(crate) struct ShardMetrics {
     pub(crate) fetch_waits_refused: AtomicU64,
     pub(crate) connections_closed_deadline: AtomicU64,
     pub(crate) logins_ended: AtomicU64,
+    pub(crate) logins_refused_per_user: AtomicU64,
     pub(crate) strangers_refused: AtomicU64,
     pub(crate) logins_delayed: AtomicU64,
     pub(crate) frame_budget_waits: AtomicU64,
@@ -68,6 +69,7 @@ impl Default for ShardMetrics {
             fetch_waits_refused: AtomicU64::new(0),
             connections_closed_deadline: AtomicU64::new(0),
             logins_ended: AtomicU64::new(0),
+            logins_refused_per_user: AtomicU64::new(0),
             strangers_refused: AtomicU64::new(0),
             logins_delayed: AtomicU64::new(0),
             frame_budget_waits: AtomicU64::new(0),
@@ -215,6 +217,12 @@ pub(crate) fn render(
         "counter",
         "Connections closed because their user was deleted or its password changed.",
         sum(&|s| &s.logins_ended),
+    );
+    metric(
+        "braid_logins_refused_per_user_total",
+        "counter",
+        "Logins refused because their user held connections_per_user_max connections.",
+        sum(&|s| &s.logins_refused_per_user),
     );
     metric(
         "braid_connections_refused_total",

@@ -174,6 +174,7 @@ impl Node {
             strangers_per_source: config
                 .connections_unauthenticated_per_source_max
                 .min((strangers / 4).max(1)),
+            per_user: config.connections_per_user_max.min(config.connections_max),
         });
         let shared = Arc::new(NodeShared {
             config,
@@ -188,6 +189,7 @@ impl Node {
             frame_bytes: Arc::new(tokio::sync::Semaphore::new(frame_bytes_permits)),
             fetch_budget_waiting: std::sync::atomic::AtomicUsize::new(0),
             principals: std::sync::Mutex::default(),
+            login_slots: std::sync::Mutex::default(),
             connections: std::sync::atomic::AtomicUsize::new(0),
             door: std::sync::Mutex::new(door),
             high_watermarks: std::sync::RwLock::default(),

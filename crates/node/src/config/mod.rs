@@ -82,6 +82,9 @@ pub struct NodeConfig {
     /// Connections that have not logged in the node holds from one source address; at
     /// most a quarter of the node's budget for them, so one address cannot take it.
     pub connections_unauthenticated_per_source_max: u32,
+    /// Connections one user may hold logged in, over the node (at most
+    /// `connections_max`): one tenant cannot take every slot.
+    pub connections_per_user_max: u32,
     /// Partitions one topic may have (at most the protocol's 10,000); a larger create
     /// is refused `QuotaExceeded`.
     pub topic_partitions_max: u32,
@@ -92,6 +95,9 @@ pub struct NodeConfig {
     /// Partitions the cluster may have over all topics (each member holds a replica
     /// of every one).
     pub partitions_max: u32,
+    /// Partitions one stream's topics may have together: one tenant's stream cannot
+    /// take the whole `partitions_max`.
+    pub partitions_per_stream_max: u32,
     /// Members one consumer group may have; a join beyond is refused `QuotaExceeded`.
     pub group_members_max: u32,
     /// Consumer groups with members the coordinator keeps, over all streams; a join
@@ -314,10 +320,12 @@ impl Default for NodeConfig {
             connection_waiting_fetches_max: 1024,
             connections_unauthenticated_max: 1_000,
             connections_unauthenticated_per_source_max: 64,
+            connections_per_user_max: 1_000,
             topic_partitions_max: 1_000,
             topics_per_stream_max: 1_000,
             streams_max: 10_000,
             partitions_max: 100_000,
+            partitions_per_stream_max: 10_000,
             group_members_max: 1_000,
             groups_max: 10_000,
             groups_per_stream_max: 1_000,
@@ -461,7 +469,13 @@ impl NodeConfig {
                 "CONNECTIONS_UNAUTHENTICATED_PER_SOURCE_MAX" => {
                     self.connections_unauthenticated_per_source_max = parse(&value).map_err(bad)?
                 }
+                "CONNECTIONS_PER_USER_MAX" => {
+                    self.connections_per_user_max = parse(&value).map_err(bad)?
+                }
                 "TOPIC_PARTITIONS_MAX" => self.topic_partitions_max = parse(&value).map_err(bad)?,
+                "PARTITIONS_PER_STREAM_MAX" => {
+                    self.partitions_per_stream_max = parse(&value).map_err(bad)?
+                }
                 "TOPICS_PER_STREAM_MAX" => {
                     self.topics_per_stream_max = parse(&value).map_err(bad)?
                 }
@@ -604,6 +618,8 @@ impl NodeConfig {
             ),
             ("groups_max", self.groups_max),
             ("groups_per_stream_max", self.groups_per_stream_max),
+            ("connections_per_user_max", self.connections_per_user_max),
+            ("partitions_per_stream_max", self.partitions_per_stream_max),
         ] {
             if value == 0 {
                 return Err(ConfigError::Invalid(format!("{name} must be at least 1")));

@@ -153,6 +153,10 @@ pub(super) async fn authenticate(
         let delay = env.shared.door().login_delay(peer.ip(), user, now_ms());
         if !delay.is_zero() {
             add(&env.metrics.logins_delayed, 1);
+            // Parallel connections from many addresses do not guess faster: a few of
+            // the user's delayed logins go through at once, the others wait their turn.
+            let slot = env.shared.login_slots(user).acquire_owned().await.ok();
+            *env.login_slot.borrow_mut() = slot;
             tokio::time::sleep(delay).await;
         }
     }
@@ -176,12 +180,33 @@ pub(super) async fn authenticate(
     };
     match step {
         Ok(reply) => {
-            if let Some(user) = env.login.borrow().user() {
+            let user = env.login.borrow().user().map(str::to_owned);
+            if let Some(user) = user.as_deref() {
+                let Some(slot) = crate::mailbox::UserSlot::take(&env.shared, user) else {
+                    add(&env.metrics.logins_refused_per_user, 1);
+                    let max = env.shared.config.connections_per_user_max;
+                    tracing::warn!(
+                        peer = ?env.peer,
+                        user,
+                        max,
+                        "refusing a login: the user holds connections_per_user_max connections"
+                    );
+                    let err = NodeError::new(
+                        ErrorCode::QuotaExceeded,
+                        format!(
+                            "user {user} holds {max} connections, the most connections_per_user_max allows"
+                        ),
+                    );
+                    send_error(env, request_id, Command::Authenticate as u16, &err).await;
+                    return Flow::Close;
+                };
+                *env.user_slot.borrow_mut() = Some(slot);
                 add(&env.metrics.authentications, 1);
                 tracing::debug!(peer = ?env.peer, user, "client authenticated");
                 // No longer a stranger: its place at the door goes back, and its
                 // fetches count against its user's share from now on.
                 env.stranger.borrow_mut().take();
+                env.login_slot.borrow_mut().take();
                 *env.principal_bytes.borrow_mut() =
                     env.shared.principal_budget(&format!("user {user}"));
             }

@@ -62,6 +62,11 @@ struct Env {
     waiting: Rc<Cell<u32>>,
     /// Who this connection logged in as.
     login: std::cell::RefCell<crate::login::Login>,
+    /// A delayed login's slot among its user's ([`NodeShared::login_slots`]), held
+    /// until the login ends.
+    login_slot: std::cell::RefCell<Option<tokio::sync::OwnedSemaphorePermit>>,
+    /// Its place among its user's connections, once logged in.
+    user_slot: std::cell::RefCell<Option<crate::mailbox::UserSlot>>,
     /// The client's address, for the log lines that concern it.
     peer: Option<std::net::SocketAddr>,
     /// Its place among the strangers at the door, until it logs in.
@@ -290,6 +295,8 @@ async fn serve<R, W>(
         reading_done,
         waiting: Rc::new(Cell::new(0)),
         login: std::cell::RefCell::default(),
+        login_slot: std::cell::RefCell::default(),
+        user_slot: std::cell::RefCell::default(),
         principal_bytes: std::cell::RefCell::new(principal_bytes),
         peer,
         stranger: std::cell::RefCell::new(stranger),
