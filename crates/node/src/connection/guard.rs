@@ -157,6 +157,8 @@ pub(super) async fn authenticate(
             // the user's delayed logins go through at once, the others wait their turn.
             let slot = env.shared.login_slots(user).acquire_owned().await.ok();
             *env.login_slot.borrow_mut() = slot;
+            // Taken again: the failures of those that went before while it waited.
+            let delay = env.shared.door().login_delay(peer.ip(), user, now_ms());
             tokio::time::sleep(delay).await;
         }
     }
