@@ -352,10 +352,16 @@ impl MetaService {
     fn finish(&mut self, shared: &Arc<NodeShared>, turn: Turn<Reply>) {
         let mut waits = Vec::new();
         let state = self.group.state();
+        // Counted on shard 0, where the metadata service runs.
+        let metrics = &shared.metrics[0];
         let (update, removes_topics) = match turn.layout {
             LayoutNews::Unchanged => (None, false),
-            LayoutNews::Whole => (Some(LayoutUpdate::Whole(Arc::new(self.layout()))), true),
+            LayoutNews::Whole => {
+                crate::metrics::add(&metrics.layout_rebuilds, 1);
+                (Some(LayoutUpdate::Whole(Arc::new(self.layout()))), true)
+            }
             LayoutNews::Touched(touched) => {
+                crate::metrics::add(&metrics.layout_changes, 1);
                 let change = LayoutChange::of(state, &touched);
                 let removes = change.removes_topics();
                 (Some(LayoutUpdate::Change(Arc::new(change))), removes)

@@ -33,6 +33,8 @@ pub(crate) struct ShardMetrics {
     pub(crate) connections_closed_deadline: AtomicU64,
     pub(crate) logins_ended: AtomicU64,
     pub(crate) logins_refused_per_user: AtomicU64,
+    pub(crate) layout_changes: AtomicU64,
+    pub(crate) layout_rebuilds: AtomicU64,
     pub(crate) strangers_refused: AtomicU64,
     pub(crate) logins_delayed: AtomicU64,
     pub(crate) frame_budget_waits: AtomicU64,
@@ -70,6 +72,8 @@ impl Default for ShardMetrics {
             connections_closed_deadline: AtomicU64::new(0),
             logins_ended: AtomicU64::new(0),
             logins_refused_per_user: AtomicU64::new(0),
+            layout_changes: AtomicU64::new(0),
+            layout_rebuilds: AtomicU64::new(0),
             strangers_refused: AtomicU64::new(0),
             logins_delayed: AtomicU64::new(0),
             frame_budget_waits: AtomicU64::new(0),
@@ -217,6 +221,18 @@ pub(crate) fn render(
         "counter",
         "Connections closed because their user was deleted or its password changed.",
         sum(&|s| &s.logins_ended),
+    );
+    metric(
+        "braid_layout_changes_total",
+        "counter",
+        "Metadata changes published to the shards as what they touched.",
+        sum(&|s| &s.layout_changes),
+    );
+    metric(
+        "braid_layout_rebuilds_total",
+        "counter",
+        "Whole layouts published to the shards (at start and after a metadata checkpoint was installed).",
+        sum(&|s| &s.layout_rebuilds),
     );
     metric(
         "braid_logins_refused_per_user_total",
