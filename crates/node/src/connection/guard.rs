@@ -155,8 +155,21 @@ pub(super) async fn authenticate(
             add(&env.metrics.logins_delayed, 1);
             // Parallel connections from many addresses do not guess faster: a few of
             // the user's delayed logins go through at once, the others wait their turn.
-            let slot = env.shared.login_slots(user).acquire_owned().await.ok();
-            *env.login_slot.borrow_mut() = slot;
+            // A turn is waited for within the login deadline: guesses queued by a
+            // client that went away leave the queue by then, and so does this one.
+            let login_ms =
+                std::time::Duration::from_millis(env.shared.config.connection_login_ms.max(1));
+            let slots = env.shared.login_slots(user);
+            let Ok(slot) = tokio::time::timeout(login_ms, slots.acquire_owned()).await else {
+                add(&env.metrics.connections_closed_deadline, 1);
+                tracing::info!(
+                    peer = ?env.peer,
+                    user,
+                    "closing a connection whose login waited its login deadline for its turn"
+                );
+                return Flow::Close;
+            };
+            *env.login_slot.borrow_mut() = slot.ok();
             // Taken again: the failures of those that went before while it waited.
             let delay = env.shared.door().login_delay(peer.ip(), user, now_ms());
             tokio::time::sleep(delay).await;

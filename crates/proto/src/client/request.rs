@@ -461,6 +461,24 @@ fn name<'a>(reader: &mut WireReader<'a>, field: &'static str) -> Result<&'a str,
     Ok(value)
 }
 
+/// A character that does not show as itself: controls (C0, C1, DEL), the format
+/// characters that reorder or hide text (zero-width, direction marks and overrides,
+/// invisible operators, the byte-order mark) and the line and paragraph separators.
+fn hides_in_text(c: char) -> bool {
+    c.is_control()
+        || matches!(
+            c,
+            '\u{00AD}'
+                | '\u{061C}'
+                | '\u{180E}'
+                | '\u{200B}'..='\u{200F}'
+                | '\u{2028}'..='\u{202E}'
+                | '\u{2060}'..='\u{206F}'
+                | '\u{FEFF}'
+                | '\u{FFF9}'..='\u{FFFB}'
+        )
+}
+
 /// The name rule of [`name`], for a string read at `at`.
 pub(crate) fn check_name(value: &str, at: usize, field: &'static str) -> Result<(), WireError> {
     let reason = if value.is_empty() {
@@ -857,12 +875,13 @@ impl<'a> Request<'a> {
                             range: "0..=255",
                         });
                     }
-                    // Shown by `braid group describe` and logged: no escape sequences.
-                    if member_name.chars().any(char::is_control) {
+                    // Shown by `braid group describe` and logged: no escape sequences,
+                    // and nothing invisible that could disguise a name.
+                    if member_name.chars().any(hides_in_text) {
                         return Err(WireError::InvalidName {
                             at,
                             field: "member_name",
-                            reason: "a control character",
+                            reason: "a control, format or separator character",
                         });
                     }
                     member_name

@@ -570,7 +570,15 @@ fn bad_bodies_are_typed_errors() {
     }
     // A member name is free text, but shown and logged: no control characters (an
     // ANSI escape would rewrite a terminal).
-    for bad in ["\u{1b}[31mred", "new\nline", "nul\0"] {
+    for bad in [
+        "\u{1b}[31mred",
+        "new\nline",
+        "nul\0",
+        "evil\u{202E}gpj",
+        "zero\u{200B}width",
+        "\u{FEFF}bom",
+        "line\u{2028}sep",
+    ] {
         let mut body = Vec::new();
         Request::JoinGroup {
             stream: "s",
