@@ -21,16 +21,9 @@ else
 fi
 # Past the default quotas on purpose.
 export BRAID_TOPIC_PARTITIONS_MAX=10000 BRAID_PARTITIONS_MAX=1000000 BRAID_PARTITIONS_PER_STREAM_MAX=1000000
-dir=$(mktemp -d -p "${BENCH_DIR:-$PWD}" create-under-load.XXXXXX)
-trap 'kill "$server" 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$dir"' EXIT
-port=$((20000 + RANDOM % 20000))
-BRAID_LOG=warn "$braid" server --data-dir "$dir/data" --client-addr "127.0.0.1:$port" \
-	--http-addr "127.0.0.1:$((port + 1))" >"$dir/server.out" 2>&1 &
-server=$!
-for _ in $(seq 100); do
-	"$braid" --addr "127.0.0.1:$port" stream list >/dev/null 2>&1 && break
-	sleep 0.1
-done
+# shellcheck source=lib/one-node.sh
+source "$(dirname "$0")/lib/one-node.sh"
+start_one_node create-under-load
 "$braid" --addr "127.0.0.1:$port" bench "${workload[@]}" --duration "$seconds" \
 	--json "$dir/report.json" >"$dir/bench.out" 2>&1 &
 bench=$!

@@ -11,16 +11,9 @@ set -euo pipefail
 braid=$(realpath "${1:-target/release/braid}")
 hoarders=${2:-8}
 fetches=${3:-4}
-dir=$(mktemp -d -p "${BENCH_DIR:-$PWD}" fetch-hoarders.XXXXXX)
-trap 'kill "$server" 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$dir"' EXIT
-port=$((20000 + RANDOM % 20000))
-BRAID_LOG=warn "$braid" server --data-dir "$dir/data" --client-addr "127.0.0.1:$port" \
-	--http-addr "127.0.0.1:$((port + 1))" >"$dir/server.out" 2>&1 &
-server=$!
-for _ in $(seq 100); do
-	"$braid" --addr "127.0.0.1:$port" stream list >/dev/null 2>&1 && break
-	sleep 0.1
-done
+# shellcheck source=lib/one-node.sh
+source "$(dirname "$0")/lib/one-node.sh"
+start_one_node fetch-hoarders
 "$braid" --addr "127.0.0.1:$port" bench throughput-1kb --topics 1 --partitions 1 \
 	--records 300000 --keep >/dev/null 2>&1
 stream=$("$braid" --addr "127.0.0.1:$port" stream list 2>/dev/null | grep -o 'bench-[0-9-]*' | head -1)

@@ -11,16 +11,9 @@ set -euo pipefail
 braid=$(realpath "${1:-target/release/braid}")
 members=${2:-8000}
 name_bytes=${3:-60000}
-dir=$(mktemp -d -p "${BENCH_DIR:-$PWD}" group-members.XXXXXX)
-trap 'kill "$server" 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$dir"' EXIT
-port=$((20000 + RANDOM % 20000))
-BRAID_LOG=warn "$braid" server --data-dir "$dir/data" --client-addr "127.0.0.1:$port" \
-	--http-addr "127.0.0.1:$((port + 1))" >"$dir/server.out" 2>&1 &
-server=$!
-for _ in $(seq 100); do
-	"$braid" --addr "127.0.0.1:$port" stream list >/dev/null 2>&1 && break
-	sleep 0.1
-done
+# shellcheck source=lib/one-node.sh
+source "$(dirname "$0")/lib/one-node.sh"
+start_one_node group-members
 "$braid" --addr "127.0.0.1:$port" stream create s >/dev/null 2>&1
 "$braid" --addr "127.0.0.1:$port" topic create s t --partitions 4 >/dev/null 2>&1
 rss() { awk '/VmRSS/ {print $2 " kB"}' "/proc/$server/status"; }

@@ -54,9 +54,9 @@ pub(super) fn admit(
 /// wait up to a minute, and a revoke in between must hold for what it would get).
 pub(super) struct Reader {
     layout: std::rc::Rc<std::cell::RefCell<std::sync::Arc<crate::layout::Layout>>>,
-    /// The logged-in user and its credential's `StoredKey`; `None` on an open node.
-    login: Option<(String, [u8; 32])>,
-    stream: String,
+    /// The logged-in user, its credential's `StoredKey` and the stream; `None` on an
+    /// open node (nothing to check, nothing copied on its fetch path).
+    login: Option<(String, [u8; 32], String)>,
 }
 
 impl Reader {
@@ -66,18 +66,17 @@ impl Reader {
             layout: std::rc::Rc::clone(&env.layout),
             login: login
                 .authenticated()
-                .map(|(user, key)| (user.to_owned(), *key)),
-            stream: stream.to_owned(),
+                .map(|(user, key)| (user.to_owned(), *key, stream.to_owned())),
         }
     }
 
     /// `PermissionDenied` if the reader may no longer read its stream.
     pub(super) fn still_allowed(&self) -> Result<(), NodeError> {
-        let Some((user, key)) = &self.login else {
+        let Some((user, key, stream)) = &self.login else {
             return Ok(());
         };
         let layout = self.layout.borrow();
-        let need = Need::Stream(&self.stream, braid_proto::client::READ);
+        let need = Need::Stream(stream, braid_proto::client::READ);
         if layout.access.holds(user, key) && layout.access.allows(user, need) {
             return Ok(());
         }

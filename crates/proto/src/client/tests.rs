@@ -526,6 +526,21 @@ fn list_offsets_has_one_encoding() {
     ));
 }
 
+/// A JoinGroup of `group` by `member_name`, encoded and decoded again.
+fn join_decoded(group: &str, member_name: &str) -> Result<(), WireError> {
+    let mut body = Vec::new();
+    Request::JoinGroup {
+        stream: "s",
+        group,
+        topic: "t",
+        member_name,
+        session_timeout_ms: 10_000,
+    }
+    .encode(1, &mut body);
+    let (_, request_body) = super::split_request(&body).unwrap();
+    Request::decode(Command::JoinGroup, request_body).map(drop)
+}
+
 #[test]
 fn bad_bodies_are_typed_errors() {
     let body = [0u8, 0]; // an empty name
@@ -550,19 +565,9 @@ fn bad_bodies_are_typed_errors() {
         ".",
         "..",
     ] {
-        let mut body = Vec::new();
-        Request::JoinGroup {
-            stream: "s",
-            group: bad,
-            topic: "t",
-            member_name: "m",
-            session_timeout_ms: 10_000,
-        }
-        .encode(1, &mut body);
-        let (_, request_body) = super::split_request(&body).unwrap();
         assert!(
             matches!(
-                Request::decode(Command::JoinGroup, request_body),
+                join_decoded(bad, "m"),
                 Err(WireError::InvalidName { field: "group", .. })
             ),
             "{bad:?}"
@@ -579,19 +584,9 @@ fn bad_bodies_are_typed_errors() {
         "\u{FEFF}bom",
         "line\u{2028}sep",
     ] {
-        let mut body = Vec::new();
-        Request::JoinGroup {
-            stream: "s",
-            group: "g",
-            topic: "t",
-            member_name: bad,
-            session_timeout_ms: 10_000,
-        }
-        .encode(1, &mut body);
-        let (_, request_body) = super::split_request(&body).unwrap();
         assert!(
             matches!(
-                Request::decode(Command::JoinGroup, request_body),
+                join_decoded("g", bad),
                 Err(WireError::InvalidName {
                     field: "member_name",
                     ..
