@@ -184,30 +184,32 @@ impl Access {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::metadata::MetaOp;
+    use crate::metadata::{op, MetaOp};
     use braid_proto::client::{Grant, GroupMemberRequest};
 
     fn meta() -> Metadata {
         let mut meta = Metadata::default();
         let credential = ScramCredential::derive("pw", b"salt", 4096);
-        let grant = |user: &str, resource, permissions| MetaOp::Grant {
-            user: user.into(),
-            grant: Grant {
-                resource,
-                permissions,
-            },
+        let grant = |user: &str, resource, permissions| {
+            MetaOp::Grant(op::Grant {
+                user: user.into(),
+                grant: Grant {
+                    resource,
+                    permissions,
+                },
+            })
         };
         for op in [
-            MetaOp::CreateStream { name: "a".into() },
-            MetaOp::CreateStream { name: "b".into() },
-            MetaOp::CreateUser {
+            MetaOp::CreateStream(op::CreateStream { name: "a".into() }),
+            MetaOp::CreateStream(op::CreateStream { name: "b".into() }),
+            MetaOp::CreateUser(op::CreateUser {
                 name: "reader".into(),
                 credential: credential.clone(),
-            },
-            MetaOp::CreateUser {
+            }),
+            MetaOp::CreateUser(op::CreateUser {
                 name: "ops".into(),
                 credential,
-            },
+            }),
             grant("reader", Resource::Stream("a".into()), READ),
             grant("ops", Resource::AllStreams, READ | WRITE | MANAGE),
             grant("ops", Resource::Node, STREAMS),

@@ -1,22 +1,22 @@
 //! Metadata and group requests, served by shard 0, which owns the metadata store and
 //! the group coordinator.
 
-use braid_proto::client::{Grant, Request, TopicSettings};
+use braid_proto::client::{Request, TopicSettings};
 use braid_proto::scram::{ScramCredential, KEY_BYTES};
+
+use crate::metadata::{op, MetaOp};
 
 /// An admin or group request with owned fields, sent to shard 0.
 #[derive(Debug, Clone)]
 pub(crate) enum AdminRequest {
-    CreateStream(String),
-    DeleteStream(String),
+    /// A change to the metadata as the client asked it, proposed as it is (after the
+    /// node's quotas).
+    Change(MetaOp),
+    /// A topic create, whose settings take the node's defaults and limits first.
     CreateTopic {
         stream: String,
         topic: String,
         settings: TopicSettings,
-    },
-    DeleteTopic {
-        stream: String,
-        topic: String,
     },
     ListTopics(String),
     DescribeTopic {
@@ -57,24 +57,7 @@ pub(crate) enum AdminRequest {
         stream: String,
         group: String,
     },
-    CreateUser {
-        name: String,
-        credential: ScramCredential,
-    },
-    ChangePassword {
-        name: String,
-        credential: ScramCredential,
-    },
-    DeleteUser(String),
     ListUsers,
-    Grant {
-        user: String,
-        grant: Grant,
-    },
-    Revoke {
-        user: String,
-        grant: Grant,
-    },
 }
 
 impl AdminRequest {
@@ -118,6 +101,9 @@ fn credential(
 /// itself.
 pub(crate) fn admin_request(request: &Request<'_>) -> Option<AdminRequest> {
     let own = |s: &str| s.to_owned();
+    fn change(op: impl Into<MetaOp>) -> AdminRequest {
+        AdminRequest::Change(op.into())
+    }
     Some(match request {
         // Served by the connection itself: the data path, and the stream list, which
         // the shard's layout holds and which is filtered by what the user may see.
@@ -128,8 +114,8 @@ pub(crate) fn admin_request(request: &Request<'_>) -> Option<AdminRequest> {
         | Request::ListStreams
         | Request::ClusterInfo
         | Request::NodeStatus => return None,
-        Request::CreateStream { name } => AdminRequest::CreateStream(own(name)),
-        Request::DeleteStream { name } => AdminRequest::DeleteStream(own(name)),
+        Request::CreateStream { name } => change(op::CreateStream { name: own(name) }),
+        Request::DeleteStream { name } => change(op::DeleteStream { name: own(name) }),
         Request::CreateTopic {
             stream,
             topic,
@@ -139,10 +125,10 @@ pub(crate) fn admin_request(request: &Request<'_>) -> Option<AdminRequest> {
             topic: own(topic),
             settings: *settings,
         },
-        Request::DeleteTopic { stream, topic } => AdminRequest::DeleteTopic {
+        Request::DeleteTopic { stream, topic } => change(op::DeleteTopic {
             stream: own(stream),
-            topic: own(topic),
-        },
+            name: own(topic),
+        }),
         Request::ListTopics { stream } => AdminRequest::ListTopics(own(stream)),
         Request::DescribeTopic { stream, topic } => AdminRequest::DescribeTopic {
             stream: own(stream),
@@ -198,30 +184,30 @@ pub(crate) fn admin_request(request: &Request<'_>) -> Option<AdminRequest> {
             iterations,
             stored_key,
             server_key,
-        } => AdminRequest::CreateUser {
+        } => change(op::CreateUser {
             name: own(name),
             credential: credential(salt, *iterations, stored_key, server_key)?,
-        },
+        }),
         Request::ChangePassword {
             name,
             salt,
             iterations,
             stored_key,
             server_key,
-        } => AdminRequest::ChangePassword {
+        } => change(op::SetCredential {
             name: own(name),
             credential: credential(salt, *iterations, stored_key, server_key)?,
-        },
-        Request::DeleteUser { name } => AdminRequest::DeleteUser(own(name)),
+        }),
+        Request::DeleteUser { name } => change(op::DeleteUser { name: own(name) }),
         Request::ListUsers => AdminRequest::ListUsers,
-        Request::GrantPermissions { user, grant } => AdminRequest::Grant {
+        Request::GrantPermissions { user, grant } => change(op::Grant {
             user: own(user),
             grant: grant.clone(),
-        },
-        Request::RevokePermissions { user, grant } => AdminRequest::Revoke {
+        }),
+        Request::RevokePermissions { user, grant } => change(op::Revoke {
             user: own(user),
             grant: grant.clone(),
-        },
+        }),
         _ => return None,
     })
 }

@@ -12,7 +12,7 @@ use braid_proto::client::{Grant, Resource, NODE_PERMISSIONS, STREAM_PERMISSIONS}
 use braid_proto::scram::{nonce_from, ScramCredential, ITERATIONS_DEFAULT, SALT_BYTES};
 
 use crate::config::NodeConfig;
-use crate::metadata::{MetaOp, Metadata};
+use crate::metadata::{op, MetaOp, Metadata};
 
 /// The bootstrap admin's name.
 pub(crate) const ADMIN_USER: &str = "admin";
@@ -98,21 +98,21 @@ pub(crate) fn admin_ops(
     random_bytes(&mut salt)?;
     let credential = ScramCredential::derive(&password, &salt, ITERATIONS_DEFAULT);
     let name = ADMIN_USER.to_owned();
-    let mut ops = vec![MetaOp::CreateUser {
+    let mut ops = vec![MetaOp::CreateUser(op::CreateUser {
         name: name.clone(),
         credential,
-    }];
+    })];
     for (resource, permissions) in [
         (Resource::Node, NODE_PERMISSIONS),
         (Resource::AllStreams, STREAM_PERMISSIONS),
     ] {
-        ops.push(MetaOp::Grant {
+        ops.push(MetaOp::Grant(op::Grant {
             user: name.clone(),
             grant: Grant {
                 resource,
                 permissions,
             },
-        });
+        }));
     }
     if drawn {
         tracing::warn!(

@@ -21,7 +21,7 @@ use crate::error::NodeError;
 use crate::groups::GroupCoordinator;
 use crate::layout::{Layout, LayoutChange, LayoutUpdate, PartitionKey};
 use crate::mailbox::{now_ms, Control, NodeShared, ShardRequest};
-use crate::metadata::{MetaOp, TopicMeta};
+use crate::metadata::{op, MetaOp, TopicMeta};
 use crate::replication::machine::LayoutNews;
 use crate::replication::meta_group::{MetaGroup, Turn};
 
@@ -292,7 +292,9 @@ impl MetaService {
                 }
                 Ok(())
             }
-            AdminRequest::CreateStream(_) if state.streams.len() >= config.streams_max as usize => {
+            AdminRequest::Change(MetaOp::CreateStream(_))
+                if state.streams.len() >= config.streams_max as usize =>
+            {
                 refuse(
                     format!("there are {} streams", state.streams.len()),
                     "streams_max",
@@ -442,12 +444,7 @@ impl MetaService {
             return;
         }
         match request {
-            AdminRequest::CreateStream(name) => {
-                self.change(shared, MetaOp::CreateStream { name }, reply)
-            }
-            AdminRequest::DeleteStream(name) => {
-                self.change(shared, MetaOp::DeleteStream { name }, reply)
-            }
+            AdminRequest::Change(op) => self.change(shared, op, reply),
             AdminRequest::CreateTopic {
                 stream,
                 topic,
@@ -465,37 +462,12 @@ impl MetaService {
                     )));
                     return;
                 }
-                let op = MetaOp::CreateTopic {
+                let op = MetaOp::CreateTopic(op::CreateTopic {
                     stream,
                     name: topic,
                     settings,
-                };
+                });
                 self.change(shared, op, reply);
-            }
-            AdminRequest::DeleteTopic { stream, topic } => {
-                self.change(
-                    shared,
-                    MetaOp::DeleteTopic {
-                        stream,
-                        name: topic,
-                    },
-                    reply,
-                );
-            }
-            AdminRequest::CreateUser { name, credential } => {
-                self.change(shared, MetaOp::CreateUser { name, credential }, reply)
-            }
-            AdminRequest::ChangePassword { name, credential } => {
-                self.change(shared, MetaOp::SetCredential { name, credential }, reply)
-            }
-            AdminRequest::DeleteUser(name) => {
-                self.change(shared, MetaOp::DeleteUser { name }, reply)
-            }
-            AdminRequest::Grant { user, grant } => {
-                self.change(shared, MetaOp::Grant { user, grant }, reply)
-            }
-            AdminRequest::Revoke { user, grant } => {
-                self.change(shared, MetaOp::Revoke { user, grant }, reply)
             }
             AdminRequest::ListUsers => {
                 let users = self
@@ -721,12 +693,12 @@ impl MetaService {
             })
         };
         refuse_commit_beyond(topic_id, &offsets, cluster, high_watermark, leads)?;
-        Ok(MetaOp::CommitOffsets {
+        Ok(MetaOp::CommitOffsets(op::CommitOffsets {
             stream: stream.to_owned(),
             group: group.to_owned(),
             topic,
             offsets,
-        })
+        }))
     }
 
     fn list_groups(&self, stream: &str) -> Result<Response, NodeError> {

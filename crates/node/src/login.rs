@@ -122,15 +122,15 @@ impl Login {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::metadata::{MetaOp, Metadata};
+    use crate::metadata::{op, MetaOp, Metadata};
     use braid_proto::scram::ScramClient;
 
     fn access() -> Access {
         let mut meta = Metadata::default();
-        meta.apply(&MetaOp::CreateUser {
+        meta.apply(&MetaOp::CreateUser(op::CreateUser {
             name: "alice".into(),
             credential: ScramCredential::derive("secret", b"salt", 4096),
-        })
+        }))
         .unwrap();
         Access::from_metadata(&meta)
     }
@@ -188,10 +188,10 @@ mod tests {
     fn a_password_changed_during_a_login_fails_it() {
         let before = access();
         let mut meta = Metadata::default();
-        meta.apply(&MetaOp::CreateUser {
+        meta.apply(&MetaOp::CreateUser(op::CreateUser {
             name: "alice".into(),
             credential: ScramCredential::derive("new", b"salt2", 4096),
-        })
+        }))
         .unwrap();
         let after = Access::from_metadata(&meta);
         let mut login = Login::default();

@@ -7,9 +7,11 @@
 use std::collections::BTreeMap;
 
 use braid_proto::client::{Grant, Resource, TopicSettings, NAME_BYTES_MAX, USERS};
-use braid_proto::hash::equal_ranges;
 use braid_proto::scram::ScramCredential;
 use braid_proto::wire::{WireError, WireReader, WireWrite};
+
+pub mod op;
+pub use op::MetaOp;
 
 /// Most partitions a topic may be created with (the protocol's range, also checked
 /// when a CreateTopic request is decoded).
@@ -81,88 +83,6 @@ pub struct Metadata {
     pub streams: BTreeMap<String, StreamMeta>,
     /// Users by name, with their grants.
     pub users: BTreeMap<String, UserMeta>,
-}
-
-/// A change to the metadata; the unit of the durable log.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum MetaOp {
-    /// Create a stream.
-    CreateStream {
-        /// Its name.
-        name: String,
-    },
-    /// Delete a stream with its topics and groups.
-    DeleteStream {
-        /// Its name.
-        name: String,
-    },
-    /// Create a topic with equal hash ranges.
-    CreateTopic {
-        /// The stream.
-        stream: String,
-        /// The topic.
-        name: String,
-        /// Resolved settings.
-        settings: TopicSettings,
-    },
-    /// Delete a topic.
-    DeleteTopic {
-        /// The stream.
-        stream: String,
-        /// The topic.
-        name: String,
-    },
-    /// Never give a new topic an id below `floor`: found at start, when partition
-    /// directories exist for ids the metadata does not know (its log was lost), so a
-    /// new topic is never served an old topic's records.
-    RaiseTopicIdFloor {
-        /// The lowest id a new topic may get.
-        floor: u32,
-    },
-    /// Create a user.
-    CreateUser {
-        /// Its name.
-        name: String,
-        /// Its credential.
-        credential: ScramCredential,
-    },
-    /// Replace a user's credential (a new password); its grants stay.
-    SetCredential {
-        /// Its name.
-        name: String,
-        /// Its new credential.
-        credential: ScramCredential,
-    },
-    /// Delete a user with its grants.
-    DeleteUser {
-        /// Its name.
-        name: String,
-    },
-    /// Add permissions on a resource to a user.
-    Grant {
-        /// The user.
-        user: String,
-        /// What to add.
-        grant: Grant,
-    },
-    /// Take permissions on a resource from a user.
-    Revoke {
-        /// The user.
-        user: String,
-        /// What to take away.
-        grant: Grant,
-    },
-    /// Record consumed positions of a group.
-    CommitOffsets {
-        /// The stream.
-        stream: String,
-        /// The group.
-        group: String,
-        /// The topic it consumes.
-        topic: String,
-        /// (partition, next offset).
-        offsets: Vec<(u32, u64)>,
-    },
 }
 
 /// A part of the metadata an op changed, as the layout and the access table see it:
@@ -265,92 +185,7 @@ impl Metadata {
     /// # Errors
     /// The [`MetaError`] that [`Metadata::apply`] would return.
     pub fn check(&self, op: &MetaOp) -> Result<(), MetaError> {
-        match op {
-            MetaOp::CreateStream { name } => {
-                check_name("stream", name)?;
-                if self.streams.contains_key(name) {
-                    return Err(MetaError::StreamExists(name.clone()));
-                }
-            }
-            MetaOp::DeleteStream { name } => {
-                self.stream(name)?;
-            }
-            MetaOp::CreateTopic {
-                stream,
-                name,
-                settings,
-            } => {
-                check_name("topic", name)?;
-                if self.stream(stream)?.topics.contains_key(name) {
-                    return Err(MetaError::TopicExists {
-                        stream: stream.clone(),
-                        topic: name.clone(),
-                    });
-                }
-                if !(1..=TOPIC_PARTITIONS_MAX).contains(&settings.partitions) {
-                    return Err(MetaError::Invalid(format!(
-                        "partitions must be between 1 and {TOPIC_PARTITIONS_MAX}, not {}",
-                        settings.partitions
-                    )));
-                }
-            }
-            MetaOp::DeleteTopic { stream, name } => {
-                self.topic(stream, name)?;
-            }
-            MetaOp::CommitOffsets {
-                stream,
-                group,
-                topic,
-                offsets,
-            } => {
-                check_name("group", group)?;
-                let meta = self.topic(stream, topic)?;
-                for (partition, _) in offsets {
-                    if !meta.partitions.iter().any(|p| p.id == *partition) {
-                        return Err(MetaError::Invalid(format!(
-                            "topic {stream}/{topic} has no partition {partition}"
-                        )));
-                    }
-                }
-            }
-            MetaOp::RaiseTopicIdFloor { .. } => {}
-            MetaOp::CreateUser { name, credential } => {
-                check_name("user", name)?;
-                if self.users.contains_key(name) {
-                    return Err(MetaError::UserExists(name.clone()));
-                }
-                check_credential(credential)?;
-            }
-            MetaOp::SetCredential { name, credential } => {
-                self.user(name)?;
-                check_credential(credential)?;
-            }
-            MetaOp::DeleteUser { name } => {
-                self.keeps_a_user_manager(name, USERS)?;
-            }
-            MetaOp::Grant { user, grant } | MetaOp::Revoke { user, grant } => {
-                self.user(user)?;
-                if matches!(op, MetaOp::Revoke { .. }) && grant.resource == Resource::Node {
-                    self.keeps_a_user_manager(user, grant.permissions)?;
-                }
-                if grant.permissions == 0
-                    || grant.permissions & !grant.resource.permissions_allowed() != 0
-                {
-                    return Err(MetaError::Invalid(format!(
-                        "permissions {:#x} do not apply to {}",
-                        grant.permissions, grant.resource
-                    )));
-                }
-                if let Resource::Stream(stream) = &grant.resource {
-                    check_name("stream", stream)?;
-                    // A grant names an existing stream; a revoke may clean up any.
-                    if matches!(op, MetaOp::Grant { .. }) {
-                        self.stream(stream)?;
-                    }
-                }
-            }
-        }
-        Ok(())
+        op.check(self)
     }
 
     /// Applies an op.
@@ -358,111 +193,8 @@ impl Metadata {
     /// # Errors
     /// A [`MetaError`]; the state is then unchanged.
     pub fn apply(&mut self, op: &MetaOp) -> Result<(), MetaError> {
-        self.check(op)?;
-        match op {
-            MetaOp::CreateStream { name } => {
-                let id = self.next_stream_id;
-                self.next_stream_id += 1;
-                let stream = StreamMeta {
-                    id,
-                    ..StreamMeta::default()
-                };
-                self.streams.insert(name.clone(), stream);
-            }
-            MetaOp::DeleteStream { name } => {
-                self.streams.remove(name);
-                // A stream made later under the same name is a new stream: grants on
-                // this one must not carry over to it.
-                let resource = Resource::Stream(name.clone());
-                for user in self.users.values_mut() {
-                    user.grants.remove(&resource);
-                }
-            }
-            MetaOp::CreateTopic {
-                stream,
-                name,
-                settings,
-            } => {
-                let id = self.next_topic_id;
-                self.next_topic_id += 1;
-                let partitions = equal_ranges(settings.partitions)
-                    .into_iter()
-                    .enumerate()
-                    .map(|(i, (hash_start, hash_end))| PartitionMeta {
-                        id: i as u32,
-                        hash_start,
-                        hash_end,
-                        parents: Vec::new(),
-                        sealed: false,
-                    })
-                    .collect();
-                let topic = TopicMeta {
-                    id,
-                    settings: *settings,
-                    epoch: 1,
-                    partitions,
-                };
-                if let Some(s) = self.streams.get_mut(stream) {
-                    s.topics.insert(name.clone(), topic);
-                }
-            }
-            MetaOp::DeleteTopic { stream, name } => {
-                if let Some(s) = self.streams.get_mut(stream) {
-                    s.topics.remove(name);
-                    s.groups.retain(|_, g| &g.topic != name);
-                }
-            }
-            MetaOp::CommitOffsets {
-                stream,
-                group,
-                topic,
-                offsets,
-            } => {
-                if let Some(s) = self.streams.get_mut(stream) {
-                    let entry = s.groups.entry(group.clone()).or_default();
-                    if &entry.topic != topic {
-                        entry.topic = topic.clone();
-                        entry.offsets.clear();
-                    }
-                    for (partition, offset) in offsets {
-                        entry.offsets.insert(*partition, *offset);
-                    }
-                }
-            }
-            MetaOp::RaiseTopicIdFloor { floor } => {
-                self.next_topic_id = self.next_topic_id.max(*floor);
-            }
-            MetaOp::CreateUser { name, credential } => {
-                let user = UserMeta {
-                    credential: credential.clone(),
-                    grants: BTreeMap::new(),
-                };
-                self.users.insert(name.clone(), user);
-            }
-            MetaOp::SetCredential { name, credential } => {
-                if let Some(user) = self.users.get_mut(name) {
-                    user.credential = credential.clone();
-                }
-            }
-            MetaOp::DeleteUser { name } => {
-                self.users.remove(name);
-            }
-            MetaOp::Grant { user, grant } => {
-                if let Some(u) = self.users.get_mut(user) {
-                    *u.grants.entry(grant.resource.clone()).or_default() |= grant.permissions;
-                }
-            }
-            MetaOp::Revoke { user, grant } => {
-                if let Some(u) = self.users.get_mut(user) {
-                    if let Some(bits) = u.grants.get_mut(&grant.resource) {
-                        *bits &= !grant.permissions;
-                        if *bits == 0 {
-                            u.grants.remove(&grant.resource);
-                        }
-                    }
-                }
-            }
-        }
+        op.check(self)?;
+        op.apply_checked(self);
         Ok(())
     }
 
@@ -471,33 +203,7 @@ impl Metadata {
     /// after). An op that changes neither (an offset commit, the topic id floor)
     /// touches nothing.
     pub fn touches(&self, op: &MetaOp) -> Vec<Touch> {
-        match op {
-            MetaOp::CreateStream { name } => vec![Touch::Stream(name.clone())],
-            MetaOp::DeleteStream { name } => {
-                let resource = Resource::Stream(name.clone());
-                let granted = self
-                    .users
-                    .iter()
-                    .filter(|(_, user)| user.grants.contains_key(&resource))
-                    .map(|(user, _)| Touch::User(user.clone()));
-                std::iter::once(Touch::Stream(name.clone()))
-                    .chain(granted)
-                    .collect()
-            }
-            MetaOp::CreateTopic { stream, name, .. } | MetaOp::DeleteTopic { stream, name } => {
-                vec![Touch::Topic {
-                    stream: stream.clone(),
-                    topic: name.clone(),
-                }]
-            }
-            MetaOp::CreateUser { name, .. }
-            | MetaOp::SetCredential { name, .. }
-            | MetaOp::DeleteUser { name } => vec![Touch::User(name.clone())],
-            MetaOp::Grant { user, .. } | MetaOp::Revoke { user, .. } => {
-                vec![Touch::User(user.clone())]
-            }
-            MetaOp::CommitOffsets { .. } | MetaOp::RaiseTopicIdFloor { .. } => Vec::new(),
-        }
+        op.touches(self)
     }
 
     /// Refuses taking `bits` of the node's permissions from `user` (or the user, for
@@ -547,20 +253,6 @@ impl Metadata {
     }
 }
 
-// ---- durable encoding ------------------------------------------------------------
-
-const OP_CREATE_STREAM: u8 = 1;
-const OP_DELETE_STREAM: u8 = 2;
-const OP_CREATE_TOPIC: u8 = 3;
-const OP_DELETE_TOPIC: u8 = 4;
-const OP_COMMIT_OFFSETS: u8 = 5;
-const OP_RAISE_TOPIC_ID_FLOOR: u8 = 6;
-const OP_CREATE_USER: u8 = 7;
-const OP_DELETE_USER: u8 = 8;
-const OP_GRANT: u8 = 9;
-const OP_REVOKE: u8 = 10;
-const OP_SET_CREDENTIAL: u8 = 11;
-
 /// A credential's salt and iterations in their ranges (as the wire checks them): the
 /// salt goes out in every login's answer, the iterations are each login's cost.
 fn check_credential(credential: &ScramCredential) -> Result<(), MetaError> {
@@ -599,155 +291,6 @@ fn credential(r: &mut WireReader<'_>) -> Result<ScramCredential, WireError> {
         stored_key: key("stored_key")?,
         server_key: key("server_key")?,
     })
-}
-
-impl MetaOp {
-    /// Appends the op's encoding.
-    pub fn encode(&self, out: &mut Vec<u8>) {
-        match self {
-            Self::CreateStream { name } => {
-                out.put_u8_be(OP_CREATE_STREAM);
-                out.put_string(name);
-            }
-            Self::DeleteStream { name } => {
-                out.put_u8_be(OP_DELETE_STREAM);
-                out.put_string(name);
-            }
-            Self::CreateTopic {
-                stream,
-                name,
-                settings,
-            } => {
-                out.put_u8_be(OP_CREATE_TOPIC);
-                out.put_string(stream);
-                out.put_string(name);
-                settings.encode_into(out);
-            }
-            Self::DeleteTopic { stream, name } => {
-                out.put_u8_be(OP_DELETE_TOPIC);
-                out.put_string(stream);
-                out.put_string(name);
-            }
-            Self::RaiseTopicIdFloor { floor } => {
-                out.put_u8_be(OP_RAISE_TOPIC_ID_FLOOR);
-                out.put_u32_be(*floor);
-            }
-            Self::CreateUser { name, credential } => {
-                out.put_u8_be(OP_CREATE_USER);
-                out.put_string(name);
-                put_credential(out, credential);
-            }
-            Self::SetCredential { name, credential } => {
-                out.put_u8_be(OP_SET_CREDENTIAL);
-                out.put_string(name);
-                put_credential(out, credential);
-            }
-            Self::DeleteUser { name } => {
-                out.put_u8_be(OP_DELETE_USER);
-                out.put_string(name);
-            }
-            Self::Grant { user, grant } => {
-                out.put_u8_be(OP_GRANT);
-                out.put_string(user);
-                grant.encode_into(out);
-            }
-            Self::Revoke { user, grant } => {
-                out.put_u8_be(OP_REVOKE);
-                out.put_string(user);
-                grant.encode_into(out);
-            }
-            Self::CommitOffsets {
-                stream,
-                group,
-                topic,
-                offsets,
-            } => {
-                out.put_u8_be(OP_COMMIT_OFFSETS);
-                out.put_string(stream);
-                out.put_string(group);
-                out.put_string(topic);
-                out.put_u32_be(offsets.len() as u32);
-                for (p, o) in offsets {
-                    out.put_u32_be(*p);
-                    out.put_u64_be(*o);
-                }
-            }
-        }
-    }
-
-    /// Decodes one op that fills `bytes` exactly.
-    ///
-    /// # Errors
-    /// A [`WireError`].
-    pub fn decode(bytes: &[u8]) -> Result<Self, WireError> {
-        let mut r = WireReader::new(bytes);
-        let at = r.position();
-        let s = |r: &mut WireReader<'_>, f| r.string(f).map(str::to_owned);
-        let op = match r.u8("op")? {
-            OP_CREATE_STREAM => Self::CreateStream {
-                name: s(&mut r, "name")?,
-            },
-            OP_DELETE_STREAM => Self::DeleteStream {
-                name: s(&mut r, "name")?,
-            },
-            OP_CREATE_TOPIC => Self::CreateTopic {
-                stream: s(&mut r, "stream")?,
-                name: s(&mut r, "name")?,
-                settings: decode_settings(&mut r)?,
-            },
-            OP_DELETE_TOPIC => Self::DeleteTopic {
-                stream: s(&mut r, "stream")?,
-                name: s(&mut r, "name")?,
-            },
-            OP_RAISE_TOPIC_ID_FLOOR => Self::RaiseTopicIdFloor {
-                floor: r.u32("floor")?,
-            },
-            OP_CREATE_USER => Self::CreateUser {
-                name: s(&mut r, "name")?,
-                credential: credential(&mut r)?,
-            },
-            OP_SET_CREDENTIAL => Self::SetCredential {
-                name: s(&mut r, "name")?,
-                credential: credential(&mut r)?,
-            },
-            OP_DELETE_USER => Self::DeleteUser {
-                name: s(&mut r, "name")?,
-            },
-            OP_GRANT => Self::Grant {
-                user: s(&mut r, "user")?,
-                grant: Grant::decode(&mut r)?,
-            },
-            OP_REVOKE => Self::Revoke {
-                user: s(&mut r, "user")?,
-                grant: Grant::decode(&mut r)?,
-            },
-            OP_COMMIT_OFFSETS => {
-                let stream = s(&mut r, "stream")?;
-                let group = s(&mut r, "group")?;
-                let topic = s(&mut r, "topic")?;
-                let count = r.count("offsets", 12)?;
-                let mut offsets = Vec::with_capacity(count as usize);
-                for _ in 0..count {
-                    offsets.push((r.u32("partition")?, r.u64("offset")?));
-                }
-                Self::CommitOffsets {
-                    stream,
-                    group,
-                    topic,
-                    offsets,
-                }
-            }
-            other => {
-                return Err(WireError::BadValue {
-                    at,
-                    field: "op",
-                    value: other.into(),
-                })
-            }
-        };
-        r.finish()?;
-        Ok(op)
-    }
 }
 
 fn decode_settings(r: &mut WireReader<'_>) -> Result<TopicSettings, WireError> {

@@ -10,7 +10,7 @@ use crate::config::{ConfigError, NodeConfig};
 use crate::coordinator::MetaService;
 use crate::http::HttpServer;
 use crate::mailbox::{Control, NodeShared, INBOX_REQUESTS_MAX};
-use crate::metadata::MetaOp;
+use crate::metadata::{op, MetaOp};
 use crate::metrics::ShardMetrics;
 use crate::replication::meta_group::{MetaGroup, MetaOpening, Timing};
 use crate::shard::Shard;
@@ -408,9 +408,9 @@ fn open_metadata(
             floor = topic_id_floor,
             "partition directories exist for topic ids the metadata does not know"
         );
-        ops.push(MetaOp::RaiseTopicIdFloor {
+        ops.push(MetaOp::RaiseTopicIdFloor(op::RaiseTopicIdFloor {
             floor: topic_id_floor,
-        });
+        }));
     }
     // In a cluster one member bootstraps the admin, so one password stands.
     if node_id == 0 {

@@ -209,6 +209,7 @@ impl braid_vsr::StateMachine for MetadataMachine {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use crate::metadata::op;
     use braid_proto::client::{Grant, Resource, TopicSettings, READ};
     use braid_proto::scram::ScramCredential;
     use braid_vsr::StateMachine;
@@ -218,61 +219,84 @@ pub(crate) mod tests {
     pub(crate) fn op() -> impl Strategy<Value = MetaOp> {
         let name = prop::sample::select(vec!["a", "b", "c"]).prop_map(str::to_owned);
         prop_oneof![
-            name.clone().prop_map(|name| MetaOp::CreateStream { name }),
-            name.clone().prop_map(|name| MetaOp::DeleteStream { name }),
+            name.clone()
+                .prop_map(|name| MetaOp::CreateStream(op::CreateStream { name })),
+            name.clone()
+                .prop_map(|name| MetaOp::DeleteStream(op::DeleteStream { name })),
             (name.clone(), name.clone(), 0u32..4).prop_map(|(stream, name, partitions)| {
-                MetaOp::CreateTopic {
+                MetaOp::CreateTopic(op::CreateTopic {
                     stream,
                     name,
                     settings: TopicSettings {
                         partitions,
                         ..TopicSettings::default()
                     },
-                }
+                })
             }),
             (name.clone(), name.clone())
-                .prop_map(|(stream, name)| MetaOp::DeleteTopic { stream, name }),
+                .prop_map(|(stream, name)| MetaOp::DeleteTopic(op::DeleteTopic { stream, name })),
             (name.clone(), name.clone(), name.clone(), 0u32..3, 0u64..100).prop_map(
-                |(stream, group, topic, partition, offset)| MetaOp::CommitOffsets {
-                    stream,
-                    group,
-                    topic,
-                    offsets: vec![(partition, offset)],
-                }
+                |(stream, group, topic, partition, offset)| MetaOp::CommitOffsets(
+                    op::CommitOffsets {
+                        stream,
+                        group,
+                        topic,
+                        offsets: vec![(partition, offset)],
+                    }
+                )
             ),
-            name.clone().prop_map(|name| MetaOp::CreateUser {
-                name,
-                credential: ScramCredential {
-                    salt: b"salt".to_vec(),
-                    iterations: 4096,
-                    stored_key: [1; 32],
-                    server_key: [2; 32],
-                },
-            }),
-            (name.clone(), 1u8..4).prop_map(|(name, key)| MetaOp::SetCredential {
-                name,
-                credential: ScramCredential {
-                    salt: vec![key; 16],
-                    iterations: 4096,
-                    stored_key: [key; 32],
-                    server_key: [key; 32],
-                },
-            }),
-            name.clone().prop_map(|name| MetaOp::DeleteUser { name }),
-            (name.clone(), name.clone()).prop_map(|(user, stream)| MetaOp::Grant {
+            name.clone()
+                .prop_map(|name| MetaOp::CreateUser(op::CreateUser {
+                    name,
+                    credential: ScramCredential {
+                        salt: b"salt".to_vec(),
+                        iterations: 4096,
+                        stored_key: [1; 32],
+                        server_key: [2; 32],
+                    },
+                })),
+            (name.clone(), 1u8..4).prop_map(|(name, key)| MetaOp::SetCredential(
+                op::SetCredential {
+                    name,
+                    credential: ScramCredential {
+                        salt: vec![key; 16],
+                        iterations: 4096,
+                        stored_key: [key; 32],
+                        server_key: [key; 32],
+                    },
+                }
+            )),
+            name.clone()
+                .prop_map(|name| MetaOp::DeleteUser(op::DeleteUser { name })),
+            (name.clone(), name.clone()).prop_map(|(user, stream)| MetaOp::Grant(op::Grant {
                 user,
                 grant: Grant {
                     resource: Resource::Stream(stream),
                     permissions: READ,
                 },
-            }),
-            (name.clone(), name).prop_map(|(user, stream)| MetaOp::Revoke {
+            })),
+            (name.clone(), name.clone()).prop_map(|(user, stream)| MetaOp::Revoke(op::Revoke {
                 user,
                 grant: Grant {
                     resource: Resource::Stream(stream),
                     permissions: READ,
                 },
+            })),
+            // Node permissions (the wire refuses bits that do not apply): taking USERS
+            // from the last user who has it is refused.
+            (name, any::<u8>(), any::<bool>()).prop_map(|(user, bits, give)| {
+                let allowed = Resource::Node.permissions_allowed();
+                let grant = Grant {
+                    resource: Resource::Node,
+                    permissions: Some(bits & allowed).filter(|b| *b != 0).unwrap_or(allowed),
+                };
+                if give {
+                    MetaOp::Grant(op::Grant { user, grant })
+                } else {
+                    MetaOp::Revoke(op::Revoke { user, grant })
+                }
             }),
+            (0u32..8).prop_map(|floor| MetaOp::RaiseTopicIdFloor(op::RaiseTopicIdFloor { floor })),
         ]
     }
 
@@ -312,7 +336,8 @@ pub(crate) mod tests {
     #[test]
     fn results_carry_the_client_error_code() {
         let mut machine = MetadataMachine::default();
-        let create = MetadataMachine::input(&[MetaOp::CreateStream { name: "s".into() }]);
+        let create =
+            MetadataMachine::input(&[MetaOp::CreateStream(op::CreateStream { name: "s".into() })]);
         assert_eq!(MetadataMachine::outcome(&machine.apply(1, &create)), Ok(()));
         let again = MetadataMachine::outcome(&machine.apply(2, &create)).unwrap_err();
         assert_eq!(again.code, ErrorCode::StreamExists);
@@ -321,8 +346,8 @@ pub(crate) mod tests {
         assert!(MetadataMachine::outcome(&[0]).is_err(), "a cut result");
         // In a batch each op has its own outcome; a refused one does not stop the rest.
         let batch = MetadataMachine::input(&[
-            MetaOp::CreateStream { name: "s".into() },
-            MetaOp::CreateStream { name: "t".into() },
+            MetaOp::CreateStream(op::CreateStream { name: "s".into() }),
+            MetaOp::CreateStream(op::CreateStream { name: "t".into() }),
         ]);
         let (at, outcomes) = MetadataMachine::outcomes(&machine.apply(4, &batch)).unwrap();
         assert_eq!(at, 4, "the result names the op it applied at");
@@ -345,9 +370,9 @@ pub(crate) mod tests {
     fn news_name_what_changed_until_a_restore_or_too_many() {
         let mut machine = MetadataMachine::default();
         let create = |name: &str| {
-            MetadataMachine::input(&[MetaOp::CreateStream {
+            MetadataMachine::input(&[MetaOp::CreateStream(op::CreateStream {
                 name: name.to_owned(),
-            }])
+            })])
         };
         assert_eq!(machine.news_since(0), LayoutNews::Unchanged);
         machine.apply(1, &create("a"));

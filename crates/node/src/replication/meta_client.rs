@@ -231,6 +231,7 @@ fn fail<T>(tokens: Vec<T>, reason: &str) -> Vec<(u64, T, Result<(), NodeError>)>
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::metadata::op;
     use braid_vsr::StateMachine;
 
     fn reply_to(request: &Request, session: u64, result: Result<Vec<u8>, Refusal>) -> Reply {
@@ -245,7 +246,7 @@ mod tests {
     }
 
     fn stream(name: &str) -> MetaOp {
-        MetaOp::CreateStream { name: name.into() }
+        MetaOp::CreateStream(op::CreateStream { name: name.into() })
     }
 
     fn request(send: Option<Send>) -> Request {

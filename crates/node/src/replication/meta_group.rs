@@ -443,9 +443,10 @@ fn stopped(reason: &str) -> NodeError {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::metadata::op;
 
     fn stream(name: &str) -> MetaOp {
-        MetaOp::CreateStream { name: name.into() }
+        MetaOp::CreateStream(op::CreateStream { name: name.into() })
     }
 
     fn lone(dir: &Path) -> MetaGroup<u32> {

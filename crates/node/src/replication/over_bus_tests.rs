@@ -13,7 +13,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 use super::machine::MetadataMachine;
 use super::shard_host::{Effects, ShardHost};
 use super::wire;
-use crate::metadata::{MetaOp, Metadata};
+use crate::metadata::{op, MetaOp, Metadata};
 
 /// What the test asks a node.
 enum Ask {
@@ -229,9 +229,9 @@ async fn the_metadata_group_replicates_over_the_bus_through_restarts() {
     cluster.session = cluster.request(0, 1, Vec::new()).await.session;
     for i in 0..30 {
         let reply = cluster
-            .propose(&MetaOp::CreateStream {
+            .propose(&MetaOp::CreateStream(op::CreateStream {
                 name: format!("s{i}"),
-            })
+            }))
             .await;
         MetadataMachine::outcome(&reply.result.unwrap()).unwrap();
         if i == 10 {

@@ -1,5 +1,5 @@
 use super::*;
-use crate::metadata::MetaOp;
+use crate::metadata::{op, MetaOp};
 use crate::replication::boot::Stamp;
 use crate::replication::machine::MetadataMachine;
 use braid_vsr::{Request, Status};
@@ -41,7 +41,7 @@ impl MetaClient {
 }
 
 fn stream(name: &str) -> MetaOp {
-    MetaOp::CreateStream { name: name.into() }
+    MetaOp::CreateStream(op::CreateStream { name: name.into() })
 }
 
 fn config(replica: u8, count: u8) -> Config {

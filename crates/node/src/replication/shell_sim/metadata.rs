@@ -11,7 +11,7 @@ use std::path::Path;
 
 use super::Run;
 use crate::identity::{self, Start};
-use crate::metadata::{MetaOp, Metadata};
+use crate::metadata::{op, MetaOp, Metadata};
 use crate::replication::meta_group::{MetaGroup, MetaOpening, Turn};
 
 /// Chance per tick, in percent, that the client proposes a stream.
@@ -120,9 +120,9 @@ impl Run {
             return;
         };
         let turn = group.propose(
-            MetaOp::CreateStream {
+            MetaOp::CreateStream(op::CreateStream {
                 name: stream_name(token),
-            },
+            }),
             token,
         );
         self.proposals.next += 1;
