@@ -8,8 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use braid_proto::client::{
-    decode_error_message, error_code, frame_length, split_response, Command, Request, Response,
-    RESPONSE_HEADER_BYTES,
+    frame_length, split_response, Command, Request, Response, RESPONSE_HEADER_BYTES,
 };
 use bytes::BytesMut;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -277,11 +276,7 @@ async fn read_loop<R: AsyncRead + Unpin>(reader: &mut R, pending: &Mutex<Pending
             let Some((command, waiter)) = waiter else {
                 if header.request_id == 0 && header.status != 0 {
                     // The node refused the stream as a whole and is closing it.
-                    let message = decode_error_message(body).unwrap_or_default();
-                    return ClientError::Server {
-                        code: error_code(header.status),
-                        message,
-                    };
+                    return ClientError::from_response(header.status, body);
                 }
                 continue;
             };
@@ -290,11 +285,7 @@ async fn read_loop<R: AsyncRead + Unpin>(reader: &mut R, pending: &Mutex<Pending
                 Response::decode_shared(command, &frame.slice_ref(body))
                     .map_err(|e| ClientError::Protocol(e.to_string()))
             } else {
-                Err(ClientError::Server {
-                    code: error_code(header.status),
-                    message: decode_error_message(body)
-                        .unwrap_or_else(|e| format!("undecodable message: {e}")),
-                })
+                Err(ClientError::from_response(header.status, body))
             };
             let _ = waiter.send(result);
         }

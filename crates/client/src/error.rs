@@ -1,6 +1,6 @@
 //! Errors of the SDK, typed by who is at fault.
 
-use braid_proto::client::ErrorCode;
+use braid_proto::client::{ErrorCode, ErrorDetail};
 
 /// Why a call failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -13,6 +13,9 @@ pub enum ClientError {
         code: ErrorCode,
         /// The server's message.
         message: String,
+        /// What the server said besides, for programs (the leader to ask, for
+        /// `NotLeader`); those this SDK does not know are skipped.
+        details: Vec<ErrorDetail>,
     },
     /// The connection failed.
     #[error("connection error ({kind:?}): {message}")]
@@ -54,6 +57,34 @@ impl ClientError {
         match self {
             Self::Server { code, .. } => Some(*code),
             _ => None,
+        }
+    }
+
+    /// The member a `NotLeader` answer named as the leader: its node id and client
+    /// address.
+    pub fn leader(&self) -> Option<(u8, &str)> {
+        let Self::Server { details, .. } = self else {
+            return None;
+        };
+        details.iter().find_map(|detail| match detail {
+            ErrorDetail::Leader {
+                node_id,
+                client_addr,
+            } => Some((*node_id, client_addr.as_str())),
+            _ => None,
+        })
+    }
+
+    /// A refusal by the server, from an error response's status and body.
+    pub(crate) fn from_response(status: u16, body: &[u8]) -> Self {
+        let (message, details) = match braid_proto::client::ErrorBody::decode(body) {
+            Ok(body) => (body.message, body.details),
+            Err(err) => (format!("undecodable message: {err}"), Vec::new()),
+        };
+        Self::Server {
+            code: braid_proto::client::error_code(status),
+            message,
+            details,
         }
     }
 }

@@ -85,6 +85,7 @@ async fn produce_anywhere(members: &[Member], partition: u32, n: u32) -> ((u64, 
                 Err(ClientError::Server {
                     code: ErrorCode::NotLeader,
                     message,
+                    ..
                 }) => {
                     if std::env::var("DEBUG_CLUSTER").is_ok() {
                         eprintln!("{i}: {message}");
@@ -98,6 +99,7 @@ async fn produce_anywhere(members: &[Member], partition: u32, n: u32) -> ((u64, 
                         | ErrorCode::StreamNotFound
                         | ErrorCode::TopicNotFound,
                     message,
+                    ..
                 }) => {
                     if std::env::var("DEBUG_CLUSTER").is_ok() {
                         eprintln!("{i}: {message}");
@@ -170,18 +172,25 @@ async fn a_quorum_holds_every_acknowledged_record_through_the_primarys_stop() {
         "every partition on one primary: {primaries:?}"
     );
 
-    // A backup refuses, naming the primary.
+    // A backup refuses, naming the primary, in words and as a typed detail.
     let primary = usize::from(primaries[0]);
     let backup = (primary + 1) % 3;
     let client = common::direct(members[backup].addr()).await.unwrap();
     match client.produce("s", "t", 0, &batch(0, 99)).await {
-        Err(ClientError::Server {
-            code: ErrorCode::NotLeader,
-            message,
-        }) => assert!(
-            message.contains(&members[primary].addr().to_string()),
-            "{message}"
-        ),
+        Err(
+            err @ ClientError::Server {
+                code: ErrorCode::NotLeader,
+                ..
+            },
+        ) => {
+            let primary_addr = members[primary].addr().to_string();
+            assert!(err.to_string().contains(&primary_addr), "{err}");
+            assert_eq!(
+                err.leader(),
+                Some((primaries[0], primary_addr.as_str())),
+                "{err:?}"
+            );
+        }
         other => panic!("a backup took a produce: {other:?}"),
     }
 

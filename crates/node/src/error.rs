@@ -1,6 +1,6 @@
 //! The error a request gets: a stable code and a message for people.
 
-use braid_proto::client::ErrorCode;
+use braid_proto::client::{ErrorCode, ErrorDetail};
 
 /// An error answered to a client.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -10,6 +10,8 @@ pub struct NodeError {
     pub code: ErrorCode,
     /// What happened.
     pub message: String,
+    /// What a program may act on (a leader to ask), sent after the message.
+    pub details: Vec<ErrorDetail>,
 }
 
 impl NodeError {
@@ -18,7 +20,14 @@ impl NodeError {
         Self {
             code,
             message: message.into(),
+            details: Vec::new(),
         }
+    }
+
+    /// The error with `detail` added.
+    pub fn with(mut self, detail: ErrorDetail) -> Self {
+        self.details.push(detail);
+        self
     }
 }
 

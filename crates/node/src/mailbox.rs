@@ -260,17 +260,25 @@ impl NodeShared {
     /// groups"), led by `leader` if one is known: one form for every `NotLeader`,
     /// "node 1 does not lead this partition: node 2 at 127.0.0.1:7072 leads it", as
     /// `docs/protocol.md` gives it.
+    /// The leader also goes as a typed detail (`ErrorDetail::Leader`), for programs.
     pub(crate) fn not_leader(&self, what: &str, leader: Option<u8>) -> crate::error::NodeError {
-        let hint = leader
-            .and_then(|p| {
-                self.client_addr_of(p)
-                    .map(|addr| format!("node {p} at {addr} leads it"))
-            })
-            .unwrap_or_else(|| "it is choosing a primary; retry".into());
-        crate::error::NodeError::new(
+        use braid_proto::client::ErrorDetail;
+        let leader = leader.and_then(|p| Some((p, self.client_addr_of(p)?)));
+        let hint = leader.map_or_else(
+            || "it is choosing a primary; retry".into(),
+            |(p, addr)| format!("node {p} at {addr} leads it"),
+        );
+        let err = crate::error::NodeError::new(
             braid_proto::client::ErrorCode::NotLeader,
             format!("node {} does not lead {what}: {hint}", self.cluster.node_id),
-        )
+        );
+        match leader {
+            Some((node_id, addr)) => err.with(ErrorDetail::Leader {
+                node_id,
+                client_addr: addr.to_owned(),
+            }),
+            None => err,
+        }
     }
 
     /// The door (a poisoned lock is taken as it is: its counts stay whole, each

@@ -467,7 +467,14 @@ async fn refuse_stream(env: &Env, err: &FrameError) {
 /// The error response frame for a request.
 fn error_frame(request_id: u64, command: u16, err: &NodeError) -> Vec<u8> {
     let mut frame = Vec::new();
-    encode_error(&mut frame, request_id, command, err.code, &err.message);
+    encode_error(
+        &mut frame,
+        request_id,
+        command,
+        err.code,
+        &err.message,
+        &err.details,
+    );
     frame
 }
 

@@ -17,13 +17,14 @@
 //! | 4 | 8 | `request_id: u64` |
 //! | 12 | 2 | `command: u16`: the request's command |
 //! | 14 | 2 | `status: u16`: 0, or an [`ErrorCode`] |
-//! | 16 | … | body; for an error, a string with the message |
+//! | 16 | … | body; for an error, a string with the message, then typed details ([`ErrorBody`]) |
 //!
 //! A client may send many requests without waiting (pipelining); responses to the
 //! requests on one connection come back in any order, matched by `request_id`.
 //! `docs/protocol.md` specifies each body.
 
 mod access;
+mod error_body;
 mod node_status;
 mod request;
 pub(crate) use request::check_name;
@@ -34,6 +35,7 @@ pub use access::{
     READ, STREAMS, STREAM_PERMISSIONS, USERS, WRITE,
 };
 
+pub use error_body::{ErrorBody, ErrorDetail};
 pub use node_status::{
     GroupBehind, NodeStatus, PeerBundle, ReplicaStatus, GROUPS_BEHIND_LISTED_MAX,
 };
@@ -356,17 +358,17 @@ pub fn finish_frame(out: &mut [u8], start: usize) {
     out[start..start + LENGTH_BYTES].copy_from_slice(&length.to_be_bytes());
 }
 
-/// Appends a whole error response.
+/// Appends a whole error response: the message, then the details (see [`ErrorBody`]).
 pub fn encode_error(
     out: &mut Vec<u8>,
     request_id: u64,
     command: u16,
     code: ErrorCode,
     message: &str,
+    details: &[ErrorDetail],
 ) {
-    use crate::wire::WireWrite;
     let start = begin_response(out, request_id, command, code as u16);
-    out.put_string(message);
+    ErrorBody::encode(message, details, out);
     finish_frame(out, start);
 }
 

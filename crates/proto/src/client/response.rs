@@ -627,15 +627,13 @@ impl Response {
     }
 }
 
-/// Decodes the message of an error response.
+/// Decodes the message of an error response (its details skipped; see
+/// [`super::ErrorBody`] for them).
 ///
 /// # Errors
-/// A [`WireError`] if the body is not one string.
+/// A [`WireError`] if the body does not decode.
 pub fn decode_error_message(body: &[u8]) -> Result<String, WireError> {
-    let mut r = WireReader::new(body);
-    let message = string(&mut r, "message")?;
-    r.finish()?;
-    Ok(message)
+    super::ErrorBody::decode(body).map(|body| body.message)
 }
 
 /// The [`ErrorCode`] of a status, or [`ErrorCode::Internal`] for a number this client

@@ -471,7 +471,14 @@ fn fetch_prefix_matches_the_full_encoding() {
 #[test]
 fn errors_carry_code_and_message() {
     let mut frame = Vec::new();
-    encode_error(&mut frame, 1, 30, ErrorCode::TopicNotFound, "no topic t");
+    encode_error(
+        &mut frame,
+        1,
+        30,
+        ErrorCode::TopicNotFound,
+        "no topic t",
+        &[],
+    );
     let (header, body) = split_response(&frame).unwrap();
     assert_eq!(error_code(header.status), ErrorCode::TopicNotFound);
     assert_eq!(decode_error_message(body).unwrap(), "no topic t");
@@ -651,6 +658,7 @@ fn protocol_doc_example_holds() {
         10,
         ErrorCode::StreamExists,
         "stream \"shop\" already exists",
+        &[],
     );
     assert_eq!(&error[14..18], &[0, 0x0b, 0, 0x1c]);
 }
