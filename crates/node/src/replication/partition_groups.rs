@@ -26,7 +26,7 @@ use braid_vsr::{Config, Input, Message, ReplicaId, Reply, Request, Status};
 use super::meta_client::{client_id, register_request};
 use super::meta_group::Timing;
 use super::partition_journal::PartitionJournal;
-use super::partition_machine::PartitionMachine;
+use super::partition_machine::{Applied, PartitionMachine};
 use super::shard_host::{Effects, HostError, Opened, ShardHost};
 use super::wire;
 use crate::error::NodeError;
@@ -955,7 +955,7 @@ impl PartitionGroups {
             return;
         };
         let answer = match &reply.result {
-            Ok(result) => PartitionMachine::offsets(result).ok_or_else(|| {
+            Ok(result) => Applied::offsets(result).ok_or_else(|| {
                 NodeError::new(ErrorCode::MalformedRequest, "the batch took no offsets")
             }),
             Err(refusal) => {

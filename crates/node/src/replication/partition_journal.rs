@@ -45,7 +45,7 @@ use braid_storage::{LogConfig, LogError, PartitionLog};
 use braid_vsr::{checksum, Checksum, Header, JournalSlot, Operation, Prepare};
 
 use super::journal_file::{JournalError, JournalFile};
-use super::partition_machine::{batch_records, PartitionMachine};
+use super::partition_machine::{batch_records, Applied, PartitionMachine};
 use super::shard_host::{HostError, Journal};
 
 /// The header journal's file name in the partition directory.
@@ -883,7 +883,7 @@ impl Journal for PartitionJournal {
         checksum: Checksum,
         result: Option<&[u8]>,
     ) -> Result<(), HostError> {
-        if let Some((base, _)) = result.and_then(PartitionMachine::offsets) {
+        if let Some((base, _)) = result.and_then(Applied::offsets) {
             self.check_placed(op, checksum, base)?;
         }
         PartitionJournal::applied(self, op, checksum);

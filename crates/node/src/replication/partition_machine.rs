@@ -1,14 +1,11 @@
 //! A partition group's state machine: its offsets. The records are the journal itself
 //! (the partition log, see `partition_journal`); applying a committed batch only
 //! assigns it the next offsets, which are the offsets the log gave it, since the log
-//! holds the same batches in the same order. The state is the next offset, so a
-//! checkpoint is eight bytes.
+//! holds the same batches in the same order.
 //!
-//! A result is `0, base_offset: u64, last_offset: u64` for a batch, or `1` for a body
-//! that is not one batch (the journal kept it aside; it takes no offsets).
-
-// Partition groups join the shards next; until then only the tests use this.
-#![cfg_attr(not(test), allow(dead_code))]
+//! Pure: a prepare's body is read as a [`PartitionOp`], applied, and answered with an
+//! [`Applied`]; the state's encoding ([`PartitionMachine::snapshot`]) is versioned so it
+//! can grow (sessions' entries next) while older checkpoints stay readable.
 
 use braid_proto::BatchHeader;
 
@@ -18,49 +15,117 @@ pub(crate) struct PartitionMachine {
     next_offset: u64,
 }
 
-/// The records of `body` if it is one whole batch frame: what the journal appends to
-/// the log (the rest it keeps aside), so the two agree on every offset. Only the header
-/// is read: the primary validated the producer's batch whole, and every replica checks
-/// the body against its prepare's checksum.
-pub(crate) fn batch_records(body: &[u8]) -> Option<u64> {
-    let header = BatchHeader::decode(body).ok()?;
-    let count = header.record_count;
-    (header.total_bytes() == body.len() && count >= 1 && header.last_offset_delta == count - 1)
-        .then_some(u64::from(count as u32))
+/// What a prepare's body asks of the partition.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum PartitionOp {
+    /// One whole batch frame of `records` records: stored at the next offsets.
+    Batch { records: u64 },
+    /// Anything else (the journal keeps such a body aside; it takes no offsets).
+    Unknown,
 }
+
+impl PartitionOp {
+    /// Reads a body. Only a batch's header is read: the primary validated the
+    /// producer's batch whole, and every replica checks the body against its prepare's
+    /// checksum.
+    pub(crate) fn of(body: &[u8]) -> Self {
+        let Ok(header) = BatchHeader::decode(body) else {
+            return Self::Unknown;
+        };
+        let count = header.record_count;
+        if header.total_bytes() == body.len() && count >= 1 && header.last_offset_delta == count - 1
+        {
+            Self::Batch {
+                records: u64::from(count as u32),
+            }
+        } else {
+            Self::Unknown
+        }
+    }
+}
+
+/// The records of `body` if it is one whole batch frame: what the journal appends to
+/// the log (the rest it keeps aside), so the two agree on every offset.
+pub(crate) fn batch_records(body: &[u8]) -> Option<u64> {
+    match PartitionOp::of(body) {
+        PartitionOp::Batch { records } => Some(records),
+        PartitionOp::Unknown => None,
+    }
+}
+
+/// The result of an applied op, as the replicas return it to the partition's client.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Applied {
+    /// A batch took offsets `base..=last`. Encoded `0, base: u64, last: u64`.
+    Stored { base: u64, last: u64 },
+    /// A body that is not one batch: it took none. Encoded `1`.
+    NotABatch,
+}
+
+impl Applied {
+    const STORED: u8 = 0;
+    const NOT_A_BATCH: u8 = 1;
+
+    pub(crate) fn encode(&self) -> Vec<u8> {
+        match self {
+            Self::Stored { base, last } => {
+                let mut out = vec![Self::STORED];
+                out.extend_from_slice(&base.to_be_bytes());
+                out.extend_from_slice(&last.to_be_bytes());
+                out
+            }
+            Self::NotABatch => vec![Self::NOT_A_BATCH],
+        }
+    }
+
+    /// A result as [`Applied::encode`] wrote it, or `None` for any other bytes.
+    pub(crate) fn decode(bytes: &[u8]) -> Option<Self> {
+        match bytes {
+            [Self::NOT_A_BATCH] => Some(Self::NotABatch),
+            [Self::STORED, rest @ ..] if rest.len() == 16 => {
+                let (base, last) = rest.split_at(8);
+                Some(Self::Stored {
+                    base: u64::from_be_bytes(base.try_into().ok()?),
+                    last: u64::from_be_bytes(last.try_into().ok()?),
+                })
+            }
+            _ => None,
+        }
+    }
+
+    /// The offsets a batch took, if it was one.
+    pub(crate) fn offsets(bytes: &[u8]) -> Option<(u64, u64)> {
+        match Self::decode(bytes)? {
+            Self::Stored { base, last } => Some((base, last)),
+            Self::NotABatch => None,
+        }
+    }
+}
+
+/// The version byte of the state's encoding: `1, next_offset: u64`. (The first
+/// encoding, eight bytes of `next_offset` alone, is still read.)
+const STATE_V1: u8 = 1;
 
 impl PartitionMachine {
     /// The offset the next committed batch takes: the high watermark.
     pub(crate) fn next_offset(&self) -> u64 {
         self.next_offset
     }
-
-    /// The offsets a result names: `(base, last)` of the batch, if it was one.
-    pub(crate) fn offsets(result: &[u8]) -> Option<(u64, u64)> {
-        if result.len() != 17 || result[0] != 0 {
-            return None;
-        }
-        let word = |at: usize| {
-            let mut b = [0u8; 8];
-            b.copy_from_slice(&result[at..at + 8]);
-            u64::from_be_bytes(b)
-        };
-        Some((word(1), word(9)))
-    }
 }
 
 impl braid_vsr::StateMachine for PartitionMachine {
     fn apply(&mut self, _op: u64, input: &[u8]) -> Vec<u8> {
-        match batch_records(input) {
-            Some(records) if records > 0 => {
+        match PartitionOp::of(input) {
+            PartitionOp::Batch { records } => {
                 let base = self.next_offset;
                 self.next_offset += records;
-                let mut out = vec![0];
-                out.extend_from_slice(&base.to_be_bytes());
-                out.extend_from_slice(&(self.next_offset - 1).to_be_bytes());
-                out
+                Applied::Stored {
+                    base,
+                    last: self.next_offset - 1,
+                }
+                .encode()
             }
-            _ => vec![1],
+            PartitionOp::Unknown => Applied::NotABatch.encode(),
         }
     }
 
@@ -68,19 +133,36 @@ impl braid_vsr::StateMachine for PartitionMachine {
     /// the same, since the journal appended it when it was prepared: its records take
     /// their offsets, so that every later batch's offsets are the ones it is stored at.
     fn skipped(&mut self, _op: u64, input: &[u8]) {
-        if let Some(records) = batch_records(input) {
+        if let PartitionOp::Batch { records } = PartitionOp::of(input) {
             self.next_offset += records;
         }
     }
 
     fn snapshot(&self) -> Vec<u8> {
-        self.next_offset.to_be_bytes().to_vec()
+        let mut out = vec![STATE_V1];
+        out.extend_from_slice(&self.next_offset.to_be_bytes());
+        out
     }
 
     fn restore(&mut self, snapshot: &[u8]) -> Result<(), String> {
-        let bytes: [u8; 8] = snapshot
+        let next_offset = match snapshot {
+            [STATE_V1, rest @ ..] if rest.len() == 8 => rest,
+            legacy if legacy.len() == 8 => legacy,
+            [version, ..] if snapshot.len() != 8 && *version != STATE_V1 => {
+                return Err(format!(
+                    "a partition state of version {version}, which this node does not read"
+                ))
+            }
+            _ => {
+                return Err(format!(
+                    "a partition state is 9 bytes (or 8 of the first version), not {}",
+                    snapshot.len()
+                ))
+            }
+        };
+        let bytes: [u8; 8] = next_offset
             .try_into()
-            .map_err(|_| format!("a partition state is 8 bytes, not {}", snapshot.len()))?;
+            .map_err(|_| "a partition state's next offset is cut short".to_owned())?;
         self.next_offset = u64::from_be_bytes(bytes);
         Ok(())
     }
@@ -99,14 +181,8 @@ mod tests {
             builder.push(None, Some(b"v"), &[], 0);
         }
         let batch = builder.finish();
-        assert_eq!(
-            PartitionMachine::offsets(&machine.apply(1, &batch)),
-            Some((0, 2))
-        );
-        assert_eq!(
-            PartitionMachine::offsets(&machine.apply(2, &batch)),
-            Some((3, 5))
-        );
+        assert_eq!(Applied::offsets(&machine.apply(1, &batch)), Some((0, 2)));
+        assert_eq!(Applied::offsets(&machine.apply(2, &batch)), Some((3, 5)));
         assert_eq!(machine.apply(3, b"not a batch"), vec![1]);
         let mut trailing = batch.clone();
         trailing.push(0);
@@ -123,6 +199,51 @@ mod tests {
         assert!(restored.restore(b"short").is_err());
     }
 
+    /// The state's encoding is versioned: this version's reads back, the first
+    /// version's eight bytes are still read, and a later version or a cut state is
+    /// refused with a reason, never taken for some other next offset.
+    #[test]
+    fn the_state_is_versioned_and_the_first_version_still_reads() {
+        let mut machine = PartitionMachine::default();
+        machine.restore(&[0, 0, 0, 0, 0, 0, 0x01, 0x00]).unwrap();
+        assert_eq!(machine.next_offset(), 256, "the first version's 8 bytes");
+        let snapshot = machine.snapshot();
+        assert_eq!(snapshot, [STATE_V1, 0, 0, 0, 0, 0, 0, 0x01, 0x00]);
+        let mut restored = PartitionMachine::default();
+        restored.restore(&snapshot).unwrap();
+        assert_eq!(restored, machine);
+        let newer = restored
+            .restore(&[2, 0, 0, 0, 0, 0, 0, 0, 0, 7])
+            .unwrap_err();
+        assert!(newer.contains("version 2"), "{newer}");
+        for cut in [0, 1, 5, 7] {
+            assert!(restored.restore(&snapshot[..cut]).is_err(), "cut at {cut}");
+        }
+        let mut long = snapshot.clone();
+        long.push(0);
+        assert!(restored.restore(&long).is_err());
+        assert_eq!(restored, machine, "a refused state changes nothing");
+    }
+
+    proptest::proptest! {
+        /// A result decodes to what was encoded; any other bytes decode to nothing
+        /// (never a panic, never offsets made up).
+        #[test]
+        fn results_round_trip_and_other_bytes_are_none(
+            base in proptest::prelude::any::<u64>(),
+            last in proptest::prelude::any::<u64>(),
+            junk in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..40),
+        ) {
+            let stored = Applied::Stored { base, last };
+            proptest::prop_assert_eq!(Applied::decode(&stored.encode()), Some(stored));
+            proptest::prop_assert_eq!(Applied::offsets(&stored.encode()), Some((base, last)));
+            proptest::prop_assert_eq!(Applied::decode(&Applied::NotABatch.encode()), Some(Applied::NotABatch));
+            if let Some(applied) = Applied::decode(&junk) {
+                proptest::prop_assert_eq!(applied.encode(), junk);
+            }
+        }
+    }
+
     /// A committed batch that did not run is in the log all the same: its records
     /// take their offsets, so the next batch's offsets are where it is stored.
     #[test]
@@ -136,9 +257,6 @@ mod tests {
         machine.apply(1, &batch);
         machine.skipped(2, &batch);
         machine.skipped(3, b"not a batch");
-        assert_eq!(
-            PartitionMachine::offsets(&machine.apply(4, &batch)),
-            Some((4, 5))
-        );
+        assert_eq!(Applied::offsets(&machine.apply(4, &batch)), Some((4, 5)));
     }
 }
