@@ -405,7 +405,7 @@ impl MetaService {
                 match wait.await {
                     Ok(Ok(())) => {}
                     Ok(Err(err)) => {
-                        failure.get_or_insert(NodeError::new(ErrorCode::StorageError, err));
+                        failure.get_or_insert(NodeError::from(err));
                     }
                     Err(_) => {
                         failure.get_or_insert(shutting_down());

@@ -74,7 +74,7 @@ pub(crate) enum Control {
     Listener(std::net::TcpListener),
     Layout {
         update: crate::layout::LayoutUpdate,
-        done: Option<oneshot::Sender<Result<(), String>>>,
+        done: Option<oneshot::Sender<Result<(), crate::shard::ShardError>>>,
     },
     /// This shard's receiver and sender of the replica bus (shard 0 starts it).
     Bus {

@@ -205,7 +205,8 @@ impl Node {
         let mut meta = Some(meta);
         let mut bus_start = bus_start;
         let opening = partition_groups_opening(&shared.config, &identity, lost.partitions)?;
-        let (ready_tx, ready_rx) = std::sync::mpsc::channel::<(usize, Result<(), String>)>();
+        let (ready_tx, ready_rx) =
+            std::sync::mpsc::channel::<(usize, Result<(), crate::shard::ShardError>)>();
         let mut threads = Vec::new();
         // Every runtime first: the bus places each replica link on its owner shard's.
         let runtimes = (0..shards)
@@ -263,8 +264,11 @@ impl Node {
         for _ in 0..shards {
             match ready_rx.recv() {
                 Ok((_, Ok(()))) => {}
-                Ok((shard, Err(message))) => {
-                    failure.get_or_insert(StartError::Shard { shard, message });
+                Ok((shard, Err(err))) => {
+                    failure.get_or_insert(StartError::Shard {
+                        shard,
+                        message: err.to_string(),
+                    });
                 }
                 Err(_) => {
                     failure.get_or_insert(StartError::Shard {

@@ -8,7 +8,7 @@
 use std::collections::HashSet;
 use std::sync::Arc;
 
-use super::Shard;
+use super::{Shard, ShardError};
 use crate::layout::{Layout, LayoutUpdate, PartitionKey, TopicRoute};
 
 /// Partitions a shard opens, and recovers, together: their files are open until then
@@ -26,7 +26,7 @@ const OPENED_PER_CHUNK: usize = 32;
 /// A layout update queued on a shard, and how far its application is.
 pub(super) struct Applying {
     update: LayoutUpdate,
-    done: Option<tokio::sync::oneshot::Sender<Result<(), String>>>,
+    done: Option<tokio::sync::oneshot::Sender<Result<(), ShardError>>>,
     plan: Option<LayoutPlan>,
     /// Once it routes: the partitions it took away, still to drop.
     dropping: Option<Vec<PartitionKey>>,
@@ -44,7 +44,7 @@ impl Shard {
     /// Opens the partitions of `layout` this shard owns and drops those it no longer
     /// has (their topic was deleted: the data goes too), all at once (at start, before
     /// the shard serves).
-    pub(crate) fn apply_layout(&mut self, layout: Arc<Layout>) -> Result<(), String> {
+    pub(crate) fn apply_layout(&mut self, layout: Arc<Layout>) -> Result<(), ShardError> {
         let update = LayoutUpdate::Whole(layout);
         let mut plan = self.plan_layout(&update);
         while !self.open_some(&mut plan, OPENED_TOGETHER)? {}
@@ -64,7 +64,7 @@ impl Shard {
     pub(crate) fn queue_layout(
         &mut self,
         update: LayoutUpdate,
-        done: Option<tokio::sync::oneshot::Sender<Result<(), String>>>,
+        done: Option<tokio::sync::oneshot::Sender<Result<(), ShardError>>>,
     ) {
         self.applying.push_back(Applying {
             update,
@@ -194,7 +194,7 @@ impl Shard {
     }
 
     /// Opens up to `count` partitions of `plan`; true once none is left.
-    fn open_some(&mut self, plan: &mut LayoutPlan, count: usize) -> Result<bool, String> {
+    fn open_some(&mut self, plan: &mut LayoutPlan, count: usize) -> Result<bool, ShardError> {
         if !plan.found.is_empty() {
             let chunk: Vec<_> = (0..count).map_while(|_| plan.found.pop()).collect();
             for (key, topic) in &chunk {
@@ -208,7 +208,7 @@ impl Shard {
             // write a state (a state on disk says the files are). Nothing in them is
             // acknowledged before this returns.
             let opened = braid_storage::disk::with_dir_syncs_deferred(
-                || -> std::io::Result<Result<(), String>> {
+                || -> std::io::Result<Result<(), ShardError>> {
                     for (key, topic) in &chunk {
                         if let Err(err) = self.open_partition(*key, topic) {
                             return Ok(Err(err));
@@ -217,7 +217,7 @@ impl Shard {
                     Ok(Ok(()))
                 },
             );
-            opened.map_err(|e| format!("syncing the new partitions' directories: {e}"))??;
+            opened.map_err(ShardError::DirSync)??;
             self.settle_opened(&chunk)?;
         }
         Ok(plan.found.is_empty() && plan.created.is_empty())

@@ -15,7 +15,10 @@ use braid_proto::client::ErrorCode;
 use braid_storage::{OpenLogLru, PartitionLog};
 use tokio::sync::{mpsc, watch};
 
+mod error;
 mod layout;
+
+pub(crate) use error::ShardError;
 
 use crate::error::NodeError;
 use crate::layout::{Layout, PartitionKey};
@@ -92,11 +95,9 @@ impl Shard {
         shared: Arc<NodeShared>,
         meta: Option<crate::coordinator::MetaService>,
         groups: crate::replication::partition_groups::Opening,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, ShardError> {
         let capacity = shared.config.open_logs_per_shard;
-        let mut groups = groups
-            .open(id)
-            .map_err(|e| format!("partition groups: {e}"))?;
+        let mut groups = groups.open(id).map_err(ShardError::Groups)?;
         groups.sync_through(crate::replication::partition_groups::SyncLink {
             syncer: Arc::clone(&shared.syncer),
             done: shared.controls[id].clone(),
@@ -133,22 +134,24 @@ impl Shard {
         config: braid_bus::BusConfig,
         listener: std::net::TcpListener,
         runtimes: Vec<tokio::runtime::Handle>,
-    ) -> Result<(), String> {
+    ) -> Result<(), ShardError> {
         let Some(meta) = self.meta.as_mut() else {
-            return Err("the replica bus runs on the shard that holds the metadata".into());
+            return Err(ShardError::Bus(
+                "it runs on the shard that holds the metadata".into(),
+            ));
         };
         listener
             .set_nonblocking(true)
-            .map_err(|e| format!("replica listener: {e}"))?;
+            .map_err(|e| ShardError::Bus(format!("its listener: {e}")))?;
         let listener = tokio::net::TcpListener::from_std(listener)
-            .map_err(|e| format!("replica listener: {e}"))?;
+            .map_err(|e| ShardError::Bus(format!("its listener: {e}")))?;
         let shards = self.shared.shards();
         let route: braid_bus::DeliveryRoute = Arc::new(move |group| {
             crate::replication::partition_groups::key_of(group)
                 .map_or(0, |key| key.shard(shards) as u16)
         });
         let (bus, receivers) = braid_bus::Bus::start_on_shards(config, listener, runtimes, route)
-            .map_err(|e| format!("replica bus: {e}"))?;
+            .map_err(|e| ShardError::Bus(e.to_string()))?;
         for (shard, deliveries) in receivers.into_iter().enumerate() {
             let sender = bus.shard_sender(shard as u16);
             let bundles = bus.subscribe();
@@ -257,15 +260,18 @@ impl Shard {
     fn settle_opened(
         &mut self,
         opened: &[(PartitionKey, Arc<crate::layout::TopicRoute>)],
-    ) -> Result<(), String> {
-        let moved = self
-            .groups
-            .recover_opened()
-            .map_err(|e| format!("recovering the partitions: {e}"))?;
+    ) -> Result<(), ShardError> {
+        let moved = self.groups.recover_opened().map_err(ShardError::Recover)?;
         self.apply_moved(moved);
         for (key, _) in opened {
             if self.partitions.contains_key(key) {
-                self.groups.release_files(*key).map_err(|e| e.to_string())?;
+                self.groups
+                    .release_files(*key)
+                    .map_err(|source| ShardError::Release {
+                        topic_id: key.topic_id,
+                        partition: key.partition,
+                        source,
+                    })?;
             }
         }
         Ok(())
@@ -277,7 +283,7 @@ impl Shard {
         &mut self,
         key: PartitionKey,
         topic: &crate::layout::TopicRoute,
-    ) -> Result<(), String> {
+    ) -> Result<(), ShardError> {
         let dir = key.dir(self.shared.data_dir());
         let log_config = topic.log_config(&self.shared.config);
         let high_watermark = match self.groups.add(key, &dir, log_config, now_ms()) {
@@ -297,11 +303,12 @@ impl Shard {
                     .insert(key, RefusedPartition::open(&dir, log_config, reason));
                 return Ok(());
             }
-            Err(err) => {
-                return Err(format!(
-                    "opening partition {}/{}: {err}",
-                    topic.name, key.partition
-                ))
+            Err(source) => {
+                return Err(ShardError::OpenPartition {
+                    topic: topic.name.clone(),
+                    partition: key.partition,
+                    source,
+                })
             }
         };
         let partition = Partition::new(high_watermark);
