@@ -5,6 +5,7 @@
 pub(crate) mod boot;
 pub(crate) mod checkpoints;
 pub(crate) mod copies;
+pub(crate) mod group_client;
 pub(crate) mod journal_file;
 pub(crate) mod machine;
 pub(crate) mod meta_client;

@@ -14,7 +14,7 @@
 //! Every commit moves the group's high watermark, on every replica; the shard reads up
 //! to it and wakes the fetches that wait for it.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::HashMap;
 use std::path::Path;
 
 use braid_bus::ShardSender;
@@ -23,10 +23,10 @@ use braid_proto::ValidatedBatch;
 use braid_storage::{LogConfig, PartitionLog};
 use braid_vsr::{Config, Input, Message, ReplicaId, Reply, Request, Status};
 
-use super::meta_client::{client_id, register_request};
+use super::meta_client::client_id;
 use super::meta_group::Timing;
 use super::partition_journal::PartitionJournal;
-use super::partition_machine::{Applied, PartitionMachine};
+use super::partition_machine::PartitionMachine;
 use super::shard_host::{Effects, HostError, Opened, ShardHost};
 use super::wire;
 use crate::error::NodeError;
@@ -72,43 +72,18 @@ pub(crate) enum Role {
     Backup(Option<ReplicaId>),
 }
 
-/// A request sent and not answered. Its body is the group's (shared in its journal);
-/// a request the primary took is answered at commit or failed when it loses the role.
-#[derive(Debug)]
-struct InFlight {
-    reply: ProduceReply,
-    sent_at: u64,
-}
-
 /// A request unanswered this long (ticks) is failed, retriable: a guard against a
 /// request lost in a way nothing else reports.
 const REQUEST_TICKS_MAX: u64 = 3_000;
 
-/// This node's session with one group it leads.
-#[derive(Debug, Default)]
-struct GroupClient {
-    session: u64,
-    register_attempt: u64,
-    /// When the register in flight was sent, if one is.
-    registering: Option<u64>,
-    next_request: u64,
-    queued: VecDeque<(bytes::Bytes, ProduceReply)>,
-    in_flight: BTreeMap<u64, InFlight>,
-}
+/// This node's session with one group it leads, its produces answered through their
+/// reply channels.
+type GroupClient = super::group_client::GroupClient<ProduceReply>;
 
-impl GroupClient {
-    fn fail_all(&mut self, err: &NodeError) {
-        for (_, reply) in self.queued.drain(..) {
-            let _ = reply.send(Err(err.clone()));
-        }
-        for (_, flight) in std::mem::take(&mut self.in_flight) {
-            let _ = flight.reply.send(Err(err.clone()));
-        }
-        self.registering = None;
-    }
-
-    fn is_idle(&self) -> bool {
-        self.queued.is_empty() && self.in_flight.is_empty() && self.registering.is_none()
+/// Fails every produce `client` holds with `err`.
+fn fail_all(client: &mut GroupClient, err: &NodeError) {
+    for reply in client.drain() {
+        let _ = reply.send(Err(err.clone()));
     }
 }
 
@@ -456,7 +431,7 @@ impl PartitionGroups {
     pub(crate) fn close(&mut self) {
         let err = NodeError::new(ErrorCode::ShuttingDown, "node is shutting down");
         for client in self.clients.values_mut() {
-            client.fail_all(&err);
+            fail_all(client, &err);
         }
         self.clients.clear();
         self.failed = Some("the node is shutting down".into());
@@ -478,10 +453,10 @@ impl PartitionGroups {
     pub(crate) fn remove(&mut self, key: PartitionKey) {
         let group = group_of(key);
         if let Some(mut client) = self.clients.remove(&group) {
-            client.fail_all(&NodeError::new(
-                ErrorCode::PartitionNotFound,
-                "the partition was deleted",
-            ));
+            fail_all(
+                &mut client,
+                &NodeError::new(ErrorCode::PartitionNotFound, "the partition was deleted"),
+            );
         }
         self.host.remove_group(group);
     }
@@ -560,11 +535,7 @@ impl PartitionGroups {
         batch.set_partition_leader_epoch(0);
         // Shared from here on: the journal entry, the write and the sends hold it.
         let body = batch.into_bytes().freeze();
-        self.clients
-            .entry(group)
-            .or_default()
-            .queued
-            .push_back((body, reply));
+        self.clients.entry(group).or_default().queue(body, reply);
         if self.pending.last() != Some(&group) {
             self.pending.push(group);
         }
@@ -661,7 +632,7 @@ impl PartitionGroups {
             .collect();
         for group in lost {
             if let Some(client) = self.clients.get_mut(&group) {
-                client.fail_all(&not_leader());
+                fail_all(client, &not_leader());
             }
         }
         self.resend_overdue(&mut moved);
@@ -677,7 +648,7 @@ impl PartitionGroups {
         }
         // Produces held back (the primary's view not yet on disk) go when they can.
         for (group, client) in &self.clients {
-            if !client.queued.is_empty() {
+            if client.has_queued() {
                 self.pending.push(*group);
             }
         }
@@ -707,26 +678,13 @@ impl PartitionGroups {
         let lost = self.now.saturating_sub(REQUEST_TICKS_MAX);
         let mut resend = Vec::new();
         for (group, client) in &mut self.clients {
-            if client.registering.is_some_and(|at| at <= due) {
-                client.registering = Some(self.now);
-                resend.push((
-                    *group,
-                    register_request(self.client_id, client.register_attempt),
-                ));
-            }
-            let overdue: Vec<u64> = client
-                .in_flight
-                .iter()
-                .filter(|(_, f)| f.sent_at <= lost)
-                .map(|(n, _)| *n)
-                .collect();
-            for number in overdue {
-                if let Some(flight) = client.in_flight.remove(&number) {
-                    let _ = flight.reply.send(Err(NodeError::new(
-                        ErrorCode::Busy,
-                        "the partition group did not answer in time; retry",
-                    )));
-                }
+            let (register, lost) = client.overdue(self.client_id, self.now, due, lost);
+            resend.extend(register.map(|request| (*group, request)));
+            for reply in lost {
+                let _ = reply.send(Err(NodeError::new(
+                    ErrorCode::Busy,
+                    "the partition group did not answer in time; retry",
+                )));
             }
         }
         for (group, request) in resend {
@@ -755,53 +713,24 @@ impl PartitionGroups {
     fn collect(&mut self, group: u64, inputs: &mut Vec<(u64, Input)>) {
         let Some(replica) = self.host.replica(group) else {
             if let Some(client) = self.clients.get_mut(&group) {
-                client.fail_all(&not_leader());
+                fail_all(client, &not_leader());
             }
             return;
         };
         if !replica.is_primary() {
             if let Some(client) = self.clients.get_mut(&group) {
-                client.fail_all(&not_leader());
+                fail_all(client, &not_leader());
             }
             return;
         }
         // Only what the primary will prepare goes in (it drops a request while its view
         // is not on disk or its pipeline is full); the rest waits for a later turn.
         let takes = replica.takes_requests();
-        let mut room =
-            PIPELINE_MAX.saturating_sub(replica.op().saturating_sub(replica.commit_max()));
+        let room = PIPELINE_MAX.saturating_sub(replica.op().saturating_sub(replica.commit_max()));
         let Some(client) = self.clients.get_mut(&group) else {
             return;
         };
-        if client.session == 0 {
-            if client.registering.is_none() && !client.queued.is_empty() {
-                client.registering = Some(self.now);
-                client.register_attempt += 1;
-                let request = register_request(self.client_id, client.register_attempt);
-                inputs.push((group, Input::Message(Message::Request(request))));
-            }
-            return;
-        }
-        while takes && room > 0 {
-            let Some((body, reply)) = client.queued.pop_front() else {
-                return;
-            };
-            room -= 1;
-            client.next_request += 1;
-            let number = client.next_request;
-            client.in_flight.insert(
-                number,
-                InFlight {
-                    reply,
-                    sent_at: self.now,
-                },
-            );
-            let request = Request {
-                client: self.client_id,
-                session: client.session,
-                request: number,
-                body,
-            };
+        for request in client.requests(self.client_id, self.now, takes, room) {
             inputs.push((group, Input::Message(Message::Request(request))));
         }
     }
@@ -922,7 +851,7 @@ impl PartitionGroups {
             if self
                 .clients
                 .get(&group)
-                .is_some_and(|c| !c.queued.is_empty())
+                .is_some_and(GroupClient::has_queued)
             {
                 self.pending.push(group);
             }
@@ -937,44 +866,16 @@ impl PartitionGroups {
         let Some(client) = self.clients.get_mut(&group) else {
             return;
         };
-        if reply.register {
-            client.registering = None;
-            match (&reply.result, reply.session) {
-                (Ok(_), session) if session != 0 => {
-                    client.session = session;
-                    client.next_request = 0;
-                }
-                _ => {}
-            }
-            return;
+        if let Some((waiting, answer)) = client.answer(&reply) {
+            let _ = waiting.send(answer);
         }
-        if reply.session != client.session {
-            return;
-        }
-        let Some(waiting) = client.in_flight.remove(&reply.request).map(|f| f.reply) else {
-            return;
-        };
-        let answer = match &reply.result {
-            Ok(result) => Applied::offsets(result).ok_or_else(|| {
-                NodeError::new(ErrorCode::MalformedRequest, "the batch took no offsets")
-            }),
-            Err(refusal) => {
-                // The group forgot this node's session: register again for what waits.
-                client.session = 0;
-                Err(NodeError::new(
-                    ErrorCode::NotLeader,
-                    format!("the partition group refused the request ({refusal:?}); retry"),
-                ))
-            }
-        };
-        let _ = waiting.send(answer);
     }
 
     fn fail(&mut self, err: HostError) {
         let reason = err.to_string();
         tracing::error!(%reason, "the shard's partition groups stopped: restart the node");
         for client in self.clients.values_mut() {
-            client.fail_all(&stopped(&reason));
+            fail_all(client, &stopped(&reason));
         }
         self.failed = Some(reason);
     }

@@ -1,0 +1,328 @@
+//! This node's client of one partition group it leads: the produces queued for the
+//! group, its session with the group (registered before the first request), the
+//! requests in flight by number, and what each answer means for the produce waiting
+//! on it. Pure: no replica, no clock (ticks come in), no channel; generic over the
+//! token a waiting produce is answered through, so the tests hold plain numbers.
+//!
+//! The requests a primary takes are prepared at once and stored with their batch (the
+//! log is the journal), so a request is numbered when it is handed to the replica and
+//! never handed again: a produce that is not answered is failed, retriable, and its
+//! retry is a new request (issue 26's sessions make that retry idempotent).
+
+use std::collections::{BTreeMap, VecDeque};
+
+use braid_proto::client::ErrorCode;
+use braid_vsr::{Reply, Request};
+
+use super::meta_client::register_request;
+use super::partition_machine::Applied;
+use crate::error::NodeError;
+
+/// What a produce is answered: the offsets its batch took, or why not.
+pub(crate) type ProduceAnswer = Result<(u64, u64), NodeError>;
+
+/// A request handed to the replica and not answered.
+#[derive(Debug)]
+struct InFlight<T> {
+    token: T,
+    sent_at: u64,
+}
+
+/// This node's session with one group, and its produces.
+#[derive(Debug)]
+pub(crate) struct GroupClient<T> {
+    /// The session the group gave (0: none yet, or forgotten by the group).
+    session: u64,
+    register_attempt: u64,
+    /// When the register in flight was sent, if one is.
+    registering: Option<u64>,
+    next_request: u64,
+    queued: VecDeque<(bytes::Bytes, T)>,
+    in_flight: BTreeMap<u64, InFlight<T>>,
+}
+
+impl<T> Default for GroupClient<T> {
+    fn default() -> Self {
+        Self {
+            session: 0,
+            register_attempt: 0,
+            registering: None,
+            next_request: 0,
+            queued: VecDeque::new(),
+            in_flight: BTreeMap::new(),
+        }
+    }
+}
+
+impl<T> GroupClient<T> {
+    /// Queues a batch's body for the next requests.
+    pub(crate) fn queue(&mut self, body: bytes::Bytes, token: T) {
+        self.queued.push_back((body, token));
+    }
+
+    /// Whether produces wait to be handed to the replica.
+    pub(crate) fn has_queued(&self) -> bool {
+        !self.queued.is_empty()
+    }
+
+    /// Whether nothing waits: no produce queued or in flight, no register.
+    pub(crate) fn is_idle(&self) -> bool {
+        self.queued.is_empty() && self.in_flight.is_empty() && self.registering.is_none()
+    }
+
+    /// Takes every waiting produce out (queued and in flight), to be failed; a
+    /// register in flight is forgotten.
+    pub(crate) fn drain(&mut self) -> Vec<T> {
+        self.registering = None;
+        let queued = self.queued.drain(..).map(|(_, token)| token);
+        let in_flight = std::mem::take(&mut self.in_flight)
+            .into_values()
+            .map(|flight| flight.token);
+        queued.chain(in_flight).collect()
+    }
+
+    /// The requests to hand the replica at tick `now`: without a session, a register
+    /// (once, while produces wait); with one, queued batches, numbered in order, while
+    /// the primary `takes` requests and its pipeline has `room`.
+    pub(crate) fn requests(
+        &mut self,
+        client_id: u64,
+        now: u64,
+        takes: bool,
+        mut room: u64,
+    ) -> Vec<Request> {
+        let mut out = Vec::new();
+        if self.session == 0 {
+            if self.registering.is_none() && !self.queued.is_empty() {
+                self.registering = Some(now);
+                self.register_attempt += 1;
+                out.push(register_request(client_id, self.register_attempt));
+            }
+            return out;
+        }
+        while takes && room > 0 {
+            let Some((body, token)) = self.queued.pop_front() else {
+                break;
+            };
+            room -= 1;
+            self.next_request += 1;
+            let number = self.next_request;
+            self.in_flight.insert(
+                number,
+                InFlight {
+                    token,
+                    sent_at: now,
+                },
+            );
+            out.push(Request {
+                client: client_id,
+                session: self.session,
+                request: number,
+                body,
+            });
+        }
+        out
+    }
+
+    /// A reply of the group to this node's client (the caller checked the client id):
+    /// a register's sets the session; a request's gives the produce waiting on it its
+    /// offsets, or, refused (the group forgot the session), `NotLeader` to retry, and
+    /// the next requests register again. A reply to an older session, or to a request
+    /// not in flight, answers nothing.
+    pub(crate) fn answer(&mut self, reply: &Reply) -> Option<(T, ProduceAnswer)> {
+        if reply.register {
+            self.registering = None;
+            if reply.result.is_ok() && reply.session != 0 {
+                self.session = reply.session;
+                self.next_request = 0;
+            }
+            return None;
+        }
+        if reply.session != self.session {
+            return None;
+        }
+        let token = self.in_flight.remove(&reply.request)?.token;
+        let answer = match &reply.result {
+            Ok(result) => Applied::offsets(result).ok_or_else(|| {
+                NodeError::new(ErrorCode::MalformedRequest, "the batch took no offsets")
+            }),
+            Err(refusal) => {
+                self.session = 0;
+                Err(NodeError::new(
+                    ErrorCode::NotLeader,
+                    format!("the partition group refused the request ({refusal:?}); retry"),
+                ))
+            }
+        };
+        Some((token, answer))
+    }
+
+    /// At tick `now`: a register sent at or before `register_due` is sent again (the
+    /// primary drops one while its view is not yet durable), and requests sent at or
+    /// before `lost` are given up (returned, to be failed retriable: a guard against
+    /// a request lost in a way nothing else reports).
+    pub(crate) fn overdue(
+        &mut self,
+        client_id: u64,
+        now: u64,
+        register_due: u64,
+        lost: u64,
+    ) -> (Option<Request>, Vec<T>) {
+        let resend = match self.registering {
+            Some(at) if at <= register_due => {
+                self.registering = Some(now);
+                Some(register_request(client_id, self.register_attempt))
+            }
+            _ => None,
+        };
+        let overdue: Vec<u64> = self
+            .in_flight
+            .iter()
+            .filter(|(_, flight)| flight.sent_at <= lost)
+            .map(|(number, _)| *number)
+            .collect();
+        let given_up = overdue
+            .into_iter()
+            .filter_map(|number| self.in_flight.remove(&number))
+            .map(|flight| flight.token)
+            .collect();
+        (resend, given_up)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use braid_vsr::Refusal;
+
+    const CLIENT: u64 = 7;
+
+    fn reply(session: u64, request: u64, result: Result<Vec<u8>, Refusal>) -> Reply {
+        Reply {
+            client: CLIENT,
+            session,
+            request,
+            register: false,
+            view: 1,
+            result,
+        }
+    }
+
+    fn registered(session: u64) -> Reply {
+        Reply {
+            register: true,
+            ..reply(session, 0, Ok(Vec::new()))
+        }
+    }
+
+    fn stored(base: u64, last: u64) -> Result<Vec<u8>, Refusal> {
+        Ok(Applied::Stored { base, last }.encode())
+    }
+
+    #[test]
+    fn a_session_comes_first_then_batches_in_order_within_the_pipeline() {
+        let mut client = GroupClient::default();
+        assert!(
+            client.requests(CLIENT, 1, true, 16).is_empty(),
+            "nothing queued"
+        );
+        for token in 0..5u32 {
+            client.queue(bytes::Bytes::from(vec![token as u8]), token);
+        }
+        let register = client.requests(CLIENT, 1, true, 16);
+        assert_eq!(register.len(), 1);
+        assert_eq!(register[0].session, 0, "a register");
+        assert!(
+            client.requests(CLIENT, 2, true, 16).is_empty(),
+            "one register at once"
+        );
+        assert_eq!(client.answer(&registered(40)).map(|(t, _)| t), None);
+        assert!(
+            client.requests(CLIENT, 3, false, 16).is_empty(),
+            "the primary takes none"
+        );
+        let first = client.requests(CLIENT, 3, true, 2);
+        assert_eq!(
+            first
+                .iter()
+                .map(|r| (r.session, r.request))
+                .collect::<Vec<_>>(),
+            vec![(40, 1), (40, 2)],
+            "numbered in order, as many as the pipeline has room for"
+        );
+        let rest = client.requests(CLIENT, 4, true, 16);
+        assert_eq!(
+            rest.iter().map(|r| r.request).collect::<Vec<_>>(),
+            [3, 4, 5]
+        );
+        assert_eq!(rest[0].body[..], [2]);
+        assert!(!client.has_queued() && !client.is_idle());
+    }
+
+    #[test]
+    fn answers_reach_their_produce_and_a_refusal_registers_again() {
+        let mut client = GroupClient::default();
+        client.queue(bytes::Bytes::from_static(b"a"), 'a');
+        client.queue(bytes::Bytes::from_static(b"b"), 'b');
+        client.requests(CLIENT, 1, true, 16);
+        client.answer(&registered(9));
+        client.requests(CLIENT, 2, true, 16);
+        assert_eq!(
+            client.answer(&reply(9, 2, stored(5, 7))),
+            Some(('b', Ok((5, 7))))
+        );
+        assert_eq!(
+            client.answer(&reply(9, 2, stored(5, 7))),
+            None,
+            "answered once"
+        );
+        assert_eq!(
+            client.answer(&reply(8, 1, stored(0, 0))),
+            None,
+            "an older session"
+        );
+        let (token, answer) = client
+            .answer(&reply(9, 1, Err(Refusal::SessionUnknown)))
+            .unwrap();
+        assert_eq!(token, 'a');
+        assert_eq!(answer.unwrap_err().code, ErrorCode::NotLeader);
+        client.queue(bytes::Bytes::from_static(b"c"), 'c');
+        let again = client.requests(CLIENT, 3, true, 16);
+        assert_eq!(again.len(), 1);
+        assert_eq!(
+            again[0].session, 0,
+            "the forgotten session is registered again"
+        );
+        // A result that names no offsets is an error, not made-up offsets.
+        client.answer(&registered(10));
+        client.requests(CLIENT, 4, true, 16);
+        let (_, answer) = client
+            .answer(&reply(10, 1, Ok(Applied::NotABatch.encode())))
+            .unwrap();
+        assert_eq!(answer.unwrap_err().code, ErrorCode::MalformedRequest);
+        assert!(client.is_idle());
+    }
+
+    #[test]
+    fn overdue_registers_are_sent_again_and_lost_requests_given_up() {
+        let mut client = GroupClient::default();
+        client.queue(bytes::Bytes::from_static(b"a"), 1u8);
+        client.requests(CLIENT, 10, true, 16);
+        let (resend, lost) = client.overdue(CLIENT, 11, 9, 0);
+        assert!(resend.is_none() && lost.is_empty(), "not due yet");
+        let (resend, _) = client.overdue(CLIENT, 20, 10, 0);
+        assert_eq!(resend.map(|r| r.session), Some(0));
+        client.answer(&registered(3));
+        client.requests(CLIENT, 21, true, 16);
+        client.queue(bytes::Bytes::from_static(b"b"), 2u8);
+        client.requests(CLIENT, 30, true, 16);
+        let (_, lost) = client.overdue(CLIENT, 40, 0, 21);
+        assert_eq!(
+            lost,
+            vec![1],
+            "only the request sent at or before the cutoff"
+        );
+        assert_eq!(client.drain(), vec![2]);
+        assert!(client.is_idle());
+    }
+}
