@@ -162,6 +162,27 @@ fn string(r: &mut WireReader<'_>, field: &'static str) -> Result<String, WireErr
     r.string(field).map(str::to_owned)
 }
 
+/// The fields of an op on a user's grants (Grant, Revoke): `user: string, grant: Grant`.
+fn put_user_grant(out: &mut Vec<u8>, user: &str, grant: &GrantOf) {
+    out.put_string(user);
+    grant.encode_into(out);
+}
+
+fn user_grant(r: &mut WireReader<'_>) -> Result<(String, GrantOf), WireError> {
+    Ok((string(r, "user")?, GrantOf::decode(r)?))
+}
+
+/// The fields of an op that sets a user's credential (CreateUser, SetCredential):
+/// `name: string`, then the credential.
+fn put_named_credential(out: &mut Vec<u8>, name: &str, credential: &ScramCredential) {
+    out.put_string(name);
+    put_credential(out, credential);
+}
+
+fn named_credential(r: &mut WireReader<'_>) -> Result<(String, ScramCredential), WireError> {
+    Ok((string(r, "name")?, credential(r)?))
+}
+
 /// Create a stream.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CreateStream {
@@ -478,14 +499,11 @@ impl Change for CreateUser {
         vec![Touch::User(self.name.clone())]
     }
     fn encode(&self, out: &mut Vec<u8>) {
-        out.put_string(&self.name);
-        put_credential(out, &self.credential);
+        put_named_credential(out, &self.name, &self.credential);
     }
     fn decode(r: &mut WireReader<'_>) -> Result<Self, WireError> {
-        Ok(Self {
-            name: string(r, "name")?,
-            credential: credential(r)?,
-        })
+        let (name, credential) = named_credential(r)?;
+        Ok(Self { name, credential })
     }
 }
 
@@ -560,14 +578,11 @@ impl Change for Grant {
         vec![Touch::User(self.user.clone())]
     }
     fn encode(&self, out: &mut Vec<u8>) {
-        out.put_string(&self.user);
-        self.grant.encode_into(out);
+        put_user_grant(out, &self.user, &self.grant);
     }
     fn decode(r: &mut WireReader<'_>) -> Result<Self, WireError> {
-        Ok(Self {
-            user: string(r, "user")?,
-            grant: GrantOf::decode(r)?,
-        })
+        let (user, grant) = user_grant(r)?;
+        Ok(Self { user, grant })
     }
 }
 
@@ -604,14 +619,11 @@ impl Change for Revoke {
         vec![Touch::User(self.user.clone())]
     }
     fn encode(&self, out: &mut Vec<u8>) {
-        out.put_string(&self.user);
-        self.grant.encode_into(out);
+        put_user_grant(out, &self.user, &self.grant);
     }
     fn decode(r: &mut WireReader<'_>) -> Result<Self, WireError> {
-        Ok(Self {
-            user: string(r, "user")?,
-            grant: GrantOf::decode(r)?,
-        })
+        let (user, grant) = user_grant(r)?;
+        Ok(Self { user, grant })
     }
 }
 
@@ -639,13 +651,10 @@ impl Change for SetCredential {
         vec![Touch::User(self.name.clone())]
     }
     fn encode(&self, out: &mut Vec<u8>) {
-        out.put_string(&self.name);
-        put_credential(out, &self.credential);
+        put_named_credential(out, &self.name, &self.credential);
     }
     fn decode(r: &mut WireReader<'_>) -> Result<Self, WireError> {
-        Ok(Self {
-            name: string(r, "name")?,
-            credential: credential(r)?,
-        })
+        let (name, credential) = named_credential(r)?;
+        Ok(Self { name, credential })
     }
 }
