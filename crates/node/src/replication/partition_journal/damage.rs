@@ -129,6 +129,48 @@ impl PartitionJournal {
         }
     }
 
+    /// The batch at `base`, if its stored bytes do not check, rewritten from `body`
+    /// (its prepare's body, which the header this journal holds names): the same
+    /// bytes at the same place, so the batches after it stay where they are. Nothing
+    /// is written unless the stored batch is damaged and `body` fills exactly its
+    /// place (the log refuses a copy that would not end at an intact batch).
+    ///
+    /// # Errors
+    /// A write failed.
+    pub(super) fn repair_in_place(
+        &mut self,
+        base: u64,
+        body: &[u8],
+    ) -> Result<(), PartitionJournalError> {
+        if !matches!(self.read_body(base)?, Body::Damaged) {
+            return Ok(());
+        }
+        let mut stored = body.to_vec();
+        if stored.len() < braid_proto::batch::HEADER_BYTES {
+            return Ok(());
+        }
+        braid_proto::batch::set_base_offset(&mut stored, base as i64);
+        match self.log.repair_batches(base, &stored) {
+            Ok(bytes) => {
+                tracing::info!(
+                    dir = %self.log.dir().display(),
+                    offset = base,
+                    bytes,
+                    "a damaged batch of the partition log was rewritten from its prepare"
+                );
+                if self.damaged_at == Some(base) {
+                    self.damaged_at = None;
+                }
+                Ok(())
+            }
+            Err(LogError::Repair { why, .. }) => {
+                tracing::warn!(dir = %self.log.dir().display(), offset = base, %why, "a prepare could not repair the log in place");
+                Ok(())
+            }
+            Err(err) => Err(err.into()),
+        }
+    }
+
     /// A peer's copy of the batches from `from` on: written over the damaged ones if
     /// `from` is the damage this journal waits for. Returns whether it was.
     ///
