@@ -150,22 +150,35 @@ impl PartitionJournal {
             return Ok(());
         }
         braid_proto::batch::set_base_offset(&mut stored, base as i64);
-        match self.log.repair_batches(base, &stored) {
+        if self.repair_from(base, &stored, "its prepare")? && self.damaged_at == Some(base) {
+            self.damaged_at = None;
+        }
+        Ok(())
+    }
+
+    /// Writes `batches` over the damaged stored batches from `from` on
+    /// ([`PartitionLog::repair_batches`]), saying so; false if they cannot repair them
+    /// (too short, damaged themselves, or not the batches stored there).
+    fn repair_from(
+        &mut self,
+        from: u64,
+        batches: &[u8],
+        source: &str,
+    ) -> Result<bool, PartitionJournalError> {
+        match self.log.repair_batches(from, batches) {
             Ok(bytes) => {
                 tracing::info!(
                     dir = %self.log.dir().display(),
-                    offset = base,
+                    offset = from,
                     bytes,
-                    "a damaged batch of the partition log was rewritten from its prepare"
+                    source,
+                    "a damaged batch of the partition log was repaired"
                 );
-                if self.damaged_at == Some(base) {
-                    self.damaged_at = None;
-                }
-                Ok(())
+                Ok(true)
             }
             Err(LogError::Repair { why, .. }) => {
-                tracing::warn!(dir = %self.log.dir().display(), offset = base, %why, "a prepare could not repair the log in place");
-                Ok(())
+                tracing::warn!(dir = %self.log.dir().display(), offset = from, %why, source, "a copy could not repair the log");
+                Ok(false)
             }
             Err(err) => Err(err.into()),
         }
@@ -185,23 +198,11 @@ impl PartitionJournal {
         if self.damaged_at() != Some(from) || batches.is_empty() {
             return Ok(false);
         }
-        match self.log.repair_batches(from, batches) {
-            Ok(bytes) => {
-                tracing::info!(
-                    dir = %self.log.dir().display(),
-                    offset = from,
-                    bytes,
-                    "a damaged batch of the partition log was repaired from a peer's copy"
-                );
-                self.damaged_at = None;
-                self.scrub_cursor = from;
-                Ok(true)
-            }
-            Err(LogError::Repair { why, .. }) => {
-                tracing::warn!(dir = %self.log.dir().display(), offset = from, %why, "a peer's copy could not repair the log");
-                Ok(false)
-            }
-            Err(err) => Err(err.into()),
+        if !self.repair_from(from, batches, "a peer's copy")? {
+            return Ok(false);
         }
+        self.damaged_at = None;
+        self.scrub_cursor = from;
+        Ok(true)
     }
 }
