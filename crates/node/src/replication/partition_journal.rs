@@ -319,17 +319,10 @@ impl PartitionJournal {
             return Ok(());
         }
         if op <= self.tip {
-            if let Some((header, base)) = self.index.entry(op) {
-                if header.checksum == prepare.header.checksum {
-                    // In place (a repair answered twice), or in place but damaged at
-                    // rest (its open kept the intact batches after it): the body the
-                    // header names goes over the damaged bytes, and nothing else moves.
-                    if let Some(base) = base {
-                        self.repair_in_place(base, &prepare.body)?;
-                    }
-                    self.unsynced.push((op, prepare.header.checksum));
-                    return Ok(());
-                }
+            if self.index.entry(op).map(|(h, _)| h.checksum) == Some(prepare.header.checksum) {
+                // Already in place (a repair answered twice).
+                self.unsynced.push((op, prepare.header.checksum));
+                return Ok(());
             }
             self.replace_from(op)?;
         }

@@ -129,61 +129,6 @@ impl PartitionJournal {
         }
     }
 
-    /// The batch at `base`, if its stored bytes do not check, rewritten from `body`
-    /// (its prepare's body, which the header this journal holds names): the same
-    /// bytes at the same place, so the batches after it stay where they are. Nothing
-    /// is written unless the stored batch is damaged and `body` fills exactly its
-    /// place (the log refuses a copy that would not end at an intact batch).
-    ///
-    /// # Errors
-    /// A write failed.
-    pub(super) fn repair_in_place(
-        &mut self,
-        base: u64,
-        body: &[u8],
-    ) -> Result<(), PartitionJournalError> {
-        if !matches!(self.read_body(base)?, Body::Damaged) {
-            return Ok(());
-        }
-        let mut stored = body.to_vec();
-        if stored.len() < braid_proto::batch::HEADER_BYTES {
-            return Ok(());
-        }
-        braid_proto::batch::set_base_offset(&mut stored, base as i64);
-        if self.repair_from(base, &stored, "its prepare")? && self.damaged_at == Some(base) {
-            self.damaged_at = None;
-        }
-        Ok(())
-    }
-
-    /// Writes `batches` over the damaged stored batches from `from` on
-    /// ([`PartitionLog::repair_batches`]), saying so; false if they cannot repair them
-    /// (too short, damaged themselves, or not the batches stored there).
-    fn repair_from(
-        &mut self,
-        from: u64,
-        batches: &[u8],
-        source: &str,
-    ) -> Result<bool, PartitionJournalError> {
-        match self.log.repair_batches(from, batches) {
-            Ok(bytes) => {
-                tracing::info!(
-                    dir = %self.log.dir().display(),
-                    offset = from,
-                    bytes,
-                    source,
-                    "a damaged batch of the partition log was repaired"
-                );
-                Ok(true)
-            }
-            Err(LogError::Repair { why, .. }) => {
-                tracing::warn!(dir = %self.log.dir().display(), offset = from, %why, source, "a copy could not repair the log");
-                Ok(false)
-            }
-            Err(err) => Err(err.into()),
-        }
-    }
-
     /// A peer's copy of the batches from `from` on: written over the damaged ones if
     /// `from` is the damage this journal waits for. Returns whether it was.
     ///
@@ -198,11 +143,23 @@ impl PartitionJournal {
         if self.damaged_at() != Some(from) || batches.is_empty() {
             return Ok(false);
         }
-        if !self.repair_from(from, batches, "a peer's copy")? {
-            return Ok(false);
+        match self.log.repair_batches(from, batches) {
+            Ok(bytes) => {
+                tracing::info!(
+                    dir = %self.log.dir().display(),
+                    offset = from,
+                    bytes,
+                    "a damaged batch of the partition log was repaired from a peer's copy"
+                );
+                self.damaged_at = None;
+                self.scrub_cursor = from;
+                Ok(true)
+            }
+            Err(LogError::Repair { why, .. }) => {
+                tracing::warn!(dir = %self.log.dir().display(), offset = from, %why, "a peer's copy could not repair the log");
+                Ok(false)
+            }
+            Err(err) => Err(err.into()),
         }
-        self.damaged_at = None;
-        self.scrub_cursor = from;
-        Ok(true)
     }
 }

@@ -120,12 +120,7 @@ impl PartitionJournal {
         let mut contiguous = true;
         let mut cut_from = None;
         let mut log_behind = false;
-        // Committed batches found damaged where they are, below intact ones: repaired
-        // there from a peer's committed copy (the same bytes at the same offsets).
-        let mut damaged_in_place = Vec::new();
-        let mut first_in_place = None;
         for (op, slot) in found.slots {
-            let mut in_place = false;
             let (slot, end) = match (external.get(&op), slot) {
                 (Some(_), JournalSlot::Header(_)) if !contiguous => {
                     // Its batch lies past a hole, and the log is cut back to the hole
@@ -161,39 +156,6 @@ impl PartitionJournal {
                         }),
                         Some(end),
                     ),
-                    Body::Damaged if repairable => {
-                        // A batch whose bytes do not check, with the next op's batch
-                        // right after it: its place is known, so it stays a hole of
-                        // its size and the batches after it, intact, stay too. (Cut
-                        // with them, they were gone on the one member that held a
-                        // view's newest ops, whose other members had lost them with
-                        // their power: the view change could neither find nor drop
-                        // them and never ended, the shell simulator's seed 27835 with
-                        // damage at rest.) The replica gets its header (known, body
-                        // missing) and asks a peer for the prepare, whose body is
-                        // written over the damaged bytes ([`PartitionJournal::
-                        // write_prepare`]); another prepare at that op cuts the log
-                        // there as any replacement does. Below the recorded committed
-                        // end the repair from a peer's log starts at once as well.
-                        match external.get(&(op + 1)).copied().filter(|next| *next > base) {
-                            Some(next) => {
-                                tracing::warn!(
-                                    dir = %dir.display(),
-                                    op,
-                                    base,
-                                    "a batch of the partition log is damaged; its prepare \
-                                     is asked of a peer and written over it"
-                                );
-                                in_place = true;
-                                first_in_place.get_or_insert(op);
-                                if recorded_end.is_some_and(|end| next <= end) {
-                                    damaged_in_place.push(base);
-                                }
-                                (JournalSlot::Header(header), Some(next))
-                            }
-                            None => (JournalSlot::Damaged, None),
-                        }
-                    }
                     Body::Held(..) | Body::Damaged => (JournalSlot::Damaged, None),
                 },
                 (_, JournalSlot::Prepare(_)) if !contiguous => {
@@ -207,8 +169,7 @@ impl PartitionJournal {
                 (_, slot) => (slot, None),
             };
             let was = contiguous;
-            contiguous &=
-                op == journal.tip + 1 && (in_place || matches!(slot, JournalSlot::Prepare(_)));
+            contiguous &= op == journal.tip + 1 && matches!(slot, JournalSlot::Prepare(_));
             if was && !contiguous && log_end.is_none() {
                 // No op below holds a batch (registers only, nothing pruned): where the
                 // log goes on is where this op's batch was, and the log is cut back
@@ -341,9 +302,6 @@ impl PartitionJournal {
                 .next_external(pruned)
                 .map_or(journal.log.next_offset(), |(_, base)| base)
         });
-        for base in damaged_in_place {
-            journal.note_damage(base);
-        }
         if repairable {
             // What is reported damaged is written damaged, before the sync below: the
             // log may have been cut beneath it (at the first damaged batch, or a
@@ -385,10 +343,7 @@ impl PartitionJournal {
         let first_damaged = slots
             .iter()
             .find(|(_, s)| *s == JournalSlot::Damaged)
-            .map(|(op, _)| *op)
-            .into_iter()
-            .chain(first_in_place)
-            .min();
+            .map(|(op, _)| *op);
         let damage = if journal_lost {
             Some(format!("{} is gone or unreadable", journal_path.display()))
         } else if let Some(at) = found.damaged_at {
