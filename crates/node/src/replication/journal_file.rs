@@ -111,6 +111,10 @@ pub(crate) struct Recovered {
     /// The ops whose entry a sync is proven to have covered (a sync marker follows its
     /// record): written, and so perhaps reported.
     pub(crate) synced: std::collections::BTreeSet<u64>,
+    /// The header each op had as of the last durability marker (the journal a power
+    /// loss cannot take back): an open that cuts a later, unmarked record of an op
+    /// falls back to it, since a durable log view may name it.
+    pub(crate) durable_headers: BTreeMap<u64, Header>,
 }
 
 /// An entry in memory: a whole prepare, a header alone, or an op known to have been

@@ -64,6 +64,16 @@ impl JournalFile {
             magic_damaged = true;
         }
         let mut found = Scan::of(&bytes, bytes.len());
+        // The journal as of its last durability marker: what a power loss cannot take.
+        let durable_headers = Scan::of(&bytes, found.durable_len as usize)
+            .entries
+            .iter()
+            .filter_map(|(op, entry)| match entry.slot() {
+                JournalSlot::Prepare(p) => Some((*op, p.header)),
+                JournalSlot::Header(h) => Some((*op, h)),
+                JournalSlot::Damaged => None,
+            })
+            .collect();
         if let Some(bad) = found
             .first_bad
             .filter(|bad| *bad as u64 >= found.durable_len)
@@ -162,6 +172,7 @@ impl JournalFile {
             pruned_log_end: journal.pruned_log_end,
             committed_end: journal.committed_end,
             synced,
+            durable_headers,
         };
         Ok((journal, recovered))
     }

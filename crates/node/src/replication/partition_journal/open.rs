@@ -189,6 +189,21 @@ impl PartitionJournal {
         }
         if let Some(op) = cut_from {
             journal.index.truncate(op - 1)?;
+            if repairable {
+                // The cut records were never reported, but the headers they replaced
+                // may have been, and a durable log view may name them: a view's
+                // headers are written alone and marked durable before the log view,
+                // and the records of their bodies' appends can reach the disk with no
+                // marker after them while the batches do not. Dropped with the cut, a
+                // vote of that log view said its log ended below them, and a view
+                // change dropped committed ops (the shell simulator's seed 23612:
+                // offset 187 acknowledged twice). They stay, headers alone, their
+                // bodies repaired from a peer.
+                for (above, header) in found.durable_headers.range(op..) {
+                    journal.index.write_header(header)?;
+                    slots.push((*above, JournalSlot::Header(*header)));
+                }
+            }
         }
         // A lone replica that found damage cuts nothing from its log: it refuses to
         // start the group, and what the damage left is there to read and restore.

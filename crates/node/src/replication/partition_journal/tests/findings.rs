@@ -947,3 +947,58 @@ fn a_log_whose_batches_no_record_names_is_cut_back_to_its_start() {
         "the unnamed batches are cut"
     );
 }
+
+/// The shell simulator's seed 23612: a member's view's headers were written alone and
+/// made durable before its log view; their bodies then came and were appended, and the
+/// appends' records reached the disk with no marker after them while their batches did
+/// not. Its open took the unmarked records as never reported and cut them, and with
+/// them the headers they had replaced: its vote of that log view said its log ended
+/// below ops a quorum had acknowledged, and offset 187 went to two records. The open
+/// now falls back to the durable headers.
+#[test]
+fn an_open_keeps_the_durable_headers_that_unmarked_records_replaced() {
+    let ops = chain(6, 1, "a");
+    let dir = tempfile::tempdir().unwrap();
+    let segment = dir.path().join(format!("{:020}.log", 0));
+    let synced_log = {
+        let (mut journal, _) = open(dir.path());
+        for p in &ops[..3] {
+            journal.write_prepare(p, 0).unwrap();
+        }
+        journal.sync().unwrap();
+        // A view's headers, alone, durable before the log view that names them.
+        for p in &ops[3..] {
+            journal.write_header(&p.header).unwrap();
+        }
+        journal.sync().unwrap();
+        let synced_log = std::fs::metadata(&segment).unwrap().len();
+        // Their bodies come and are appended; no sync follows.
+        for p in &ops[3..] {
+            journal.write_prepare(p, 0).unwrap();
+        }
+        synced_log
+    };
+    // The power loss: the journal's new records reached the disk, the batches did not.
+    let file = std::fs::OpenOptions::new().write(true).open(&segment).unwrap();
+    file.set_len(synced_log).unwrap();
+    let (journal, recovered) = open(dir.path());
+    assert_eq!(journal.tip(), 3);
+    for p in &ops[3..] {
+        assert!(
+            recovered
+                .slots
+                .contains(&(p.header.op, JournalSlot::Header(p.header))),
+            "op {} is known by its header: {:?}",
+            p.header.op,
+            recovered.slots.iter().map(|(op, _)| op).collect::<Vec<_>>()
+        );
+    }
+    // And it stays so at the next open.
+    drop(journal);
+    let (_, recovered) = open(dir.path());
+    for p in &ops[3..] {
+        assert!(recovered
+            .slots
+            .contains(&(p.header.op, JournalSlot::Header(p.header))));
+    }
+}
