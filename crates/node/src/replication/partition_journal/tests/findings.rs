@@ -979,7 +979,10 @@ fn an_open_keeps_the_durable_headers_that_unmarked_records_replaced() {
         synced_log
     };
     // The power loss: the journal's new records reached the disk, the batches did not.
-    let file = std::fs::OpenOptions::new().write(true).open(&segment).unwrap();
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&segment)
+        .unwrap();
     file.set_len(synced_log).unwrap();
     let (journal, recovered) = open(dir.path());
     assert_eq!(journal.tip(), 3);
