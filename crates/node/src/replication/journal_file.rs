@@ -111,10 +111,10 @@ pub(crate) struct Recovered {
     /// The ops whose entry a sync is proven to have covered (a sync marker follows its
     /// record): written, and so perhaps reported.
     pub(crate) synced: std::collections::BTreeSet<u64>,
-    /// The header each op had as of the last durability marker (the journal a power
-    /// loss cannot take back): an open that cuts a later, unmarked record of an op
-    /// falls back to it, since a durable log view may name it.
-    pub(crate) durable_headers: BTreeMap<u64, Header>,
+    /// The journal as of its last durability marker (what a power loss cannot take
+    /// back): an open that cuts a later, unmarked record of an op falls back to the
+    /// header it held there, since a durable log view may name it.
+    pub(crate) durable: DurablePrefix,
 }
 
 /// An entry in memory: a whole prepare, a header alone, or an op known to have been
@@ -824,6 +824,7 @@ impl JournalFile {
 }
 
 mod open;
+pub(crate) use open::DurablePrefix;
 
 #[cfg(test)]
 mod tests;

@@ -64,16 +64,7 @@ impl JournalFile {
             magic_damaged = true;
         }
         let mut found = Scan::of(&bytes, bytes.len());
-        // The journal as of its last durability marker: what a power loss cannot take.
-        let durable_headers = Scan::of(&bytes, found.durable_len as usize)
-            .entries
-            .iter()
-            .filter_map(|(op, entry)| match entry.slot() {
-                JournalSlot::Prepare(p) => Some((*op, p.header)),
-                JournalSlot::Header(h) => Some((*op, h)),
-                JournalSlot::Damaged => None,
-            })
-            .collect();
+        let durable_len = found.durable_len as usize;
         if let Some(bad) = found
             .first_bad
             .filter(|bad| *bad as u64 >= found.durable_len)
@@ -172,7 +163,10 @@ impl JournalFile {
             pruned_log_end: journal.pruned_log_end,
             committed_end: journal.committed_end,
             synced,
-            durable_headers,
+            durable: DurablePrefix {
+                bytes,
+                len: durable_len,
+            },
         };
         Ok((journal, recovered))
     }
@@ -212,6 +206,30 @@ pub(super) fn may_hide(stretch: &[u8], at: usize) -> bool {
         sector += SECTOR;
     }
     false
+}
+
+/// The journal's bytes as read at open, up to its last durability marker: what a power
+/// loss cannot take back. Replayed only by an open that needs it (one that cuts
+/// unmarked records), not at every open of every group.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub(crate) struct DurablePrefix {
+    bytes: Vec<u8>,
+    len: usize,
+}
+
+impl DurablePrefix {
+    /// The header each op at or above `from` had as of the last durability marker.
+    pub(crate) fn headers_from(&self, from: u64) -> Vec<(u64, Header)> {
+        let scan = Scan::of(&self.bytes, self.len.min(self.bytes.len()));
+        scan.entries
+            .range(from..)
+            .filter_map(|(op, entry)| match entry {
+                Entry::Prepare(p) => Some((*op, p.header)),
+                Entry::Header(h) | Entry::External { header: h, .. } => Some((*op, *h)),
+                Entry::Damaged(_) => None,
+            })
+            .collect()
+    }
 }
 
 /// What replaying a journal's records found.

@@ -199,9 +199,9 @@ impl PartitionJournal {
                 // change dropped committed ops (the shell simulator's seed 23612:
                 // offset 187 acknowledged twice). They stay, headers alone, their
                 // bodies repaired from a peer.
-                for (above, header) in found.durable_headers.range(op..) {
-                    journal.index.write_header(header)?;
-                    slots.push((*above, JournalSlot::Header(*header)));
+                for (above, header) in found.durable.headers_from(op) {
+                    journal.index.write_header(&header)?;
+                    slots.push((above, JournalSlot::Header(header)));
                 }
             }
         }
