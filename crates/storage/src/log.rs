@@ -846,7 +846,14 @@ impl PartitionLog {
                     },
                 });
             }
-            self.sealed_indexes.push_back(segment.base_offset);
+            // Loaded again while still cached (a failed rebuild leaves its largest
+            // timestamp unknown): moved to the back, never queued twice, or the trim
+            // below would drop the index just loaded, and a lookup in it would find
+            // no batch at all (the shell simulator's seed 31966 with damage at rest: a
+            // cut at a batch boundary refused as outside the log).
+            let base = segment.base_offset;
+            self.sealed_indexes.retain(|b| *b != base);
+            self.sealed_indexes.push_back(base);
             self.trim_sealed_indexes();
         }
         Ok(())

@@ -503,10 +503,11 @@ impl JournalFile {
         }
     }
 
-    /// The header at `op` if it is held alone: a body never written here.
-    pub(crate) fn header_only(&self, op: u64) -> Option<Header> {
+    /// What `op` holds apart from the partition log: its header alone, or its prepare
+    /// whole.
+    pub(crate) fn held_apart(&self, op: u64) -> Option<JournalSlot> {
         match self.entries.get(&op)? {
-            Entry::Header(h) => Some(*h),
+            e @ (Entry::Header(_) | Entry::Prepare(_)) => Some(e.slot()),
             _ => None,
         }
     }

@@ -160,6 +160,11 @@ pub(crate) fn canonical(mut batch: Vec<u8>) -> Vec<u8> {
     batch
 }
 
+/// Whether `prepare`'s body goes to the log: one record batch of a produce.
+fn is_batch(prepare: &Prepare) -> bool {
+    prepare.header.operation == Operation::Request && batch_records(&prepare.body).is_some()
+}
+
 /// A partition's journal: headers in `vsr.journal`, bodies in the log.
 #[derive(Debug)]
 pub(crate) struct PartitionJournal {
@@ -362,13 +367,15 @@ impl PartitionJournal {
                 (base.is_none() && chains && !self.pending.contains_key(&(self.tip + 1)))
                     .then_some(header.checksum)
             });
-            match held {
-                Some(checksum) if self.index.inline_prepare(self.tip + 1, checksum).is_some() => {
+            if let Some(held) = held.and_then(|sum| self.index.inline_prepare(self.tip + 1, sum)) {
+                if is_batch(&held) {
+                    // A batch kept whole past a hole at open: it goes to the log now.
+                    self.append(&held, now_ms)?;
+                } else {
                     self.tip += 1;
-                    self.settle_applied(self.tip, checksum);
-                    continue;
+                    self.settle_applied(self.tip, held.header.checksum);
                 }
-                _ => {}
+                continue;
             }
             let Some(next) = self.pending.get(&(self.tip + 1)) else {
                 break;
@@ -476,9 +483,7 @@ impl PartitionJournal {
     /// Appends `prepare` at `tip + 1`.
     fn append(&mut self, prepare: &Prepare, now_ms: u64) -> Result<(), PartitionJournalError> {
         tracing::trace!(dir = %self.log.dir().display(), op = prepare.header.op, view = prepare.header.view, tip = self.tip, log_end = self.log.next_offset(), "append");
-        let is_batch = prepare.header.operation == Operation::Request
-            && batch_records(&prepare.body).is_some();
-        if is_batch {
+        if is_batch(prepare) {
             if let Some(tip_end) = self.tip_log_end.filter(|e| *e != self.log.next_offset()) {
                 return Err(PartitionJournalError::Misplaced {
                     dir: self.log.dir().to_owned(),

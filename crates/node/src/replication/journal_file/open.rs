@@ -218,16 +218,15 @@ pub(crate) struct DurablePrefix {
 }
 
 impl DurablePrefix {
-    /// The header each op at or above `from` had as of the last durability marker.
-    pub(crate) fn headers_from(&self, from: u64) -> Vec<(u64, Header)> {
+    /// What each op at or above `from` held as of the last durability marker: a
+    /// prepare kept whole stays whole (its body may be nowhere else), any other entry
+    /// as its header alone; a damaged one is left out.
+    pub(crate) fn slots_from(&self, from: u64) -> Vec<(u64, JournalSlot)> {
         let scan = Scan::of(&self.bytes, self.len.min(self.bytes.len()));
         scan.entries
             .range(from..)
-            .filter_map(|(op, entry)| match entry {
-                Entry::Prepare(p) => Some((*op, p.header)),
-                Entry::Header(h) | Entry::External { header: h, .. } => Some((*op, *h)),
-                Entry::Damaged(_) => None,
-            })
+            .filter(|(_, entry)| !matches!(entry, Entry::Damaged(_)))
+            .map(|(op, entry)| (*op, entry.slot()))
             .collect()
     }
 }

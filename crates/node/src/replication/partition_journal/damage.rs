@@ -31,6 +31,26 @@ impl PartitionJournal {
         Ok(Body::Held(canonical(batch), end))
     }
 
+    /// The prepare of `header` if the log holds its batch intact at `base` (a member
+    /// of a cluster's open, about to cut the log beneath it: see the open).
+    pub(super) fn intact_body(
+        &mut self,
+        base: u64,
+        header: Header,
+        repairable: bool,
+    ) -> Result<Option<Prepare>, PartitionJournalError> {
+        if !repairable {
+            return Ok(None);
+        }
+        Ok(match self.read_body(base)? {
+            Body::Held(body, _) if checksum(&body) == header.body_checksum => Some(Prepare {
+                header,
+                body: body.into(),
+            }),
+            _ => None,
+        })
+    }
+
     fn damaged_body(&mut self, base: u64) -> Body {
         if base < self.committed_end() {
             self.note_damage(base);

@@ -120,12 +120,27 @@ impl PartitionJournal {
         let mut contiguous = true;
         let mut cut_from = None;
         let mut log_behind = false;
+        // Batches past a hole written whole into the header journal: durable before
+        // the log is cut beneath them.
+        let mut kept_whole = false;
         for (op, slot) in found.slots {
             let (slot, end) = match (external.get(&op), slot) {
-                (Some(_), JournalSlot::Header(_)) if !contiguous => {
+                (Some(&base), JournalSlot::Header(header)) if !contiguous => {
                     // Its batch lies past a hole, and the log is cut back to the hole
-                    // below: it is copied again from a peer.
-                    (JournalSlot::Damaged, None)
+                    // below. Intact, it is kept whole in the header journal until the
+                    // hole is repaired (it may be the only copy of an op a quorum
+                    // needs: the shell simulator's seed 27835 with damage at rest, whose
+                    // member cut a view's newest ops with the batches after one bit
+                    // flipped in a committed batch, and no member held them any more);
+                    // otherwise it is damaged, repaired from a peer.
+                    match journal.intact_body(base, header, repairable)? {
+                        Some(prepare) => {
+                            journal.index.write_prepare(&prepare)?;
+                            kept_whole = true;
+                            (JournalSlot::Prepare(prepare), None)
+                        }
+                        None => (JournalSlot::Damaged, None),
+                    }
                 }
                 (Some(&base), JournalSlot::Header(header)) => match journal.read_body(base)? {
                     Body::Absent
@@ -158,14 +173,6 @@ impl PartitionJournal {
                     ),
                     Body::Held(..) | Body::Damaged => (JournalSlot::Damaged, None),
                 },
-                (_, JournalSlot::Prepare(_)) if !contiguous => {
-                    // Kept whole in the header journal (a register), but past a hole:
-                    // repaired with everything else there, so that the replica and the
-                    // journal agree on what the journal holds (seed 94 of the shell
-                    // simulator: one read back whole here was cut with the others by
-                    // the copy that filled the hole, and never written again).
-                    (JournalSlot::Damaged, None)
-                }
                 (_, slot) => (slot, None),
             };
             let was = contiguous;
@@ -199,9 +206,13 @@ impl PartitionJournal {
                 // change dropped committed ops (the shell simulator's seed 23612:
                 // offset 187 acknowledged twice). They stay, headers alone, their
                 // bodies repaired from a peer.
-                for (above, header) in found.durable.headers_from(op) {
-                    journal.index.write_header(&header)?;
-                    slots.push((above, JournalSlot::Header(header)));
+                for (above, slot) in found.durable.slots_from(op) {
+                    match &slot {
+                        JournalSlot::Prepare(prepare) => journal.index.write_prepare(prepare)?,
+                        JournalSlot::Header(header) => journal.index.write_header(header)?,
+                        JournalSlot::Damaged => continue,
+                    }
+                    slots.push((above, slot));
                 }
             }
         }
@@ -224,6 +235,9 @@ impl PartitionJournal {
             // them): none was reported.
             log_end = Some(journal.log.start_offset());
         }
+        if kept_whole {
+            drop(journal.index.sync_unmarked()?);
+        }
         let mut log_bytes_cut = 0;
         if let Some(end) = log_end.filter(|end| journal.log.next_offset() > *end) {
             let before = journal.log.size_bytes();
@@ -242,17 +256,33 @@ impl PartitionJournal {
                         "damage in the partition log's segment: cut at its start; \
                          the batches after it are repaired from a peer"
                     );
-                    journal.log.truncate(cut)?;
                     let mut hole = false;
                     let mut tip = pruned;
                     for (op, slot) in &mut slots {
                         hole |= external.get(op).is_some_and(|base| *base >= cut);
-                        if hole {
-                            *slot = JournalSlot::Damaged;
-                        } else if *op <= journal.tip {
-                            tip = *op;
+                        if !hole {
+                            if *op <= journal.tip {
+                                tip = *op;
+                            }
+                            continue;
+                        }
+                        // Read whole above (its batch checked): kept whole, as past a
+                        // hole (see above).
+                        match slot {
+                            JournalSlot::Prepare(prepare) => {
+                                if journal
+                                    .index
+                                    .entry(*op)
+                                    .is_some_and(|(_, base)| base.is_some())
+                                {
+                                    journal.index.write_prepare(prepare)?;
+                                }
+                            }
+                            _ => *slot = JournalSlot::Damaged,
                         }
                     }
+                    drop(journal.index.sync_unmarked()?);
+                    journal.log.truncate(cut)?;
                     journal.tip = tip;
                     log_end = Some(cut);
                     if tip == pruned && pruned_log_end.is_some_and(|want| want > cut) {

@@ -871,4 +871,5 @@ fn a_committed_batch_stored_off_its_offsets_stops_the_partition() {
 
 /// The findings of the shell simulator (`replication::shell_sim`), each as a test.
 mod findings;
+mod past_a_hole;
 mod untrusted;

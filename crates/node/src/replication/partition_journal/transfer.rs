@@ -167,16 +167,24 @@ impl PartitionJournal {
     fn cut_entries_from(&mut self, offset: u64) -> Result<(), PartitionJournalError> {
         if let Some(op) = self.index.first_external_from(offset) {
             let covered = self.behind.map_or(0, |t| t.op).max(op.saturating_sub(1));
-            let held: Vec<(u64, Option<braid_vsr::Header>)> = self
+            // Kept: a header alone, and a prepare held whole (its body is not in the
+            // log; the replica holds it and never sends it again: the shell
+            // simulator's seed 94). Whatever had its batch in the log is damaged.
+            let held: Vec<(u64, Option<braid_vsr::JournalSlot>)> = self
                 .index
                 .ops_above(covered)
-                .map(|o| (o, self.index.header_only(o)))
+                .map(|o| (o, self.index.held_apart(o)))
                 .collect();
             self.cut_above(op.saturating_sub(1))?;
-            for (op, header) in held {
-                match header {
-                    Some(header) => self.index.write_header(&header)?,
-                    None => self.index.write_damaged(op)?,
+            for (op, slot) in held {
+                match slot {
+                    Some(braid_vsr::JournalSlot::Header(header)) => {
+                        self.index.write_header(&header)?;
+                    }
+                    Some(braid_vsr::JournalSlot::Prepare(prepare)) => {
+                        self.index.write_prepare(&prepare)?;
+                    }
+                    _ => self.index.write_damaged(op)?,
                 }
             }
         }

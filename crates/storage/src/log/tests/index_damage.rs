@@ -97,3 +97,24 @@ fn damage_before_the_largest_timestamps_batch_still_loads_the_index() {
         "the damage is still found"
     );
 }
+
+/// A sealed segment whose index is loaded again while still cached (a rebuild that
+/// damage made fail leaves its largest timestamp unknown, so the next use reloads it)
+/// keeps that index: queued twice among the cached ones, the trim after the load
+/// dropped the index just loaded, and a cut at one of its batch boundaries was refused
+/// as outside the log (the shell simulator's seed 31966 with damage at rest: a member
+/// could not start its partition).
+#[test]
+fn a_sealed_index_loaded_again_stays_loaded_for_the_next_lookup() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut log = log_of_batches(dir.path(), 40, |i| i * 3);
+    assert!(log.segment_count() > 1, "segment 0 is sealed");
+    let second_batch = log.read(0, 1, u64::MAX).unwrap();
+    let boundary = decode(&second_batch).len() as u64;
+    for _ in 0..3 {
+        log.segments[0].max_timestamp = crate::segment::MaxTimestamp::Unknown;
+        assert!(!decode(&log.read(0, 0, u64::MAX).unwrap()).is_empty());
+    }
+    log.truncate(boundary).unwrap();
+    assert_eq!(log.next_offset(), boundary);
+}

@@ -277,49 +277,6 @@ fn a_restart_after_a_prune_above_the_tip_still_compares_the_unproven_batches() {
     assert_eq!(log_batches(&mut journal), log_batches(&mut peer));
 }
 
-/// An op kept whole in `vsr.journal` (a register) that lies past a hole is reported
-/// damaged with the rest there: repaired and written again in order, never read back
-/// whole while the journal's tip stops below it (seed 94 of the shell simulator: the
-/// copy that filled the hole cut it, and the replica never wrote it again).
-#[test]
-fn a_register_past_a_hole_is_repaired_with_the_ops_around_it() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut ops = chain(5, 1, "a");
-    let register = prepare(
-        6,
-        1,
-        ops[4].header.checksum,
-        Operation::Register,
-        7u64.to_be_bytes().to_vec(),
-    );
-    ops.push(register);
-    {
-        let (mut journal, _) = open(dir.path());
-        for p in &ops {
-            journal.write_prepare(p, 0).unwrap();
-        }
-        journal.sync().unwrap();
-        // The log loses op 3's synced batch and all after it.
-        let base = journal.index.entry(3).and_then(|(_, b)| b).unwrap();
-        journal.log().truncate(base).unwrap();
-    }
-    let (_, recovered) = open(dir.path());
-    let slot = |op| {
-        recovered
-            .slots
-            .iter()
-            .find(|(o, _)| *o == op)
-            .map(|(_, s)| s.clone())
-    };
-    assert_eq!(slot(3), Some(JournalSlot::Damaged), "synced and lost");
-    assert_eq!(slot(5), Some(JournalSlot::Damaged), "past the hole");
-    assert_eq!(
-        slot(6),
-        Some(JournalSlot::Damaged),
-        "kept whole, but past the hole: repaired in order"
-    );
-}
-
 /// Damage inside the header journal, before any prune: no op's batch is known to be
 /// where it was, so the log is cut back and each repaired op goes in at its place
 /// again, never after the old batches (found by the shell simulator, seed 980: a
@@ -584,66 +541,6 @@ fn a_log_short_of_its_prune_point_behind_registers_is_copied_back() {
         journal.index.entry(9).and_then(|(_, base)| base),
         Some(end_6),
         "the next batch goes at the prune point's end"
-    );
-}
-
-/// The length of `vsr.journal` in `dir` without its last sync marker (a record of 25
-/// bytes, appended after the sync it reports, so a power loss may take it).
-fn without_last_marker(dir: &Path) {
-    let path = dir.join(JOURNAL_FILE);
-    let len = std::fs::metadata(&path).unwrap().len();
-    let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
-    file.set_len(len - 25).unwrap();
-}
-
-/// The shell simulator's seed 4523 with damage at rest: a bit flipped in a member's
-/// batch; its open reported that op and every op after it damaged and cut the log at
-/// the damaged batch, but left their entries as they were. A power loss then took the
-/// sync marker written after the open's sync, so at the next open the entries past the
-/// log's end read as written and never synced, and were cut as never reported: absent
-/// in a trusted journal, acknowledged offset 177 went to another record. Damage found
-/// at open is written as damage.
-#[test]
-fn damage_found_at_open_stays_damage_when_a_power_loss_takes_the_sync_marker() {
-    let ops = chain(10, 1, "a");
-    let dir = tempfile::tempdir().unwrap();
-    let base_6 = {
-        let (mut journal, _) = open(dir.path());
-        for p in &ops {
-            journal.write_prepare(p, 0).unwrap();
-        }
-        let base_6 = journal.index.entry(6).and_then(|(_, base)| base).unwrap();
-        // Synced and closed cleanly (the log's next open trusts it without a scan);
-        // the marker after the sync is lost.
-        journal.close().unwrap();
-        base_6
-    };
-    without_last_marker(dir.path());
-    // A bit of op 6's batch flips at rest.
-    let segment = dir.path().join(format!("{:020}.log", 0));
-    let mut bytes = std::fs::read(&segment).unwrap();
-    // Op 1 is a register: ops 2 to 5's batches lie before op 6's.
-    let at = ops[1..5].iter().map(|p| p.body.len()).sum::<usize>() + 70;
-    bytes[at] ^= 0x10;
-    std::fs::write(&segment, bytes).unwrap();
-    let damaged = |recovered: &Recovered| -> Vec<u64> {
-        recovered
-            .slots
-            .iter()
-            .filter(|(_, s)| *s == JournalSlot::Damaged)
-            .map(|(op, _)| *op)
-            .collect()
-    };
-    let (mut journal, recovered) = open(dir.path());
-    assert_eq!(damaged(&recovered), (6..=10).collect::<Vec<_>>());
-    assert_eq!(journal.log().next_offset(), base_6, "cut at the damage");
-    drop(journal);
-    without_last_marker(dir.path());
-    let (_, recovered) = open(dir.path());
-    assert_eq!(
-        damaged(&recovered),
-        (6..=10).collect::<Vec<_>>(),
-        "acknowledged ops are damaged, never absent"
     );
 }
 
