@@ -161,8 +161,13 @@ impl<T> MetaClient<T> {
         if reply.client != self.client
             || reply.register != register
             || reply.request != flight.request.request
+            || (!register && reply.session != flight.request.session)
         {
-            // A late answer to an earlier attempt.
+            // A late answer to an earlier attempt, or to an earlier session's request
+            // of the same number (request numbers start again with each session: the
+            // shell simulator's seed 32719 with damage at rest took session 30's late
+            // answer to its request 7, applied at op 40, for session 43's request 7,
+            // and acknowledged a stream no member ever created).
             return Vec::new();
         }
         let Some(flight) = self.in_flight.take() else {
@@ -306,6 +311,33 @@ mod tests {
         client.on_reply(&reply_to(&register, 7, Ok(vec![])));
         let batch = request(client.poll(11));
         assert_eq!(batch.session, 7);
+    }
+
+    #[test]
+    fn a_late_answer_to_an_earlier_sessions_request_of_the_same_number_is_ignored() {
+        let mut client = MetaClient::new(1, 1, 10);
+        client.propose(stream("a"), "a");
+        let register = request(client.poll(0));
+        client.on_reply(&reply_to(&register, 3, Ok(vec![])));
+        let old = request(client.poll(1));
+        assert_eq!((old.session, old.request), (3, 1));
+        client.on_reply(&reply_to(&old, 3, Err(Refusal::SessionUnknown)));
+        let again = request(client.poll(2));
+        client.on_reply(&reply_to(&again, 9, Ok(vec![])));
+        let new = request(client.poll(3));
+        assert_eq!((new.session, new.request), (9, 1), "numbers start again");
+        // The old session's request 1 did apply after all (at op 5), and its answer
+        // arrives late: it answers nothing of the new session's.
+        let mut machine = MetadataMachine::default();
+        let applied_late = machine.apply(5, &old.body);
+        assert!(client
+            .on_reply(&reply_to(&old, 3, Ok(applied_late)))
+            .is_empty());
+        assert_eq!(client.pending(), 1, "still waiting for session 9's answer");
+        let result = MetadataMachine::default().apply(12, &new.body);
+        let outcomes = client.on_reply(&reply_to(&new, 9, Ok(result)));
+        assert_eq!(outcomes.len(), 1);
+        assert_eq!(outcomes[0].0, 12, "answered at the op that applied it");
     }
 
     #[test]

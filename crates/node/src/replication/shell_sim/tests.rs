@@ -154,7 +154,9 @@ fn every_member_losing_power_at_once_keeps_every_acknowledged_record() {
 /// after an open dropped durable headers with the unmarked records that replaced them;
 /// seed 27835 (the same) waited for ever in a view change after an open cut a view's
 /// newest ops, intact, with the log behind one damaged batch; seed 31966 (the same)
-/// could not start a partition once a sealed segment's index, loaded twice, was dropped.
+/// could not start a partition once a sealed segment's index, loaded twice, was dropped;
+/// seed 32719 (the same) acknowledged a stream no member created: a node's metadata
+/// client took a late answer to an earlier session's request for its new session's.
 #[test]
 fn seeds_that_found_faults_at_four_times_the_faults_pass() {
     let variant = Variant {
@@ -168,7 +170,7 @@ fn seeds_that_found_faults_at_four_times_the_faults_pass() {
     }
     // 23612 (damage variant, plain faults): an open cut unmarked records with the
     // durable headers they had replaced, below a log view that named them.
-    for seed in [23612, 26717, 27835, 31966] {
+    for seed in [23612, 26717, 27835, 31966, 32719] {
         if let Err(failure) = run_seed(seed, Variant::plain(true)) {
             panic!("{failure}");
         }
