@@ -68,7 +68,18 @@ impl<S: StateMachine> Replica<S> {
                 out.push(reply(cached));
                 return;
             }
-            if !self.state.has_session(request.session) && self.commit_min == self.commit_max {
+            // Refused only by a primary whose state holds every committed op: all it
+            // knows committed applied, and that is its whole log or reaches an op of
+            // its own view (a new primary's commit point may lag ops committed in the
+            // views before: refused there, a session whose register it had not applied
+            // yet registered again, and its pending request applied twice).
+            let state_complete = self.commit_min == self.commit_max
+                && (self.commit_max == self.op
+                    || self
+                        .journal
+                        .get(&self.commit_max)
+                        .is_some_and(|e| e.header.view == self.view));
+            if !self.state.has_session(request.session) && state_complete {
                 out.push(reply(Err(Refusal::SessionUnknown)));
                 return;
             }

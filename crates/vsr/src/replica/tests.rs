@@ -927,3 +927,63 @@ fn a_snapshot_install_keeps_the_journal_above_its_fallback_checkpoint() {
 }
 
 mod issue_24;
+
+/// A new primary whose commit point lags ops the views before it committed (the commit
+/// messages were lost) must not refuse a session it has not applied yet as unknown: the
+/// client would register again and send its request anew, and a pending copy of it in
+/// the new primary's log would run too. It answers once its state is complete.
+#[test]
+fn a_new_primary_behind_its_log_never_refuses_a_session_as_unknown() {
+    let mut h = Harness::new(3);
+    h.request(0, 0, 1, b"");
+    // The register commits at replica 0; no commit point reaches the backups.
+    let registered = h.run_until(
+        200,
+        |_, _, m| !matches!(m, Message::Commit { .. }),
+        |h| !h.replies.is_empty(),
+    );
+    assert!(registered);
+    let reply = h.replies.pop().unwrap();
+    let session = u64::from_be_bytes(reply.result.unwrap().try_into().unwrap());
+    assert!(
+        h.replica(1).commit_max() < h.replica(1).op(),
+        "replica 1 lags"
+    );
+    // Replica 0 is cut off; replica 1 leads view 1, its commit point still behind.
+    h.messages.clear();
+    let elected = h.run_until(
+        2_000,
+        |from, to, m| from != 0 && to != 0 && !matches!(m, Message::PrepareOk { .. }),
+        |h| h.replica(1).is_primary() && h.replica(1).status() == Status::Normal,
+    );
+    assert!(elected);
+    h.complete_writes();
+    assert!(
+        !h.replica(1).state().has_session(session),
+        "not applied yet"
+    );
+    assert_eq!(h.replica(1).commit_min(), h.replica(1).commit_max());
+    h.request(1, session, 1, b"k=1");
+    assert!(
+        h.replies
+            .iter()
+            .all(|r| r.result != Err(Refusal::SessionUnknown)),
+        "{:?}",
+        h.replies
+    );
+    // Once its log commits, the client's retry runs, once.
+    let caught_up = h.run_until(
+        2_000,
+        |from, to, _| from != 0 && to != 0,
+        |h| h.replica(1).state().has_session(session),
+    );
+    assert!(caught_up);
+    h.request(1, session, 1, b"k=1");
+    h.run_until(
+        2_000,
+        |from, to, _| from != 0 && to != 0,
+        |h| h.replica(1).state().machine().get("k") == 1,
+    );
+    assert_eq!(h.replica(1).state().machine().get("k"), 1);
+    assert!(h.replies.iter().any(|r| r.request == 1 && r.result.is_ok()));
+}
