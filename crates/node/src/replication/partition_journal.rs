@@ -163,7 +163,7 @@ pub(crate) fn canonical(mut batch: Vec<u8>) -> Vec<u8> {
 }
 
 /// Whether `prepare`'s body goes to the log: one record batch of a produce.
-fn is_batch(prepare: &Prepare) -> bool {
+pub(super) fn is_batch(prepare: &Prepare) -> bool {
     prepare.header.operation == Operation::Request && batch_records(&prepare.body).is_some()
 }
 

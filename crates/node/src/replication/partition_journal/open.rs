@@ -176,7 +176,16 @@ impl PartitionJournal {
                 (_, slot) => (slot, None),
             };
             let was = contiguous;
-            contiguous &= op == journal.tip + 1 && matches!(slot, JournalSlot::Prepare(_));
+            // A batch kept whole in `vsr.journal` (past a damaged one at an earlier
+            // open) is not in the log: the tip stops below it, and it goes in below.
+            // (Taken as contiguous, the shell simulator's seed 7172 with damage at four
+            // times the faults left a member's tip above a log cut at a zeroed page,
+            // its high watermark stuck there.)
+            let in_place = match &slot {
+                JournalSlot::Prepare(prepare) => external.contains_key(&op) || !is_batch(prepare),
+                _ => false,
+            };
+            contiguous &= op == journal.tip + 1 && in_place;
             if was && !contiguous && log_end.is_none() {
                 // No op below holds a batch (registers only, nothing pruned): where the
                 // log goes on is where this op's batch was, and the log is cut back
@@ -347,6 +356,17 @@ impl PartitionJournal {
                 .next_external(pruned)
                 .map_or(journal.log.next_offset(), |(_, base)| base)
         });
+        let log_end_now = journal.log.next_offset().max(journal.log.start_offset());
+        if journal.applied_end > log_end_now {
+            // The log was cut beneath it (damage, a lost tail): what goes in above the
+            // cut is known committed only once applied again, so the end comes down to
+            // the log's, recorded so. (Left above, the batches kept whole that go in
+            // below were served as committed: the shell simulator's seed 7172 with
+            // damage at four times the faults, whose member served an old view's batch
+            // at offset 733 below its high watermark.)
+            journal.applied_end = log_end_now;
+            journal.index.write_committed_end(log_end_now)?;
+        }
         if repairable {
             // What is reported damaged is written damaged, before the sync below: the
             // log may have been cut beneath it (at the first damaged batch, or a
@@ -359,6 +379,16 @@ impl PartitionJournal {
                     journal.index.write_damaged(*op)?;
                 }
             }
+        }
+        // Batches kept whole that now follow the tip go into the log at once (an idle
+        // group writes nothing that would move them), synced before the journal
+        // names them there.
+        let tip_opened = journal.tip;
+        if journal.tip_log_end.is_some() {
+            journal.append_pending(now_ms)?;
+        }
+        if journal.tip > tip_opened {
+            journal.log.sync()?;
         }
         // A tail cut from the log beneath an op the journal names (its batch absent,
         // no sync marker covering its header: it reads as never written, above) hides
