@@ -680,16 +680,14 @@ impl MetaService {
         let topic_id = self.group.state().topic(stream, &topic)?.id;
         let cluster = shared.cluster.members.len() > 1;
         let high_watermark = |key: &crate::layout::PartitionKey| {
-            let published = shared.high_watermarks.read().ok()?;
-            let mark = published.get(key)?;
-            Some(mark.load(std::sync::atomic::Ordering::Acquire))
+            let published = shared.partitions_published.read().ok()?;
+            Some(published.get(key)?.high_watermark())
         };
         let leads = |key: &crate::layout::PartitionKey| {
-            shared.primaries.read().is_ok_and(|primaries| {
-                primaries.get(key).is_some_and(|packed| {
-                    let packed = packed.load(std::sync::atomic::Ordering::Acquire);
-                    crate::partition::unpack_primary(packed).0 == Some(shared.cluster.node_id)
-                })
+            shared.partitions_published.read().is_ok_and(|published| {
+                published
+                    .get(key)
+                    .is_some_and(|p| p.primary().0 == Some(shared.cluster.node_id))
             })
         };
         refuse_commit_beyond(topic_id, &offsets, cluster, high_watermark, leads)?;

@@ -132,16 +132,13 @@ pub(crate) struct NodeShared {
     pub(crate) connections: std::sync::atomic::AtomicUsize,
     /// Connections not logged in yet, and recent login failures (authentication on).
     pub(crate) door: std::sync::Mutex<crate::door::Door>,
-    /// Each open partition's high watermark, published by its owner for the group
-    /// coordinator (a commit beyond it is refused). Written when partitions open or
-    /// go, read per commit; never on the produce or fetch path.
-    pub(crate) high_watermarks:
-        std::sync::RwLock<HashMap<PartitionKey, Arc<std::sync::atomic::AtomicU64>>>,
-    /// Each open partition's primary and view as its owner last saw it
-    /// (`crate::partition::pack_primary`; `ClusterInfo` reads it), refreshed by the
-    /// owner's timer.
-    pub(crate) primaries:
-        std::sync::RwLock<HashMap<PartitionKey, Arc<std::sync::atomic::AtomicU64>>>,
+    /// Each open partition as its owner shard publishes it: its high watermark, for
+    /// the group coordinator (a commit beyond it is refused; read per commit, never on
+    /// the produce or fetch path), and its primary and view as the owner last saw it
+    /// (`ClusterInfo`, refreshed by the owner's timer). Written when partitions open or
+    /// go.
+    pub(crate) partitions_published:
+        std::sync::RwLock<HashMap<PartitionKey, Arc<crate::partition::Published>>>,
     /// The member leading the metadata group, so coordinating consumer groups
     /// ([`NO_MEMBER`] while none is known), published by shard 0's timer.
     pub(crate) coordinator: std::sync::atomic::AtomicU8,

@@ -19,25 +19,52 @@ pub(crate) struct WaitingFetch {
     pub(crate) reply: FetchReply,
 }
 
-/// A partition owned by this shard.
-pub(crate) struct Partition {
-    high_watermark: u64,
+/// The fetches parked at a partition.
+#[derive(Debug, Default)]
+struct Waiters {
     /// Fetches waiting at the high watermark. Registering is O(1) (pushed; closed ones
     /// are swept only when the queue has doubled since the last sweep): a list walked
     /// per registration cost 5 s of CPU at 40,000 waiters.
     waiting: VecDeque<WaitingFetch>,
     /// Length of `waiting` after its last sweep.
-    waiting_swept: usize,
+    swept: usize,
     /// Waiting fetches a commit woke, answered by the shard a few at a time between
     /// its other requests, so a burst of them never holds up a produce.
     woken: VecDeque<WaitingFetch>,
+}
+
+/// A partition owned by this shard.
+pub(crate) struct Partition {
+    high_watermark: u64,
+    /// Fetches parked here, while there are any (most partitions have none: kept
+    /// apart, an idle partition costs a pointer, not two queues).
+    waiters: Option<Box<Waiters>>,
     sealed: bool,
     /// The log's poisoning was counted and logged.
     poison_reported: bool,
-    /// The high watermark as other shards may read it (the group coordinator).
-    published: std::sync::Arc<std::sync::atomic::AtomicU64>,
-    /// The group's primary as other shards may read it (`ClusterInfo`).
-    primary: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    /// What other shards may read of it (one allocation, one map entry a partition).
+    published: std::sync::Arc<Published>,
+}
+
+/// A partition as its owner publishes it for other shards.
+#[derive(Debug)]
+pub(crate) struct Published {
+    /// The high watermark (the group coordinator refuses commits beyond it).
+    high_watermark: std::sync::atomic::AtomicU64,
+    /// The group's primary and view ([`pack_primary`]; `ClusterInfo` reads it).
+    primary: std::sync::atomic::AtomicU64,
+}
+
+impl Published {
+    pub(crate) fn high_watermark(&self) -> u64 {
+        self.high_watermark
+            .load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// The primary (`None` while unknown) and its view.
+    pub(crate) fn primary(&self) -> (Option<u8>, u64) {
+        unpack_primary(self.primary.load(std::sync::atomic::Ordering::Acquire))
+    }
 }
 
 /// A primary as published for `ClusterInfo`: the view above the low byte, the member
@@ -56,7 +83,10 @@ impl std::fmt::Debug for Partition {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Partition")
             .field("high_watermark", &self.high_watermark)
-            .field("waiting", &self.waiting.len())
+            .field(
+                "waiting",
+                &self.waiters.as_ref().map_or(0, |w| w.waiting.len()),
+            )
             .finish()
     }
 }
@@ -77,32 +107,27 @@ impl Partition {
     pub(crate) fn new(high_watermark: u64) -> Self {
         Self {
             high_watermark,
-            waiting: VecDeque::new(),
-            waiting_swept: 0,
-            woken: VecDeque::new(),
+            waiters: None,
             sealed: false,
             poison_reported: false,
-            published: std::sync::Arc::new(std::sync::atomic::AtomicU64::new(high_watermark)),
-            primary: std::sync::Arc::new(std::sync::atomic::AtomicU64::new(pack_primary(None, 0))),
+            published: std::sync::Arc::new(Published {
+                high_watermark: std::sync::atomic::AtomicU64::new(high_watermark),
+                primary: std::sync::atomic::AtomicU64::new(pack_primary(None, 0)),
+            }),
         }
     }
 
-    /// The primary for readers on other shards.
-    pub(crate) fn published_primary(&self) -> std::sync::Arc<std::sync::atomic::AtomicU64> {
-        std::sync::Arc::clone(&self.primary)
+    /// What readers on other shards see of it.
+    pub(crate) fn published(&self) -> std::sync::Arc<Published> {
+        std::sync::Arc::clone(&self.published)
     }
 
     /// Publishes the group's primary (`None` while its replica changes view) in `view`.
     pub(crate) fn set_primary(&self, primary: Option<u8>, view: u64) {
-        self.primary.store(
+        self.published.primary.store(
             pack_primary(primary, view),
-            std::sync::atomic::Ordering::Relaxed,
+            std::sync::atomic::Ordering::Release,
         );
-    }
-
-    /// The high watermark for readers on other shards.
-    pub(crate) fn published_high_watermark(&self) -> std::sync::Arc<std::sync::atomic::AtomicU64> {
-        std::sync::Arc::clone(&self.published)
     }
 
     /// Why the log refuses writes, the first time this is asked after it began to
@@ -132,10 +157,11 @@ impl Partition {
         }
         self.high_watermark = up_to;
         self.published
+            .high_watermark
             .store(up_to, std::sync::atomic::Ordering::Release);
-        if !self.waiting.is_empty() {
-            self.woken.append(&mut self.waiting);
-            self.waiting_swept = 0;
+        if let Some(w) = self.waiters.as_mut().filter(|w| !w.waiting.is_empty()) {
+            w.woken.append(&mut w.waiting);
+            w.swept = 0;
         }
     }
 
@@ -175,23 +201,31 @@ impl Partition {
 
     /// Parks a fetch until the next commit.
     pub(crate) fn wait_for_commit(&mut self, fetch: WaitingFetch) {
-        if self.waiting.len() >= (2 * self.waiting_swept).max(64) {
+        let w = self.waiters.get_or_insert_with(Box::default);
+        if w.waiting.len() >= (2 * w.swept).max(64) {
             // Fetches whose connection gave up (timed out or closed) go, amortised O(1).
-            self.waiting.retain(|w| !w.reply.is_closed());
-            self.waiting_swept = self.waiting.len();
+            w.waiting.retain(|f| !f.reply.is_closed());
+            w.swept = w.waiting.len();
         }
-        self.waiting.push_back(fetch);
+        w.waiting.push_back(fetch);
     }
 
     /// Whether a commit woke fetches that are not answered yet.
     pub(crate) fn has_woken(&self) -> bool {
-        !self.woken.is_empty()
+        self.waiters.as_ref().is_some_and(|w| !w.woken.is_empty())
     }
 
     /// Up to `count` woken fetches, oldest first.
     pub(crate) fn take_woken(&mut self, count: usize) -> Vec<WaitingFetch> {
-        let count = count.min(self.woken.len());
-        self.woken.drain(..count).collect()
+        let Some(w) = self.waiters.as_mut() else {
+            return Vec::new();
+        };
+        let count = count.min(w.woken.len());
+        let taken = w.woken.drain(..count).collect();
+        if w.woken.is_empty() && w.waiting.is_empty() {
+            self.waiters = None;
+        }
+        taken
     }
 
     pub(crate) fn list_offset(

@@ -41,7 +41,7 @@ pub(super) fn list_streams(env: &Env) -> Response {
 pub(super) fn cluster_info(env: &Env) -> Response {
     let layout = env.layout.borrow();
     let cluster = &env.shared.cluster;
-    let primaries = env.shared.primaries.read().ok();
+    let published = env.shared.partitions_published.read().ok();
     let primary_of = |topic_id: u32, partition: u32| {
         let key = crate::layout::PartitionKey {
             topic_id,
@@ -52,12 +52,10 @@ pub(super) fn cluster_info(env: &Env) -> Response {
         let members = u8::try_from(cluster.members.len()).unwrap_or(u8::MAX);
         let group = crate::replication::partition_groups::group_of(key);
         let view_0 = braid_vsr::primary_of(group, 0, members);
-        let (primary, view) = primaries
+        let (primary, view) = published
             .as_ref()
             .and_then(|p| p.get(&key))
-            .map_or((Some(view_0), 0), |p| {
-                crate::partition::unpack_primary(p.load(std::sync::atomic::Ordering::Relaxed))
-            });
+            .map_or((Some(view_0), 0), |p| p.primary());
         PartitionPrimary {
             partition,
             primary,

@@ -295,10 +295,7 @@ impl Shard {
         self.partitions.remove(&key);
         self.refused.remove(&key);
         self.groups.remove(key);
-        if let Ok(mut published) = self.shared.high_watermarks.write() {
-            published.remove(&key);
-        }
-        if let Ok(mut published) = self.shared.primaries.write() {
+        if let Ok(mut published) = self.shared.partitions_published.write() {
             published.remove(&key);
         }
         self.lru.remove(&key);

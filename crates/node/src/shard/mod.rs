@@ -312,14 +312,11 @@ impl Shard {
             }
         };
         let partition = Partition::new(high_watermark);
-        if let Ok(mut published) = self.shared.high_watermarks.write() {
-            published.insert(key, partition.published_high_watermark());
-        }
         if let Some((primary, view)) = self.groups.primary_of(key) {
             partition.set_primary(primary, view);
         }
-        if let Ok(mut published) = self.shared.primaries.write() {
-            published.insert(key, partition.published_primary());
+        if let Ok(mut published) = self.shared.partitions_published.write() {
+            published.insert(key, partition.published());
         }
         self.partitions.insert(key, partition);
         Ok(())
