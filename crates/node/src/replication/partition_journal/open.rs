@@ -252,9 +252,13 @@ impl PartitionJournal {
             let before = journal.log.size_bytes();
             match journal.log.truncate(end) {
                 Ok(()) => {}
-                Err(LogError::Corrupt { .. }) if repairable => {
+                Err(LogError::Corrupt { .. } | LogError::NotBatchBoundary { .. }) if repairable => {
                     // Damage on the way to the cut (a member of a cluster): cut at the
-                    // start of its segment instead. The ops whose batches went with it,
+                    // start of its segment instead. (A batch header that says the cut
+                    // lies inside it disagrees with the journal, which read the batch
+                    // ending there: damage too. The shell simulator's seed 41907: a
+                    // header claimed offsets 684 to 16,777,902, and the member could not
+                    // start its partition.) The ops whose batches went with it,
                     // and every op after them, are damaged, never absent: peers repair
                     // them (and copy what a checkpoint covers).
                     let cut = journal.log.segment_base(end);

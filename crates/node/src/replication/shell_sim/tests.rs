@@ -158,7 +158,9 @@ fn every_member_losing_power_at_once_keeps_every_acknowledged_record() {
 /// seed 32719 (the same) acknowledged a stream no member created: a node's metadata
 /// client took a late answer to an earlier session's request for its new session's;
 /// seed 7172 with five members stuck a member's high watermark at a log cut beneath
-/// batches kept whole, and then served an old view's batch below it.
+/// batches kept whole, and then served an old view's batch below it; seed 41907 (three
+/// members, plain faults) could not restart a partition whose damaged batch header
+/// claimed the open's cut lay inside it.
 #[test]
 fn seeds_that_found_faults_at_four_times_the_faults_pass() {
     let variant = Variant {
@@ -172,7 +174,7 @@ fn seeds_that_found_faults_at_four_times_the_faults_pass() {
     }
     // 23612 (damage variant, plain faults): an open cut unmarked records with the
     // durable headers they had replaced, below a log view that named them.
-    for seed in [23612, 26717, 27835, 31966, 32719] {
+    for seed in [23612, 26717, 27835, 31966, 32719, 41907] {
         if let Err(failure) = run_seed(seed, Variant::plain(true)) {
             panic!("{failure}");
         }
