@@ -313,13 +313,19 @@ mod tests {
         assert_eq!(batch.session, 7);
     }
 
-    #[test]
-    fn a_late_answer_to_an_earlier_sessions_request_of_the_same_number_is_ignored() {
+    /// A client of session 3 with stream "a" proposed, and the request carrying it.
+    fn in_session_3() -> (MetaClient<&'static str>, Request) {
         let mut client = MetaClient::new(1, 1, 10);
         client.propose(stream("a"), "a");
         let register = request(client.poll(0));
         client.on_reply(&reply_to(&register, 3, Ok(vec![])));
-        let old = request(client.poll(1));
+        let batch = request(client.poll(1));
+        (client, batch)
+    }
+
+    #[test]
+    fn a_late_answer_to_an_earlier_sessions_request_of_the_same_number_is_ignored() {
+        let (mut client, old) = in_session_3();
         assert_eq!((old.session, old.request), (3, 1));
         client.on_reply(&reply_to(&old, 3, Err(Refusal::SessionUnknown)));
         let again = request(client.poll(2));
@@ -342,11 +348,7 @@ mod tests {
 
     #[test]
     fn an_evicted_session_registers_again_and_resends_its_ops_first() {
-        let mut client = MetaClient::new(1, 1, 10);
-        client.propose(stream("a"), "a");
-        let register = request(client.poll(0));
-        client.on_reply(&reply_to(&register, 3, Ok(vec![])));
-        let batch = request(client.poll(1));
+        let (mut client, batch) = in_session_3();
         client.propose(stream("b"), "b");
         let refused = reply_to(&batch, 3, Err(Refusal::SessionUnknown));
         assert!(client.on_reply(&refused).is_empty());

@@ -9,9 +9,10 @@
 //! below it is missing) waits in memory until the gap is repaired, and is reported
 //! written only once it is appended and synced. (At open, a member of a cluster whose
 //! log is cut at a damaged batch keeps each intact batch past it whole in `vsr.journal`
-//! instead: it goes into the log at its offsets once the gap below it is repaired.) Replacing an entry at or below the tip
-//! (a view change chose another prepare there) cuts the log back to it first: every
-//! entry above chains to the replaced one, so none of them can be in the new log.
+//! instead: it goes into the log at its offsets once the gap below it is repaired.)
+//! Replacing an entry at or below the tip (a view change chose another prepare there)
+//! cuts the log back to it first: every entry above chains to the replaced one, so
+//! none of them can be in the new log.
 //!
 //! Bodies are stored with the base offset the log assigns and partition leader epoch
 //! 0; both fields are outside the batch CRC, and a body's VSR checksum is over its

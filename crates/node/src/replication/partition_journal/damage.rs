@@ -37,11 +37,7 @@ impl PartitionJournal {
         &mut self,
         base: u64,
         header: Header,
-        repairable: bool,
     ) -> Result<Option<Prepare>, PartitionJournalError> {
-        if !repairable {
-            return Ok(None);
-        }
         Ok(match self.read_body(base)? {
             Body::Held(body, _) if checksum(&body) == header.body_checksum => Some(Prepare {
                 header,

@@ -133,7 +133,12 @@ impl PartitionJournal {
                     // member cut a view's newest ops with the batches after one bit
                     // flipped in a committed batch, and no member held them any more);
                     // otherwise it is damaged, repaired from a peer.
-                    match journal.intact_body(base, header, repairable)? {
+                    let intact = if repairable {
+                        journal.intact_body(base, header)?
+                    } else {
+                        None
+                    };
+                    match intact {
                         Some(prepare) => {
                             journal.index.write_prepare(&prepare)?;
                             kept_whole = true;
