@@ -36,7 +36,12 @@ use std::path::{Path, PathBuf};
 use braid_storage::disk;
 use braid_vsr::{Header, JournalSlot, Prepare};
 
-const MAGIC: &[u8; 8] = b"BRDJNL01";
+const MAGIC: &[u8; 8] = b"BRDJNL02";
+/// The magic of a journal written before the head (read, appended to without a head,
+/// and given one when next rewritten).
+const MAGIC_HEADLESS: &[u8; 8] = b"BRDJNL01";
+/// Where the records start in a file with a head.
+const RECORDS_START: usize = MAGIC.len() + HEAD_BYTES;
 /// Bytes before a record's payload: length, CRC, kind.
 const RECORD_HEAD: usize = 4 + 4 + 1;
 /// Largest record accepted on replay (a metadata op is far smaller).
@@ -153,6 +158,9 @@ pub(crate) struct JournalFile {
     /// How many times the file was rewritten (compacted) in this process: a sync's
     /// covered length means nothing in a later generation's file.
     generation: u64,
+    /// Whether the file has a head (a copy of its newest markers, see `head`); a
+    /// file written before heads has none until it is rewritten.
+    headed: bool,
     poisoned: bool,
 }
 
@@ -701,21 +709,56 @@ impl JournalFile {
             // damage, never as a torn tail it may cut (which could bring back the
             // prepares a truncation removed).
             self.append_record(record(KIND_DURABLE, &synced_len.to_be_bytes()))?;
+            self.durable_marked_len = synced_len;
+            self.write_head()?;
             if let Err(err) = disk::sync_data(&file, &self.path) {
                 self.poisoned = true;
                 return Err(io(&self.path)(err));
             }
-            self.durable_marked_len = synced_len;
         }
         Ok(std::mem::take(&mut self.unsynced))
     }
 
     /// The sync marker saying the first `synced_len` bytes were synced.
     fn sync_marker(&self, synced_len: u64) -> Vec<u8> {
-        let op_max = self.entries.keys().next_back().copied().unwrap_or(0);
         let mut payload = synced_len.to_be_bytes().to_vec();
-        payload.extend_from_slice(&op_max.to_be_bytes());
+        payload.extend_from_slice(&self.op_max().to_be_bytes());
         record(KIND_SYNCED, &payload)
+    }
+
+    /// The highest op held.
+    fn op_max(&self) -> u64 {
+        self.entries.keys().next_back().copied().unwrap_or(0)
+    }
+
+    /// What the head says now: the newest markers' lengths.
+    fn head(&self) -> Head {
+        Head {
+            synced_len: self.marked_len,
+            op_max: self.op_max(),
+            durable_len: self.durable_marked_len.max(self.marked_len),
+        }
+    }
+
+    /// Writes the head in place (durable with the sync that makes the marker it
+    /// copies durable).
+    ///
+    /// # Errors
+    /// The write failed (the journal is poisoned).
+    fn write_head(&mut self) -> Result<(), JournalError> {
+        if !self.headed {
+            return Ok(());
+        }
+        if self.poisoned {
+            return Err(JournalError::Poisoned(self.path.clone()));
+        }
+        let file = self.handle()?;
+        let head = self.head().encode();
+        if let Err(err) = disk::write_at(&file, &self.path, &head, MAGIC.len() as u64) {
+            self.poisoned = true;
+            return Err(io(&self.path)(err));
+        }
+        Ok(())
     }
 
     /// What a sync that starts now covers: every record written so far.
@@ -739,6 +782,7 @@ impl JournalFile {
         {
             self.append_record(self.sync_marker(synced.len))?;
             self.marked_len = synced.len;
+            self.write_head()?;
         }
         Ok(())
     }
@@ -755,6 +799,7 @@ impl JournalFile {
     fn compact(&mut self, all_synced: bool) -> Result<(), JournalError> {
         let tmp = self.path.with_extension("compact");
         let mut bytes = MAGIC.to_vec();
+        bytes.extend([0; HEAD_BYTES]);
         if self.pruned_through > 0 || self.pruned_log_end.is_some() {
             bytes.extend(prune_record(self.pruned_through, self.pruned_log_end));
         }
@@ -773,6 +818,12 @@ impl JournalFile {
             // the batches its records name may not be.
             bytes.extend(record(KIND_DURABLE, &image_len.to_be_bytes()));
         }
+        let head = Head {
+            synced_len: marked_len,
+            op_max: self.op_max(),
+            durable_len: image_len,
+        };
+        bytes[MAGIC.len()..RECORDS_START].copy_from_slice(&head.encode());
         disk::write_file(&tmp, &bytes).map_err(io(&tmp))?;
         let file = File::options()
             .read(true)
@@ -788,6 +839,7 @@ impl JournalFile {
         self.marked_len = marked_len;
         self.durable_marked_len = image_len;
         self.generation += 1;
+        self.headed = true;
         Ok(())
     }
 
@@ -824,7 +876,9 @@ impl JournalFile {
     }
 }
 
+mod head;
 mod open;
+use head::{Head, HEAD_BYTES};
 pub(crate) use open::DurablePrefix;
 
 #[cfg(test)]

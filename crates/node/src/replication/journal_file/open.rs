@@ -23,60 +23,45 @@ impl JournalFile {
         braid_storage::create_dir_durable(dir).map_err(io(dir))?;
         let (file, created) = disk::open_or_create(path).map_err(io(path))?;
         let bytes = if created {
-            disk::write_at(&file, path, MAGIC, 0).map_err(io(path))?;
+            let fresh = fresh_file();
+            disk::write_at(&file, path, &fresh, 0).map_err(io(path))?;
             disk::sync_data(&file, path).map_err(io(path))?;
             disk::sync_dir(dir).map_err(io(dir))?;
-            MAGIC.to_vec()
+            fresh
         } else {
             std::fs::read(path).map_err(io(path))?
         };
-        let mut magic_damaged = false;
-        if bytes.len() < MAGIC.len() || &bytes[..MAGIC.len()] != MAGIC {
-            // A magic torn at creation leaves a file shorter than it: nothing was
-            // ever written into it.
-            if bytes.len() < MAGIC.len() && MAGIC.starts_with(&bytes) {
-                disk::write_at(&file, path, MAGIC, 0).map_err(io(path))?;
-                disk::sync_data(&file, path).map_err(io(path))?;
-                return Self::open(path);
-            }
-            // A few flipped bits, or a zeroed page, over the magic of a file whose
-            // records follow: damage, found like damage to any record (every op above
-            // the prune point is reported damaged). Anything else is not a journal.
-            if bytes.len() < MAGIC.len() {
-                return Err(JournalError::NotAJournal {
-                    path: path.to_owned(),
-                });
-            }
-            let flipped: u32 = bytes[..MAGIC.len()]
-                .iter()
-                .zip(MAGIC)
-                .map(|(a, b)| (a ^ b).count_ones())
-                .sum();
-            let zeroed = bytes[..MAGIC.len()].iter().all(|b| *b == 0);
-            let records_follow =
-                (MAGIC.len()..bytes.len()).any(|at| parse_at(&bytes, at).is_some());
-            if !(flipped <= 8 || zeroed) || !records_follow {
-                return Err(JournalError::NotAJournal {
-                    path: path.to_owned(),
-                });
-            }
-            tracing::warn!(path = %path.display(), "the journal's magic is damaged");
-            magic_damaged = true;
-        }
-        let mut found = Scan::of(&bytes, bytes.len());
-        let durable_len = found.durable_len as usize;
-        if let Some(bad) = found
-            .first_bad
-            .filter(|bad| *bad as u64 >= found.durable_len)
+        // A creation torn short leaves a file no record was ever written into.
+        if bytes.len() < RECORDS_START
+            && (fresh_file().starts_with(&bytes) || bytes.starts_with(MAGIC))
         {
+            disk::write_at(&file, path, &fresh_file(), 0).map_err(io(path))?;
+            disk::sync_data(&file, path).map_err(io(path))?;
+            return Self::open(path);
+        }
+        let (headed, magic_damaged) = match bytes.get(..MAGIC.len()) {
+            Some(magic) if magic == MAGIC => (true, false),
+            Some(magic) if magic == MAGIC_HEADLESS => (false, false),
+            _ => (damaged_magic_is_headed(path, &bytes)?, true),
+        };
+        let records_start = if headed { RECORDS_START } else { MAGIC.len() };
+        let head = if headed {
+            Head::decode(&bytes[MAGIC.len()..])
+        } else {
+            None
+        };
+        let mut found = Scan::of(&bytes, records_start, bytes.len());
+        let head_durable = head.map_or(0, |h| h.durable_end());
+        let durable_len = found.durable_len.max(head_durable) as usize;
+        if let Some(bad) = found.first_bad.filter(|bad| *bad >= durable_len) {
             // Bad bytes past everything a marker says was made durable, with intact
             // records after them: unsynced writes that a power loss lost while later
             // ones landed (the POSIX model; common once syncs run off the shard's turn,
             // the shell simulator's seeds 104 and 127: every op was marked damaged, and
             // with a peer's damage the group's view change waited for ever). A torn
             // tail, cut there with what follows (none of it reported, unless damage
-            // at rest took a reported record's marker too: `may_hide`).
-            found = Scan::of(&bytes, bad);
+            // at rest took a reported record's marker too: see `tail_may_hide`).
+            found = Scan::of(&bytes, records_start, bad);
         }
         let Scan {
             mut entries,
@@ -93,12 +78,20 @@ impl JournalFile {
         if magic_damaged {
             damaged_at = Some(0);
         }
+        let highest_op = highest_op.max(head.map_or(0, |h| h.op_max));
+        let synced_len = synced_len.max(head.map_or(0, |h| h.synced_len).min(at as u64));
         let torn_tail_bytes = (bytes.len() - at) as u64;
-        let tail_may_hide = torn_tail_bytes > 0 && may_hide(&bytes[at..], at);
+        // The head, when a copy is intact, says what the tail may not have held: a
+        // cut below its durable end lost records made durable (damage), one above it
+        // lost only writes never synced. Without it, the bytes cut are all there is.
+        let tail_may_hide = match head {
+            Some(head) => (at as u64) < head.durable_end(),
+            None => torn_tail_bytes > 0 && may_hide(&bytes[at..], at),
+        };
         if tail_may_hide {
             before_cut()?;
         }
-        if torn_tail_bytes > 0 {
+        if torn_tail_bytes > 0 || head.is_some_and(|h| h.durable_end() > at as u64) {
             tracing::warn!(
                 path = %path.display(),
                 at,
@@ -106,6 +99,17 @@ impl JournalFile {
                 "cutting the journal's torn tail"
             );
             disk::set_len(&file, path, at as u64).map_err(io(path))?;
+            if headed {
+                // The head may not claim bytes the cut took: records written there
+                // next were never synced.
+                let clamped = Head {
+                    synced_len,
+                    op_max: highest_op,
+                    durable_len: head.map_or(0, |h| h.durable_len).min(at as u64),
+                };
+                disk::write_at(&file, path, &clamped.encode(), MAGIC.len() as u64)
+                    .map_err(io(path))?;
+            }
             disk::sync_data(&file, path).map_err(io(path))?;
         }
         if let Some(damage) = damaged_at {
@@ -146,6 +150,7 @@ impl JournalFile {
             marked_len: synced_len,
             durable_marked_len: 0,
             generation: 0,
+            headed,
             poisoned: false,
         };
         let mut journal = journal;
@@ -165,6 +170,7 @@ impl JournalFile {
             synced,
             durable: DurablePrefix {
                 bytes,
+                start: records_start,
                 len: durable_len,
             },
         };
@@ -214,6 +220,8 @@ pub(super) fn may_hide(stretch: &[u8], at: usize) -> bool {
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub(crate) struct DurablePrefix {
     bytes: Vec<u8>,
+    /// Where the records start.
+    start: usize,
     len: usize,
 }
 
@@ -222,7 +230,7 @@ impl DurablePrefix {
     /// prepare kept whole stays whole (its body may be nowhere else), any other entry
     /// as its header alone; a damaged one is left out.
     pub(crate) fn slots_from(&self, from: u64) -> Vec<(u64, JournalSlot)> {
-        let scan = Scan::of(&self.bytes, self.len.min(self.bytes.len()));
+        let scan = Scan::of(&self.bytes, self.start, self.len.min(self.bytes.len()));
         scan.entries
             .range(from..)
             .filter(|(_, entry)| !matches!(entry, Entry::Damaged(_)))
@@ -250,21 +258,21 @@ struct Scan {
 }
 
 impl Scan {
-    /// Replays the records of `bytes` before `limit`, past bad stretches that intact
-    /// records follow, up to a torn tail.
-    fn of(bytes: &[u8], limit: usize) -> Self {
+    /// Replays the records of `bytes` from `start` to before `limit`, past bad
+    /// stretches that intact records follow, up to a torn tail.
+    fn of(bytes: &[u8], start: usize, limit: usize) -> Self {
         let mut scan = Self {
             entries: BTreeMap::new(),
             pruned: (0, None),
             committed_end: None,
-            end: MAGIC.len(),
+            end: start,
             first_bad: None,
             highest_op: 0,
             written_at: BTreeMap::new(),
             synced_len: 0,
             durable_len: 0,
         };
-        let mut at = MAGIC.len();
+        let mut at = start;
         while at < limit {
             let Some((decoded, total)) = parse_at(bytes, at) else {
                 // Damage, or the torn tail: intact records after it tell which.
@@ -301,4 +309,41 @@ impl Scan {
         scan.end = at;
         scan
     }
+}
+
+/// A new file's bytes: the magic and a head that claims nothing.
+fn fresh_file() -> Vec<u8> {
+    let mut bytes = MAGIC.to_vec();
+    bytes.extend(Head::default().encode());
+    bytes
+}
+
+/// Whether a file whose magic is damaged had a head: the magic it is nearer to (the
+/// two differ in one byte), or, when it is zeroed (a zeroed first page), whether an
+/// intact head copy or a record sits where the head would. A magic that is not a few
+/// flipped bits, or zeros, over a file whose records follow is no journal.
+fn damaged_magic_is_headed(path: &Path, bytes: &[u8]) -> Result<bool, JournalError> {
+    let not_a_journal = || JournalError::NotAJournal {
+        path: path.to_owned(),
+    };
+    let magic = bytes.get(..MAGIC.len()).ok_or_else(not_a_journal)?;
+    let flipped = |wanted: &[u8; 8]| -> u32 {
+        magic
+            .iter()
+            .zip(wanted)
+            .map(|(a, b)| (a ^ b).count_ones())
+            .sum()
+    };
+    let zeroed = magic.iter().all(|b| *b == 0);
+    let records_follow = (MAGIC.len()..bytes.len()).any(|at| parse_at(bytes, at).is_some());
+    let (headed, headless) = (flipped(MAGIC), flipped(MAGIC_HEADLESS));
+    if !(headed.min(headless) <= 8 || zeroed) || !records_follow {
+        return Err(not_a_journal());
+    }
+    tracing::warn!(path = %path.display(), "the journal's magic is damaged");
+    Ok(if zeroed {
+        Head::decode(&bytes[MAGIC.len()..]).is_some() || parse_at(bytes, MAGIC.len()).is_none()
+    } else {
+        headed <= headless
+    })
 }

@@ -518,7 +518,7 @@ fn bad_bytes_past_every_marker_with_records_after_them_are_a_torn_tail() {
         journal.write_prepare(p).unwrap();
     }
     // Ops 1 to 6 encode to records of one length.
-    let record_len = (fourth_at - MAGIC.len() - SYNC_MARKER_BYTES) / 3;
+    let record_len = (fourth_at - RECORDS_START - SYNC_MARKER_BYTES) / 3;
     let fifth_at = fourth_at + record_len;
     drop(journal);
     let whole = std::fs::read(&path).unwrap();
@@ -547,7 +547,9 @@ fn bad_bytes_past_every_marker_with_records_after_them_are_a_torn_tail() {
         "one damaged unsynced record hides nothing"
     );
 
-    // A record's first bytes, a zeroed sector, then the unsynced records.
+    // A record's first bytes, a zeroed sector, then the unsynced records: the head
+    // says the sync reached no further than the marker before them, so the zeros
+    // hide nothing (the records alone could not say: seeds 32436, 5928, 44274).
     let mut sector_zeroed = whole[..fourth_at].to_vec();
     sector_zeroed.push(0x42);
     while !sector_zeroed.len().is_multiple_of(512) {
@@ -555,6 +557,15 @@ fn bad_bytes_past_every_marker_with_records_after_them_are_a_torn_tail() {
     }
     sector_zeroed.extend([0u8; 512]);
     sector_zeroed.extend_from_slice(&whole[fourth_at..]);
+    std::fs::write(&path, &sector_zeroed).unwrap();
+    let (_, recovered) = JournalFile::open(&path).unwrap();
+    assert_eq!(slot_ops(&recovered), [1, 2, 3]);
+    assert!(
+        !recovered.tail_may_hide,
+        "the head proves the zeroed sector held only unsynced writes"
+    );
+    // Without a head (both copies lost), a zeroed sector may have taken a marker.
+    sector_zeroed[MAGIC.len()..RECORDS_START].fill(0);
     std::fs::write(&path, &sector_zeroed).unwrap();
     let (_, recovered) = JournalFile::open(&path).unwrap();
     assert_eq!(slot_ops(&recovered), [1, 2, 3]);
@@ -577,4 +588,99 @@ fn bad_bytes_past_every_marker_with_records_after_them_are_a_torn_tail() {
         .slots
         .iter()
         .all(|(_, s)| *s == JournalSlot::Damaged));
+}
+
+/// Damage at rest that zeroes the page holding the last reported records and their
+/// marker, with only unsynced writes after it, looks like a power loss's torn tail;
+/// the head (a copy of the newest marker in the file's first page) tells them apart:
+/// the cut lies below what it says was synced, so the tail may hide reported ops. A
+/// flipped bit in one head copy changes nothing. The head is brought down to the cut,
+/// so records written there next are not taken for synced ones.
+#[test]
+fn a_cut_below_what_the_head_says_was_synced_may_hide_reported_records() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("meta.journal");
+    let ops = chain(6, 1);
+    let (mut journal, _) = JournalFile::open(&path).unwrap();
+    for p in &ops[..2] {
+        journal.write_prepare(p).unwrap();
+    }
+    journal.sync().unwrap();
+    let third_at = std::fs::metadata(&path).unwrap().len() as usize;
+    journal.write_prepare(&ops[2]).unwrap();
+    journal.sync().unwrap();
+    for p in &ops[3..] {
+        journal.write_prepare(p).unwrap();
+    }
+    drop(journal);
+    let whole = std::fs::read(&path).unwrap();
+    for flip_a_head_copy in [false, true] {
+        let mut damaged = whole.clone();
+        // Zeros from op 3's record (reported) to the end: it, its marker and the
+        // unsynced ops 4 to 6.
+        damaged[third_at..].fill(0);
+        if flip_a_head_copy {
+            damaged[MAGIC.len() + 3] ^= 0x20;
+        }
+        std::fs::write(&path, &damaged).unwrap();
+        let (_, recovered) = JournalFile::open(&path).unwrap();
+        assert_eq!(slot_ops(&recovered), [1, 2]);
+        assert!(
+            recovered.tail_may_hide,
+            "op 3 was reported: {flip_a_head_copy}"
+        );
+        assert!(recovered.synced.contains(&2));
+    }
+    // Reopened after the cut, the head claims no more than the file holds.
+    let (mut journal, recovered) = JournalFile::open(&path).unwrap();
+    assert!(!recovered.tail_may_hide && recovered.torn_tail_bytes == 0);
+    journal.write_prepare(&ops[2]).unwrap();
+    drop(journal);
+    let (_, recovered) = JournalFile::open(&path).unwrap();
+    assert_eq!(slot_ops(&recovered), [1, 2, 3]);
+    assert!(
+        !recovered.synced.contains(&3),
+        "written after the cut, never synced"
+    );
+}
+
+/// A journal written before heads (magic `BRDJNL01`, records from byte 8) is read and
+/// appended to as it is, and given a head when it is next rewritten.
+#[test]
+fn a_journal_without_a_head_is_read_and_gets_one_when_rewritten() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("meta.journal");
+    let ops = chain(4, 1);
+    let (mut journal, _) = JournalFile::open(&path).unwrap();
+    for p in &ops[..2] {
+        journal.write_prepare(p).unwrap();
+    }
+    drop(journal);
+    let headed = std::fs::read(&path).unwrap();
+    let mut headless = MAGIC_HEADLESS.to_vec();
+    headless.extend_from_slice(&headed[RECORDS_START..]);
+    std::fs::write(&path, &headless).unwrap();
+    let (mut journal, recovered) = JournalFile::open(&path).unwrap();
+    assert_eq!(slot_ops(&recovered), [1, 2]);
+    journal.write_prepare(&ops[2]).unwrap();
+    journal.sync().unwrap();
+    drop(journal);
+    let bytes = std::fs::read(&path).unwrap();
+    assert_eq!(
+        &bytes[..MAGIC.len()],
+        MAGIC_HEADLESS,
+        "still without a head"
+    );
+    let (mut journal, recovered) = JournalFile::open(&path).unwrap();
+    assert_eq!(slot_ops(&recovered), [1, 2, 3]);
+    assert!(recovered.synced.contains(&3));
+    journal.compact(true).unwrap();
+    journal.write_prepare(&ops[3]).unwrap();
+    journal.sync().unwrap();
+    drop(journal);
+    let bytes = std::fs::read(&path).unwrap();
+    assert_eq!(&bytes[..MAGIC.len()], MAGIC, "rewritten with a head");
+    let (_, recovered) = JournalFile::open(&path).unwrap();
+    assert_eq!(slot_ops(&recovered), [1, 2, 3, 4]);
+    assert!(recovered.synced.contains(&4));
 }

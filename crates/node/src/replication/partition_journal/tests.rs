@@ -534,15 +534,21 @@ fn copy_all(journal: &mut PartitionJournal, peer: &mut PartitionJournal, end: u6
 }
 
 /// The journal in `dir`, holding `ops` written and synced.
-/// Makes `bytes` (a journal) end as damage at rest over its last synced record and
-/// the durable marker after it would leave it: a record's first bytes, then a zeroed
-/// sector. A cut there may hide a reported op.
-fn tear_over_a_marker(bytes: &mut Vec<u8>) {
-    bytes.push(0x42);
-    while !bytes.len().is_multiple_of(512) {
-        bytes.push(0x42);
-    }
-    bytes.extend([0u8; 512]);
+/// Damages `bytes` (a journal) at rest over its last synced record and the durable
+/// marker after it: zeros from a sector's start (never over the magic and head) to
+/// the end. A cut there may hide a reported op.
+fn tear_over_a_marker(bytes: &mut [u8]) {
+    let from = ((bytes.len() - 60) / 512 * 512).max(fresh_journal().len());
+    bytes[from..].fill(0);
+}
+
+/// A journal file as its creation leaves it: the magic, and a head that claims
+/// nothing synced (what the head says before the first sync's marker is written).
+fn fresh_journal() -> Vec<u8> {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join(JOURNAL_FILE);
+    drop(JournalFile::open(&path).unwrap());
+    std::fs::read(&path).unwrap()
 }
 
 fn holding(dir: &Path, ops: &[Prepare]) -> PartitionJournal {

@@ -150,7 +150,8 @@ fn a_lone_replica_with_a_damaged_journal_refuses_to_start() {
     drop(host);
     let path = dir.path().join("group-0.journal");
     let mut bytes = std::fs::read(&path).unwrap();
-    bytes[40] ^= 0xff;
+    // Inside the first record (after the magic and head, 64 bytes).
+    bytes[120] ^= 0xff;
     std::fs::write(&path, &bytes).unwrap();
     let refused = open(dir.path(), 0, 1);
     let err = refused.expect_err("a damaged lone journal was accepted");

@@ -1,0 +1,117 @@
+//! The journal's head: a second copy of its newest markers, at a fixed place in the
+//! file's first page, so that an open can tell writes a power loss lost from damage
+//! at rest to records already reported.
+//!
+//! The marker appended after a sync is the only proof, in the records, that what
+//! precedes it was reported; a zeroed sector at the tail can take a reported record
+//! and its marker, or only writes that were never synced, and the records alone
+//! cannot say which (the shell simulator's seeds 32436, 5928 and 44274: members left
+//! untrusted by unsynced zeros, and a view change that waited for ever). The head is
+//! rewritten in place with every marker, in the same sync, so what it claims is
+//! durable before any op it covers is reported. It holds the claim twice: a flipped
+//! bit takes one copy, and a zeroed page takes the magic too (damage, found as such).
+
+/// Bytes of one copy: `synced_len: u64, op_max: u64, durable_len: u64, crc32c: u32`.
+const COPY_BYTES: usize = 8 + 8 + 8 + 4;
+/// Bytes of the head: two copies.
+pub(super) const HEAD_BYTES: usize = 2 * COPY_BYTES;
+
+/// What the head says of the records after it (each claim was true when written).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(super) struct Head {
+    /// Every record before this byte was synced by a sync that finished (for a
+    /// partition, their batches too): the newest sync marker's `synced_len`.
+    pub(super) synced_len: u64,
+    /// The highest op held when it was written.
+    pub(super) op_max: u64,
+    /// Every record before this byte was made durable (the newest durability or sync
+    /// marker's length).
+    pub(super) durable_len: u64,
+}
+
+impl Head {
+    /// The bytes before which nothing may be lost: a record there was made durable,
+    /// and may have been reported or have a state write resting on it.
+    pub(super) fn durable_end(&self) -> u64 {
+        self.synced_len.max(self.durable_len)
+    }
+
+    /// The head's bytes: the claim, twice.
+    pub(super) fn encode(&self) -> [u8; HEAD_BYTES] {
+        let mut copy = [0; COPY_BYTES];
+        copy[..8].copy_from_slice(&self.synced_len.to_be_bytes());
+        copy[8..16].copy_from_slice(&self.op_max.to_be_bytes());
+        copy[16..24].copy_from_slice(&self.durable_len.to_be_bytes());
+        let crc = crc32c::crc32c(&copy[..24]);
+        copy[24..].copy_from_slice(&crc.to_be_bytes());
+        let mut out = [0; HEAD_BYTES];
+        out[..COPY_BYTES].copy_from_slice(&copy);
+        out[COPY_BYTES..].copy_from_slice(&copy);
+        out
+    }
+
+    /// The claim the head's intact copies make, or `None` when neither is intact
+    /// (both taken by writes a power loss zeroed, or by damage). Two intact copies
+    /// that differ (a power loss landed one of the pair) give the larger of each
+    /// field: the head is used only to say what may not be lost, so it may overstate
+    /// what was reported, never understate it.
+    pub(super) fn decode(bytes: &[u8]) -> Option<Self> {
+        let intact: Vec<Self> = bytes
+            .get(..HEAD_BYTES)?
+            .chunks_exact(COPY_BYTES)
+            .filter_map(Self::decode_copy)
+            .collect();
+        intact.into_iter().reduce(|a, b| Self {
+            synced_len: a.synced_len.max(b.synced_len),
+            op_max: a.op_max.max(b.op_max),
+            durable_len: a.durable_len.max(b.durable_len),
+        })
+    }
+
+    fn decode_copy(copy: &[u8]) -> Option<Self> {
+        let field = |at: usize| -> Option<u64> {
+            Some(u64::from_be_bytes(copy.get(at..at + 8)?.try_into().ok()?))
+        };
+        let crc = u32::from_be_bytes(copy.get(24..28)?.try_into().ok()?);
+        if crc32c::crc32c(copy.get(..24)?) != crc {
+            return None;
+        }
+        Some(Self {
+            synced_len: field(0)?,
+            op_max: field(8)?,
+            durable_len: field(16)?,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_head_survives_one_damaged_copy_and_zeros_are_no_claim() {
+        let head = Head {
+            synced_len: 4_100,
+            op_max: 17,
+            durable_len: 5_000,
+        };
+        let bytes = head.encode();
+        assert_eq!(Head::decode(&bytes), Some(head));
+        for bit in 0..HEAD_BYTES * 8 {
+            let mut flipped = bytes;
+            flipped[bit / 8] ^= 1 << (bit % 8);
+            assert_eq!(Head::decode(&flipped), Some(head), "bit {bit}");
+        }
+        assert_eq!(Head::decode(&[0; HEAD_BYTES]), None);
+        assert_eq!(Head::decode(&bytes[..HEAD_BYTES - 1]), None, "cut short");
+        // One copy of a newer claim landed, the other kept the older one.
+        let newer = Head {
+            synced_len: 6_000,
+            op_max: 19,
+            durable_len: 5_000,
+        };
+        let mut mixed = head.encode();
+        mixed[..COPY_BYTES].copy_from_slice(&newer.encode()[..COPY_BYTES]);
+        assert_eq!(Head::decode(&mixed), Some(newer));
+    }
+}
