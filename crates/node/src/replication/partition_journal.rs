@@ -865,6 +865,12 @@ impl Journal for PartitionJournal {
     fn has_unsynced(&self) -> bool {
         PartitionJournal::has_unsynced(self)
     }
+    fn log_view_rests_on_writes(&mut self) {
+        // Unmarked, as for a truncation: the records are durable, their batches may
+        // not be; an open that cuts them for a lost batch keeps the headers the
+        // durability marker covers (`DurablePrefix`), so the view's ops stay known.
+        self.index_changed_unsynced = true;
+    }
     fn distrust_persisted(&mut self) -> Result<(), HostError> {
         Ok(PartitionJournal::distrust_persisted(self)?)
     }

@@ -148,7 +148,10 @@ impl JournalFile {
             committed_end,
             unsynced: Vec::new(),
             marked_len: synced_len,
-            durable_marked_len: 0,
+            // Carried into the head's next copy: a head written later must still
+            // cover what an earlier durability marker made durable (damage at rest to
+            // that marker would otherwise read as a torn tail).
+            durable_marked_len: (durable_len as u64).min(at as u64),
             generation: 0,
             headed,
             poisoned: false,

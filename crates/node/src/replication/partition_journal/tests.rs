@@ -818,6 +818,64 @@ fn a_cut_is_durable_when_the_turn_syncs_even_with_batches_synced_off_the_shard()
     assert!(checked >= 1, "{checked} crash states");
 }
 
+/// The shell simulator's seed 7533 (damage at rest, four times the faults): a backup
+/// installed a new view whose two newest ops came whole, and the turn wrote its state
+/// with the new log view while their records and batches waited for a sync off the
+/// shard. A power loss took them; the member restarted in that log view two ops short
+/// and its vote dropped a committed batch. A turn whose state names a new log view
+/// now makes the journal's records durable first: every crash state after the turn's
+/// sync still knows the view's ops (their batches, if lost, are repaired from peers).
+#[test]
+fn a_new_log_views_whole_prepares_are_known_after_any_crash_once_the_turn_syncs() {
+    use super::super::shard_host::Journal;
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("p");
+    let ops = chain(6, 1, "a");
+    hook::start_tracing();
+    let synced_at;
+    {
+        let (mut journal, _) = open(&dir);
+        journal.sync_off_thread();
+        for p in &ops[..4] {
+            journal.write_prepare(p, 0).unwrap();
+        }
+        while let Some(job) = journal.start_sync().unwrap() {
+            for request in &job.requests {
+                request.run().unwrap();
+            }
+            journal.finish_sync(job.id, Ok(())).unwrap();
+        }
+        // The new view's log brings ops 5 and 6 whole; the state names its log view.
+        for p in &ops[4..] {
+            journal.write_prepare(p, 0).unwrap();
+        }
+        Journal::log_view_rests_on_writes(&mut journal);
+        assert!(
+            journal.sync().unwrap().is_empty(),
+            "reported later, off the shard"
+        );
+        synced_at = hook::trace_len();
+    }
+    let trace = hook::take().unwrap().trace;
+    let checked =
+        braid_storage::crash::for_each_crash_state(&trace, root.path(), |at, how, out| {
+            if at < synced_at {
+                return;
+            }
+            let (_, recovered) = PartitionJournal::open(&out.join("p"), member_config(), 0)
+                .unwrap_or_else(|e| panic!("cut at {at}, {how}: {e}"));
+            for op in [5, 6] {
+                let header = match recovered.slots.iter().find(|(o, _)| *o == op) {
+                    Some((_, JournalSlot::Prepare(p))) => p.header,
+                    Some((_, JournalSlot::Header(h))) => *h,
+                    other => panic!("cut at {at}, {how}: op {op} is {other:?}"),
+                };
+                assert_eq!(header, ops[op as usize - 1].header, "cut at {at}, {how}");
+            }
+        });
+    assert!(checked >= 1, "{checked} crash states");
+}
+
 /// Issue 24, finding 1: a log that ends before its journal's tip (batches lost under
 /// it) took the next batch at its own end, so one member stored later batches at
 /// earlier offsets while every checksum still matched. The journal now refuses to
