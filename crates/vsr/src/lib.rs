@@ -28,6 +28,7 @@ mod codec;
 mod durable;
 mod message;
 mod node;
+mod op_map;
 mod replica;
 mod state;
 

@@ -26,6 +26,7 @@ use crate::durable::{Checkpoint, DurableState};
 use crate::message::{
     Checksum, Header, Message, Operation, Prepare, Refusal, ReplicaId, Reply, Request, SuffixEntry,
 };
+use crate::op_map::OpMap;
 use crate::state::{ReplicatedState, StateMachine};
 
 /// Settings of a replica. All replicas of a group use the same.
@@ -463,7 +464,7 @@ pub struct Replica<S> {
     commit_max: u64,
     durable: DurableState,
     /// Entries are boxed: an idle group keeps one, and a map's node has room for eleven.
-    journal: BTreeMap<u64, Box<Entry>>,
+    journal: OpMap<Box<Entry>>,
     /// Ops whose journal slot is damaged and whose header is unknown.
     faulty: BTreeSet<u64>,
     /// Expected checksums of ops not yet in the journal (commit anchors, parents).
@@ -560,7 +561,7 @@ impl<S: StateMachine> Replica<S> {
             commit_min: 0,
             commit_max: 0,
             durable: DurableState::default(),
-            journal: BTreeMap::new(),
+            journal: OpMap::new(),
             faulty: BTreeSet::new(),
             wanted: BTreeMap::new(),
             checkpoint,

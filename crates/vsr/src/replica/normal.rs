@@ -436,9 +436,7 @@ impl<S: StateMachine> Replica<S> {
             let keep = self.journal.split_off(&prune);
             self.journal = keep;
             // The checkpoint op's header stays as the chain's anchor.
-            self.journal
-                .entry(header.op)
-                .or_insert(Entry::anchor(header));
+            self.journal.or_insert(header.op, Entry::anchor(header));
             self.wanted = self.wanted.split_off(&prune);
         }
     }
