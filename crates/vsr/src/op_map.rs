@@ -55,6 +55,7 @@ impl<V> OpMap<V> {
         match self.position(op) {
             Ok(at) => Some(std::mem::replace(&mut self.entries[at].1, value)),
             Err(at) => {
+                self.reserve_first();
                 self.entries.insert(at, (op, value));
                 None
             }
@@ -66,6 +67,7 @@ impl<V> OpMap<V> {
         let at = match self.position(op) {
             Ok(at) => at,
             Err(at) => {
+                self.reserve_first();
                 self.entries.insert(at, (op, value));
                 at
             }
@@ -133,6 +135,14 @@ impl<V> OpMap<V> {
         self.entries[start..end.max(start)]
             .iter()
             .map(|(op, value)| (op, value))
+    }
+
+    /// Room for one entry in an empty journal (a vector's first growth takes four):
+    /// an idle group holds one.
+    fn reserve_first(&mut self) {
+        if self.entries.capacity() == 0 {
+            self.entries.reserve_exact(1);
+        }
     }
 
     /// Frees the room of a journal that shrank to a fraction of it (an idle group's
