@@ -19,6 +19,8 @@
 #   target/release/braid-sim --seed N --trace
 #   BRAID_SHELL_SIM_SEED=N BRAID_SHELL_SIM_TRACE=1 BRAID_LOG=braid_node::replication=trace \
 #     cargo test --release -p braid-node --lib replay_one_seed -- --ignored --nocapture
+# (with BRAID_SHELL_SIM_DAMAGE=1 for a --shell-damage seed, and the MEMBERS and FAULTS
+# it ran with)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs="$(nproc)"
