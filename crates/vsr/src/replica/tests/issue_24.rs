@@ -585,3 +585,116 @@ fn an_older_log_views_vote_names_the_newer_views_op_it_holds() {
         Some(ops[6].header.checksum)
     );
 }
+
+/// The shell simulator's seed 11305 (damage at rest, four times the faults): the one
+/// replica of the newest log view lost its journal whole (a zeroed page over all of
+/// it) and restarted untrusted from what it knew committed, holding nothing above.
+/// Taken as trusted "through its top" (its top being that very op), its vote named its
+/// log view's log empty, and the view change dropped the committed ops every other
+/// replica held. An untrusted vote never names the top, however little it holds.
+#[test]
+fn a_replica_of_the_newest_log_view_that_lost_its_journal_never_empties_the_log() {
+    let (mut h, session) = registered(3);
+    // Pipelined: each op's header names commit 1, so after the restarts below no
+    // replica knows more than op 1 committed.
+    for (request, body) in [(1, &b"a=1"[..]), (2, b"b=2"), (3, b"c=3")] {
+        h.request(0, session, request, body);
+    }
+    h.settle(50);
+    assert!((0..3).all(|r| h.replica(r).commit_min() >= 4));
+    // Replicas 0 and 2 restart from their journals, never out of log view 0; their
+    // durable commit is still 0 (it is written only now and then).
+    for r in [0, 2] {
+        let journal: Vec<(u64, JournalSlot)> = (1..=4)
+            .map(|op| {
+                let e = h.replica(r).journal.get(&op).unwrap();
+                let prepare = Prepare {
+                    header: e.header,
+                    body: e.body.clone().unwrap(),
+                };
+                (op, JournalSlot::Prepare(prepare))
+            })
+            .collect();
+        let config = *h.replica(r).config();
+        h.replicas[usize::from(r)] = Replica::restart(
+            config,
+            CounterMachine::default(),
+            Persisted {
+                durable: DurableState {
+                    view: 3,
+                    ..DurableState::default()
+                },
+                checkpoint: None,
+                journal,
+                journal_trusted: true,
+            },
+        )
+        .unwrap();
+    }
+    // Replica 1 was normal in view 1 (which committed nothing) and then lost its
+    // journal: untrusted from op 0, nothing held.
+    let config = *h.replica(1).config();
+    h.replicas[1] = Replica::restart(
+        config,
+        CounterMachine::default(),
+        Persisted {
+            durable: DurableState {
+                view: 3,
+                log_view: 1,
+                commit: 0,
+                ..DurableState::default()
+            },
+            checkpoint: None,
+            journal: vec![],
+            journal_trusted: false,
+        },
+    )
+    .unwrap();
+    h.messages.clear();
+    // Replica 1 leads view 4; with replica 2 cut off, its vote and replica 0's are all
+    // it hears. No view may form without the committed ops.
+    h.run_until(
+        5_000,
+        |from, to, _| from != 2 && to != 2,
+        |h| h.replica(1).is_primary(),
+    );
+    for r in [0, 1] {
+        if h.replica(r).is_primary() || h.replica(r).status() == Status::Normal {
+            assert!(
+                h.replica(r).op() >= 4,
+                "replica {r} is normal at op {}",
+                h.replica(r).op()
+            );
+        }
+    }
+    let settled = h.run_until(
+        20_000,
+        |_, _, _| true,
+        |h| {
+            (0..3).all(|r| h.replica(r).status() == Status::Normal && h.replica(r).view() > 1)
+                && (0..3).any(|r| h.replica(r).is_primary())
+        },
+    );
+    assert!(settled, "a view after view 1 started");
+    for r in 0..3 {
+        assert!(
+            h.replica(r).op() >= 4,
+            "replica {r} holds op {}",
+            h.replica(r).op()
+        );
+    }
+    let healed = h.run_until(
+        10_000,
+        |_, _, _| true,
+        |h| (0..3).all(|r| h.replica(r).commit_min() >= 4),
+    );
+    assert!(healed);
+    for r in 0..3 {
+        let machine = h.replica(r).state().machine();
+        assert_eq!(
+            (machine.get("a"), machine.get("b"), machine.get("c")),
+            (1, 2, 3),
+            "replica {r}"
+        );
+    }
+}
