@@ -14,6 +14,9 @@
 #   BRAID_SHELL_SIM_MEMBERS=5 BRAID_SHELL_SIM_FAULTS=4 scripts/sim-soak.sh --shell...
 #                                                the same with five members and four
 #                                                times the crashes, cuts and frame faults
+#   BRAID_SHELL_SIM_MISDIRECTED=1 scripts/sim-soak.sh --shell-damage ...
+#                                                damage at rest also as misdirected
+#                                                writes (a page over another page)
 #
 # Each failure prints its seed; replay one with its trace:
 #   target/release/braid-sim --seed N --trace

@@ -81,6 +81,9 @@ pub(crate) struct Shape {
     /// `seed % members`: one faulty member at a time, as VSR tolerates), the
     /// percent after which a file of it is damaged at rest.
     pub(crate) damage_percent: u64,
+    /// Damage at rest may also be a misdirected write: a page of one file landed over
+    /// another page of it or of another file ([`Variant::misdirected`]).
+    pub(crate) misdirected: bool,
     /// The partitions' logs under `fsync = never` (a third of the seeds): their
     /// journals restart trusted only in the boot that wrote their state, so crashes
     /// are `kill -9` only (a power loss may lose what `never` acknowledged).
@@ -109,6 +112,7 @@ impl Shape {
                 20 + prng.below(60)
             },
             // Drawn apart from the rest, so the seeds' other draws stay as they were.
+            misdirected: false,
             fsync_never: false,
         }
     }
@@ -244,6 +248,7 @@ impl Run {
             shape.damage_percent = 0;
         }
         shape.members = variant.members;
+        shape.misdirected = variant.damage && variant.misdirected;
         // More crashes and cuts, more frames lost and doubled; the same share of power
         // losses and the same draws otherwise, so a seed's shape stays recognisable.
         let scale = variant.fault_scale.max(1);
@@ -512,7 +517,7 @@ impl Run {
             std::fs::remove_dir_all(&member.dir)?;
             std::fs::rename(&out, &member.dir)?;
             if damage {
-                damaged = damage_at_rest(&member.dir, &mut draws)?;
+                damaged = damage_at_rest(&member.dir, &mut draws, self.shape.misdirected)?;
             }
             PowerModel::of_dir(&member.dir)
         });

@@ -76,11 +76,14 @@ pub(super) fn read_batches(
 }
 
 /// Damages one file under `dir` at rest, as a disk does: a flipped bit, or a zeroed
-/// 4 KiB page (a lost or misdirected write). Returns what was done, if any file was
-/// there to damage.
+/// 4 KiB page (a lost write), or, with `misdirected`, a 4 KiB page of one file
+/// written over another page of the same file or of another (a write that landed in
+/// the wrong place: well-formed bytes where they do not belong). Returns what was
+/// done, if any file was there to damage.
 pub(super) fn damage_at_rest(
     dir: &std::path::Path,
     draws: &mut Prng,
+    misdirected: bool,
 ) -> std::io::Result<Option<String>> {
     let mut files = Vec::new();
     let mut dirs = vec![dir.to_owned()];
@@ -107,6 +110,21 @@ pub(super) fn damage_at_rest(
     };
     let mut bytes = std::fs::read(path)?;
     let len = bytes.len() as u64;
+    if misdirected && draws.chance(30) {
+        let source = &files[draws.below(files.len() as u64) as usize];
+        let source_bytes = std::fs::read(source)?;
+        let from = draws.below((source_bytes.len() as u64).div_ceil(4096)) as usize * 4096;
+        let page = &source_bytes[from..(from + 4096).min(source_bytes.len())];
+        let to = draws.below(len.div_ceil(4096)) as usize * 4096;
+        let end = (to + page.len()).min(bytes.len());
+        bytes[to..end].copy_from_slice(&page[..end - to]);
+        std::fs::write(path, &bytes)?;
+        return Ok(Some(format!(
+            "page at {from} of {} written over the page at {to} of {}",
+            source.display(),
+            path.display()
+        )));
+    }
     let what = if draws.chance(80) {
         let at = draws.below(len) as usize;
         let bit = draws.below(8);

@@ -13,6 +13,9 @@ pub(crate) struct Variant {
     pub(crate) members: u8,
     /// Crashes, cuts, frames lost and doubled, times this.
     pub(crate) fault_scale: u64,
+    /// With damage: a page written to the wrong place is one of the damages at rest
+    /// (off by default, so that the seeds' draws without it stay as they were).
+    pub(crate) misdirected: bool,
 }
 
 impl Variant {
@@ -22,6 +25,7 @@ impl Variant {
             damage,
             members: 3,
             fault_scale: 1,
+            misdirected: false,
         }
     }
 }

@@ -9,12 +9,14 @@ fn env_u64(name: &str, default: u64) -> u64 {
 
 /// `variant`, unless the environment says otherwise: `BRAID_SHELL_SIM_MEMBERS=5`,
 /// `BRAID_SHELL_SIM_FAULTS=4` (crashes, cuts, lost and doubled frames four times as
-/// often).
+/// often), `BRAID_SHELL_SIM_MISDIRECTED=1` (with damage, misdirected writes too).
 fn from_env(variant: Variant) -> Variant {
     let members = env_u64("BRAID_SHELL_SIM_MEMBERS", u64::from(variant.members));
     Variant {
         members: if members == 5 { 5 } else { 3 },
         fault_scale: env_u64("BRAID_SHELL_SIM_FAULTS", variant.fault_scale).clamp(1, 10),
+        misdirected: variant.misdirected
+            || std::env::var_os("BRAID_SHELL_SIM_MISDIRECTED").is_some(),
         ..variant
     }
 }
