@@ -89,14 +89,18 @@ fn decode_unframed(bytes: &[u8]) -> Result<(u64, Option<Checkpoint>), String> {
 }
 
 impl CheckpointStore {
-    /// Opens the copies `STEM.0` and `STEM.1` in `dir`: the newest intact checkpoint,
-    /// or none if none was written.
+    /// Opens the copies `STEM.0` and `STEM.1` in `dir`: the newest intact checkpoint of
+    /// `group`, or none if none was written. A copy that holds another group's
+    /// checkpoint, whole and checksummed, is damage (a misdirected write can put one
+    /// there: the shell simulator's seed 921 with misdirected writes refused to start
+    /// a partition on it).
     ///
     /// # Errors
     /// [`CheckpointError::Damaged`] when copies exist and none is intact, or IO.
     pub(crate) fn open(
         dir: &Path,
         stem: &str,
+        group: u64,
     ) -> Result<(Self, Option<Checkpoint>), CheckpointError> {
         let io = |(path, source)| CheckpointError::Io { path, source };
         braid_storage::create_dir_durable(dir).map_err(|source| CheckpointError::Io {
@@ -104,7 +108,14 @@ impl CheckpointStore {
             source,
         })?;
         let copies = TwoCopies::new(dir, stem);
-        let (generation, newest) = match copies.newest(decode).map_err(io)? {
+        let of_group = |bytes: &[u8]| match decode(bytes)? {
+            (_, Some(checkpoint)) if checkpoint.header.group != group => Err(format!(
+                "it holds a checkpoint of group {}",
+                checkpoint.header.group
+            )),
+            decoded => Ok(decoded),
+        };
+        let (generation, newest) = match copies.newest(of_group).map_err(io)? {
             Newest::Absent => {
                 copies.install_first(&encode(0, None)).map_err(io)?;
                 (0, None)
@@ -177,14 +188,14 @@ mod tests {
     #[test]
     fn the_newest_intact_checkpoint_is_read_back() {
         let dir = tempfile::tempdir().unwrap();
-        let (mut store, none) = CheckpointStore::open(dir.path(), "meta.checkpoint").unwrap();
+        let (mut store, none) = CheckpointStore::open(dir.path(), "meta.checkpoint", 0).unwrap();
         assert!(none.is_none());
         // Ops of one parity would land on one copy if numbered by op: generations
         // alternate the copies whatever the ops.
         for op in [64, 128, 192] {
             store.write(&checkpoint(op)).unwrap();
         }
-        let (_, newest) = CheckpointStore::open(dir.path(), "meta.checkpoint").unwrap();
+        let (_, newest) = CheckpointStore::open(dir.path(), "meta.checkpoint", 0).unwrap();
         assert_eq!(newest, Some(checkpoint(192)));
         // The newest copy (generation 3: copy 1) torn: the one before it.
         let path = dir.path().join("meta.checkpoint.1");
@@ -193,11 +204,43 @@ mod tests {
         let last = bytes.len() - 1;
         bytes[last] ^= 1;
         std::fs::write(&path, &bytes).unwrap();
-        let (_, older) = CheckpointStore::open(dir.path(), "meta.checkpoint").unwrap();
+        let (_, older) = CheckpointStore::open(dir.path(), "meta.checkpoint", 0).unwrap();
         assert_eq!(older, Some(checkpoint(128)));
         std::fs::write(dir.path().join("meta.checkpoint.0"), b"junk").unwrap();
         assert!(matches!(
-            CheckpointStore::open(dir.path(), "meta.checkpoint"),
+            CheckpointStore::open(dir.path(), "meta.checkpoint", 0),
+            Err(CheckpointError::Damaged(_))
+        ));
+    }
+
+    /// The shell simulator's seed 921 with misdirected writes: a page of another
+    /// partition's checkpoint, whole and checksummed, landed over one copy, and the
+    /// replica refused to start on it. A copy of another group's checkpoint is damage:
+    /// the other copy is read.
+    #[test]
+    fn a_copy_of_another_groups_checkpoint_is_damage() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut ours, _) = CheckpointStore::open(dir.path(), "ours", 0).unwrap();
+        ours.write(&checkpoint(64)).unwrap();
+        ours.write(&checkpoint(128)).unwrap();
+        let other = Checkpoint::new(
+            Header {
+                op: 192,
+                ..Header::root(7)
+            }
+            .seal(),
+            b"another group's state".to_vec(),
+        );
+        let (mut theirs, _) = CheckpointStore::open(dir.path(), "theirs", 7).unwrap();
+        theirs.write(&other).unwrap();
+        theirs.write(&other).unwrap();
+        // Their newest copy (generation 2: copy 0) over our newest (copy 0).
+        std::fs::copy(dir.path().join("theirs.0"), dir.path().join("ours.0")).unwrap();
+        let (_, found) = CheckpointStore::open(dir.path(), "ours", 0).unwrap();
+        assert_eq!(found, Some(checkpoint(64)), "the intact copy of our own");
+        std::fs::copy(dir.path().join("theirs.1"), dir.path().join("ours.1")).unwrap();
+        assert!(matches!(
+            CheckpointStore::open(dir.path(), "ours", 0),
             Err(CheckpointError::Damaged(_))
         ));
     }
@@ -209,7 +252,7 @@ mod tests {
     #[test]
     fn a_flipped_generation_never_makes_the_older_copy_win() {
         let dir = tempfile::tempdir().unwrap();
-        let (mut store, _) = CheckpointStore::open(dir.path(), "c").unwrap();
+        let (mut store, _) = CheckpointStore::open(dir.path(), "c", 0).unwrap();
         for op in [64, 128, 192] {
             store.write(&checkpoint(op)).unwrap();
         }
@@ -222,7 +265,7 @@ mod tests {
                     let mut bytes = pristine.clone();
                     bytes[at] ^= 1 << bit;
                     std::fs::write(&path, &bytes).unwrap();
-                    let (_, found) = CheckpointStore::open(dir.path(), "c").unwrap();
+                    let (_, found) = CheckpointStore::open(dir.path(), "c", 0).unwrap();
                     assert_eq!(
                         found.map(|c| c.header.op),
                         Some(expected),
@@ -236,7 +279,7 @@ mod tests {
         let mut old = 9u64.to_be_bytes().to_vec();
         old.extend_from_slice(&checkpoint(256).encode());
         std::fs::write(dir.path().join("c.1"), &old).unwrap();
-        let (_, found) = CheckpointStore::open(dir.path(), "c").unwrap();
+        let (_, found) = CheckpointStore::open(dir.path(), "c", 0).unwrap();
         assert_eq!(found.map(|c| c.header.op), Some(256));
     }
 
@@ -251,7 +294,7 @@ mod tests {
         let ops = [64u64, 128, 192, 256];
         let mut acks = Vec::new();
         {
-            let (mut store, _) = CheckpointStore::open(&dir, "c").unwrap();
+            let (mut store, _) = CheckpointStore::open(&dir, "c", 0).unwrap();
             acks.push(trace_len());
             for op in ops {
                 store.write(&checkpoint(op)).unwrap();
@@ -262,7 +305,7 @@ mod tests {
         let checked =
             braid_storage::crash::for_each_crash_state(&trace, root.path(), |at, how, out| {
                 let written = acks.iter().filter(|&&events| events <= at).count();
-                let opened = CheckpointStore::open(&out.join("replication"), "c");
+                let opened = CheckpointStore::open(&out.join("replication"), "c", 0);
                 let found = match opened {
                     Ok((_, found)) => found,
                     Err(err) => panic!("cut at {at}, {how}: {err}"),

@@ -378,7 +378,7 @@ impl<S: StateMachine, J: Journal> ShardHost<S, J> {
         }
         let stem = format!("group-{group}.checkpoint");
         let (checkpoints, checkpoint, checkpoint_lost) =
-            match CheckpointStore::open(checkpoint_dir, &stem) {
+            match CheckpointStore::open(checkpoint_dir, &stem, group) {
                 Ok((store, checkpoint)) => (store, checkpoint, false),
                 Err(err @ CheckpointError::Damaged(_)) if lone => {
                     return Err(damaged(err.to_string()))

@@ -698,3 +698,37 @@ fn a_replica_of_the_newest_log_view_that_lost_its_journal_never_empties_the_log(
         );
     }
 }
+
+/// The shell simulator's seeds 63, 365, 428 and 653 with misdirected writes: a page of
+/// one partition's journal written over another's put records of another group there,
+/// whole and checksummed, and the restarted replica took them as its own (an
+/// invariant stopped it). A slot of another group is damage: faulty, repaired.
+#[test]
+fn a_journal_slot_of_another_group_is_damage() {
+    let (h, _) = registered(3);
+    let entry = h.replica(1).journal.get(&1).unwrap();
+    let mut foreign = Prepare {
+        header: entry.header,
+        body: entry.body.clone().unwrap(),
+    };
+    foreign.header.group = 5;
+    foreign.header = foreign.header.seal();
+    assert!(foreign.valid(), "whole and checksummed");
+    let config = *h.replica(1).config();
+    let restarted = Replica::restart(
+        config,
+        CounterMachine::default(),
+        Persisted {
+            durable: DurableState::default(),
+            checkpoint: None,
+            journal: vec![
+                (1, JournalSlot::Prepare(foreign.clone())),
+                (2, JournalSlot::Header(foreign.header)),
+            ],
+            journal_trusted: true,
+        },
+    )
+    .unwrap();
+    assert!(restarted.journal.get(&1).is_none() && restarted.journal.get(&2).is_none());
+    assert!(restarted.faulty.contains(&1) && restarted.faulty.contains(&2));
+}
