@@ -7,8 +7,10 @@
 //!
 //! # Layout
 //!
-//! A copy is a 128-byte header (magic `BRDVST03`, the slot size, the slots counted,
-//! CRC32C) and then the slots, 128 bytes each, slot `i` at `128 * (i + 1)`. A slot
+//! A copy is a 128-byte header (magic `BRDVST04`, the slot size, the slots counted,
+//! CRC32C) and then the slots, 128 bytes each, slot `i` at `128 * (i + 1)`. Every
+//! CRC32C is seeded with the magic and the table's name (`codec::Sums`), so another
+//! table's bytes never pass here. A slot
 //! holds its own index, its kind (free or used), the sequence number of the write that
 //! wrote it, the group, a CRC32C of those four (its identity), then the group's boot
 //! [`Stamp`] (see [`super::boot`]) and `DurableState`, and a CRC32C of the whole slot.
@@ -55,11 +57,14 @@ use braid_vsr::DurableState;
 
 use super::boot::{BootId, Stamp};
 use codec::{
-    be32, be64, decode_header, decode_slot, encode_header, encode_slot, runs, slot_offset,
+    be32, be64, decode_header, decode_slot, encode_header, encode_slot, runs, slot_offset, Sums,
 };
 
-/// The magic of the slotted layout.
-const MAGIC: &[u8; 8] = b"BRDVST03";
+/// The magic of the slotted layout, its sums seeded with the table's name.
+const MAGIC: &[u8; 8] = b"BRDVST04";
+/// The slotted layout with sums seeded with the magic alone: read, and put in place
+/// as `BRDVST04` by the open that reads it.
+const MAGIC_UNSALTED: &[u8; 8] = b"BRDVST03";
 /// The whole-table format with stamps, read to upgrade.
 const MAGIC_STAMPED: &[u8; 8] = b"BRDVST02";
 /// The table's first format: entries without a stamp, read to upgrade.
@@ -285,6 +290,8 @@ struct CopyRead {
     bytes: Option<Vec<u8>>,
     /// The slots its header counts, or why the header is not intact.
     count: Result<u32, String>,
+    /// The sums its format takes.
+    sums: Sums,
 }
 
 impl CopyRead {
@@ -297,7 +304,7 @@ impl CopyRead {
         }
         let at = slot_offset(index) as usize;
         match bytes.get(at..at + SLOT_BYTES) {
-            Some(slot) => decode_slot(index, slot),
+            Some(slot) => decode_slot(index, slot, self.sums),
             None => SlotRead::Damaged(None),
         }
     }
@@ -317,6 +324,8 @@ pub(crate) struct GroupStates {
     dir: PathBuf,
     /// The copies, written in this order.
     paths: [PathBuf; 2],
+    /// How its checksums are seeded (its format and name).
+    sums: Sums,
     /// Where a whole copy is written before it is renamed into place.
     tmp: PathBuf,
     /// The boot this process runs in: the stamp of every state it stages.
@@ -359,6 +368,7 @@ impl GroupStates {
         let mut store = Self {
             dir: dir.to_owned(),
             paths: [0, 1].map(|i| dir.join(format!("shard-{shard}.{i}"))),
+            sums: Sums::of_table(&table_name(dir, shard)),
             tmp: dir.join(format!("shard-{shard}.tmp")),
             boot,
             states: BTreeMap::new(),
@@ -376,7 +386,7 @@ impl GroupStates {
         };
         let copies = [read_copy(&store.paths[0])?, read_copy(&store.paths[1])?];
         let present = || copies.iter().flatten();
-        if present().any(|bytes| bytes.starts_with(MAGIC)) {
+        if present().any(|bytes| bytes.starts_with(MAGIC) || bytes.starts_with(MAGIC_UNSALTED)) {
             store.load(copies)?;
         } else if present().any(|bytes| is_old_table(bytes)) {
             store.upgrade(&copies)?;
@@ -443,7 +453,7 @@ impl GroupStates {
     fn install(&mut self) -> Result<(), StatesError> {
         let seq = self.seq + 1;
         let count = self.owners.len() as u32;
-        let mut bytes = encode_header(count).to_vec();
+        let mut bytes = encode_header(count, self.sums).to_vec();
         for index in 0..count {
             bytes.extend_from_slice(&self.slot_bytes(index, seq));
         }
@@ -463,20 +473,34 @@ impl GroupStates {
     /// Reads the slotted layout: each slot from its two copies, each group from its
     /// newest slot; then writes back what a copy lacks.
     fn load(&mut self, copies: [Option<Vec<u8>>; 2]) -> Result<(), StatesError> {
+        let own = self.sums;
         let copies = copies.map(|bytes| match bytes {
             Some(bytes) if is_old_table(&bytes) => CopyRead {
                 bytes: None,
                 count: Err("a table from before the upgrade".into()),
+                sums: own,
             },
-            Some(bytes) => CopyRead {
-                count: decode_header(&bytes),
-                bytes: Some(bytes),
-            },
+            Some(bytes) => {
+                let sums = if bytes.starts_with(MAGIC_UNSALTED) {
+                    Sums::unsalted()
+                } else {
+                    own
+                };
+                CopyRead {
+                    count: decode_header(&bytes, sums),
+                    bytes: Some(bytes),
+                    sums,
+                }
+            }
             None => CopyRead {
                 bytes: None,
                 count: Err("absent".into()),
+                sums: own,
             },
         });
+        let unsalted = copies
+            .iter()
+            .any(|copy| copy.bytes.is_some() && copy.sums.is_unsalted());
         let counts = copies.each_ref().map(|copy| copy.count.clone().ok());
         let Some(count) = counts.into_iter().flatten().max() else {
             let reason = self
@@ -522,6 +546,22 @@ impl GroupStates {
         }
         self.warn_of_slots(&damaged_at);
         let copied = self.settle(resolved);
+        if unsalted {
+            if self.damaged.is_empty() {
+                // Every slot proven: the table goes in place whole in the current
+                // format (as from the first formats), each copy renamed over.
+                self.install()?;
+                tracing::info!(
+                    dir = %self.dir.display(),
+                    "replica states upgraded to sums seeded with the table's name ({})",
+                    String::from_utf8_lossy(MAGIC)
+                );
+                return Ok(());
+            }
+            // A lost slot's evidence stays as it was found (its copies' bytes): the
+            // table keeps the format before until an open finds every slot proven.
+            self.sums = Sums::unsalted();
+        }
         // Each copy gets the slots it lacks as the other holds them (the copy that
         // holds a slot is not written, so a crash now cannot tear the only one), and
         // the slots written anew.
@@ -834,7 +874,7 @@ impl GroupStates {
                     .map(|entry| Content::Used(group, *entry))
             })
             .unwrap_or(Content::Free);
-        encode_slot(index, seq, content)
+        encode_slot(index, seq, content, self.sums)
     }
 
     fn dirty_slots(&self, seq: u64) -> impl Iterator<Item = (u32, [u8; SLOT_BYTES])> + '_ {
@@ -869,7 +909,8 @@ impl GroupStates {
             let path = &self.paths[copy];
             let (file, created) = disk::open_or_create(path).map_err(io(path))?;
             if self.headers[copy] != Some(count) {
-                disk::write_at(&file, path, &encode_header(count), 0).map_err(io(path))?;
+                disk::write_at(&file, path, &encode_header(count, self.sums), 0)
+                    .map_err(io(path))?;
             }
             for (offset, run) in &runs(slots) {
                 disk::write_at(&file, path, run, *offset).map_err(io(path))?;
@@ -894,6 +935,19 @@ impl GroupStates {
         }
         Ok(())
     }
+}
+
+/// The name a table's sums are seeded with: its role (the metadata group's table, or
+/// the partitions' of a shard, by the directory a node keeps it in) and its shard:
+/// `metadata/shard-0`, `replication/shard-1`. A table elsewhere (a test's) is
+/// `states/shard-N`, wherever it is copied to.
+fn table_name(dir: &Path, shard: usize) -> String {
+    let role = dir
+        .file_name()
+        .and_then(|name| name.to_str())
+        .filter(|role| matches!(*role, "metadata" | "replication"))
+        .unwrap_or("states");
+    format!("{role}/shard-{shard}")
 }
 
 mod codec;

@@ -274,7 +274,8 @@ fn assert_every_crash_state_of_open(
     what: &str,
 ) -> usize {
     let root = tempfile::tempdir().unwrap();
-    let dir = root.path().join("replication");
+    // Named as the copies' table was (a test's: `states`), wherever it is.
+    let dir = root.path().join("states");
     std::fs::create_dir(&dir).unwrap();
     // The harness starts from an empty root: the copies as they stood come first.
     let mut trace = vec![
@@ -304,7 +305,7 @@ fn assert_every_crash_state_of_open(
             return;
         }
         let what = format!("{what}, cut at {at}, {how}");
-        let states = GroupStates::open(&out.join("replication"), 0, boot())
+        let states = GroupStates::open(&out.join("states"), 0, boot())
             .unwrap_or_else(|e| panic!("{what}: {e}"));
         assert_eq!(&states.states, expected, "{what}");
         assert!(states.damaged_groups().is_empty(), "{what}");
@@ -792,7 +793,8 @@ fn slots_of_the_first_state_layout_still_open() {
             let region = &mut bytes[at + STATE_AT..at + CHECKSUM_AT];
             region.fill(0);
             region[..DurableState::ENCODED_BYTES_V1].copy_from_slice(&encode_v1(&old, seq));
-            let sum = super::codec::checksum(&bytes[at..at + CHECKSUM_AT]);
+            let sums = Sums::of_table(&table_name(dir.path(), 0));
+            let sum = sums.checksum(&bytes[at..at + CHECKSUM_AT]);
             bytes[at + CHECKSUM_AT..at + SLOT_BYTES].copy_from_slice(&sum.to_be_bytes());
         }
         std::fs::write(&path, bytes).unwrap();
@@ -805,5 +807,83 @@ fn slots_of_the_first_state_layout_still_open() {
             views_lost: true,
             ..lost
         })
+    );
+}
+
+/// The shell simulator's seed 1962 with misdirected writes: a page of a partitions
+/// table written over the metadata table's copy 0 put that table's header and slots
+/// there, whole and checksummed; its newer sequence numbers won, the metadata group
+/// had no state, restarted from view 0, and an acknowledged stream creation was lost.
+/// A table's sums are seeded with its name: another table's bytes are damage, and the
+/// other copy is read.
+#[test]
+fn another_tables_page_over_a_copy_is_damage() {
+    let root = tempfile::tempdir().unwrap();
+    let ours_dir = root.path().join("metadata");
+    let theirs_dir = root.path().join("replication");
+    let mut ours = GroupStates::open(&ours_dir, 0, boot()).unwrap();
+    ours.stage(0, state(3, 40));
+    ours.write_staged().unwrap();
+    drop(ours);
+    let mut theirs = GroupStates::open(&theirs_dir, 0, boot()).unwrap();
+    for round in 0..5 {
+        theirs.stage(77, state(round, 1));
+        theirs.write_staged().unwrap();
+    }
+    drop(theirs);
+    let page = std::fs::read(theirs_dir.join("shard-0.1")).unwrap();
+    std::fs::write(ours_dir.join("shard-0.0"), &page).unwrap();
+    let ours = GroupStates::open(&ours_dir, 0, boot()).unwrap();
+    assert_eq!(
+        ours.get(0),
+        Some(state(3, 40)),
+        "our own state, from copy 1"
+    );
+    assert_eq!(ours.get(77), None, "nothing of the other table");
+}
+
+/// A table in the format before (`BRDVST03`, sums seeded with the magic alone) opens
+/// as it was and is put in place in the current one.
+#[test]
+fn a_table_of_the_format_before_opens_and_is_upgraded() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut states = GroupStates::open(dir.path(), 0, boot()).unwrap();
+    states.stage(5, state(2, 9));
+    states.stage(6, state(4, 1));
+    states.write_staged().unwrap();
+    drop(states);
+    // Rewrite both copies as the format before would have.
+    let old = Sums::unsalted();
+    for path in paths(dir.path(), 0) {
+        let mut bytes = std::fs::read(&path).unwrap();
+        let count = be32(&bytes, 12);
+        bytes[..HEADER_BYTES].copy_from_slice(&encode_header(count, old));
+        for index in 0..count {
+            let at = slot_offset(index) as usize;
+            let SlotRead::Intact(seq, content) = decode_slot(
+                index,
+                &bytes[at..at + SLOT_BYTES],
+                Sums::of_table(&table_name(dir.path(), 0)),
+            ) else {
+                panic!("slot {index} intact");
+            };
+            bytes[at..at + SLOT_BYTES].copy_from_slice(&encode_slot(index, seq, content, old));
+        }
+        std::fs::write(&path, bytes).unwrap();
+        assert!(std::fs::read(&path).unwrap().starts_with(MAGIC_UNSALTED));
+    }
+    let states = GroupStates::open(dir.path(), 0, boot()).unwrap();
+    assert_eq!(
+        (states.get(5), states.get(6)),
+        (Some(state(2, 9)), Some(state(4, 1)))
+    );
+    drop(states);
+    for path in paths(dir.path(), 0) {
+        assert!(std::fs::read(&path).unwrap().starts_with(MAGIC), "upgraded");
+    }
+    let states = GroupStates::open(dir.path(), 0, boot()).unwrap();
+    assert_eq!(
+        (states.get(5), states.get(6)),
+        (Some(state(2, 9)), Some(state(4, 1)))
     );
 }
