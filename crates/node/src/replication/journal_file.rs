@@ -161,6 +161,8 @@ pub(crate) struct JournalFile {
     /// Whether the file has a head (a copy of its newest markers, see `head`); a
     /// file written before heads has none until it is rewritten.
     headed: bool,
+    /// Head copies written: the next goes to copy `head_writes % 2`.
+    head_writes: u64,
     poisoned: bool,
 }
 
@@ -753,11 +755,13 @@ impl JournalFile {
             return Err(JournalError::Poisoned(self.path.clone()));
         }
         let file = self.handle()?;
-        let head = self.head().encode();
-        if let Err(err) = disk::write_at(&file, &self.path, &head, MAGIC.len() as u64) {
+        let copy = self.head().encode_copy();
+        let at = MAGIC.len() + Head::copy_at(self.head_writes);
+        if let Err(err) = disk::write_at(&file, &self.path, &copy, at as u64) {
             self.poisoned = true;
             return Err(io(&self.path)(err));
         }
+        self.head_writes += 1;
         Ok(())
     }
 

@@ -154,6 +154,7 @@ impl JournalFile {
             durable_marked_len: (durable_len as u64).min(at as u64),
             generation: 0,
             headed,
+            head_writes: 0,
             poisoned: false,
         };
         let mut journal = journal;

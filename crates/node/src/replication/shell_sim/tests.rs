@@ -164,7 +164,8 @@ fn every_member_losing_power_at_once_keeps_every_acknowledged_record() {
 /// members, plain faults) could not restart a partition whose damaged batch header
 /// claimed the open's cut lay inside it; seeds 32436 and 44274 (the same) and 5928 (at
 /// four times the faults) waited for ever in a view change with members left untrusted
-/// by a power loss that zeroed only writes never synced; seed 7533 (four times the
+/// by a power loss that zeroed only writes never synced, and seed 2022 (the same) when
+/// that power loss zeroed the head copies too, written at once; seed 7533 (four times the
 /// faults) dropped a committed batch: a member's new log view was durable before the
 /// whole prepares that view's log brought it; seed 11305 (four times the faults)
 /// dropped every committed op of a partition: the one member of the newest log view
@@ -182,7 +183,7 @@ fn seeds_that_found_faults_at_four_times_the_faults_pass() {
     }
     // 23612 (damage variant, plain faults): an open cut unmarked records with the
     // durable headers they had replaced, below a log view that named them.
-    for seed in [23612, 26717, 27835, 31966, 32436, 32719, 41907, 44274] {
+    for seed in [2022, 23612, 26717, 27835, 31966, 32436, 32719, 41907, 44274] {
         if let Err(failure) = run_seed(seed, Variant::plain(true)) {
             panic!("{failure}");
         }
