@@ -1,4 +1,5 @@
-//! The replica's journal in memory: entries by op, in a vector sorted by op.
+//! A small map keyed by `u64` (an op, a client), in a vector sorted by key: the
+//! replica's journal in memory, and the client table's sessions and registrations.
 //!
 //! A B-tree allocates a node with room for eleven entries for the first one, and an
 //! idle group's journal holds one (the anchor its next prepare chains to): a heap

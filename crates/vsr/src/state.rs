@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 
 use crate::message::{Operation, Refusal};
+use crate::op_map::OpMap;
 
 /// What ops do when they are applied. Implementations must be deterministic.
 pub trait StateMachine {
@@ -101,12 +102,12 @@ pub struct Applied {
 #[derive(Debug, Clone)]
 pub struct ReplicatedState<S> {
     machine: S,
-    sessions: VecMap<Session>,
+    sessions: OpMap<Session>,
     sessions_max: usize,
     /// Client id -> (latest registration attempt, the session it got). Kept for more
     /// clients than sessions, so a replayed old register is refused even after its
     /// session was evicted.
-    registrations: VecMap<(u64, u64)>,
+    registrations: OpMap<(u64, u64)>,
 }
 
 impl<S: StateMachine> ReplicatedState<S> {
@@ -114,9 +115,9 @@ impl<S: StateMachine> ReplicatedState<S> {
     pub fn new(machine: S, sessions_max: usize) -> Self {
         Self {
             machine,
-            sessions: VecMap::default(),
+            sessions: OpMap::default(),
             sessions_max: sessions_max.max(1),
-            registrations: VecMap::default(),
+            registrations: OpMap::default(),
         }
     }
 
@@ -283,7 +284,7 @@ impl<S: StateMachine> ReplicatedState<S> {
     pub fn restore(&mut self, bytes: &[u8]) -> Result<(), String> {
         let mut reader = Words { bytes, at: 0 };
         let count = reader.word()?;
-        let mut sessions = VecMap::default();
+        let mut sessions = OpMap::default();
         for _ in 0..count {
             let id = reader.word()?;
             let client = reader.word()?;
@@ -301,7 +302,7 @@ impl<S: StateMachine> ReplicatedState<S> {
                 },
             );
         }
-        let mut registrations = VecMap::default();
+        let mut registrations = OpMap::default();
         for _ in 0..reader.word()? {
             let client = reader.word()?;
             let attempt = reader.word()?;
@@ -312,66 +313,6 @@ impl<S: StateMachine> ReplicatedState<S> {
         self.sessions = sessions;
         self.registrations = registrations;
         Ok(())
-    }
-}
-
-/// A small map kept as a vector sorted by key: a client table holds few entries, and a
-/// B-tree node reserves room for eleven (an idle group's table is most of its memory).
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct VecMap<V> {
-    entries: Vec<(u64, V)>,
-}
-
-impl<V> Default for VecMap<V> {
-    fn default() -> Self {
-        Self {
-            entries: Vec::new(),
-        }
-    }
-}
-
-impl<V> VecMap<V> {
-    fn position(&self, key: u64) -> Result<usize, usize> {
-        self.entries.binary_search_by_key(&key, |(k, _)| *k)
-    }
-
-    fn get(&self, key: &u64) -> Option<&V> {
-        let at = self.position(*key).ok()?;
-        self.entries.get(at).map(|(_, v)| v)
-    }
-
-    fn get_mut(&mut self, key: &u64) -> Option<&mut V> {
-        let at = self.position(*key).ok()?;
-        self.entries.get_mut(at).map(|(_, v)| v)
-    }
-
-    fn contains_key(&self, key: &u64) -> bool {
-        self.position(*key).is_ok()
-    }
-
-    fn insert(&mut self, key: u64, value: V) {
-        match self.position(key) {
-            Ok(at) => self.entries[at].1 = value,
-            Err(at) => {
-                if self.entries.capacity() == 0 {
-                    self.entries.reserve_exact(1);
-                }
-                self.entries.insert(at, (key, value));
-            }
-        }
-    }
-
-    fn remove(&mut self, key: &u64) -> Option<V> {
-        let at = self.position(*key).ok()?;
-        Some(self.entries.remove(at).1)
-    }
-
-    fn len(&self) -> usize {
-        self.entries.len()
-    }
-
-    fn iter(&self) -> impl Iterator<Item = (&u64, &V)> {
-        self.entries.iter().map(|(k, v)| (k, v))
     }
 }
 

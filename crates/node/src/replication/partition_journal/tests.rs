@@ -791,30 +791,23 @@ fn a_cut_is_durable_when_the_turn_syncs_even_with_batches_synced_off_the_shard()
         assert!(journal.sync().unwrap().is_empty());
         synced_at = hook::trace_len();
     }
-    let trace = hook::take().unwrap().trace;
-    let checked =
-        braid_storage::crash::for_each_crash_state(&trace, root.path(), |at, how, out| {
-            if at < synced_at {
-                return;
-            }
-            let (_, recovered) = PartitionJournal::open(&out.join("p"), config(), 0)
-                .unwrap_or_else(|e| panic!("cut at {at}, {how}: {e}"));
-            for (op, slot) in &recovered.slots {
-                let old = match slot {
-                    JournalSlot::Prepare(p) => p.header.view == 1 && *op > 4,
-                    JournalSlot::Header(h) => h.view == 1 && *op > 4,
-                    _ => false,
-                };
-                assert!(!old, "cut at {at}, {how}: the old view's op {op} is back");
-            }
-            assert!(
-                recovered
-                    .slots
-                    .iter()
-                    .any(|(op, s)| *op == 5 && *s == JournalSlot::Header(new_view_header)),
-                "cut at {at}, {how}: the new view's header at op 5 is lost"
-            );
-        });
+    let checked = each_crash_state_after(root.path(), synced_at, config(), |cut, recovered| {
+        for (op, slot) in &recovered.slots {
+            let old = match slot {
+                JournalSlot::Prepare(p) => p.header.view == 1 && *op > 4,
+                JournalSlot::Header(h) => h.view == 1 && *op > 4,
+                _ => false,
+            };
+            assert!(!old, "{cut}: the old view's op {op} is back");
+        }
+        assert!(
+            recovered
+                .slots
+                .iter()
+                .any(|(op, s)| *op == 5 && *s == JournalSlot::Header(new_view_header)),
+            "{cut}: the new view's header at op 5 is lost"
+        );
+    });
     assert!(checked >= 1, "{checked} crash states");
 }
 
@@ -856,21 +849,15 @@ fn a_new_log_views_whole_prepares_are_known_after_any_crash_once_the_turn_syncs(
         );
         synced_at = hook::trace_len();
     }
-    let trace = hook::take().unwrap().trace;
     let checked =
-        braid_storage::crash::for_each_crash_state(&trace, root.path(), |at, how, out| {
-            if at < synced_at {
-                return;
-            }
-            let (_, recovered) = PartitionJournal::open(&out.join("p"), member_config(), 0)
-                .unwrap_or_else(|e| panic!("cut at {at}, {how}: {e}"));
+        each_crash_state_after(root.path(), synced_at, member_config(), |cut, recovered| {
             for op in [5, 6] {
                 let header = match recovered.slots.iter().find(|(o, _)| *o == op) {
                     Some((_, JournalSlot::Prepare(p))) => p.header,
                     Some((_, JournalSlot::Header(h))) => *h,
-                    other => panic!("cut at {at}, {how}: op {op} is {other:?}"),
+                    other => panic!("{cut}: op {op} is {other:?}"),
                 };
-                assert_eq!(header, ops[op as usize - 1].header, "cut at {at}, {how}");
+                assert_eq!(header, ops[op as usize - 1].header, "{cut}");
             }
         });
     assert!(checked >= 1, "{checked} crash states");
@@ -937,3 +924,24 @@ fn a_committed_batch_stored_off_its_offsets_stops_the_partition() {
 mod findings;
 mod past_a_hole;
 mod untrusted;
+
+/// Reopens, with `config`, the journal at `root/p` as every crash at or after traced
+/// event `from` (of the trace the test's hook took) leaves it, and hands each open's
+/// findings to `check` with where the crash cut. Returns the states checked.
+fn each_crash_state_after(
+    root: &Path,
+    from: usize,
+    config: LogConfig,
+    mut check: impl FnMut(&str, Recovered),
+) -> usize {
+    let trace = hook::take().unwrap().trace;
+    braid_storage::crash::for_each_crash_state(&trace, root, |at, how, out| {
+        if at < from {
+            return;
+        }
+        let cut = format!("cut at {at}, {how}");
+        let (_, recovered) = PartitionJournal::open(&out.join("p"), config, 0)
+            .unwrap_or_else(|e| panic!("{cut}: {e}"));
+        check(&cut, recovered);
+    })
+}
