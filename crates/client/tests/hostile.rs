@@ -510,7 +510,8 @@ async fn connections_beyond_the_maximum_are_closed_at_accept() {
 
 /// Rules once undocumented: request id 0 belongs to the node (a request with it is
 /// `InvalidArgument`); `max_wait_ms` above 60 s is `InvalidArgument`, not silently
-/// capped; a stored batch carries leader epoch 0, whatever the producer sent.
+/// capped; a stored batch carries its partition's tag as leader epoch, whatever the
+/// producer sent.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn request_id_zero_long_waits_and_the_leader_epoch_follow_their_rules() {
     use braid_proto::client::{error_code, ErrorCode};
@@ -533,11 +534,15 @@ async fn request_id_zero_long_waits_and_the_leader_epoch_follow_their_rules() {
         "a wait above 60 s"
     );
     assert_eq!(answers[2], (8, 0), "the connection goes on");
-    // The producer's -1 is replaced by the appending node's epoch.
+    // The producer's -1 is replaced by the partition's tag (the node's first topic has
+    // id 0).
     client.produce("s", "t", 0, &batch(1, 10)).await.unwrap();
     let fetched = client.fetch("s", "t", 0, 0, 1 << 20, 0).await.unwrap();
     let (stored, _) = braid_proto::RecordBatch::validate(&fetched.batches).unwrap();
-    assert_eq!(stored.header().partition_leader_epoch, 0);
+    assert_eq!(
+        stored.header().partition_leader_epoch,
+        braid_proto::batch::partition_tag(0, 0)
+    );
 }
 
 /// A commit with a generation older than the group's (the member has not seen the

@@ -402,16 +402,29 @@ fn stored_batches(data_dir: &std::path::Path) -> Vec<Vec<u8>> {
         .map(|e| e.unwrap().path())
         .find(|p| p.is_dir())
         .unwrap();
-    let mut log =
-        braid_storage::PartitionLog::open(topic.join("0"), braid_storage::LogConfig::default(), 0)
-            .unwrap();
+    // Named by the topic's id; its partition 0's batches carry their tag.
+    let topic_id: u32 = topic
+        .file_name()
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let tag = braid_proto::batch::partition_tag(topic_id, 0);
+    let mut log = braid_storage::PartitionLog::open_tagged(
+        topic.join("0"),
+        tag,
+        braid_storage::LogConfig::default(),
+        0,
+    )
+    .unwrap();
     let mut out = Vec::new();
     let mut offset = log.start_offset();
     while offset < log.next_offset() {
         let read = log.read(offset, 1 << 20, u64::MAX).unwrap();
         let mut bytes = read.bytes();
         while !bytes.is_empty() {
-            let (batch, used) = RecordBatch::check_stored(bytes).unwrap();
+            let (batch, used) = RecordBatch::check_stored(bytes, tag).unwrap();
             out.push(bytes[..used].to_vec());
             offset =
                 batch.header().base_offset as u64 + batch.header().last_offset_delta as u64 + 1;

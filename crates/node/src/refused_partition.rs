@@ -28,8 +28,9 @@ pub(crate) struct RefusedPartition {
 }
 
 impl RefusedPartition {
-    /// Opens what `dir` holds of a partition whose group was refused for `reason`.
-    pub(crate) fn open(dir: &std::path::Path, config: LogConfig, reason: String) -> Self {
+    /// Opens what `dir` holds of a partition (tagged `tag`) whose group was refused
+    /// for `reason`.
+    pub(crate) fn open(dir: &std::path::Path, tag: i32, config: LogConfig, reason: String) -> Self {
         let config = LogConfig {
             recovery: RecoveryMode::Strict,
             ..config
@@ -37,7 +38,7 @@ impl RefusedPartition {
         // A directory that is gone stays gone: opening a log would make an empty one.
         let log = match dir
             .is_dir()
-            .then(|| PartitionLog::open(dir, config, crate::mailbox::now_ms()))
+            .then(|| PartitionLog::open_tagged(dir, tag, config, crate::mailbox::now_ms()))
         {
             Some(Ok(log)) => {
                 let end = log.next_offset();

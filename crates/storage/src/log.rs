@@ -93,6 +93,10 @@ pub struct RetentionOutcome {
 pub struct PartitionLog {
     dir: PathBuf,
     config: LogConfig,
+    /// The partition's tag: what every stored batch carries in its leader epoch field
+    /// and what seeds the recovery point's CRC, so that another partition's bytes
+    /// written here (a misdirected write) read as damage.
+    tag: i32,
     /// Sorted by base offset; the last one is active. Never empty.
     segments: Vec<Segment>,
     /// Read-write handle of the active segment, opened on demand.
@@ -127,6 +131,12 @@ impl PartitionLog {
     /// The settings.
     pub fn config(&self) -> &LogConfig {
         &self.config
+    }
+
+    /// The partition's tag, which every stored batch carries (see
+    /// [`open_tagged`](Self::open_tagged)).
+    pub fn tag(&self) -> i32 {
+        self.tag
     }
 
     /// The earliest offset still stored.
@@ -177,9 +187,10 @@ impl PartitionLog {
         usize::from(self.active_file.is_some()) + usize::from(self.reader.is_some())
     }
 
-    /// Appends a batch: assigns it the next offsets (and leader epoch 0: a log stores
-    /// nothing else there, so damage to the field, which the CRC leaves out, shows) and
-    /// writes it to the page cache.
+    /// Appends a batch: assigns it the next offsets (and the log's tag as its leader
+    /// epoch: a log stores nothing else there, so damage to the field, which the CRC
+    /// leaves out, shows, and so does another partition's batch) and writes it to the
+    /// page cache.
     /// Rolls to a new segment first when the active one is full or old. The batch is
     /// durable only once [`durable_offset`](Self::durable_offset) passes it (see
     /// [`append_blocking`](Self::append_blocking) for a call that waits).
@@ -189,13 +200,14 @@ impl PartitionLog {
     /// failed write the log is as it was before the call.
     pub fn append(&mut self, mut batch: ValidatedBatch, now_ms: u64) -> Result<Appended, LogError> {
         let header = *batch.header();
+        let tag = self.tag;
         self.append_with(
             batch.len(),
             &header,
             now_ms,
             |file, path, base, position| {
                 batch.set_base_offset(base as i64);
-                batch.set_partition_leader_epoch(0);
+                batch.set_partition_leader_epoch(tag);
                 crate::disk::write_at(file, path, batch.as_bytes(), position)
             },
         )
@@ -204,8 +216,8 @@ impl PartitionLog {
     /// Appends a batch held elsewhere (shared, so not owned or copied): `bytes` must be
     /// one whole batch already validated (a replicated prepare's body, whose producer's
     /// batch was validated by the primary and whose checksum held on arrival). Its base
-    /// offset is written as this log assigns it and its leader epoch as 0, the rest as
-    /// is.
+    /// offset is written as this log assigns it and its leader epoch as the log's tag,
+    /// the rest as is.
     ///
     /// # Errors
     /// [`LogError::Corrupt`] if `bytes` is not one batch's frame, and as
@@ -231,6 +243,7 @@ impl PartitionLog {
             }));
         }
         let head_len = braid_proto::batch::HEADER_BYTES;
+        let tag = self.tag;
         self.append_with(
             bytes.len(),
             &header,
@@ -239,7 +252,7 @@ impl PartitionLog {
                 let mut head = [0u8; braid_proto::batch::HEADER_BYTES];
                 head.copy_from_slice(&bytes[..head_len]);
                 braid_proto::batch::set_base_offset(&mut head, base as i64);
-                braid_proto::batch::set_partition_leader_epoch(&mut head, 0);
+                braid_proto::batch::set_partition_leader_epoch(&mut head, tag);
                 crate::disk::write_at(file, path, &head, position)?;
                 crate::disk::write_at(file, path, &bytes[head_len..], position + head_len as u64)
             },
@@ -457,6 +470,7 @@ impl PartitionLog {
             self.ensure_index(at)?;
             let interval = self.config.index_interval_bytes;
             let mut spare = Some(buffer);
+            let tag = self.tag;
             let read = self.with_sound_index(at, |log, file| {
                 let buffer = spare.take().unwrap_or_default();
                 read_batches(
@@ -469,6 +483,7 @@ impl PartitionLog {
                     interval,
                     buffer,
                 )
+                .map(|read| read.tagged(tag))
             })?;
             if !read.is_empty() {
                 return Ok(read);
@@ -538,7 +553,7 @@ impl PartitionLog {
                 corruption: e.into(),
             };
             let (batch, _) =
-                braid_proto::RecordBatch::check_stored(read.bytes()).map_err(corrupt)?;
+                braid_proto::RecordBatch::check_stored(read.bytes(), self.tag).map_err(corrupt)?;
             let header = *batch.header();
             if let (true, Some(entry)) = (first, below) {
                 if header.base_offset as u64 != offset || header.max_timestamp != entry.timestamp {
@@ -712,7 +727,7 @@ impl PartitionLog {
             return Ok(());
         }
         self.recovery_point = point;
-        point.store(&self.dir)
+        point.store(&self.dir, self.tag)
     }
 
     /// Passes `result` through, poisoning the log if it is an error: after a failed

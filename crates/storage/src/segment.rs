@@ -227,7 +227,7 @@ pub(crate) fn load_index(
     }
     builder.index.offsets = offset_entries;
     builder.index.times = time_entries;
-    let mut walk = Walk::new(file, position, segment.size_bytes, false);
+    let mut walk = Walk::new(file, position, segment.size_bytes, None);
     let mut first = resume;
     loop {
         let step = walk
@@ -437,7 +437,7 @@ pub(crate) fn find_batch(
     // Position 0 is the segment's start, not an entry read from a file.
     let from_index = entry.position != 0;
     let mut expected = segment.base_offset + u64::from(entry.relative_offset);
-    let mut walk = Walk::new(file, u64::from(entry.position), segment.size_bytes, false);
+    let mut walk = Walk::new(file, u64::from(entry.position), segment.size_bytes, None);
     loop {
         let step = walk.next_step().map_err(LogError::io_with("read", || {
             log_path(dir, segment.base_offset)
@@ -486,6 +486,8 @@ pub struct LogRead {
     pub next_offset: u64,
     /// Number of batches returned.
     pub batch_count: u32,
+    /// The tag of the log read, which its stored batches carry.
+    pub(crate) tag: i32,
 }
 
 impl LogRead {
@@ -509,7 +511,14 @@ impl LogRead {
             first_offset: next_offset,
             next_offset,
             batch_count: 0,
+            tag: 0,
         }
+    }
+
+    /// The read, of a log tagged `tag`.
+    pub(crate) fn tagged(mut self, tag: i32) -> Self {
+        self.tag = tag;
+        self
     }
 
     /// The batches, exactly as stored.

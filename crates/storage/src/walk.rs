@@ -27,21 +27,21 @@ pub(crate) enum Step {
     End,
 }
 
-/// Reads batch after batch from `position` to `end` of a file. With `verify`, each
-/// batch is read whole and its CRC checked; without, only headers are read and each
-/// batch is checked to end inside the file.
+/// Reads batch after batch from `position` to `end` of a file. With `verify` (the log's
+/// partition tag), each batch is read whole and checked as stored (CRC and tag);
+/// without, only headers are read and each batch is checked to end inside the file.
 #[derive(Debug)]
 pub(crate) struct Walk<'f> {
     file: &'f File,
     position: u64,
     end: u64,
-    verify: bool,
+    verify: Option<i32>,
     buf: Vec<u8>,
     buf_start: u64,
 }
 
 impl<'f> Walk<'f> {
-    pub(crate) fn new(file: &'f File, position: u64, end: u64, verify: bool) -> Self {
+    pub(crate) fn new(file: &'f File, position: u64, end: u64, verify: Option<i32>) -> Self {
         Self {
             file,
             position,
@@ -88,9 +88,9 @@ impl<'f> Walk<'f> {
                 available: left as usize,
             }));
         }
-        if self.verify {
+        if let Some(tag) = self.verify {
             self.cover(position, total)?;
-            if let Err(err) = RecordBatch::check_stored(self.slice(position, total)) {
+            if let Err(err) = RecordBatch::check_stored(self.slice(position, total), tag) {
                 return bad(Corruption::Batch(err));
             }
         }
@@ -104,7 +104,7 @@ impl<'f> Walk<'f> {
         if position >= self.buf_start && position + len as u64 <= buf_end {
             return Ok(());
         }
-        let chunk = if self.verify {
+        let chunk = if self.verify.is_some() {
             VERIFY_CHUNK_BYTES
         } else {
             HEADER_CHUNK_BYTES
@@ -133,6 +133,7 @@ pub(crate) fn find_intact_batch(
     from: u64,
     end: u64,
     offset_min: u64,
+    tag: i32,
 ) -> std::io::Result<Option<u64>> {
     const WINDOW_BYTES: u64 = 1 << 20;
     let mut window = Vec::new();
@@ -153,7 +154,7 @@ pub(crate) fn find_intact_batch(
             }
             let mut batch = vec![0u8; total as usize];
             file.read_exact_at(&mut batch, position)?;
-            if RecordBatch::check_stored(&batch).is_ok() {
+            if RecordBatch::check_stored(&batch, tag).is_ok() {
                 return Ok(Some(position));
             }
         }

@@ -55,6 +55,12 @@ pub(crate) fn group_of(key: PartitionKey) -> u64 {
     1 << 63 | u64::from(key.topic_id) << 32 | u64::from(key.partition)
 }
 
+/// The tag a partition's log stores in each batch (see
+/// [`braid_proto::batch::partition_tag`]).
+pub(crate) fn tag_of(key: PartitionKey) -> i32 {
+    braid_proto::batch::partition_tag(key.topic_id, key.partition)
+}
+
 /// The partition of a group id, if it is a partition's.
 pub(crate) fn key_of(group: u64) -> Option<PartitionKey> {
     (group >> 63 == 1).then_some(PartitionKey {
@@ -394,7 +400,8 @@ impl PartitionGroups {
             // what a checkpoint covers). A lone replica has no peer and refuses.
             log_config.recovery = braid_storage::RecoveryMode::TruncateAtDamage;
         }
-        let (mut journal, recovered) = PartitionJournal::open(dir, log_config, now_ms)?;
+        let (mut journal, recovered) =
+            PartitionJournal::open(dir, tag_of(key), log_config, now_ms)?;
         if self.sync.is_some() {
             journal.sync_off_thread();
         }

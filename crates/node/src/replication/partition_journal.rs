@@ -14,11 +14,12 @@
 //! cuts the log back to it first: every entry above chains to the replaced one, so
 //! none of them can be in the new log.
 //!
-//! Bodies are stored with the base offset the log assigns and partition leader epoch
-//! 0; both fields are outside the batch CRC, and a body's VSR checksum is over its
-//! *canonical* form, with both fields zero. So every replica checksums the same bytes,
-//! a batch read back is canonicalised (its offset zeroed) before it is sent or
-//! checked, and a stored epoch other than 0 is damage.
+//! Bodies are stored with the base offset the log assigns and the partition's tag as
+//! leader epoch; both fields are outside the batch CRC, and a body's VSR checksum is
+//! over its *canonical* form, with both fields zero. So every replica checksums the
+//! same bytes, a batch read back is canonicalised (its offset and tag zeroed) before it
+//! is sent or checked, and a stored epoch other than the tag is damage (or another
+//! partition's batch, written here by a misdirected write).
 //!
 //! Crash consistency: [`PartitionJournal::sync`] syncs the log, then `vsr.journal`, and
 //! only then are the writes reported. At open, a header whose batch the log lacks was

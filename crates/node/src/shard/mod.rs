@@ -26,7 +26,7 @@ use crate::mailbox::{now_ms, Control, FetchOutcome, NodeShared, ShardRequest};
 use crate::metrics::{add, ShardMetrics};
 use crate::partition::Partition;
 use crate::refused_partition::RefusedPartition;
-use crate::replication::partition_groups::{Moved, PartitionGroups, Role};
+use crate::replication::partition_groups::{tag_of, Moved, PartitionGroups, Role};
 
 /// How often (in ticks) a shard publishes its partitions' primaries for `ClusterInfo`
 /// and its groups' status on the board.
@@ -305,8 +305,10 @@ impl Shard {
                     "a partition's files are damaged: it takes no writes and serves only \
                      what its log holds; restore it or see docs/operations.md"
                 );
-                self.refused
-                    .insert(key, RefusedPartition::open(&dir, log_config, reason));
+                self.refused.insert(
+                    key,
+                    RefusedPartition::open(&dir, tag_of(key), log_config, reason),
+                );
                 return Ok(());
             }
             Err(source) => {

@@ -248,6 +248,16 @@ pub fn set_base_offset(batch: &mut [u8], offset: i64) {
     batch[field::BASE_OFFSET..][..8].copy_from_slice(&offset.to_be_bytes());
 }
 
+/// The tag a Braid log stores in the partition leader epoch field of each of its
+/// batches (and seeds its recovery point's CRC with): the partition's identity, so that
+/// a batch of another partition's log found in this one (a misdirected write: same
+/// offsets, a CRC that holds) is damage, not a record. The topic id in the high half and
+/// the partition in the low, so that no two partitions of topics below 65,536 with
+/// fewer than 65,536 partitions share a tag (beyond that, a rotation and XOR).
+pub fn partition_tag(topic_id: u32, partition: u32) -> i32 {
+    (topic_id.rotate_left(16) ^ partition) as i32
+}
+
 /// Writes `epoch` into the partition leader epoch field (not covered by the CRC).
 ///
 /// # Panics

@@ -34,8 +34,8 @@ use bytes::BytesMut;
 
 pub use builder::BatchBuilder;
 pub use header::{
-    attribute, field, set_base_offset, set_partition_leader_epoch, BatchHeader, Compression,
-    HEADER_BYTES, MAGIC,
+    attribute, field, partition_tag, set_base_offset, set_partition_leader_epoch, BatchHeader,
+    Compression, HEADER_BYTES, MAGIC,
 };
 pub use record::{parse_record, Header, HeaderIter, Headers, Record, RecordFault};
 
@@ -77,13 +77,16 @@ pub enum BatchError {
         /// CRC of the bytes.
         computed: u32,
     },
-    /// A batch read from a Braid log whose partition leader epoch is not 0, the only
-    /// value a log stores there: the field is outside the CRC, so this is how damage
-    /// to it is seen.
-    #[error("stored batch has partition leader epoch {found}, a log stores 0")]
+    /// A batch read from a Braid log whose partition leader epoch field is not the
+    /// log's partition tag, the only value a log stores there: the field is outside the
+    /// CRC, so this is how damage to it is seen, and how a batch of another partition's
+    /// log (a misdirected write) is told from one of its own.
+    #[error("stored batch has partition tag {found:#010x}, this log stores {expected:#010x}")]
     StoredEpoch {
-        /// The epoch found.
+        /// The value found.
         found: i32,
+        /// The log's partition tag.
+        expected: i32,
     },
     /// The batch is compressed; Braid stores uncompressed batches only for now.
     #[error("compressed batches are not supported (codec: {codec})")]
@@ -168,18 +171,22 @@ impl<'a> RecordBatch<'a> {
     }
 
     /// Checks a batch as a Braid log stores it: its frame, as
-    /// [`check_frame`](Self::check_frame), and its partition leader epoch, which a log
-    /// stores as 0. The two header fields outside the CRC are then both checked, the
-    /// base offset by its place in the log (the caller's part): a stored batch is its
-    /// canonical form at its offsets, and a bit flipped anywhere in it is damage.
+    /// [`check_frame`](Self::check_frame), and its partition leader epoch field, where a
+    /// log stores its partition's tag (`tag`). The two header fields outside the CRC are
+    /// then both checked, the base offset by its place in the log (the caller's part): a
+    /// stored batch is its canonical form at its offsets in its partition, and a bit
+    /// flipped anywhere in it, or another partition's batch, is damage.
     ///
     /// # Errors
     /// As [`check_frame`](Self::check_frame), and [`BatchError::StoredEpoch`].
-    pub fn check_stored(input: &'a [u8]) -> Result<(Self, usize), BatchError> {
+    pub fn check_stored(input: &'a [u8], tag: i32) -> Result<(Self, usize), BatchError> {
         let (batch, used) = Self::check_frame(input)?;
         match batch.header.partition_leader_epoch {
-            0 => Ok((batch, used)),
-            found => Err(BatchError::StoredEpoch { found }),
+            found if found == tag => Ok((batch, used)),
+            found => Err(BatchError::StoredEpoch {
+                found,
+                expected: tag,
+            }),
         }
     }
 

@@ -70,28 +70,40 @@ fn every_flipped_byte_is_caught() {
     }
 }
 
-/// A stored batch (leader epoch 0, its base offset checked by its place) has no byte
-/// a flip goes unnoticed in, from the leader epoch on.
+/// A stored batch (its partition's tag in the leader epoch, its base offset checked by
+/// its place) has no byte a flip goes unnoticed in, from the leader epoch on, and
+/// another partition's copy of it is not taken for it.
 #[test]
 fn every_flipped_byte_of_a_stored_batch_is_caught() {
+    const TAG: i32 = 0x0007_0003;
     let mut stored = ValidatedBatch::new(sample()).unwrap();
-    stored.set_partition_leader_epoch(0);
+    stored.set_partition_leader_epoch(TAG);
     let bytes = stored.as_bytes().to_vec();
-    assert!(RecordBatch::check_stored(&bytes).is_ok());
+    assert!(RecordBatch::check_stored(&bytes, TAG).is_ok());
+    assert_eq!(
+        RecordBatch::check_stored(&bytes, TAG + 1).map(|_| ()),
+        Err(BatchError::StoredEpoch {
+            found: TAG,
+            expected: TAG + 1
+        })
+    );
     for at in field::PARTITION_LEADER_EPOCH..bytes.len() {
         for bit in 0..8 {
             let mut damaged = bytes.clone();
             damaged[at] ^= 1 << bit;
             assert!(
-                RecordBatch::check_stored(&damaged).is_err(),
+                RecordBatch::check_stored(&damaged, TAG).is_err(),
                 "flip of bit {bit} at byte {at} went unnoticed"
             );
         }
     }
     stored.set_partition_leader_epoch(-1);
     assert_eq!(
-        RecordBatch::check_stored(stored.as_bytes()).map(|_| ()),
-        Err(BatchError::StoredEpoch { found: -1 })
+        RecordBatch::check_stored(stored.as_bytes(), TAG).map(|_| ()),
+        Err(BatchError::StoredEpoch {
+            found: -1,
+            expected: TAG
+        })
     );
 }
 

@@ -24,6 +24,23 @@ impl PartitionLog {
     /// [`LogError::Config`]; [`LogError::Corrupt`] naming the file and byte position of
     /// damage that is not a torn tail (under [`RecoveryMode::Strict`]); IO errors.
     pub fn open(dir: impl Into<PathBuf>, config: LogConfig, now_ms: u64) -> Result<Self, LogError> {
+        Self::open_tagged(dir, 0, config, now_ms)
+    }
+
+    /// As [`open`](Self::open), for the log of a partition tagged `tag`
+    /// ([`braid_proto::batch::partition_tag`]): its stored batches carry the tag in their
+    /// leader epoch field and its recovery point is seeded with it, so that bytes of
+    /// another partition's log (a misdirected write: same offsets, CRCs that hold) are
+    /// damage here, not records. [`open`](Self::open) is the log tagged 0.
+    ///
+    /// # Errors
+    /// As [`open`](Self::open).
+    pub fn open_tagged(
+        dir: impl Into<PathBuf>,
+        tag: i32,
+        config: LogConfig,
+        now_ms: u64,
+    ) -> Result<Self, LogError> {
         config.validate()?;
         let dir = dir.into();
         // The partition directory and any parent it needed survive a power cut.
@@ -57,6 +74,7 @@ impl PartitionLog {
         let mut log = Self {
             dir,
             config,
+            tag,
             segments,
             active_file: None,
             reader: None,
@@ -88,8 +106,8 @@ impl PartitionLog {
             segment_base: newest.base_offset,
             position: newest.size_bytes,
         };
-        if RecoveryPoint::load(&log.dir) != Some(end) {
-            end.store(&log.dir).map_err(LogError::io(
+        if RecoveryPoint::load(&log.dir, log.tag) != Some(end) {
+            end.store(&log.dir, log.tag).map_err(LogError::io(
                 "write",
                 log.dir.join(crate::recovery_point::RECOVERY_POINT_FILE),
             ))?;
@@ -107,7 +125,7 @@ impl PartitionLog {
         let segment = &mut self.segments[active];
         let path = log_path(&self.dir, segment.base_offset);
         let mut builder = IndexBuilder::new(segment.base_offset, self.config.index_interval_bytes);
-        let mut walk = Walk::new(&file, 0, segment.size_bytes, true);
+        let mut walk = Walk::new(&file, 0, segment.size_bytes, Some(self.tag));
         let mut valid_end = 0;
         let damage = loop {
             match walk.next_step().map_err(LogError::io("read", &path))? {
@@ -126,21 +144,27 @@ impl PartitionLog {
         if let Some((position, corruption)) = damage {
             // Bytes at or above the recovery point were never known synced: after a
             // power cut they may have reached the disk in any order, so damage there
-            // is a torn tail whatever follows it. Without a point (a log from before
-            // points existed) nothing is assumed.
-            let unsynced = match RecoveryPoint::load(&self.dir) {
+            // is a torn tail whatever follows it. Bytes below it were synced, so damage
+            // there is the disk's (a flipped bit, a lost or misdirected write) even
+            // when nothing intact follows it: a cut would lose acknowledged records
+            // unseen. Without a point (damaged, or another partition's) only an intact
+            // batch after the damage tells.
+            let synced = match RecoveryPoint::load(&self.dir, self.tag) {
                 Some(point) if point.segment_base == segment.base_offset => {
-                    position >= point.position
+                    Some(position < point.position)
                 }
-                Some(point) => point.segment_base < segment.base_offset,
-                None => false,
+                Some(point) => Some(point.segment_base > segment.base_offset),
+                None => None,
             };
-            let intact_after =
-                find_intact_batch(&file, position + 1, segment.size_bytes, builder.next_offset)
-                    .map_err(LogError::io("read", &path))?;
-            if intact_after.is_some() && unsynced {
-                self.recovery.unsynced_damage_cut_at = Some(position);
-            } else if intact_after.is_some() {
+            let intact_after = find_intact_batch(
+                &file,
+                position + 1,
+                segment.size_bytes,
+                builder.next_offset,
+                self.tag,
+            )
+            .map_err(LogError::io("read", &path))?;
+            if synced == Some(true) || (intact_after.is_some() && synced.is_none()) {
                 if self.config.recovery == RecoveryMode::Strict {
                     return Err(LogError::Corrupt {
                         path,
@@ -149,6 +173,8 @@ impl PartitionLog {
                     });
                 }
                 self.recovery.damage_cut_at = Some(position);
+            } else if intact_after.is_some() {
+                self.recovery.unsynced_damage_cut_at = Some(position);
             }
             self.recovery.bytes_truncated = segment.size_bytes - position;
             crate::disk::set_len(&file, &path, position)

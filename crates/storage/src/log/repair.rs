@@ -2,7 +2,7 @@
 //! copy of the same batches.
 //!
 //! Replicas store a committed batch with the same bytes at the same offsets (the same
-//! base offset, leader epoch 0), so a damaged batch is repaired by writing the
+//! base offset, the partition's tag as leader epoch), so a damaged batch is repaired by writing the
 //! replica's bytes over it. Its length is the same, so no position moves and the
 //! segment's indexes stay true.
 
@@ -16,8 +16,8 @@ use crate::files::log_path;
 use crate::segment::LogRead;
 
 impl LogRead {
-    /// Keeps only the batches before the first one whose frame (length, magic, CRC)
-    /// does not check, and returns that one's offset. A reader then never hands out a
+    /// Keeps only the batches before the first one whose frame (length, magic, CRC) or
+    /// tag does not check, and returns that one's offset. A reader then never hands out a
     /// damaged byte: it serves what lies before the damage.
     pub fn keep_verified(&mut self) -> Option<u64> {
         let bytes = self.bytes();
@@ -25,7 +25,7 @@ impl LogRead {
         let mut offset = self.first_offset;
         let mut good = 0;
         while at < bytes.len() {
-            match RecordBatch::check_stored(&bytes[at..]) {
+            match RecordBatch::check_stored(&bytes[at..], self.tag) {
                 Ok((batch, used)) if batch.header().base_offset == offset as i64 => {
                     offset = batch.header().last_offset() as u64 + 1;
                     at += used;
@@ -56,6 +56,7 @@ impl PartitionLog {
     /// out of order, or the copy ends before the damage does (ask for more); IO errors.
     pub fn repair_batches(&mut self, from: u64, batches: &[u8]) -> Result<u64, LogError> {
         let refuse = |why: String| LogError::Repair { offset: from, why };
+        let tag = self.tag;
         if from < self.start_offset() || from >= self.next_offset {
             return Err(refuse("outside the log".into()));
         }
@@ -95,7 +96,7 @@ impl PartitionLog {
                 return Ok(None);
             }
             let bytes = read_at(position, total)?;
-            Ok(RecordBatch::check_stored(&bytes).ok().map(|_| header))
+            Ok(RecordBatch::check_stored(&bytes, tag).ok().map(|_| header))
         };
         // From `start` (a position and the offset of the batch there) over the batch
         // headers to the batch holding `from`: its position and base offset, or the
@@ -154,7 +155,7 @@ impl PartitionLog {
         let mut taken = 0usize;
         let mut next = from;
         loop {
-            let (batch, used) = RecordBatch::check_stored(&batches[first + taken..])
+            let (batch, used) = RecordBatch::check_stored(&batches[first + taken..], self.tag)
                 .map_err(|e| refuse(format!("a copied batch is damaged: {e}")))?;
             if batch.header().base_offset != next as i64 {
                 return Err(refuse(format!(

@@ -9,6 +9,7 @@ use crate::config::{FsyncPolicy, LogConfig, RecoveryMode};
 use crate::sync::Syncer;
 
 mod index_damage;
+mod misdirected;
 
 /// One record of the model: its timestamp and value.
 type ModelRecord = (i64, Vec<u8>);

@@ -120,7 +120,7 @@ impl PartitionLog {
             self.recovery_point
         };
         let cut = recovery_point
-            .store(&dir)
+            .store(&dir, self.tag)
             .map_err(LogError::io(
                 "write",
                 dir.join(crate::recovery_point::RECOVERY_POINT_FILE),
@@ -172,12 +172,13 @@ impl PartitionLog {
             position: 0,
         };
         let dir = self.dir.clone();
+        let tag = self.tag;
         let created = crate::disk::create_new(&path)
             .map_err(LogError::io("create", &path))
             .and_then(|file| sync_dir(&dir).map(|()| file))
             .and_then(|file| {
                 point
-                    .store(&dir)
+                    .store(&dir, tag)
                     .map_err(LogError::io(
                         "write",
                         dir.join(crate::recovery_point::RECOVERY_POINT_FILE),

@@ -3,16 +3,19 @@
 use super::*;
 
 impl PartitionJournal {
-    /// Opens the log in `dir` and its header journal, and brings the two into line.
+    /// Opens the log in `dir` (of the partition tagged `tag`:
+    /// [`braid_proto::batch::partition_tag`]) and its header journal, and brings the two
+    /// into line.
     ///
     /// # Errors
     /// A file cannot be read or cut.
     pub(crate) fn open(
         dir: &Path,
+        tag: i32,
         config: LogConfig,
         now_ms: u64,
     ) -> Result<(Self, Recovered), PartitionJournalError> {
-        let log = PartitionLog::open(dir, config, now_ms)?;
+        let log = PartitionLog::open_tagged(dir, tag, config, now_ms)?;
         let journal_path = dir.join(JOURNAL_FILE);
         let repairable = config.recovery == braid_storage::RecoveryMode::TruncateAtDamage;
         // Gone while the log holds batches: every op it named is unknown (a missing file

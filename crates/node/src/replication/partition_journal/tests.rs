@@ -69,6 +69,9 @@ fn chain(n: u64, view: u64, tag: &str) -> Vec<Prepare> {
     out
 }
 
+/// The partition tag of the tested journals' logs (not 0, a plain log's).
+const TAG: i32 = 0x0003_0001;
+
 /// `fsync = always`: every write reported is synced first.
 fn config() -> LogConfig {
     LogConfig {
@@ -81,7 +84,7 @@ fn config() -> LogConfig {
 /// replica's strict open, which cuts nothing once it finds damage, is opened with
 /// [`config`] where a test means it.
 fn open(dir: &Path) -> (PartitionJournal, Recovered) {
-    PartitionJournal::open(dir, member_config(), 0).unwrap()
+    PartitionJournal::open(dir, TAG, member_config(), 0).unwrap()
 }
 
 /// [`config`] as a member of a cluster opens its logs: damage is cut there, for peers
@@ -146,13 +149,13 @@ fn batches_are_the_log_and_come_back_with_their_headers_after_a_restart() {
         "every op reported written after the sync"
     );
     assert_eq!(journal.tip(), 20);
-    // The log holds the batches, with the offsets it assigned and leader epoch 0.
+    // The log holds the batches, with the offsets it assigned and the partition's tag.
     let log = journal.log();
     let first = log.read(0, 1, u64::MAX).unwrap();
-    let header = braid_proto::RecordBatch::check_stored(first.bytes())
+    let header = braid_proto::RecordBatch::check_stored(first.bytes(), TAG)
         .unwrap()
         .0;
-    assert_eq!(header.header().partition_leader_epoch, 0);
+    assert_eq!(header.header().partition_leader_epoch, TAG);
     assert_eq!(log_batches(&mut journal), batch_bodies(&ops));
     // A repair answer is read back from the log, canonical and whole.
     let asked = &ops[9];
@@ -369,7 +372,7 @@ fn every_crash_state_reopens_to_a_synced_state_or_a_later_one() {
             // As a member opens it: a lone replica refuses a group with a damaged slot
             // and cuts nothing.
             let (mut journal, recovered) =
-                PartitionJournal::open(&out.join("p"), member_config(), 0)
+                PartitionJournal::open(&out.join("p"), TAG, member_config(), 0)
                     .unwrap_or_else(|e| panic!("cut at {at}, {how}: {e}"));
             let fits = (synced..=next).any(|r| {
                 let model = &models[r];
@@ -659,6 +662,7 @@ fn a_copy_whose_start_the_peers_deleted_starts_the_log_again_at_theirs() {
     assert_eq!((log.start_offset(), log.next_offset()), (400, 400));
     let mut rest = batch("c", 100);
     set_base_offset(&mut rest, 400);
+    set_partition_leader_epoch(&mut rest, TAG);
     assert_eq!(
         journal.copy_chunk(400, 400, &rest, 0).unwrap(),
         Copied::Done
@@ -670,8 +674,17 @@ fn a_copy_whose_start_the_peers_deleted_starts_the_log_again_at_theirs() {
     journal.checkpointed(5, 1, 50, 0).unwrap();
     let mut wrong = batch("d", 3);
     set_base_offset(&mut wrong, 7);
+    set_partition_leader_epoch(&mut wrong, TAG);
     assert!(matches!(
         journal.copy_chunk(0, 0, &wrong, 0),
+        Err(PartitionJournalError::Copy(_))
+    ));
+    assert_eq!(journal.log().next_offset(), 0);
+    // So is another partition's batch where the log ends (its tag is not this one's).
+    let mut theirs = batch("e", 3);
+    set_partition_leader_epoch(&mut theirs, TAG + 1);
+    assert!(matches!(
+        journal.copy_chunk(0, 0, &theirs, 0),
         Err(PartitionJournalError::Copy(_))
     ));
     assert_eq!(journal.log().next_offset(), 0);
@@ -940,7 +953,7 @@ fn each_crash_state_after(
             return;
         }
         let cut = format!("cut at {at}, {how}");
-        let (_, recovered) = PartitionJournal::open(&out.join("p"), config, 0)
+        let (_, recovered) = PartitionJournal::open(&out.join("p"), TAG, config, 0)
             .unwrap_or_else(|e| panic!("{cut}: {e}"));
         check(&cut, recovered);
     })

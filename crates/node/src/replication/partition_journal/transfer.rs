@@ -222,9 +222,10 @@ impl PartitionJournal {
         }
         let mut rest = batches;
         while !rest.is_empty() && transfer.cursor < transfer.log_end {
-            let (batch, used) = braid_proto::RecordBatch::check_stored(rest).map_err(|err| {
-                PartitionJournalError::Copy(format!("a copied batch is damaged: {err}"))
-            })?;
+            let (batch, used) = braid_proto::RecordBatch::check_stored(rest, self.log.tag())
+                .map_err(|err| {
+                    PartitionJournalError::Copy(format!("a copied batch is damaged: {err}"))
+                })?;
             let header = batch.header();
             let base = header.base_offset as u64;
             if base != transfer.cursor {

@@ -56,6 +56,7 @@ impl Run {
                     Some(&upto) if !full && upto <= mark => upto,
                     _ => 0,
                 };
+                let tag = log.tag();
                 let (batches, stopped) = read_batches(log, checked, mark);
                 match stopped {
                     Some(Stop::Missing(err)) => {
@@ -73,7 +74,7 @@ impl Run {
                 let served = batches
                     .last()
                     .and_then(|(base, bytes)| {
-                        RecordBatch::check_stored(bytes)
+                        RecordBatch::check_stored(bytes, tag)
                             .ok()
                             .map(|(b, _)| b.header().last_offset() as u64 + 1)
                             .or(Some(*base))

@@ -191,12 +191,13 @@ fn seeds_that_found_faults_at_four_times_the_faults_pass() {
     // With misdirected writes at rest (four times the faults): another partition's
     // journal records (63) or checkpoint (921) taken as the group's own, and another
     // table's states page over the metadata table's copy (881; 1962 lost an
-    // acknowledged stream creation).
+    // acknowledged stream creation), and another partition's segment page served as
+    // this partition's acknowledged records (2562, 3866).
     let misdirected = Variant {
         misdirected: true,
         ..variant
     };
-    for seed in [63, 881, 921, 1962] {
+    for seed in [63, 881, 921, 1962, 2562, 3866] {
         if let Err(failure) = run_seed(seed, misdirected) {
             panic!("{failure}");
         }

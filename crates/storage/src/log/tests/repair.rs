@@ -13,7 +13,7 @@ fn verified_batches(log: &mut PartitionLog) -> (Vec<(u64, Vec<u8>)>, Option<u64>
         let damaged = read.keep_verified();
         let mut bytes = read.bytes();
         while !bytes.is_empty() {
-            let (batch, used) = RecordBatch::check_stored(bytes).unwrap();
+            let (batch, used) = RecordBatch::check_stored(bytes, log.tag()).unwrap();
             out.push((batch.header().base_offset as u64, bytes[..used].to_vec()));
             bytes = &bytes[used..];
         }
