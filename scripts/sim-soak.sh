@@ -17,6 +17,9 @@
 #   BRAID_SHELL_SIM_MISDIRECTED=1 scripts/sim-soak.sh --shell-damage ...
 #                                                damage at rest also as misdirected
 #                                                writes (a page over another page)
+#   BRAID_SHELL_SIM_LATENT=1 scripts/sim-soak.sh --shell-damage ...
+#                                                damage at rest also as latent read
+#                                                errors (a page no read can get)
 #
 # Each failure prints its seed; replay one with its trace:
 #   target/release/braid-sim --seed N --trace

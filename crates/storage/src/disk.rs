@@ -1,10 +1,13 @@
 //! Every operation that changes the disk, in one place: writes, syncs, creations,
-//! renames, removals and truncations of the log's files and directories.
+//! renames, removals and truncations of the log's files and directories; and the reads
+//! of what was stored, so that a test's disk can fail them too.
 //!
 //! Each passes through a hook before it runs. In normal builds the hook is nothing. In
-//! tests it can fail the operation (EIO, ENOSPC: the fault-injection harness) and it
-//! records what was done (the trace the crash-state harness replays under the POSIX
-//! model: unsynced writes lost, torn or zero-filled, unsynced directory entries lost).
+//! tests it can fail the operation (EIO, ENOSPC: the fault-injection harness), fail
+//! every read of a marked range until it is written again (a latent sector error,
+//! which the drive remaps on the next write), and it records what was done (the trace
+//! the crash-state harness replays under the POSIX model: unsynced writes lost, torn
+//! or zero-filled, unsynced directory entries lost).
 //! The hook is per thread; the [`crate::Syncer`] thread's syncs bypass a test's plan,
 //! so the harnesses sync inline.
 
@@ -30,6 +33,100 @@ pub enum DiskOp {
     Rename,
     /// An `fsync` of a directory.
     DirSync,
+    /// A read of stored bytes.
+    Read,
+}
+
+/// The unit a read is retried in after the disk could not read a range: a sector of
+/// the smallest size a drive reports.
+const SECTOR_BYTES: u64 = 512;
+
+/// Reads exactly `buf.len()` bytes at `offset` of `file` (at `path`). A sector the disk
+/// cannot read (EIO: a latent sector error) reads as zeros, and the rest of the range
+/// as stored: every format Braid stores is checksummed, so the zeros are damage to
+/// whatever held them, found and repaired (or refused) as a flipped bit would be,
+/// instead of one bad sector failing every read of a file (a states table, a whole
+/// journal) that holds much more. Each such sector is logged.
+///
+/// # Errors
+/// Any other failed read, or the file ended first.
+pub fn read_exact_at(file: &File, path: &Path, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+    read_exact_at_named(file, || path.to_owned(), buf, offset)
+}
+
+/// As [`read_exact_at`], naming the file only when it must (a log read builds no path
+/// unless a test's hook or a failed sector asks for it).
+pub(crate) fn read_exact_at_named(
+    file: &File,
+    path: impl Fn() -> std::path::PathBuf,
+    buf: &mut [u8],
+    offset: u64,
+) -> std::io::Result<()> {
+    match read_raw(file, &path, buf, offset) {
+        Err(err) if is_unreadable(&err) => read_sectors(file, &path, buf, offset),
+        done => done,
+    }
+}
+
+fn read_raw(
+    file: &File,
+    path: &impl Fn() -> std::path::PathBuf,
+    buf: &mut [u8],
+    offset: u64,
+) -> std::io::Result<()> {
+    if hook::ACTIVE {
+        hook::read(&path(), offset, buf.len() as u64)?;
+    }
+    file.read_exact_at(buf, offset)
+}
+
+/// Whether `err` is the disk failing to read what it holds.
+fn is_unreadable(err: &std::io::Error) -> bool {
+    err.raw_os_error() == Some(libc::EIO)
+}
+
+/// Reads `buf` sector by sector, zeros for each sector the disk cannot read.
+fn read_sectors(
+    file: &File,
+    path: &impl Fn() -> std::path::PathBuf,
+    buf: &mut [u8],
+    offset: u64,
+) -> std::io::Result<()> {
+    let mut at = 0usize;
+    while at < buf.len() {
+        let here = offset + at as u64;
+        let end =
+            (buf.len() as u64).min((here / SECTOR_BYTES + 1) * SECTOR_BYTES - offset) as usize;
+        match read_raw(file, path, &mut buf[at..end], here) {
+            Ok(()) => {}
+            Err(err) if is_unreadable(&err) => {
+                buf[at..end].fill(0);
+                tracing::warn!(
+                    path = %path().display(),
+                    offset = here,
+                    bytes = end - at,
+                    %err,
+                    "the disk cannot read a sector: it reads as zeros, damage to what it held \
+                     (repaired from a peer in a cluster, refused on a single node)"
+                );
+            }
+            Err(err) => return Err(err),
+        }
+        at = end;
+    }
+    Ok(())
+}
+
+/// Reads the whole file at `path`, as [`read_exact_at`] reads a range.
+///
+/// # Errors
+/// The file cannot be opened or read.
+pub fn read(path: &Path) -> std::io::Result<Vec<u8>> {
+    let file = File::open(path)?;
+    let len = file.metadata()?.len();
+    let mut bytes = vec![0u8; usize::try_from(len).map_err(std::io::Error::other)?];
+    read_exact_at(&file, path, &mut bytes, 0)?;
+    Ok(bytes)
 }
 
 /// Writes `bytes` at `offset` of `file`.
@@ -234,6 +331,10 @@ mod hook {
         Ok(())
     }
     #[inline(always)]
+    pub(super) fn read(_: &Path, _: u64, _: u64) -> std::io::Result<()> {
+        Ok(())
+    }
+    #[inline(always)]
     pub(super) fn wrote(_: &Path, _: u64, _: &[u8]) {}
     #[inline(always)]
     pub(super) fn synced(_: &Path) {}
@@ -300,6 +401,62 @@ pub mod hook {
         pub tracing: bool,
         /// Operations failed so far.
         pub failed: Vec<(DiskOp, PathBuf)>,
+        /// Byte ranges `[from, to)` of files whose every read fails with EIO until a
+        /// write touches them, the file is cut below them, removed or replaced: latent
+        /// sector errors.
+        pub unreadable: Vec<Unreadable>,
+    }
+
+    /// A range of a file that cannot be read (see [`Plan::unreadable`]).
+    #[derive(Debug, Clone, PartialEq, Eq)]
+    #[allow(missing_docs)] // the fields are what their names say
+    pub struct Unreadable {
+        pub path: PathBuf,
+        pub from: u64,
+        pub to: u64,
+    }
+
+    /// Marks `[from, to)` of `path` unreadable in this thread's plan (none: nothing).
+    pub fn mark_unreadable(path: &Path, from: u64, to: u64) {
+        PLAN.with(|p| {
+            if let Some(plan) = p.borrow_mut().as_mut() {
+                plan.unreadable.push(Unreadable {
+                    path: path.to_owned(),
+                    from,
+                    to,
+                });
+            }
+        });
+    }
+
+    /// Forgets the unreadable ranges `keep` refuses.
+    fn heal(mut keep: impl FnMut(&Unreadable) -> bool) {
+        PLAN.with(|p| {
+            if let Some(plan) = p.borrow_mut().as_mut() {
+                plan.unreadable.retain(|u| keep(u));
+            }
+        });
+    }
+
+    pub(super) fn read(path: &Path, offset: u64, len: u64) -> std::io::Result<()> {
+        let latent = PLAN.with(|p| {
+            p.borrow().as_ref().is_some_and(|plan| {
+                plan.unreadable
+                    .iter()
+                    .any(|u| u.path == path && u.from < offset + len && offset < u.to)
+            })
+        });
+        before(DiskOp::Read, path)?;
+        if latent {
+            PLAN.with(|p| {
+                if let Some(plan) = p.borrow_mut().as_mut() {
+                    plan.failed.push((DiskOp::Read, path.to_owned()));
+                }
+            });
+            // EIO, as a drive reports a sector it cannot read.
+            return Err(std::io::Error::from_raw_os_error(5));
+        }
+        Ok(())
     }
 
     thread_local! {
@@ -369,6 +526,9 @@ pub mod hook {
     }
 
     pub(super) fn wrote(path: &Path, offset: u64, bytes: &[u8]) {
+        // The kernel writes the whole page back and the drive remaps its sectors.
+        let end = offset + bytes.len() as u64;
+        heal(|u| !(u.path == path && u.from < end && offset < u.to));
         record(|| Event::Write {
             path: path.to_owned(),
             offset,
@@ -381,6 +541,7 @@ pub mod hook {
         });
     }
     pub(super) fn set_len(path: &Path, len: u64) {
+        heal(|u| !(u.path == path && u.from >= len));
         record(|| Event::SetLen {
             path: path.to_owned(),
             len,
@@ -392,11 +553,20 @@ pub mod hook {
         });
     }
     pub(super) fn removed(path: &Path) {
+        heal(|u| u.path != path);
         record(|| Event::Remove {
             path: path.to_owned(),
         });
     }
     pub(super) fn renamed(from: &Path, to: &Path) {
+        heal(|u| u.path != to);
+        PLAN.with(|p| {
+            if let Some(plan) = p.borrow_mut().as_mut() {
+                for u in plan.unreadable.iter_mut().filter(|u| u.path == from) {
+                    u.path = to.to_owned();
+                }
+            }
+        });
         record(|| Event::Rename {
             from: from.to_owned(),
             to: to.to_owned(),
@@ -473,5 +643,43 @@ mod deferred_tests {
         let gone = root.path().join("gone");
         let failed = with_dir_syncs_deferred(|| -> std::io::Result<()> { sync_dir(&gone) });
         assert!(failed.is_err());
+    }
+}
+
+#[cfg(test)]
+mod latent_tests {
+    use super::hook;
+    use super::*;
+
+    /// A sector the disk cannot read reads as zeros, the sectors around it as stored,
+    /// and a write that touches it makes it readable again (the drive remaps it).
+    #[test]
+    fn an_unreadable_sector_reads_as_zeros_until_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        let stored: Vec<u8> = (0..4096u32).map(|i| (i % 251) as u8 + 1).collect();
+        std::fs::write(&path, &stored).unwrap();
+        hook::install(hook::Plan::default());
+        hook::mark_unreadable(&path, 1024, 1536);
+        let read = super::read(&path).unwrap();
+        assert!(read[1024..1536].iter().all(|b| *b == 0));
+        assert_eq!(read[..1024], stored[..1024]);
+        assert_eq!(read[1536..], stored[1536..]);
+        let file = File::open(&path).unwrap();
+        let mut part = [0u8; 100];
+        read_exact_at(&file, &path, &mut part, 1000).unwrap();
+        assert_eq!(part[..24], stored[1000..1024]);
+        assert!(part[24..].iter().all(|b| *b == 0));
+        // Each read failed whole, then at its one sector.
+        assert_eq!(hook::take().unwrap().failed.len(), 4);
+
+        hook::install(hook::Plan::default());
+        hook::mark_unreadable(&path, 1024, 1536);
+        let file = OpenOptions::new().write(true).open(&path).unwrap();
+        write_at(&file, &path, &[9u8; 10], 1100).unwrap();
+        let read = super::read(&path).unwrap();
+        assert_eq!(read[1100..1110], [9u8; 10]);
+        assert_eq!(read[1024..1100], stored[1024..1100]);
+        assert!(hook::take().unwrap().failed.is_empty());
     }
 }

@@ -71,7 +71,7 @@ impl RecoveryPoint {
     /// The recovery point stored in `dir` for the log tagged `tag`, if there is an
     /// intact one.
     pub(crate) fn load(dir: &Path, tag: i32) -> Option<Self> {
-        std::fs::read(Self::path(dir))
+        crate::disk::read(&Self::path(dir))
             .ok()
             .and_then(|bytes| Self::decode(&bytes, tag))
     }

@@ -4,7 +4,6 @@
 //! handles and bounds how many are open.
 
 use std::fs::File;
-use std::os::unix::fs::FileExt;
 use std::path::Path;
 
 use braid_proto::batch::BatchHeader;
@@ -195,9 +194,13 @@ pub(crate) fn load_index(
     let mut sound = offsets_sound && times_sound && files == IndexFiles::Trust;
     if let Some(last) = offset_entries.last() {
         let mut raw = [0u8; braid_proto::batch::HEADER_BYTES];
-        let points_at_batch = file
-            .read_exact_at(&mut raw, u64::from(last.position))
-            .is_ok()
+        let points_at_batch = crate::disk::read_exact_at_named(
+            file,
+            || log_path(dir, base),
+            &mut raw,
+            u64::from(last.position),
+        )
+        .is_ok()
             && BatchHeader::decode(&raw)
                 .is_ok_and(|h| h.base_offset == (base + u64::from(last.relative_offset)) as i64);
         sound &= points_at_batch;
@@ -227,12 +230,11 @@ pub(crate) fn load_index(
     }
     builder.index.offsets = offset_entries;
     builder.index.times = time_entries;
-    let mut walk = Walk::new(file, position, segment.size_bytes, None);
+    let path = log_path(dir, base);
+    let mut walk = Walk::new(file, &path, position, segment.size_bytes, None);
     let mut first = resume;
     loop {
-        let step = walk
-            .next_step()
-            .map_err(LogError::io_with("read", || log_path(dir, base)))?;
+        let step = walk.next_step().map_err(LogError::io("read", &path))?;
         match step {
             Step::End => break,
             Step::Bad {
@@ -334,7 +336,7 @@ fn index_entry_fault(dir: &Path, segment: &Segment, entry: crate::index::OffsetE
 }
 
 fn read_optional(path: &Path) -> Result<Vec<u8>, LogError> {
-    match std::fs::read(path) {
+    match crate::disk::read(path) {
         Ok(bytes) => Ok(bytes),
         Err(err) if err.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
         Err(err) => Err(LogError::io("read", path)(err)),
@@ -437,11 +439,16 @@ pub(crate) fn find_batch(
     // Position 0 is the segment's start, not an entry read from a file.
     let from_index = entry.position != 0;
     let mut expected = segment.base_offset + u64::from(entry.relative_offset);
-    let mut walk = Walk::new(file, u64::from(entry.position), segment.size_bytes, None);
+    let path = log_path(dir, segment.base_offset);
+    let mut walk = Walk::new(
+        file,
+        &path,
+        u64::from(entry.position),
+        segment.size_bytes,
+        None,
+    );
     loop {
-        let step = walk.next_step().map_err(LogError::io_with("read", || {
-            log_path(dir, segment.base_offset)
-        }))?;
+        let step = walk.next_step().map_err(LogError::io("read", &path))?;
         match step {
             Step::End => return Ok(None),
             Step::Bad { position, .. } if from_index && position == u64::from(entry.position) => {
@@ -581,6 +588,8 @@ pub(crate) fn read_batches(
     let path = || log_path(dir, segment.base_offset);
     let mut reader = Reader {
         file,
+        dir,
+        base: segment.base_offset,
         buf: buffer,
         valid: 0,
         buf_start: u64::from(entry.position),
@@ -657,6 +666,8 @@ enum ReadFault {
 /// zeroing.
 struct Reader<'f> {
     file: &'f File,
+    dir: &'f Path,
+    base: u64,
     buf: Vec<u8>,
     valid: usize,
     buf_start: u64,
@@ -675,8 +686,12 @@ impl Reader<'_> {
         if self.buf.len() < want {
             self.buf.resize(want, 0);
         }
-        self.file
-            .read_exact_at(&mut self.buf[self.valid..want], have)?;
+        crate::disk::read_exact_at_named(
+            self.file,
+            || log_path(self.dir, self.base),
+            &mut self.buf[self.valid..want],
+            have,
+        )?;
         self.valid = want;
         Ok(())
     }

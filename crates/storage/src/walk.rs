@@ -1,7 +1,7 @@
 //! Walking the batches of a log segment file in order.
 
 use std::fs::File;
-use std::os::unix::fs::FileExt;
+use std::path::Path;
 
 use braid_proto::batch::{BatchHeader, RecordBatch, HEADER_BYTES};
 use braid_proto::BatchError;
@@ -33,6 +33,7 @@ pub(crate) enum Step {
 #[derive(Debug)]
 pub(crate) struct Walk<'f> {
     file: &'f File,
+    path: &'f Path,
     position: u64,
     end: u64,
     verify: Option<i32>,
@@ -41,9 +42,16 @@ pub(crate) struct Walk<'f> {
 }
 
 impl<'f> Walk<'f> {
-    pub(crate) fn new(file: &'f File, position: u64, end: u64, verify: Option<i32>) -> Self {
+    pub(crate) fn new(
+        file: &'f File,
+        path: &'f Path,
+        position: u64,
+        end: u64,
+        verify: Option<i32>,
+    ) -> Self {
         Self {
             file,
+            path,
             position,
             end,
             verify,
@@ -111,7 +119,7 @@ impl<'f> Walk<'f> {
         };
         let want = (len.max(chunk) as u64).min(self.end - position) as usize;
         self.buf.resize(want, 0);
-        self.file.read_exact_at(&mut self.buf, position)?;
+        crate::disk::read_exact_at(self.file, self.path, &mut self.buf, position)?;
         self.buf_start = position;
         Ok(())
     }
@@ -130,6 +138,7 @@ impl<'f> Walk<'f> {
 /// A failed read.
 pub(crate) fn find_intact_batch(
     file: &File,
+    path: &Path,
     from: u64,
     end: u64,
     offset_min: u64,
@@ -141,7 +150,7 @@ pub(crate) fn find_intact_batch(
     while start + (HEADER_BYTES as u64) <= end {
         let len = (WINDOW_BYTES + HEADER_BYTES as u64).min(end - start) as usize;
         window.resize(len, 0);
-        file.read_exact_at(&mut window, start)?;
+        crate::disk::read_exact_at(file, path, &mut window, start)?;
         let last = len - HEADER_BYTES;
         for at in 0..=last {
             let Ok(header) = BatchHeader::decode(&window[at..]) else {
@@ -153,7 +162,7 @@ pub(crate) fn find_intact_batch(
                 continue;
             }
             let mut batch = vec![0u8; total as usize];
-            file.read_exact_at(&mut batch, position)?;
+            crate::disk::read_exact_at(file, path, &mut batch, position)?;
             if RecordBatch::check_stored(&batch, tag).is_ok() {
                 return Ok(Some(position));
             }

@@ -60,7 +60,7 @@ impl TwoCopies {
         let mut reasons = Vec::new();
         let mut any = false;
         for path in [self.path(0), self.path(1)] {
-            let bytes = match std::fs::read(&path) {
+            let bytes = match braid_storage::disk::read(&path) {
                 Ok(bytes) => bytes,
                 Err(err) if err.kind() == std::io::ErrorKind::NotFound => {
                     reasons.push(format!("{}: absent", path.display()));

@@ -84,6 +84,9 @@ pub(crate) struct Shape {
     /// Damage at rest may also be a misdirected write: a page of one file landed over
     /// another page of it or of another file ([`Variant::misdirected`]).
     pub(crate) misdirected: bool,
+    /// Damage at rest may also be a latent read error: a page every read of fails
+    /// until it is written again ([`Variant::latent`]).
+    pub(crate) latent: bool,
     /// The partitions' logs under `fsync = never` (a third of the seeds): their
     /// journals restart trusted only in the boot that wrote their state, so crashes
     /// are `kill -9` only (a power loss may lose what `never` acknowledged).
@@ -91,6 +94,14 @@ pub(crate) struct Shape {
 }
 
 impl Shape {
+    /// The kinds of damage at rest beside flipped bits and zeroed pages.
+    fn kinds(&self) -> files::DamageKinds {
+        files::DamageKinds {
+            misdirected: self.misdirected,
+            latent: self.latent,
+        }
+    }
+
     fn from_seed(prng: &mut Prng) -> Self {
         Self {
             members: 3,
@@ -113,6 +124,7 @@ impl Shape {
             },
             // Drawn apart from the rest, so the seeds' other draws stay as they were.
             misdirected: false,
+            latent: false,
             fsync_never: false,
         }
     }
@@ -249,6 +261,7 @@ impl Run {
         }
         shape.members = variant.members;
         shape.misdirected = variant.damage && variant.misdirected;
+        shape.latent = variant.damage && variant.latent;
         // More crashes and cuts, more frames lost and doubled; the same share of power
         // losses and the same draws otherwise, so a seed's shape stays recognisable.
         let scale = variant.fault_scale.max(1);
@@ -467,7 +480,12 @@ impl Run {
             hook::start_tracing();
             return;
         };
-        hook::start_tracing();
+        // Latent read errors stay on the disk until written over.
+        hook::install(hook::Plan {
+            tracing: true,
+            unreadable: plan.unreadable,
+            ..hook::Plan::default()
+        });
         for event in &plan.trace {
             for member in &mut self.members {
                 member.power.apply(event);
@@ -517,7 +535,7 @@ impl Run {
             std::fs::remove_dir_all(&member.dir)?;
             std::fs::rename(&out, &member.dir)?;
             if damage {
-                damaged = damage_at_rest(&member.dir, &mut draws, self.shape.misdirected)?;
+                damaged = damage_at_rest(&member.dir, &mut draws, self.shape.kinds())?;
             }
             PowerModel::of_dir(&member.dir)
         });

@@ -273,7 +273,7 @@ fn io(path: &Path) -> impl Fn(std::io::Error) -> StatesError + '_ {
 
 /// A copy's bytes, or `None` when it does not exist.
 fn read_copy(path: &Path) -> Result<Option<Vec<u8>>, StatesError> {
-    match std::fs::read(path) {
+    match braid_storage::disk::read(path) {
         Ok(bytes) => Ok(Some(bytes)),
         Err(err) if err.kind() == std::io::ErrorKind::NotFound => Ok(None),
         Err(err) => Err(io(path)(err)),

@@ -125,7 +125,7 @@ impl PartitionLog {
         let segment = &mut self.segments[active];
         let path = log_path(&self.dir, segment.base_offset);
         let mut builder = IndexBuilder::new(segment.base_offset, self.config.index_interval_bytes);
-        let mut walk = Walk::new(&file, 0, segment.size_bytes, Some(self.tag));
+        let mut walk = Walk::new(&file, &path, 0, segment.size_bytes, Some(self.tag));
         let mut valid_end = 0;
         let damage = loop {
             match walk.next_step().map_err(LogError::io("read", &path))? {
@@ -158,6 +158,7 @@ impl PartitionLog {
             };
             let intact_after = find_intact_batch(
                 &file,
+                &path,
                 position + 1,
                 segment.size_bytes,
                 builder.next_offset,

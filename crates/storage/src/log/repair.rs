@@ -75,7 +75,7 @@ impl PartitionLog {
         });
         let read_at = |position: u64, len: u64| -> Result<Vec<u8>, LogError> {
             let mut bytes = vec![0u8; len as usize];
-            std::os::unix::fs::FileExt::read_exact_at(&*file, &mut bytes, position)
+            crate::disk::read_exact_at(&file, &path, &mut bytes, position)
                 .map_err(LogError::io("read", path.clone()))?;
             Ok(bytes)
         };

@@ -29,7 +29,7 @@ impl JournalFile {
             disk::sync_dir(dir).map_err(io(dir))?;
             fresh
         } else {
-            std::fs::read(path).map_err(io(path))?
+            disk::read(path).map_err(io(path))?
         };
         // A creation torn short leaves a file no record was ever written into.
         if bytes.len() < RECORDS_START

@@ -75,15 +75,27 @@ pub(super) fn read_batches(
     (out, None)
 }
 
+/// The kinds of damage at rest beside flipped bits and zeroed pages (each off by
+/// default, so that the seeds' draws without it stay as they were).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct DamageKinds {
+    /// A page of one file written over another page of it or of another file.
+    pub(super) misdirected: bool,
+    /// A page every read of fails (EIO) until it is written again.
+    pub(super) latent: bool,
+}
+
 /// Damages one file under `dir` at rest, as a disk does: a flipped bit, or a zeroed
 /// 4 KiB page (a lost write), or, with `misdirected`, a 4 KiB page of one file
 /// written over another page of the same file or of another (a write that landed in
-/// the wrong place: well-formed bytes where they do not belong). Returns what was
+/// the wrong place: well-formed bytes where they do not belong), or, with `latent`, a
+/// 4 KiB page the disk can no longer read (a latent sector error: every read of it
+/// fails until a write covers it; marked in this thread's disk hook). Returns what was
 /// done, if any file was there to damage.
 pub(super) fn damage_at_rest(
     dir: &std::path::Path,
     draws: &mut Prng,
-    misdirected: bool,
+    kinds: DamageKinds,
 ) -> std::io::Result<Option<String>> {
     let mut files = Vec::new();
     let mut dirs = vec![dir.to_owned()];
@@ -110,7 +122,15 @@ pub(super) fn damage_at_rest(
     };
     let mut bytes = std::fs::read(path)?;
     let len = bytes.len() as u64;
-    if misdirected && draws.chance(30) {
+    if kinds.latent && draws.chance(25) {
+        let page = draws.below(len.div_ceil(4096)) * 4096;
+        braid_storage::disk::hook::mark_unreadable(path, page, page + 4096);
+        return Ok(Some(format!(
+            "page at {page} of {} unreadable (latent sector error)",
+            path.display()
+        )));
+    }
+    if kinds.misdirected && draws.chance(30) {
         let source = &files[draws.below(files.len() as u64) as usize];
         let source_bytes = std::fs::read(source)?;
         let from = draws.below((source_bytes.len() as u64).div_ceil(4096)) as usize * 4096;

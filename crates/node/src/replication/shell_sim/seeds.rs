@@ -16,6 +16,10 @@ pub(crate) struct Variant {
     /// With damage: a page written to the wrong place is one of the damages at rest
     /// (off by default, so that the seeds' draws without it stay as they were).
     pub(crate) misdirected: bool,
+    /// With damage: a page that every read fails on (EIO) until it is written again
+    /// (a latent sector error) is one of the damages at rest (off by default, as
+    /// `misdirected`).
+    pub(crate) latent: bool,
 }
 
 impl Variant {
@@ -26,6 +30,7 @@ impl Variant {
             members: 3,
             fault_scale: 1,
             misdirected: false,
+            latent: false,
         }
     }
 }

@@ -9,7 +9,8 @@ fn env_u64(name: &str, default: u64) -> u64 {
 
 /// `variant`, unless the environment says otherwise: `BRAID_SHELL_SIM_MEMBERS=5`,
 /// `BRAID_SHELL_SIM_FAULTS=4` (crashes, cuts, lost and doubled frames four times as
-/// often), `BRAID_SHELL_SIM_MISDIRECTED=1` (with damage, misdirected writes too).
+/// often), `BRAID_SHELL_SIM_MISDIRECTED=1` (with damage, misdirected writes too),
+/// `BRAID_SHELL_SIM_LATENT=1` (with damage, latent read errors too).
 fn from_env(variant: Variant) -> Variant {
     let members = env_u64("BRAID_SHELL_SIM_MEMBERS", u64::from(variant.members));
     Variant {
@@ -17,6 +18,7 @@ fn from_env(variant: Variant) -> Variant {
         fault_scale: env_u64("BRAID_SHELL_SIM_FAULTS", variant.fault_scale).clamp(1, 10),
         misdirected: variant.misdirected
             || std::env::var_os("BRAID_SHELL_SIM_MISDIRECTED").is_some(),
+        latent: variant.latent || std::env::var_os("BRAID_SHELL_SIM_LATENT").is_some(),
         ..variant
     }
 }
@@ -199,6 +201,20 @@ fn seeds_that_found_faults_at_four_times_the_faults_pass() {
     };
     for seed in [63, 881, 921, 1962, 2562, 3866] {
         if let Err(failure) = run_seed(seed, misdirected) {
+            panic!("{failure}");
+        }
+    }
+    // With latent read errors at rest (four times the faults): before a sector the
+    // disk cannot read read as damage, each kind of file failed its member's start:
+    // a states table (33), the metadata checkpoint (59), a partition's checkpoint (67)
+    // and `vsr.journal` (77), a segment (90), the metadata journal (111), a time index
+    // (130) and an offset index (142).
+    let latent = Variant {
+        latent: true,
+        ..variant
+    };
+    for seed in [33, 59, 67, 77, 90, 111, 130, 142] {
+        if let Err(failure) = run_seed(seed, latent) {
             panic!("{failure}");
         }
     }

@@ -92,3 +92,36 @@ fn a_synced_tail_lost_with_nothing_after_it_is_refused_not_cut() {
     assert_eq!(log.recovery().damage_cut_at, Some(from as u64));
     assert_eq!(log.next_offset(), 8);
 }
+
+/// A sector of a synced batch the disk can no longer read (a latent sector error) is
+/// damage at that batch, not the end of the log and not a failed open: refused by a
+/// lone log, cut as damage (for peers to repair) by a member's.
+#[test]
+fn an_unreadable_synced_sector_is_damage() {
+    use crate::disk::hook;
+    let dir = tempfile::tempdir().unwrap();
+    let positions = tagged_log(dir.path(), TAG);
+    let file = log_files(dir.path()).pop().unwrap();
+    // A byte inside batch 3's sector: the whole 512-byte sector reads as zeros, so the
+    // first batch it touches is the damaged one.
+    let bad = positions[3] + 8;
+    let sector = bad / 512 * 512;
+    let damaged = positions.iter().rposition(|p| *p <= sector).unwrap();
+    hook::install(hook::Plan::default());
+    hook::mark_unreadable(&file, bad, bad + 1);
+    let strict = PartitionLog::open_tagged(dir.path(), TAG, small_config(), 0);
+    let config = LogConfig {
+        recovery: RecoveryMode::TruncateAtDamage,
+        ..small_config()
+    };
+    let member = PartitionLog::open_tagged(dir.path(), TAG, config, 0);
+    let failed = hook::take().unwrap().failed;
+    match strict {
+        Err(LogError::Corrupt { position, .. }) => assert_eq!(position, positions[damaged]),
+        other => panic!("expected Corrupt at {}, got {other:?}", positions[damaged]),
+    }
+    let member = member.unwrap();
+    assert_eq!(member.recovery().damage_cut_at, Some(positions[damaged]));
+    assert_eq!(member.next_offset(), 2 * damaged as u64);
+    assert!(!failed.is_empty(), "the reads met the latent error");
+}
