@@ -289,6 +289,12 @@ pub(crate) fn render(
         sum(&|s| &s.batches_repaired),
     );
     metric(
+        "braid_disk_unreadable_sectors_total",
+        "counter",
+        "Sector reads the disk failed (EIO, a latent sector error), each read as zeros: damage to what the sector held, repaired from a peer or refused. A disk that fails them is failing.",
+        braid_storage::disk::unreadable_sectors(),
+    );
+    metric(
         "braid_vsr_repair_prepares_requested_total",
         "counter",
         "Prepares this node's replicas asked of peers (an entry missing or damaged here).",

@@ -41,6 +41,16 @@ pub enum DiskOp {
 /// the smallest size a drive reports.
 const SECTOR_BYTES: u64 = 512;
 
+/// Sectors read as zeros because the disk could not read them, since the process
+/// started.
+static UNREADABLE_SECTORS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// How many sector reads the disk failed (EIO) since the process started, each read
+/// as zeros (see [`read_exact_at`]): a disk that fails them is failing.
+pub fn unreadable_sectors() -> u64 {
+    UNREADABLE_SECTORS.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 /// Reads exactly `buf.len()` bytes at `offset` of `file` (at `path`). A sector the disk
 /// cannot read (EIO: a latent sector error) reads as zeros, and the rest of the range
 /// as stored: every format Braid stores is checksummed, so the zeros are damage to
@@ -101,6 +111,7 @@ fn read_sectors(
             Ok(()) => {}
             Err(err) if is_unreadable(&err) => {
                 buf[at..end].fill(0);
+                UNREADABLE_SECTORS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 tracing::warn!(
                     path = %path().display(),
                     offset = here,
@@ -661,7 +672,9 @@ mod latent_tests {
         std::fs::write(&path, &stored).unwrap();
         hook::install(hook::Plan::default());
         hook::mark_unreadable(&path, 1024, 1536);
+        let counted = unreadable_sectors();
         let read = super::read(&path).unwrap();
+        assert!(unreadable_sectors() > counted, "counted for the metric");
         assert!(read[1024..1536].iter().all(|b| *b == 0));
         assert_eq!(read[..1024], stored[..1024]);
         assert_eq!(read[1536..], stored[1536..]);

@@ -358,3 +358,23 @@ fn the_key_range_check_refuses_a_key_outside_and_lets_keyless_records_pass() {
         "keyless anywhere"
     );
 }
+
+proptest! {
+    /// Two partitions of topics below 65,536 with fewer than 65,536 partitions never
+    /// share a tag, so neither takes the other's batches for its own.
+    #[test]
+    fn partition_tags_differ_in_the_documented_range(
+        a in (0u32..65_536, 0u32..65_536),
+        b in (0u32..65_536, 0u32..65_536),
+    ) {
+        prop_assume!(a != b);
+        prop_assert_ne!(partition_tag(a.0, a.1), partition_tag(b.0, b.1));
+    }
+}
+
+#[test]
+fn a_partition_tag_is_the_topic_high_and_the_partition_low() {
+    assert_eq!(partition_tag(3, 1), 0x0003_0001);
+    assert_eq!(partition_tag(0, 0), 0);
+    assert_eq!(partition_tag(0xffff, 0xffff), -1);
+}
