@@ -28,7 +28,7 @@ mod codec;
 mod durable;
 mod message;
 mod node;
-mod op_map;
+pub mod op_map;
 mod replica;
 mod state;
 

@@ -1,5 +1,6 @@
 //! A small map keyed by `u64` (an op, a client), in a vector sorted by key: the
-//! replica's journal in memory, and the client table's sessions and registrations.
+//! replica's journal in memory, the client table's sessions and registrations, and the
+//! node's journal files' entries.
 //!
 //! A B-tree allocates a node with room for eleven entries for the first one, and an
 //! idle group's journal holds one (the anchor its next prepare chains to): a heap
@@ -12,7 +13,7 @@ use std::ops::{Bound, RangeBounds};
 
 /// A map from op to `V`, ordered by op.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct OpMap<V> {
+pub struct OpMap<V> {
     entries: Vec<(u64, V)>,
 }
 
@@ -25,7 +26,8 @@ impl<V> Default for OpMap<V> {
 }
 
 impl<V> OpMap<V> {
-    pub(crate) fn new() -> Self {
+    /// An empty map (no allocation).
+    pub fn new() -> Self {
         Self::default()
     }
 
@@ -33,26 +35,35 @@ impl<V> OpMap<V> {
         self.entries.binary_search_by_key(&op, |(o, _)| *o)
     }
 
-    pub(crate) fn len(&self) -> usize {
+    /// How many entries it holds.
+    pub fn len(&self) -> usize {
         self.entries.len()
     }
 
-    pub(crate) fn get(&self, op: &u64) -> Option<&V> {
+    /// Whether it holds no entry.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// The entry at `op`.
+    pub fn get(&self, op: &u64) -> Option<&V> {
         let at = self.position(*op).ok()?;
         self.entries.get(at).map(|(_, v)| v)
     }
 
-    pub(crate) fn get_mut(&mut self, op: &u64) -> Option<&mut V> {
+    /// The entry at `op`, to change.
+    pub fn get_mut(&mut self, op: &u64) -> Option<&mut V> {
         let at = self.position(*op).ok()?;
         self.entries.get_mut(at).map(|(_, v)| v)
     }
 
-    pub(crate) fn contains_key(&self, op: &u64) -> bool {
+    /// Whether it holds an entry at `op`.
+    pub fn contains_key(&self, op: &u64) -> bool {
         self.position(*op).is_ok()
     }
 
     /// Puts `value` at `op`, returning what was there.
-    pub(crate) fn insert(&mut self, op: u64, value: V) -> Option<V> {
+    pub fn insert(&mut self, op: u64, value: V) -> Option<V> {
         match self.position(op) {
             Ok(at) => Some(std::mem::replace(&mut self.entries[at].1, value)),
             Err(at) => {
@@ -64,7 +75,7 @@ impl<V> OpMap<V> {
     }
 
     /// The entry at `op`, put there first if there is none.
-    pub(crate) fn or_insert(&mut self, op: u64, value: V) -> &mut V {
+    pub fn or_insert(&mut self, op: u64, value: V) -> &mut V {
         let at = match self.position(op) {
             Ok(at) => at,
             Err(at) => {
@@ -76,24 +87,27 @@ impl<V> OpMap<V> {
         &mut self.entries[at].1
     }
 
-    pub(crate) fn remove(&mut self, op: &u64) -> Option<V> {
+    /// Takes the entry at `op` out.
+    pub fn remove(&mut self, op: &u64) -> Option<V> {
         let at = self.position(*op).ok()?;
         let (_, value) = self.entries.remove(at);
         self.give_back_room();
         Some(value)
     }
 
-    pub(crate) fn retain(&mut self, mut keep: impl FnMut(&u64, &mut V) -> bool) {
+    /// Keeps only the entries `keep` says yes to.
+    pub fn retain(&mut self, mut keep: impl FnMut(&u64, &mut V) -> bool) {
         self.entries.retain_mut(|(op, value)| keep(op, value));
         self.give_back_room();
     }
 
-    pub(crate) fn clear(&mut self) {
+    /// Removes every entry and gives back the room.
+    pub fn clear(&mut self) {
         self.entries = Vec::new();
     }
 
     /// Splits off the entries at or above `op`, which it returns.
-    pub(crate) fn split_off(&mut self, op: &u64) -> Self {
+    pub fn split_off(&mut self, op: &u64) -> Self {
         let at = self.entries.partition_point(|(o, _)| o < op);
         let above = Self {
             entries: self.entries.split_off(at),
@@ -102,27 +116,28 @@ impl<V> OpMap<V> {
         above
     }
 
-    pub(crate) fn iter(&self) -> impl DoubleEndedIterator<Item = (&u64, &V)> {
+    /// The entries, in op order.
+    pub fn iter(&self) -> impl DoubleEndedIterator<Item = (&u64, &V)> {
         self.entries.iter().map(|(op, value)| (op, value))
     }
 
-    pub(crate) fn iter_mut(&mut self) -> impl DoubleEndedIterator<Item = (&u64, &mut V)> {
+    /// The entries, in op order, to change.
+    pub fn iter_mut(&mut self) -> impl DoubleEndedIterator<Item = (&u64, &mut V)> {
         self.entries.iter_mut().map(|(op, value)| (&*op, value))
     }
 
-    pub(crate) fn keys(&self) -> impl DoubleEndedIterator<Item = &u64> {
+    /// The ops, in order.
+    pub fn keys(&self) -> impl DoubleEndedIterator<Item = &u64> {
         self.entries.iter().map(|(op, _)| op)
     }
 
-    pub(crate) fn values(&self) -> impl DoubleEndedIterator<Item = &V> {
+    /// The entries' values, in op order.
+    pub fn values(&self) -> impl DoubleEndedIterator<Item = &V> {
         self.entries.iter().map(|(_, value)| value)
     }
 
     /// The entries whose op lies in `ops`, in order.
-    pub(crate) fn range(
-        &self,
-        ops: impl RangeBounds<u64>,
-    ) -> impl DoubleEndedIterator<Item = (&u64, &V)> {
+    pub fn range(&self, ops: impl RangeBounds<u64>) -> impl DoubleEndedIterator<Item = (&u64, &V)> {
         let start = match ops.start_bound() {
             Bound::Included(&op) => self.entries.partition_point(|(o, _)| *o < op),
             Bound::Excluded(&op) => self.entries.partition_point(|(o, _)| *o <= op),
@@ -152,6 +167,17 @@ impl<V> OpMap<V> {
         if self.entries.capacity() > 4 * self.entries.len().max(2) {
             self.entries.shrink_to_fit();
         }
+    }
+}
+
+impl<V> FromIterator<(u64, V)> for OpMap<V> {
+    /// The map of `pairs`; a later pair for the same op replaces an earlier one.
+    fn from_iter<I: IntoIterator<Item = (u64, V)>>(pairs: I) -> Self {
+        let mut map = Self::new();
+        for (op, value) in pairs {
+            map.insert(op, value);
+        }
+        map
     }
 }
 

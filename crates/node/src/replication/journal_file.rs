@@ -29,11 +29,11 @@
 //! file rewritten so), and the replica repairs them from its peers. The file is rewritten with only its live
 //! slots when it grows past [`COMPACT_BYTES`].
 
-use std::collections::BTreeMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
 use braid_storage::disk;
+use braid_vsr::op_map::OpMap;
 use braid_vsr::{Header, JournalSlot, Prepare};
 
 const MAGIC: &[u8; 8] = b"BRDJNL02";
@@ -141,7 +141,7 @@ pub(crate) struct JournalFile {
     /// descriptor wrote it).
     file: Option<std::sync::Arc<File>>,
     len: u64,
-    entries: BTreeMap<u64, Entry>,
+    entries: OpMap<Entry>,
     /// Entries at or below this op were pruned.
     pruned_through: u64,
     /// Where the partition log ends after `pruned_through`, if known.
@@ -338,7 +338,7 @@ impl Entry {
 }
 
 fn replay(
-    entries: &mut BTreeMap<u64, Entry>,
+    entries: &mut OpMap<Entry>,
     pruned: &mut (u64, Option<u64>),
     committed_end: &mut Option<u64>,
     decoded: Decoded,

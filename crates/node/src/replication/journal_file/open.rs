@@ -245,7 +245,7 @@ impl DurablePrefix {
 
 /// What replaying a journal's records found.
 struct Scan {
-    entries: BTreeMap<u64, Entry>,
+    entries: OpMap<Entry>,
     pruned: (u64, Option<u64>),
     committed_end: Option<u64>,
     /// Where the records end: the start of a torn tail, or the limit.
@@ -266,7 +266,7 @@ impl Scan {
     /// stretches that intact records follow, up to a torn tail.
     fn of(bytes: &[u8], start: usize, limit: usize) -> Self {
         let mut scan = Self {
-            entries: BTreeMap::new(),
+            entries: OpMap::new(),
             pruned: (0, None),
             committed_end: None,
             end: start,

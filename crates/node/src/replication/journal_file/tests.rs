@@ -187,7 +187,7 @@ fn workload() -> Vec<Step> {
 
 /// The slots after the first `records` writes of the workload.
 fn model(records: usize) -> Vec<(u64, JournalSlot)> {
-    let mut entries = BTreeMap::new();
+    let mut entries = OpMap::new();
     let mut pruned = (0, None);
     for step in workload()
         .into_iter()
