@@ -727,7 +727,7 @@ impl PartitionLog {
             return Ok(());
         }
         self.recovery_point = point;
-        point.store(&self.dir, self.tag)
+        point.store(&self.dir, self.tag, false)
     }
 
     /// Passes `result` through, poisoning the log if it is an error: after a failed

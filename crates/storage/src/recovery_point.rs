@@ -76,15 +76,18 @@ impl RecoveryPoint {
             .and_then(|bytes| Self::decode(&bytes, tag))
     }
 
-    /// Stores the point in `dir` for the log tagged `tag`, unsynced (see the module
-    /// docs).
+    /// Stores the point in `dir` for the log tagged `tag`: unsynced when it goes up
+    /// (see the module docs), synced (`durable`) when it goes down before a cut.
     ///
     /// # Errors
-    /// The file could not be opened or written.
-    pub(crate) fn store(self, dir: &Path, tag: i32) -> std::io::Result<()> {
+    /// The file could not be opened, written or synced.
+    pub(crate) fn store(self, dir: &Path, tag: i32, durable: bool) -> std::io::Result<()> {
         let path = Self::path(dir);
         let (file, created) = crate::disk::open_or_create(&path)?;
         crate::disk::write_at(&file, &path, &self.encode(tag), 0)?;
+        if durable && !created {
+            crate::disk::sync_data(&file, &path)?;
+        }
         if created {
             // Its name, once, so that a later power cut cannot lose the whole file.
             crate::disk::sync_data(&file, &path)?;
@@ -116,7 +119,7 @@ mod tests {
         assert_eq!(RecoveryPoint::decode(&bytes[..27], TAG), None);
         let dir = tempfile::tempdir().unwrap();
         assert_eq!(RecoveryPoint::load(dir.path(), TAG), None);
-        point.store(dir.path(), TAG).unwrap();
+        point.store(dir.path(), TAG, false).unwrap();
         assert_eq!(RecoveryPoint::load(dir.path(), TAG), Some(point));
     }
 

@@ -107,7 +107,7 @@ impl PartitionLog {
             position: newest.size_bytes,
         };
         if RecoveryPoint::load(&log.dir, log.tag) != Some(end) {
-            end.store(&log.dir, log.tag).map_err(LogError::io(
+            end.store(&log.dir, log.tag, false).map_err(LogError::io(
                 "write",
                 log.dir.join(crate::recovery_point::RECOVERY_POINT_FILE),
             ))?;

@@ -77,7 +77,12 @@ impl PartitionLog {
                 break;
             };
             self.forget_files_of(doomed.base_offset);
-            let removed = delete_segment_files(&self.dir, doomed.base_offset);
+            // Synced before the next removal and before the cut below: a cut that
+            // reached the disk while a removal did not would leave the removed segment
+            // after it on the next open, and a hole of offsets between them (found by
+            // the crash-state harness once its truncations reached synced batches).
+            let removed = delete_segment_files(&self.dir, doomed.base_offset)
+                .and_then(|()| sync_dir(&self.dir));
             self.poisoning("removing a truncated segment", removed)?;
         }
         self.active_file = None;
@@ -107,7 +112,10 @@ impl PartitionLog {
             index.truncate(relative);
         }
         // The recovery point may not name bytes that are about to be rewritten: it is
-        // lowered (and stored) before the cut, or the log is poisoned.
+        // lowered, durably, before the cut, or the log is poisoned. (Stored without a
+        // sync, a power loss could keep the cut and the old point: bytes written after
+        // the cut and torn by it would then lie below the point, damage to what was
+        // synced, and an open would refuse or repair them.)
         let base = segment.base_offset;
         let lowered = RecoveryPoint {
             segment_base: base,
@@ -119,8 +127,9 @@ impl PartitionLog {
         } else {
             self.recovery_point
         };
+        let lowering = recovery_point != self.recovery_point;
         let cut = recovery_point
-            .store(&dir, self.tag)
+            .store(&dir, self.tag, lowering)
             .map_err(LogError::io(
                 "write",
                 dir.join(crate::recovery_point::RECOVERY_POINT_FILE),
@@ -178,7 +187,7 @@ impl PartitionLog {
             .and_then(|file| sync_dir(&dir).map(|()| file))
             .and_then(|file| {
                 point
-                    .store(&dir, tag)
+                    .store(&dir, tag, false)
                     .map_err(LogError::io(
                         "write",
                         dir.join(crate::recovery_point::RECOVERY_POINT_FILE),
