@@ -388,6 +388,11 @@ pub struct Replica<S> {
     trusted_through: u64,
     /// The first step writes the durable state (a lowered `trusted_through`).
     persist_trust: bool,
+    /// Given a newer view's log after a loss, but holding some of its ops above
+    /// `trusted_through` as headers alone: ops it may have acknowledged before the
+    /// loss, which its votes must not nack. Trusted once every one has its body
+    /// written here ([`Replica::trust_once_whole`]).
+    trust_waits_for_bodies: bool,
     ignored: IgnoredCounts,
     /// Times this replica stepped down as a primary whose prepares committed nothing.
     step_downs: u32,
@@ -459,6 +464,7 @@ impl<S: StateMachine> Replica<S> {
             startup: Vec::new(),
             trusted_through: u64::MAX,
             persist_trust: false,
+            trust_waits_for_bodies: false,
             ignored: IgnoredCounts::default(),
             step_downs: 0,
             deadlines: Deadlines::NONE,

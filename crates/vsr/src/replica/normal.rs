@@ -139,6 +139,7 @@ impl<S: StateMachine> Replica<S> {
         }
         entry.durable = true;
         let canonical = entry.canonical;
+        self.trust_when_repaired(out);
         if self.status() != Status::Normal {
             if self.view_change().is_some_and(|v| v.start_view_pending) {
                 self.try_start_view(out);

@@ -291,6 +291,52 @@ impl<S: StateMachine> Replica<S> {
     /// Whether joining `view` makes this replica's journal trustworthy again: always,
     /// unless it lost its disk and has not yet learned from a quorum of peers a view at
     /// least as new as any it could have acknowledged ops in.
+    /// Trusts this replica's journal again, given the log of a view newer than any it
+    /// could have acknowledged an op in before it lost its journal, once it holds the
+    /// body of every op of that log above `untrusted_above` (the prefix it trusted):
+    /// before, a header it holds alone there may be of an op it acknowledged before
+    /// the loss, and a trusted vote counts a header alone above its commit as "never
+    /// had it". With one replica that truly never had the op, two such votes dropped
+    /// an acknowledged op (the shell simulator's seed 3501: a partition's
+    /// `vsr.journal` lost to an unreadable first page, the member trusted again by
+    /// the next view's log, its ops there headers alone). Until then it stays
+    /// untrusted (its votes never nack above `untrusted_above`, never name the top).
+    pub(super) fn trust_once_whole(&mut self, untrusted_above: u64) {
+        if untrusted_above == u64::MAX {
+            return;
+        }
+        if self.holds_bodies_above(untrusted_above) {
+            self.trusted_through = u64::MAX;
+            self.trust_waits_for_bodies = false;
+        } else {
+            self.trusted_through = untrusted_above;
+            self.trust_waits_for_bodies = true;
+        }
+    }
+
+    /// Whether every op of the log above `through` (and above what is applied, whose
+    /// bodies are in the state) has its body written here, durably.
+    fn holds_bodies_above(&self, through: u64) -> bool {
+        ((through.max(self.commit_min) + 1)..=self.op).all(|op| {
+            self.journal
+                .get(&op)
+                .is_some_and(|e| e.body.is_some() && e.durable)
+        })
+    }
+
+    /// A journal waiting for bodies to be trusted again ([`Self::trust_once_whole`])
+    /// is trusted once they are all written, and says so durably.
+    pub(super) fn trust_when_repaired(&mut self, out: &mut Vec<Output>) {
+        if !self.trust_waits_for_bodies || self.status() != Status::Normal {
+            return;
+        }
+        if self.holds_bodies_above(self.trusted_through) {
+            self.trusted_through = u64::MAX;
+            self.trust_waits_for_bodies = false;
+            self.write_state(out);
+        }
+    }
+
     pub(super) fn may_trust_in(&self, view: u64) -> bool {
         self.rejoin
             .as_ref()
@@ -338,9 +384,9 @@ impl<S: StateMachine> Replica<S> {
             // loss (its StartView came before a quorum answered): no later StartView
             // would come to make it trusted, and untrusted it would abstain from every
             // view change for ever (issue 24, finding 5: a partition without a primary
-            // after one more kill).
-            self.trusted_through = u64::MAX;
+            // after one more kill). Trusted once it holds that log's bodies.
             self.rejoin = None;
+            self.trust_once_whole(self.trusted_through);
             self.write_state(out);
             return;
         }

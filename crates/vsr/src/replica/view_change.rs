@@ -658,9 +658,11 @@ impl<S: StateMachine> Replica<S> {
         }
         self.view = view;
         self.phase = Phase::Normal { preferred_acked: 0 };
-        if view > self.log_view && self.may_trust_in(view) {
-            // A newer view's log replaces whatever an untrusted journal lost.
-            self.trusted_through = u64::MAX;
+        // A newer view's log replaces whatever an untrusted journal lost: trusted
+        // again once its bodies are here (below, after the log is installed).
+        let regains_trust =
+            (view > self.log_view && self.may_trust_in(view)).then_some(self.trusted_through);
+        if regains_trust.is_some() {
             self.rejoin = None;
         }
         self.log_view = view;
@@ -706,6 +708,9 @@ impl<S: StateMachine> Replica<S> {
             .min(op);
         self.commit_max = self.commit_max.max(commit.min(op));
         self.heard_commit = commit;
+        if let Some(untrusted_above) = regains_trust {
+            self.trust_once_whole(untrusted_above);
+        }
         self.arm_status_timers();
         self.write_state(out);
         self.acks_owed = true;

@@ -208,12 +208,15 @@ fn seeds_that_found_faults_at_four_times_the_faults_pass() {
     // disk cannot read read as damage, each kind of file failed its member's start:
     // a states table (33), the metadata checkpoint (59), a partition's checkpoint (67)
     // and `vsr.journal` (77), a segment (90), the metadata journal (111), a time index
-    // (130) and an offset index (142).
+    // (130) and an offset index (142). Seed 3501 then lost an acknowledged record: a
+    // member whose `vsr.journal` was lost was trusted again by the next view's log
+    // while it held that log's ops as headers alone, and its "never had it" for ops it
+    // had acknowledged before the loss helped drop them.
     let latent = Variant {
         latent: true,
         ..variant
     };
-    for seed in [33, 59, 67, 77, 90, 111, 130, 142] {
+    for seed in [33, 59, 67, 77, 90, 111, 130, 142, 3501] {
         if let Err(failure) = run_seed(seed, latent) {
             panic!("{failure}");
         }
