@@ -732,3 +732,91 @@ fn a_journal_slot_of_another_group_is_damage() {
     assert!(restarted.journal.get(&1).is_none() && restarted.journal.get(&2).is_none());
     assert!(restarted.faulty.contains(&1) && restarted.faulty.contains(&2));
 }
+
+/// Shell simulator seed 3501 (latent read errors): a replica that lost its journal was
+/// trusted again on installing a newer view's log while it held that log's ops as
+/// headers alone, one of them an op it had acknowledged before the loss. A trusted
+/// vote counts a header alone above its commit as "never had it", so with the one
+/// replica that truly never had the op, a view dropped it. Trust now waits for the
+/// bodies.
+#[test]
+fn a_replica_re_trusted_by_a_newer_views_log_never_nacks_its_headers_alone() {
+    let mut h = op_2_committed_without_replica_2();
+    // Replica 1 acknowledged op 2, then lost its journal (its state survived): it
+    // restarts untrusted above op 1, the commit it knew.
+    h.replicas[1] = Replica::restart(
+        Config::new(0, 1, 3, 9),
+        CounterMachine::default(),
+        Persisted {
+            durable: DurableState {
+                commit: 1,
+                ..DurableState::default()
+            },
+            checkpoint: None,
+            journal: vec![],
+            journal_trusted: false,
+        },
+    )
+    .unwrap();
+    h.messages.clear();
+    h.input(1, Input::Tick);
+    h.complete_writes();
+    assert!(!h.replica(1).journal_trusted());
+    // View 3's log, from its primary (replica 0), as headers alone: op 2 not yet known
+    // committed there, no body sent.
+    let suffix: Vec<SuffixEntry> = (1..=2)
+        .map(|op| SuffixEntry {
+            header: h.replica(0).journal.get(&op).unwrap().header,
+            body: None,
+        })
+        .collect();
+    h.input(
+        1,
+        Input::Message(Message::StartView {
+            view: 3,
+            op: 2,
+            commit: 1,
+            suffix,
+            from: 0,
+        }),
+    );
+    h.complete_writes();
+    assert!(
+        !h.replica(1).journal_trusted(),
+        "trusted while it holds op 2 as a header alone"
+    );
+    // Replica 0 is cut off: replicas 1 and 2 must not form a view without op 2.
+    h.messages.clear();
+    let formed = h.run_until(
+        5_000,
+        |from, to, _| from != 0 && to != 0,
+        |h| (1..3).any(|r| h.replica(r).is_primary()),
+    );
+    for r in 1..3 {
+        if h.replica(r).is_primary() {
+            assert!(
+                h.replica(r).op() >= 2,
+                "replica {r} leads a view without op 2"
+            );
+        }
+    }
+    assert!(
+        !formed,
+        "a view formed without the only intact holder of op 2"
+    );
+    // Replica 0 back: the group goes on with op 2, and replica 1 trusts its journal
+    // again once it holds the body.
+    let healed = h.run_until(
+        10_000,
+        |_, _, _| true,
+        |h| {
+            (0..3)
+                .all(|r| h.replica(r).commit_min() >= 2 && h.replica(r).status() == Status::Normal)
+                && h.replica(1).journal_trusted()
+        },
+    );
+    assert!(healed);
+    for r in 0..3 {
+        assert_eq!(h.replica(r).state().machine().get("k"), 1, "replica {r}");
+    }
+}
