@@ -415,6 +415,9 @@ impl<S: StateMachine> Replica<S> {
             // Persist progress now and then; commit is only a hint for restarts.
             self.write_state(out);
         }
+        // Applied ops need no body here: a journal waiting for bodies to be trusted
+        // again may be whole now (a snapshot or a copied log caught it up).
+        self.trust_when_repaired(out);
     }
 
     pub(super) fn take_checkpoint(&mut self, out: &mut Vec<Output>) {
