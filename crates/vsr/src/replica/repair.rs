@@ -317,7 +317,7 @@ impl<S: StateMachine> Replica<S> {
     /// Whether every op of the log above `through` (and above what is applied, whose
     /// bodies are in the state) has its body written here, durably.
     fn holds_bodies_above(&self, through: u64) -> bool {
-        ((through.max(self.commit_min) + 1)..=self.op).all(|op| {
+        (through.max(self.commit_min).saturating_add(1)..=self.op).all(|op| {
             self.journal
                 .get(&op)
                 .is_some_and(|e| e.body.is_some() && e.durable)
@@ -327,6 +327,10 @@ impl<S: StateMachine> Replica<S> {
     /// A journal waiting for bodies to be trusted again ([`Self::trust_once_whole`])
     /// is trusted once they are all written, and says so durably.
     pub(super) fn trust_when_repaired(&mut self, out: &mut Vec<Output>) {
+        if self.trusted_through == u64::MAX {
+            // Trusted meanwhile another way (the log of a view it led).
+            self.trust_waits_for_bodies = false;
+        }
         if !self.trust_waits_for_bodies || self.status() != Status::Normal {
             return;
         }
