@@ -792,6 +792,12 @@ fn restart_1_and_expect_no_view_without_op_2(h: &mut Harness, persisted: Persist
         persisted,
     )
     .unwrap();
+    expect_no_view_without_op_2(h);
+}
+
+/// With replica 0 (the only other holder of the committed op 2) cut off, replicas 1
+/// and 2 must not form a view without op 2.
+fn expect_no_view_without_op_2(h: &mut Harness) {
     h.messages.clear();
     let formed = h.run_until(
         5_000,
