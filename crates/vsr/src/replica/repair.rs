@@ -288,9 +288,6 @@ impl<S: StateMachine> Replica<S> {
         self.apply_committed(out);
     }
 
-    /// Whether joining `view` makes this replica's journal trustworthy again: always,
-    /// unless it lost its disk and has not yet learned from a quorum of peers a view at
-    /// least as new as any it could have acknowledged ops in.
     /// Trusts this replica's journal again, given the log of a view newer than any it
     /// could have acknowledged an op in before it lost its journal, once it holds the
     /// body of every op of that log above `untrusted_above` (the prefix it trusted):
@@ -341,6 +338,9 @@ impl<S: StateMachine> Replica<S> {
         }
     }
 
+    /// Whether joining `view` makes this replica's journal trustworthy again: always,
+    /// unless it lost its disk and has not yet learned from a quorum of peers a view at
+    /// least as new as any it could have acknowledged ops in.
     pub(super) fn may_trust_in(&self, view: u64) -> bool {
         self.rejoin
             .as_ref()
