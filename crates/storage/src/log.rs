@@ -2,7 +2,7 @@
 
 use std::collections::VecDeque;
 use std::fs::{File, OpenOptions};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
 use braid_proto::ValidatedBatch;
@@ -91,7 +91,9 @@ pub struct RetentionOutcome {
 /// them.
 #[derive(Debug)]
 pub struct PartitionLog {
-    dir: PathBuf,
+    /// Shared with whoever keeps files beside the log (the node's journal and
+    /// checkpoints), so that a partition holds its directory's path once.
+    dir: Arc<Path>,
     config: LogConfig,
     /// The partition's tag: what every stored batch carries in its leader epoch field
     /// and what seeds the recovery point's CRC, so that another partition's bytes
@@ -125,6 +127,11 @@ pub struct PartitionLog {
 impl PartitionLog {
     /// The directory of the log.
     pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The directory of the log, shared.
+    pub fn shared_dir(&self) -> &Arc<Path> {
         &self.dir
     }
 
@@ -224,7 +231,7 @@ impl PartitionLog {
     /// [`append`](Self::append).
     pub fn append_shared(&mut self, bytes: &[u8], now_ms: u64) -> Result<Appended, LogError> {
         let not_a_batch = |err: braid_proto::BatchError| LogError::Corrupt {
-            path: self.dir.clone(),
+            path: self.dir.to_path_buf(),
             position: self.next_offset,
             corruption: crate::Corruption::Batch(err),
         };

@@ -11,11 +11,12 @@
 //! checkpoint is durable, so a torn write loses nothing: the other copy and the
 //! journal hold what it would have.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use braid_vsr::Checkpoint;
 
 use super::copies::{Newest, TwoCopies};
+use super::shared_path::SharedPath;
 
 /// Why a checkpoint could not be read or written.
 #[derive(Debug, thiserror::Error)]
@@ -98,16 +99,16 @@ impl CheckpointStore {
     /// # Errors
     /// [`CheckpointError::Damaged`] when copies exist and none is intact, or IO.
     pub(crate) fn open(
-        dir: &Path,
-        stem: &str,
+        base: SharedPath,
         group: u64,
     ) -> Result<(Self, Option<Checkpoint>), CheckpointError> {
         let io = |(path, source)| CheckpointError::Io { path, source };
+        let dir = base.dir();
         braid_storage::create_dir_durable(dir).map_err(|source| CheckpointError::Io {
             path: dir.to_owned(),
             source,
         })?;
-        let copies = TwoCopies::new(dir, stem);
+        let copies = TwoCopies::at(base);
         let of_group = |bytes: &[u8]| match decode(bytes)? {
             (_, Some(checkpoint)) if checkpoint.header.group != group => Err(format!(
                 "it holds a checkpoint of group {}",
@@ -138,8 +139,8 @@ impl CheckpointStore {
     ///
     /// # Errors
     /// IO.
-    pub(crate) fn reset(dir: &Path, stem: &str) -> Result<Self, CheckpointError> {
-        let copies = TwoCopies::new(dir, stem);
+    pub(crate) fn reset(base: SharedPath) -> Result<Self, CheckpointError> {
+        let copies = TwoCopies::at(base);
         copies
             .install_first(&encode(0, None))
             .map_err(|(path, source)| CheckpointError::Io { path, source })?;
@@ -175,6 +176,11 @@ mod tests {
     use super::*;
     use braid_storage::disk::hook;
     use braid_vsr::Header;
+    use std::path::Path;
+
+    fn copies_at(dir: &Path, stem: &str) -> SharedPath {
+        SharedPath::whole(&dir.join(stem))
+    }
 
     fn checkpoint(op: u64) -> Checkpoint {
         let header = Header {
@@ -188,14 +194,16 @@ mod tests {
     #[test]
     fn the_newest_intact_checkpoint_is_read_back() {
         let dir = tempfile::tempdir().unwrap();
-        let (mut store, none) = CheckpointStore::open(dir.path(), "meta.checkpoint", 0).unwrap();
+        let (mut store, none) =
+            CheckpointStore::open(copies_at(dir.path(), "meta.checkpoint"), 0).unwrap();
         assert!(none.is_none());
         // Ops of one parity would land on one copy if numbered by op: generations
         // alternate the copies whatever the ops.
         for op in [64, 128, 192] {
             store.write(&checkpoint(op)).unwrap();
         }
-        let (_, newest) = CheckpointStore::open(dir.path(), "meta.checkpoint", 0).unwrap();
+        let (_, newest) =
+            CheckpointStore::open(copies_at(dir.path(), "meta.checkpoint"), 0).unwrap();
         assert_eq!(newest, Some(checkpoint(192)));
         // The newest copy (generation 3: copy 1) torn: the one before it.
         let path = dir.path().join("meta.checkpoint.1");
@@ -204,11 +212,12 @@ mod tests {
         let last = bytes.len() - 1;
         bytes[last] ^= 1;
         std::fs::write(&path, &bytes).unwrap();
-        let (_, older) = CheckpointStore::open(dir.path(), "meta.checkpoint", 0).unwrap();
+        let (_, older) =
+            CheckpointStore::open(copies_at(dir.path(), "meta.checkpoint"), 0).unwrap();
         assert_eq!(older, Some(checkpoint(128)));
         std::fs::write(dir.path().join("meta.checkpoint.0"), b"junk").unwrap();
         assert!(matches!(
-            CheckpointStore::open(dir.path(), "meta.checkpoint", 0),
+            CheckpointStore::open(copies_at(dir.path(), "meta.checkpoint"), 0),
             Err(CheckpointError::Damaged(_))
         ));
     }
@@ -220,7 +229,7 @@ mod tests {
     #[test]
     fn a_copy_of_another_groups_checkpoint_is_damage() {
         let dir = tempfile::tempdir().unwrap();
-        let (mut ours, _) = CheckpointStore::open(dir.path(), "ours", 0).unwrap();
+        let (mut ours, _) = CheckpointStore::open(copies_at(dir.path(), "ours"), 0).unwrap();
         ours.write(&checkpoint(64)).unwrap();
         ours.write(&checkpoint(128)).unwrap();
         let other = Checkpoint::new(
@@ -231,16 +240,16 @@ mod tests {
             .seal(),
             b"another group's state".to_vec(),
         );
-        let (mut theirs, _) = CheckpointStore::open(dir.path(), "theirs", 7).unwrap();
+        let (mut theirs, _) = CheckpointStore::open(copies_at(dir.path(), "theirs"), 7).unwrap();
         theirs.write(&other).unwrap();
         theirs.write(&other).unwrap();
         // Their newest copy (generation 2: copy 0) over our newest (copy 0).
         std::fs::copy(dir.path().join("theirs.0"), dir.path().join("ours.0")).unwrap();
-        let (_, found) = CheckpointStore::open(dir.path(), "ours", 0).unwrap();
+        let (_, found) = CheckpointStore::open(copies_at(dir.path(), "ours"), 0).unwrap();
         assert_eq!(found, Some(checkpoint(64)), "the intact copy of our own");
         std::fs::copy(dir.path().join("theirs.1"), dir.path().join("ours.1")).unwrap();
         assert!(matches!(
-            CheckpointStore::open(dir.path(), "ours", 0),
+            CheckpointStore::open(copies_at(dir.path(), "ours"), 0),
             Err(CheckpointError::Damaged(_))
         ));
     }
@@ -252,7 +261,7 @@ mod tests {
     #[test]
     fn a_flipped_generation_never_makes_the_older_copy_win() {
         let dir = tempfile::tempdir().unwrap();
-        let (mut store, _) = CheckpointStore::open(dir.path(), "c", 0).unwrap();
+        let (mut store, _) = CheckpointStore::open(copies_at(dir.path(), "c"), 0).unwrap();
         for op in [64, 128, 192] {
             store.write(&checkpoint(op)).unwrap();
         }
@@ -265,7 +274,7 @@ mod tests {
                     let mut bytes = pristine.clone();
                     bytes[at] ^= 1 << bit;
                     std::fs::write(&path, &bytes).unwrap();
-                    let (_, found) = CheckpointStore::open(dir.path(), "c", 0).unwrap();
+                    let (_, found) = CheckpointStore::open(copies_at(dir.path(), "c"), 0).unwrap();
                     assert_eq!(
                         found.map(|c| c.header.op),
                         Some(expected),
@@ -279,7 +288,7 @@ mod tests {
         let mut old = 9u64.to_be_bytes().to_vec();
         old.extend_from_slice(&checkpoint(256).encode());
         std::fs::write(dir.path().join("c.1"), &old).unwrap();
-        let (_, found) = CheckpointStore::open(dir.path(), "c", 0).unwrap();
+        let (_, found) = CheckpointStore::open(copies_at(dir.path(), "c"), 0).unwrap();
         assert_eq!(found.map(|c| c.header.op), Some(256));
     }
 
@@ -294,7 +303,7 @@ mod tests {
         let ops = [64u64, 128, 192, 256];
         let mut acks = Vec::new();
         {
-            let (mut store, _) = CheckpointStore::open(&dir, "c", 0).unwrap();
+            let (mut store, _) = CheckpointStore::open(copies_at(&dir, "c"), 0).unwrap();
             acks.push(trace_len());
             for op in ops {
                 store.write(&checkpoint(op)).unwrap();
@@ -305,7 +314,7 @@ mod tests {
         let checked =
             braid_storage::crash::for_each_crash_state(&trace, root.path(), |at, how, out| {
                 let written = acks.iter().filter(|&&events| events <= at).count();
-                let opened = CheckpointStore::open(&out.join("replication"), "c", 0);
+                let opened = CheckpointStore::open(copies_at(&out.join("replication"), "c"), 0);
                 let found = match opened {
                     Ok((_, found)) => found,
                     Err(err) => panic!("cut at {at}, {how}: {err}"),

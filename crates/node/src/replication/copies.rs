@@ -6,6 +6,8 @@ use std::path::{Path, PathBuf};
 
 use braid_storage::disk;
 
+use super::shared_path::SharedPath;
+
 /// An IO failure and the file it happened on.
 pub(crate) type CopyError = (PathBuf, std::io::Error);
 
@@ -14,7 +16,7 @@ pub(crate) type CopyError = (PathBuf, std::io::Error);
 pub(crate) struct TwoCopies {
     /// `DIR/STEM`: each group holds one, so the copies' paths are made when used (three
     /// paths and a stem kept per group were a tenth of an idle partition's memory).
-    base: PathBuf,
+    base: SharedPath,
 }
 
 /// What reading the copies found.
@@ -29,15 +31,19 @@ pub(crate) enum Newest<T> {
 }
 
 impl TwoCopies {
+    #[cfg(test)]
     pub(crate) fn new(dir: &Path, stem: &str) -> Self {
-        Self {
-            base: dir.join(stem),
-        }
+        Self::at(SharedPath::whole(&dir.join(stem)))
+    }
+
+    /// The copies `base.0` and `base.1`.
+    pub(crate) fn at(base: SharedPath) -> Self {
+        Self { base }
     }
 
     /// `DIR/STEM.SUFFIX`.
     fn with_suffix(&self, suffix: &str) -> PathBuf {
-        let mut path = self.base.clone().into_os_string();
+        let mut path = self.base.get().into_os_string();
         path.push(".");
         path.push(suffix);
         PathBuf::from(path)
@@ -48,7 +54,7 @@ impl TwoCopies {
     }
 
     fn dir(&self) -> &Path {
-        self.base.parent().unwrap_or(Path::new("."))
+        self.base.dir()
     }
 
     /// The newest copy `decode` accepts (it gives the copy's sequence number).

@@ -33,6 +33,8 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 
 use braid_storage::disk;
+
+use super::shared_path::SharedPath;
 use braid_vsr::op_map::OpMap;
 use braid_vsr::{Header, JournalSlot, Prepare};
 
@@ -135,7 +137,7 @@ enum Entry {
 /// One group's journal file.
 #[derive(Debug)]
 pub(crate) struct JournalFile {
-    path: PathBuf,
+    path: SharedPath,
     /// The open file, or `None` once released (an idle partition holds no file); it is
     /// opened again by the next write or sync (a sync covers the file, whichever
     /// descriptor wrote it).
@@ -426,8 +428,8 @@ impl JournalFile {
     }
 
     /// The journal's file.
-    pub(crate) fn path(&self) -> &Path {
-        &self.path
+    pub(crate) fn path(&self) -> PathBuf {
+        self.path.get()
     }
 
     /// The open file, opened again if it was released.
@@ -438,8 +440,8 @@ impl JournalFile {
         let file = File::options()
             .read(true)
             .write(true)
-            .open(&self.path)
-            .map_err(io(&self.path))?;
+            .open(&self.path())
+            .map_err(io(&self.path()))?;
         let file = std::sync::Arc::new(file);
         self.file = Some(std::sync::Arc::clone(&file));
         Ok(file)
@@ -452,12 +454,12 @@ impl JournalFile {
 
     fn append_record(&mut self, bytes: Vec<u8>) -> Result<(), JournalError> {
         if self.poisoned {
-            return Err(JournalError::Poisoned(self.path.clone()));
+            return Err(JournalError::Poisoned(self.path()));
         }
         let file = self.handle()?;
-        if let Err(err) = disk::write_at(&file, &self.path, &bytes, self.len) {
+        if let Err(err) = disk::write_at(&file, &self.path(), &bytes, self.len) {
             self.poisoned = true;
-            return Err(io(&self.path)(err));
+            return Err(io(&self.path())(err));
         }
         self.len += bytes.len() as u64;
         Ok(())
@@ -677,13 +679,13 @@ impl JournalFile {
 
     fn sync_marked(&mut self, mark: bool) -> Result<Vec<(u64, braid_vsr::Checksum)>, JournalError> {
         if self.poisoned {
-            return Err(JournalError::Poisoned(self.path.clone()));
+            return Err(JournalError::Poisoned(self.path()));
         }
         let synced_len = self.len;
         let file = self.handle()?;
-        if let Err(err) = disk::sync_data(&file, &self.path) {
+        if let Err(err) = disk::sync_data(&file, &self.path()) {
             self.poisoned = true;
-            return Err(io(&self.path)(err));
+            return Err(io(&self.path())(err));
         }
         if self.len > COMPACT_BYTES {
             if let Err(err) = self.compact(mark) {
@@ -700,9 +702,9 @@ impl JournalFile {
                 len: synced_len,
             })?;
             if self.len > before {
-                if let Err(err) = disk::sync_data(&file, &self.path) {
+                if let Err(err) = disk::sync_data(&file, &self.path()) {
                     self.poisoned = true;
-                    return Err(io(&self.path)(err));
+                    return Err(io(&self.path())(err));
                 }
             }
         } else if synced_len > self.durable_marked_len {
@@ -713,9 +715,9 @@ impl JournalFile {
             self.append_record(record(KIND_DURABLE, &synced_len.to_be_bytes()))?;
             self.durable_marked_len = synced_len;
             self.write_head()?;
-            if let Err(err) = disk::sync_data(&file, &self.path) {
+            if let Err(err) = disk::sync_data(&file, &self.path()) {
                 self.poisoned = true;
-                return Err(io(&self.path)(err));
+                return Err(io(&self.path())(err));
             }
         }
         Ok(std::mem::take(&mut self.unsynced))
@@ -752,14 +754,14 @@ impl JournalFile {
             return Ok(());
         }
         if self.poisoned {
-            return Err(JournalError::Poisoned(self.path.clone()));
+            return Err(JournalError::Poisoned(self.path()));
         }
         let file = self.handle()?;
         let copy = self.head().encode_copy();
         let at = MAGIC.len() + Head::copy_at(self.head_writes);
-        if let Err(err) = disk::write_at(&file, &self.path, &copy, at as u64) {
+        if let Err(err) = disk::write_at(&file, &self.path(), &copy, at as u64) {
             self.poisoned = true;
-            return Err(io(&self.path)(err));
+            return Err(io(&self.path())(err));
         }
         self.head_writes += 1;
         Ok(())
@@ -801,7 +803,7 @@ impl JournalFile {
     /// with `all_synced` (every entry and every batch it names was synced before), it
     /// ends with a sync marker covering them all.
     fn compact(&mut self, all_synced: bool) -> Result<(), JournalError> {
-        let tmp = self.path.with_extension("compact");
+        let tmp = self.path().with_extension("compact");
         let mut bytes = MAGIC.to_vec();
         bytes.extend([0; HEAD_BYTES]);
         if self.pruned_through > 0 || self.pruned_log_end.is_some() {
@@ -835,8 +837,8 @@ impl JournalFile {
             .open(&tmp)
             .map_err(io(&tmp))?;
         disk::sync_data(&file, &tmp).map_err(io(&tmp))?;
-        disk::rename(&tmp, &self.path).map_err(io(&self.path))?;
-        let dir = self.path.parent().unwrap_or(Path::new("."));
+        disk::rename(&tmp, &self.path()).map_err(io(&self.path()))?;
+        let dir = self.path.dir();
         disk::sync_dir(dir).map_err(io(dir))?;
         self.file = Some(std::sync::Arc::new(file));
         self.len = bytes.len() as u64;
@@ -855,7 +857,7 @@ impl JournalFile {
     pub(crate) fn sync_request(&mut self) -> Result<braid_storage::SyncRequest, JournalError> {
         Ok(braid_storage::SyncRequest::for_file(
             self.handle()?,
-            std::sync::Arc::from(self.path.as_path()),
+            std::sync::Arc::from(self.path().as_path()),
         ))
     }
 

@@ -15,6 +15,7 @@ pub(crate) mod partition_groups;
 pub(crate) mod partition_journal;
 pub(crate) mod partition_machine;
 pub(crate) mod shard_host;
+pub(crate) mod shared_path;
 pub(crate) mod states;
 pub(crate) mod status;
 pub(crate) mod wire;

@@ -405,6 +405,7 @@ impl PartitionGroups {
         if self.sync.is_some() {
             journal.sync_off_thread();
         }
+        let dir = std::sync::Arc::clone(journal.log().shared_dir());
         let opened = Opened {
             slots: recovered.slots,
             damage: recovered.damage,
@@ -426,7 +427,7 @@ impl PartitionGroups {
             ..Config::new(group, self.node, self.members, self.client_id ^ group)
         };
         self.host
-            .add_group_with(config, PartitionMachine::default(), journal, opened, dir)?;
+            .add_group_with(config, PartitionMachine::default(), journal, opened, &dir)?;
         if self.members == 1 {
             // Recovered with the others opened with it (`recover_opened`).
             self.opened_lone.push(group);

@@ -20,6 +20,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use braid_vsr::StateMachine;
 use braid_vsr::{
@@ -33,6 +34,7 @@ use super::journal_file::{
     clear_untrusted_mark, mark_untrusted, untrusted_mark, JournalError, JournalFile, Recovered,
 };
 use super::partition_journal::PartitionJournalError;
+use super::shared_path::{FileName, SharedPath};
 use super::states::{GroupStates, StatesError};
 
 /// A group's journal as the host drives it.
@@ -129,7 +131,7 @@ impl Journal for JournalFile {
         Ok(JournalFile::sync(self)?)
     }
     fn distrust_persisted(&mut self) -> Result<(), HostError> {
-        Ok(clear_untrusted_mark(self.path())?)
+        Ok(clear_untrusted_mark(&self.path())?)
     }
 }
 
@@ -246,7 +248,7 @@ impl<S: StateMachine> ShardHost<S, JournalFile> {
             trusted: true,
             tail_cut: untrusted,
         };
-        let dir = self.dir.clone();
+        let dir = Arc::from(self.dir.as_path());
         self.add_group_with(config, machine, journal, opened, &dir)
     }
 }
@@ -364,7 +366,7 @@ impl<S: StateMachine, J: Journal> ShardHost<S, J> {
         machine: S,
         journal: J,
         opened: Opened,
-        checkpoint_dir: &Path,
+        checkpoint_dir: &Arc<Path>,
     ) -> Result<(), HostError> {
         let group = config.group;
         let start = |reason: String| HostError::Start { group, reason };
@@ -376,9 +378,12 @@ impl<S: StateMachine, J: Journal> ShardHost<S, J> {
             // the log), so that what the damage left is there to read and restore.
             return Err(damaged(damage.clone()));
         }
-        let stem = format!("group-{group}.checkpoint");
+        let copies_at = SharedPath::new(
+            Arc::clone(checkpoint_dir),
+            FileName::OfGroup(group, ".checkpoint"),
+        );
         let (checkpoints, checkpoint, checkpoint_lost) =
-            match CheckpointStore::open(checkpoint_dir, &stem, group) {
+            match CheckpointStore::open(copies_at.clone(), group) {
                 Ok((store, checkpoint)) => (store, checkpoint, false),
                 Err(err @ CheckpointError::Damaged(_)) if lone => {
                     return Err(damaged(err.to_string()))
@@ -395,7 +400,7 @@ impl<S: StateMachine, J: Journal> ShardHost<S, J> {
                         "both checkpoint copies are damaged: the group restarts as a \
                          replica that lost its state and takes a peer's"
                     );
-                    (CheckpointStore::reset(checkpoint_dir, &stem)?, None, true)
+                    (CheckpointStore::reset(copies_at)?, None, true)
                 }
                 Err(err) => return Err(err.into()),
             };

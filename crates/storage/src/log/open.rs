@@ -72,7 +72,7 @@ impl PartitionLog {
             });
         }
         let mut log = Self {
-            dir,
+            dir: std::sync::Arc::from(dir),
             config,
             tag,
             segments,

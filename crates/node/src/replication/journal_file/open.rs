@@ -19,7 +19,19 @@ impl JournalFile {
         path: &Path,
         before_cut: impl FnOnce() -> Result<(), JournalError>,
     ) -> Result<(Self, Recovered), JournalError> {
-        let dir = path.parent().unwrap_or(Path::new("."));
+        Self::open_marking_at(SharedPath::whole(path), before_cut)
+    }
+
+    /// As [`JournalFile::open_marking`], the path kept as `shared` gives it.
+    ///
+    /// # Errors
+    /// As [`JournalFile::open_marking`].
+    pub(crate) fn open_marking_at(
+        shared: SharedPath,
+        before_cut: impl FnOnce() -> Result<(), JournalError>,
+    ) -> Result<(Self, Recovered), JournalError> {
+        let path = &shared.get();
+        let dir = shared.dir();
         braid_storage::create_dir_durable(dir).map_err(io(dir))?;
         let (file, created) = disk::open_or_create(path).map_err(io(path))?;
         let bytes = if created {
@@ -37,7 +49,7 @@ impl JournalFile {
         {
             disk::write_at(&file, path, &fresh_file(), 0).map_err(io(path))?;
             disk::sync_data(&file, path).map_err(io(path))?;
-            return Self::open(path);
+            return Self::open_marking_at(shared, nothing_to_mark);
         }
         let (headed, magic_damaged) = match bytes.get(..MAGIC.len()) {
             Some(magic) if magic == MAGIC => (true, false),
@@ -139,7 +151,7 @@ impl JournalFile {
             })
             .collect();
         let journal = Self {
-            path: path.to_owned(),
+            path: shared,
             file: Some(std::sync::Arc::new(file)),
             len: at as u64,
             entries,
@@ -326,6 +338,11 @@ fn fresh_file() -> Vec<u8> {
 /// two differ in one byte), or, when it is zeroed (a zeroed first page), whether an
 /// intact head copy or a record sits where the head would. A magic that is not a few
 /// flipped bits, or zeros, over a file whose records follow is no journal.
+/// A `before_cut` with nothing to do.
+fn nothing_to_mark() -> Result<(), JournalError> {
+    Ok(())
+}
+
 fn damaged_magic_is_headed(path: &Path, bytes: &[u8]) -> Result<bool, JournalError> {
     let not_a_journal = || JournalError::NotAJournal {
         path: path.to_owned(),

@@ -1,6 +1,9 @@
 //! Opening a partition's journal: the log and its header journal brought into line.
 
+use std::sync::Arc;
+
 use super::*;
+use crate::replication::shared_path::{FileName, SharedPath};
 
 impl PartitionJournal {
     /// Opens the log in `dir` (of the partition tagged `tag`:
@@ -56,7 +59,9 @@ impl PartitionJournal {
             }
             Ok(())
         };
-        let (index, found) = match JournalFile::open_marking(&journal_path, mark) {
+        let shared =
+            || SharedPath::new(Arc::clone(log.shared_dir()), FileName::Fixed(JOURNAL_FILE));
+        let (index, found) = match JournalFile::open_marking_at(shared(), mark) {
             Err(JournalError::NotAJournal { .. }) if repairable => {
                 // Damaged past knowing (a zeroed small file, say: the shell simulator's
                 // seed 768) in a member of a cluster: lost, as if deleted; its peers
@@ -81,7 +86,7 @@ impl PartitionJournal {
                 // both lost, the member restarted trusted with nothing, and its vote
                 // dropped committed ops).
                 journal_lost = true;
-                JournalFile::open(&journal_path)?
+                JournalFile::open_marking_at(shared(), || Ok(()))?
             }
             opened => opened?,
         };
@@ -97,17 +102,12 @@ impl PartitionJournal {
         let mut journal = Self {
             index,
             log,
-            pending: BTreeMap::new(),
+            in_flight: None,
             tip: pruned,
-            unsynced: Vec::new(),
             off_thread: false,
-            running: BTreeMap::new(),
-            awaiting_marker: Vec::new(),
             next_sync: 0,
-            cuts: Vec::new(),
             behind: None,
             applied_end: 0,
-            applied_ahead: BTreeMap::new(),
             scrub_cursor: 0,
             scrub_passes: 0,
             copy_anchor: None,

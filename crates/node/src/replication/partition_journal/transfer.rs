@@ -62,8 +62,7 @@ impl PartitionJournal {
             self.applied(op, checksum);
             return Ok(());
         }
-        self.pending.retain(|o, _| *o > op);
-        self.applied_ahead.retain(|o, _| *o > op);
+        self.forget_waiting(|o| o > op);
         let cursor = self.applied_end().min(log_end);
         self.behind = Some(Transfer {
             op,
@@ -283,7 +282,9 @@ impl PartitionJournal {
         self.log.sync()?;
         // The copy made the log the committed one up to the checkpoint's end.
         self.applied_end = self.applied_end.max(transfer.log_end);
-        self.applied_ahead.retain(|o, _| *o > transfer.op);
+        if let Some(flight) = self.in_flight.as_deref_mut() {
+            flight.applied_ahead.retain(|o, _| *o > transfer.op);
+        }
         // Entries at or below the checkpoint's op are covered by it, and their batches
         // were copied, not appended: a header written there before the copy (a view's
         // suffix whose bodies were to be repaired) would read at the next open as a

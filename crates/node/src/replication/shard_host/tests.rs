@@ -537,7 +537,7 @@ fn open_unsynced(dir: &std::path::Path, boot: BootId) -> Host {
         MetadataMachine::default(),
         journal,
         opened,
-        dir,
+        &std::sync::Arc::from(dir),
     )
     .unwrap();
     host.step(1, vec![(0, Input::Tick)]).unwrap();
