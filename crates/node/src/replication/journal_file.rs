@@ -440,7 +440,7 @@ impl JournalFile {
         let file = File::options()
             .read(true)
             .write(true)
-            .open(&self.path())
+            .open(self.path())
             .map_err(io(&self.path()))?;
         let file = std::sync::Arc::new(file);
         self.file = Some(std::sync::Arc::clone(&file));
