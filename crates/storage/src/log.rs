@@ -94,7 +94,7 @@ pub struct PartitionLog {
     /// Shared with whoever keeps files beside the log (the node's journal and
     /// checkpoints), so that a partition holds its directory's path once.
     dir: Arc<Path>,
-    config: LogConfig,
+    config: Arc<LogConfig>,
     /// The partition's tag: what every stored batch carries in its leader epoch field
     /// and what seeds the recovery point's CRC, so that another partition's bytes
     /// written here (a misdirected write) read as damage.

@@ -161,6 +161,9 @@ pub(crate) struct PartitionGroups {
     failed: Option<String>,
     /// [`CHECKPOINT_INTERVAL`], but for simulator runs that want more checkpoints.
     checkpoint_interval: u64,
+    /// The log settings in use, each held once by every log opened with it (a topic's
+    /// thousands of partitions share one: 104 bytes a partition otherwise).
+    log_configs: Vec<std::sync::Arc<LogConfig>>,
 }
 
 /// Where sync jobs run and where their completions come back.
@@ -171,6 +174,20 @@ pub(crate) struct SyncLink {
 }
 
 impl PartitionGroups {
+    /// `config`, shared with the logs already opened with it.
+    fn shared_log_config(&mut self, config: LogConfig) -> std::sync::Arc<LogConfig> {
+        if let Some(shared) = self.log_configs.iter().find(|c| ***c == config) {
+            return std::sync::Arc::clone(shared);
+        }
+        // Settings no log holds any more go, so the list stays as long as the number
+        // of settings in use.
+        self.log_configs
+            .retain(|c| std::sync::Arc::strong_count(c) > 1);
+        let shared = std::sync::Arc::new(config);
+        self.log_configs.push(std::sync::Arc::clone(&shared));
+        shared
+    }
+
     /// Opens shard `shard`'s durable group states in `dir`.
     ///
     /// # Errors
@@ -229,6 +246,7 @@ impl PartitionGroups {
             batches_repaired: 0,
             failed: None,
             checkpoint_interval: CHECKPOINT_INTERVAL,
+            log_configs: Vec::new(),
         }
     }
 
@@ -400,6 +418,7 @@ impl PartitionGroups {
             // what a checkpoint covers). A lone replica has no peer and refuses.
             log_config.recovery = braid_storage::RecoveryMode::TruncateAtDamage;
         }
+        let log_config = self.shared_log_config(log_config);
         let (mut journal, recovered) =
             PartitionJournal::open(dir, tag_of(key), log_config, now_ms)?;
         if self.sync.is_some() {

@@ -194,9 +194,6 @@ pub(crate) struct PartitionJournal {
     applied_end: u64,
     /// Where the scrub of the committed log goes on ([`PartitionJournal::scrub`]).
     scrub_cursor: u64,
-    /// The checkpoint (op and checksum) the running copy goes to, once known: peers
-    /// that hold that op serve the copy up to it ([`PartitionJournal::committed_through`]).
-    copy_anchor: Option<(u64, Checksum)>,
     /// Whole passes the scrub finished since the journal was opened.
     scrub_passes: u64,
     /// A damaged batch found in the committed log, waiting for a peer's copy.
@@ -238,6 +235,9 @@ struct InFlight {
     /// the tip, or while the log is copied), with their checksums: each raises
     /// `applied_end` when its batch goes in.
     applied_ahead: BTreeMap<u64, Checksum>,
+    /// The checkpoint (op and checksum) the running copy goes to, once known: peers
+    /// that hold that op serve the copy up to it ([`PartitionJournal::committed_through`]).
+    copy_anchor: Option<(u64, Checksum)>,
 }
 
 /// What a journal with nothing in flight reads.
@@ -248,6 +248,7 @@ static NOTHING_IN_FLIGHT: InFlight = InFlight {
     awaiting_marker: Vec::new(),
     cuts: Vec::new(),
     applied_ahead: BTreeMap::new(),
+    copy_anchor: None,
 };
 
 impl InFlight {
@@ -258,6 +259,7 @@ impl InFlight {
             && self.awaiting_marker.is_empty()
             && self.cuts.is_empty()
             && self.applied_ahead.is_empty()
+            && self.copy_anchor.is_none()
     }
 }
 

@@ -27,7 +27,8 @@ impl PartitionLog {
         Self::open_tagged(dir, 0, config, now_ms)
     }
 
-    /// As [`open`](Self::open), for the log of a partition tagged `tag`
+    /// As [`open`](Self::open), for the log of a partition tagged `tag` (`config` may be
+    /// shared: thousands of a topic's partitions hold one)
     /// ([`braid_proto::batch::partition_tag`]): its stored batches carry the tag in their
     /// leader epoch field and its recovery point is seeded with it, so that bytes of
     /// another partition's log (a misdirected write: same offsets, CRCs that hold) are
@@ -38,9 +39,10 @@ impl PartitionLog {
     pub fn open_tagged(
         dir: impl Into<PathBuf>,
         tag: i32,
-        config: LogConfig,
+        config: impl Into<std::sync::Arc<LogConfig>>,
         now_ms: u64,
     ) -> Result<Self, LogError> {
+        let config = config.into();
         config.validate()?;
         let dir = dir.into();
         // The partition directory and any parent it needed survive a power cut.

@@ -15,10 +15,11 @@ impl PartitionJournal {
     pub(crate) fn open(
         dir: &Path,
         tag: i32,
-        config: LogConfig,
+        config: impl Into<Arc<LogConfig>>,
         now_ms: u64,
     ) -> Result<(Self, Recovered), PartitionJournalError> {
-        let log = PartitionLog::open_tagged(dir, tag, config, now_ms)?;
+        let config = config.into();
+        let log = PartitionLog::open_tagged(dir, tag, Arc::clone(&config), now_ms)?;
         let journal_path = dir.join(JOURNAL_FILE);
         let repairable = config.recovery == braid_storage::RecoveryMode::TruncateAtDamage;
         // Gone while the log holds batches: every op it named is unknown (a missing file
@@ -110,7 +111,6 @@ impl PartitionJournal {
             applied_end: 0,
             scrub_cursor: 0,
             scrub_passes: 0,
-            copy_anchor: None,
             damaged_at: None,
             index_changed_unsynced: false,
             tip_log_end: None,

@@ -25,7 +25,7 @@ impl PartitionJournal {
         if self.behind.is_some_and(|t| t.op >= op) || op < pruned {
             if self.behind.is_some_and(|t| t.op == op) {
                 // A copy found at open, its checkpoint named now.
-                self.copy_anchor = Some((op, checksum));
+                self.flight_mut().copy_anchor = Some((op, checksum));
             }
             return Ok(());
         }
@@ -69,7 +69,7 @@ impl PartitionJournal {
             log_end,
             cursor,
         });
-        self.copy_anchor = Some((op, checksum));
+        self.flight_mut().copy_anchor = Some((op, checksum));
         if cursor == log_end {
             // Everything below the checkpoint's end is known committed.
             let end = self.cut_log_at(log_end)?;
@@ -90,7 +90,9 @@ impl PartitionJournal {
     /// that ask peers for it.
     pub(crate) fn copy_anchor(&self) -> Option<(u64, Checksum)> {
         let transfer = self.behind?;
-        self.copy_anchor.filter(|(op, _)| *op == transfer.op)
+        self.flight()
+            .copy_anchor
+            .filter(|(op, _)| *op == transfer.op)
     }
 
     /// Where this log is the committed one through, given that `op` with `checksum`
@@ -284,7 +286,10 @@ impl PartitionJournal {
         self.applied_end = self.applied_end.max(transfer.log_end);
         if let Some(flight) = self.in_flight.as_deref_mut() {
             flight.applied_ahead.retain(|o, _| *o > transfer.op);
+            // Read only while a copy runs.
+            flight.copy_anchor = None;
         }
+        self.settle();
         // Entries at or below the checkpoint's op are covered by it, and their batches
         // were copied, not appended: a header written there before the copy (a view's
         // suffix whose bodies were to be repaired) would read at the next open as a
