@@ -19,6 +19,15 @@ pub enum Corruption {
         /// The offset found.
         found: i64,
     },
+    /// The segment file holding these offsets is gone: the segment before them ends
+    /// where the next one does not start.
+    #[error("the segment of offsets {from} to {to} is missing")]
+    MissingSegment {
+        /// The first offset missing (where the segment before ends).
+        from: u64,
+        /// Where the next segment starts.
+        to: u64,
+    },
     /// An offset index entry names a batch the `.log` file does not hold at that
     /// position: the index is rebuilt from the log and the read retried.
     #[error(
@@ -104,6 +113,15 @@ pub enum LogError {
     /// The settings cannot work.
     #[error(transparent)]
     Config(#[from] crate::ConfigError),
+    /// A log closed in this process is not as it was closed
+    /// ([`PartitionLog::reopen_closed`](crate::PartitionLog::reopen_closed)).
+    #[error("the log in {path} is not as it was closed: {reason}")]
+    NotAsClosed {
+        /// The log's directory.
+        path: PathBuf,
+        /// What differs.
+        reason: String,
+    },
 }
 
 impl LogError {

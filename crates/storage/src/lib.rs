@@ -41,6 +41,7 @@ mod error;
 mod files;
 mod index;
 mod log;
+mod log_start;
 mod lru;
 mod recovery_point;
 mod segment;

@@ -135,6 +135,11 @@ impl PartitionLog {
         &self.dir
     }
 
+    /// The settings, shared.
+    pub fn shared_config(&self) -> &Arc<LogConfig> {
+        &self.config
+    }
+
     /// The settings.
     pub fn config(&self) -> &LogConfig {
         &self.config
@@ -496,6 +501,14 @@ impl PartitionLog {
                 return Ok(read);
             }
             buffer = read.into_buffer();
+            // The next segment must start where this one ends: a read never skips
+            // offsets whose segment is gone.
+            if let Some(next) = self.segments.get(at + 1) {
+                let end = self.segments[at].end_offset.unwrap_or(next.base_offset);
+                if end != next.base_offset {
+                    return Err(self.missing_segment(end, next.base_offset));
+                }
+            }
             at += 1;
         }
         Ok(LogRead::empty_with(from, buffer))
@@ -691,6 +704,11 @@ impl PartitionLog {
     /// # Errors
     /// Any IO error; the log is then left without the marker, as after a crash.
     pub fn close(mut self) -> Result<(), LogError> {
+        if self.clean_marker {
+            // Nothing was written since the marker was found or made (it goes before
+            // the first write): the files are as the marker vouches for.
+            return Ok(());
+        }
         self.check_writable()?;
         let active = self.segments.len() - 1;
         self.ensure_index(active)?;
@@ -773,6 +791,15 @@ impl PartitionLog {
     }
 
     /// Index of the segment that holds `offset` (the last with base at or below it).
+    /// The error of a segment missing between offsets `from` and `to`.
+    pub(crate) fn missing_segment(&self, from: u64, to: u64) -> LogError {
+        LogError::Corrupt {
+            path: log_path(&self.dir, from),
+            position: 0,
+            corruption: crate::Corruption::MissingSegment { from, to },
+        }
+    }
+
     fn segment_of(&self, offset: u64) -> usize {
         self.segments
             .partition_point(|s| s.base_offset <= offset)

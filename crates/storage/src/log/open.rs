@@ -48,52 +48,57 @@ impl PartitionLog {
         // The partition directory and any parent it needed survive a power cut.
         crate::dirs::create_dir_durable(&dir).map_err(LogError::io("create", &dir))?;
         let (mut bases, clean) = scan_dir(&dir)?;
+        let stored = crate::log_start::load(&dir, tag).map_err(LogError::io(
+            "read",
+            dir.join(crate::log_start::LOG_START_FILE),
+        ))?;
+        // Segments gone from the start (all of them, or the first ones) are damage:
+        // refused under `Strict`, the log started again there (empty, for peers to
+        // fill) under `TruncateAtDamage`. Never an empty log at 0 or a later start
+        // taken for retention.
+        let first = bases.first().copied();
+        let lost_from = match stored {
+            crate::log_start::Stored::Start(start) if first.is_none_or(|f| start < f) => {
+                Some(start)
+            }
+            _ => None,
+        };
+        if let Some(start) = lost_from {
+            let to = first.unwrap_or(start);
+            if config.recovery == RecoveryMode::Strict {
+                return Err(LogError::Corrupt {
+                    path: log_path(&dir, start),
+                    position: 0,
+                    corruption: crate::Corruption::MissingSegment { from: start, to },
+                });
+            }
+            tracing::warn!(
+                dir = %dir.display(),
+                from = start,
+                to,
+                "the log's first segments are gone: it starts again empty at its start"
+            );
+            for base in std::mem::take(&mut bases) {
+                super::delete_segment_files(&dir, base).and_then(|()| sync_dir(&dir))?;
+            }
+        }
         if bases.is_empty() {
-            let path = log_path(&dir, 0);
+            let start = lost_from.unwrap_or(0);
+            let path = log_path(&dir, start);
             crate::disk::create_new(&path).map_err(LogError::io("create", &path))?;
             sync_dir(&dir)?;
-            bases.push(0);
+            bases.push(start);
         }
-        let mut segments = Vec::with_capacity(bases.len());
-        for base in bases {
-            let path = log_path(&dir, base);
-            let meta = std::fs::metadata(&path).map_err(LogError::io("stat", &path))?;
-            let created_ms = meta
-                .created()
-                .or_else(|_| meta.modified())
-                .ok()
-                .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
-                .map_or(now_ms, |d| d.as_millis() as u64);
-            segments.push(Segment {
-                base_offset: base,
-                size_bytes: meta.len(),
-                end_offset: None,
-                max_timestamp: crate::segment::MaxTimestamp::Unknown,
-                created_ms,
-                index: None,
-            });
+        if stored != crate::log_start::Stored::Start(bases[0]) {
+            // A log from before the file was kept, or a retention cut short by a crash
+            // after it stored the start above the segment it was deleting.
+            crate::log_start::store(&dir, bases[0], tag).map_err(LogError::io(
+                "write",
+                dir.join(crate::log_start::LOG_START_FILE),
+            ))?;
         }
-        let mut log = Self {
-            dir: std::sync::Arc::from(dir),
-            config,
-            tag,
-            segments,
-            active_file: None,
-            reader: None,
-            sealed_indexes: Default::default(),
-            next_offset: 0,
-            durable_offset: 0,
-            unsynced_since_ms: None,
-            write_behind: Default::default(),
-            generation: 0,
-            clean_marker: clean,
-            poisoned: None,
-            recovery: RecoveryReport {
-                clean,
-                ..RecoveryReport::default()
-            },
-            recovery_point: RecoveryPoint::default(),
-        };
+        let segments = segments_of(&dir, bases, now_ms)?;
+        let mut log = Self::found(std::sync::Arc::from(dir), config, tag, segments, clean);
         let active = log.segments.len() - 1;
         let trusted = clean && log.ensure_index(active).is_ok();
         if !trusted {
@@ -115,7 +120,119 @@ impl PartitionLog {
             ))?;
         }
         log.recovery_point = end;
+        if lost_from.is_some() {
+            log.recovery.damage_cut_at = lost_from;
+        }
+        log.check_segments_continue()?;
         Ok(log)
+    }
+
+    /// Checks that each sealed segment ends where the next one starts. A segment file
+    /// gone from the middle (deleted, or its directory entry lost) would otherwise
+    /// leave a log that skips from one segment's end to a later start, serving the
+    /// later records as if the missing ones never were. Under
+    /// [`RecoveryMode::Strict`] that is refused; under `TruncateAtDamage` (a replica
+    /// whose peers hold the records) the log is cut at the gap, as damage.
+    fn check_segments_continue(&mut self) -> Result<(), LogError> {
+        for at in 0..self.segments.len() - 1 {
+            // Loading a sealed index checks where the segment ends (other damage in
+            // it is found when it is read, as before).
+            let _ = self.ensure_index(at);
+            let next = self.segments[at + 1].base_offset;
+            let Some(end) = self.segments[at].end_offset.filter(|end| *end != next) else {
+                continue;
+            };
+            let gap = self.missing_segment(end, next);
+            if self.config.recovery == RecoveryMode::Strict {
+                return Err(gap);
+            }
+            tracing::warn!(%gap, "cutting the log where its segments stop following each other");
+            self.truncate(end)?;
+            self.recovery.damage_cut_at = Some(end);
+            break;
+        }
+        Ok(())
+    }
+
+    /// Opens again, changing nothing, a log that [`close`](Self::close) closed in this
+    /// process, which must start at `start` and end at `next` as it did then: for a
+    /// holder that let an idle log go to save its memory and takes it back. Whatever
+    /// differs (the clean-shutdown marker gone, a segment or its index missing or
+    /// damaged, other offsets) is refused with [`LogError::NotAsClosed`], never
+    /// repaired: the holder's restart runs the full [`open`](Self::open) instead.
+    ///
+    /// # Errors
+    /// [`LogError::NotAsClosed`], or IO errors.
+    pub fn reopen_closed(
+        dir: std::sync::Arc<Path>,
+        tag: i32,
+        config: std::sync::Arc<LogConfig>,
+        now_ms: u64,
+        start: u64,
+        next: u64,
+    ) -> Result<Self, LogError> {
+        let changed = |reason: String| LogError::NotAsClosed {
+            path: dir.to_path_buf(),
+            reason,
+        };
+        let (bases, clean) = scan_dir(&dir)?;
+        if !clean {
+            return Err(changed("its clean-shutdown marker is gone".into()));
+        }
+        if bases.is_empty() {
+            return Err(changed("it has no segment".into()));
+        }
+        let segments = segments_of(&dir, bases, now_ms)?;
+        let mut log = Self::found(std::sync::Arc::clone(&dir), config, tag, segments, clean);
+        let active = log.segments.len() - 1;
+        log.ensure_index(active)
+            .map_err(|err| changed(format!("its newest segment's index: {err}")))?;
+        let newest = &log.segments[active];
+        log.next_offset = newest.end_offset.unwrap_or(newest.base_offset);
+        log.durable_offset = log.next_offset;
+        log.recovery_point = RecoveryPoint {
+            segment_base: newest.base_offset,
+            position: newest.size_bytes,
+        };
+        if (log.start_offset(), log.next_offset) != (start, next) {
+            return Err(changed(format!(
+                "it holds [{}, {}) where it held [{start}, {next})",
+                log.start_offset(),
+                log.next_offset
+            )));
+        }
+        Ok(log)
+    }
+
+    /// A log of `segments` found in `dir`, before its newest segment is checked.
+    fn found(
+        dir: std::sync::Arc<Path>,
+        config: std::sync::Arc<LogConfig>,
+        tag: i32,
+        segments: Vec<Segment>,
+        clean: bool,
+    ) -> Self {
+        Self {
+            dir,
+            config,
+            tag,
+            segments,
+            active_file: None,
+            reader: None,
+            sealed_indexes: Default::default(),
+            next_offset: 0,
+            durable_offset: 0,
+            unsynced_since_ms: None,
+            write_behind: Default::default(),
+            generation: 0,
+            clean_marker: clean,
+            poisoned: None,
+            recovery: RecoveryReport {
+                clean,
+                ..RecoveryReport::default()
+            },
+            recovery_point: RecoveryPoint::default(),
+        }
     }
 
     /// Verifies every batch of the newest segment, cuts a torn tail, rebuilds its
@@ -194,6 +311,30 @@ impl PartitionLog {
         self.recovery.indexes_rebuilt += 1;
         Ok(())
     }
+}
+
+/// The segments of `dir` with these base offsets, their indexes not loaded.
+fn segments_of(dir: &Path, bases: Vec<u64>, now_ms: u64) -> Result<Vec<Segment>, LogError> {
+    let mut segments = Vec::with_capacity(bases.len());
+    for base in bases {
+        let path = log_path(dir, base);
+        let meta = std::fs::metadata(&path).map_err(LogError::io("stat", &path))?;
+        let created_ms = meta
+            .created()
+            .or_else(|_| meta.modified())
+            .ok()
+            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+            .map_or(now_ms, |d| d.as_millis() as u64);
+        segments.push(Segment {
+            base_offset: base,
+            size_bytes: meta.len(),
+            end_offset: None,
+            max_timestamp: crate::segment::MaxTimestamp::Unknown,
+            created_ms,
+            index: None,
+        });
+    }
+    Ok(segments)
 }
 
 /// Lists the segment base offsets of `dir` in order, removes leftovers (temporary

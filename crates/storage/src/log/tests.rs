@@ -10,6 +10,8 @@ use crate::sync::Syncer;
 
 mod index_damage;
 mod misdirected;
+mod missing_segment;
+mod reopen_closed;
 
 /// One record of the model: its timestamp and value.
 type ModelRecord = (i64, Vec<u8>);
@@ -176,7 +178,11 @@ fn rolls_by_size_and_age_and_reads_across_segments() {
     for entry in std::fs::read_dir(dir.path()).unwrap() {
         let name = entry.unwrap().file_name().into_string().unwrap();
         assert!(
-            name.len() == 24 || name.len() == 26 || name.len() == 30 || name == "recovery-point",
+            name.len() == 24
+                || name.len() == 26
+                || name.len() == 30
+                || name == "recovery-point"
+                || name == "log-start",
             "{name}"
         );
     }

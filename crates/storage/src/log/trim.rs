@@ -53,6 +53,10 @@ impl PartitionLog {
         }
         let position = if whole {
             0
+        } else if self.segments[at].end_offset == Some(offset) {
+            // At the segment's end: the segments after it go, it stays whole (a cut
+            // at a missing segment, see `check_segments_continue`).
+            self.segments[at].size_bytes
         } else {
             let found = self.with_sound_index(at, |log, file| {
                 find_batch(&log.dir, &log.segments[at], file, offset)
@@ -170,6 +174,11 @@ impl PartitionLog {
         self.active_file = None;
         self.reader = None;
         self.sealed_indexes.clear();
+        let stored = crate::log_start::store(&self.dir, start, self.tag).map_err(LogError::io(
+            "write",
+            self.dir.join(crate::log_start::LOG_START_FILE),
+        ));
+        self.poisoning("storing the log's new start", stored)?;
         while let Some(doomed) = self.segments.pop() {
             let removed = delete_segment_files(&self.dir, doomed.base_offset)
                 .and_then(|()| sync_dir(&self.dir));
@@ -234,6 +243,14 @@ impl PartitionLog {
                 break;
             }
             self.remove_clean_marker()?;
+            // The new start is durable first: a start on disk below the first
+            // segment names segments that are gone (see `log_start`).
+            let kept = self.segments[1].base_offset;
+            let stored = crate::log_start::store(&self.dir, kept, self.tag).map_err(LogError::io(
+                "write",
+                self.dir.join(crate::log_start::LOG_START_FILE),
+            ));
+            self.poisoning("storing the log's start for retention", stored)?;
             let doomed = self.segments.remove(0);
             self.forget_files_of(doomed.base_offset);
             // Each removal is synced before the next, oldest first, so a power cut can
