@@ -51,6 +51,7 @@ use braid_vsr::{checksum, Checksum, Header, JournalSlot, Operation, Prepare};
 use super::journal_file::{JournalError, JournalFile};
 use super::partition_machine::{batch_records, Applied, PartitionMachine};
 use super::shard_host::{HostError, Journal};
+use in_flight::InFlight;
 
 /// The header journal's file name in the partition directory.
 pub(crate) const JOURNAL_FILE: &str = "vsr.journal";
@@ -211,58 +212,6 @@ pub(crate) struct PartitionJournal {
     tip_log_end: Option<u64>,
 }
 
-/// A partition journal's work in flight: prepares waiting, writes not yet synced, syncs
-/// running and their markers. Boxed and dropped once all is done, so that a quiescent
-/// partition holds none of it.
-#[derive(Debug, Default)]
-struct InFlight {
-    /// Prepares above `tip + 1`, waiting for the ops below them.
-    pending: BTreeMap<u64, Prepare>,
-    /// Ops written since the last sync: reported written after it.
-    unsynced: Vec<(u64, Checksum)>,
-    /// Syncs running elsewhere, by id.
-    running: BTreeMap<u64, RunningSync>,
-    /// Ops a finished sync made durable, by the id of that sync, reported once
-    /// `vsr.journal` is synced through the marker that says so (its end here): a
-    /// record reported written always has a durable marker after it, so the open can
-    /// tell a torn tail (never reported) from damage to what was.
-    awaiting_marker: Vec<AwaitingMarker>,
-    /// Cuts made while syncs ran: (the first sync id started after it, the op cut
-    /// above). A sync started before a cut reports none of the ops above it: their
-    /// entries are gone, or were written again after that sync began.
-    cuts: Vec<(u64, u64)>,
-    /// Committed ops applied from prepares held in memory, not yet in the log (above
-    /// the tip, or while the log is copied), with their checksums: each raises
-    /// `applied_end` when its batch goes in.
-    applied_ahead: BTreeMap<u64, Checksum>,
-    /// The checkpoint (op and checksum) the running copy goes to, once known: peers
-    /// that hold that op serve the copy up to it ([`PartitionJournal::committed_through`]).
-    copy_anchor: Option<(u64, Checksum)>,
-}
-
-/// What a journal with nothing in flight reads.
-static NOTHING_IN_FLIGHT: InFlight = InFlight {
-    pending: BTreeMap::new(),
-    unsynced: Vec::new(),
-    running: BTreeMap::new(),
-    awaiting_marker: Vec::new(),
-    cuts: Vec::new(),
-    applied_ahead: BTreeMap::new(),
-    copy_anchor: None,
-};
-
-impl InFlight {
-    fn is_empty(&self) -> bool {
-        self.pending.is_empty()
-            && self.unsynced.is_empty()
-            && self.running.is_empty()
-            && self.awaiting_marker.is_empty()
-            && self.cuts.is_empty()
-            && self.applied_ahead.is_empty()
-            && self.copy_anchor.is_none()
-    }
-}
-
 /// A state transfer of the log: the checkpoint at `op` was installed from a peer (this
 /// replica was behind every peer's journal), and the log must hold every batch below
 /// `log_end`, the offset the checkpoint's state names, before any op above `op` can be
@@ -315,41 +264,6 @@ fn first_batch(bytes: &[u8]) -> Option<&[u8]> {
 }
 
 impl PartitionJournal {
-    /// What is in flight (nothing, read as empty, while the partition is quiescent).
-    fn flight(&self) -> &InFlight {
-        self.in_flight.as_deref().unwrap_or(&NOTHING_IN_FLIGHT)
-    }
-
-    /// What is in flight, made if there was none.
-    fn flight_mut(&mut self) -> &mut InFlight {
-        self.in_flight.get_or_insert_with(Box::default)
-    }
-
-    /// Drops what is in flight once nothing is.
-    fn settle(&mut self) {
-        if self.in_flight.as_deref().is_some_and(InFlight::is_empty) {
-            self.in_flight = None;
-        }
-    }
-
-    /// The ops written since the last sync, taken.
-    fn take_unsynced(&mut self) -> Vec<(u64, Checksum)> {
-        self.in_flight
-            .as_deref_mut()
-            .map(|flight| std::mem::take(&mut flight.unsynced))
-            .unwrap_or_default()
-    }
-
-    /// Forgets the prepares waiting and the ops applied ahead of the log at the ops
-    /// `keep` refuses (a truncation, a prune, a copy's checkpoint).
-    fn forget_waiting(&mut self, keep: impl Fn(u64) -> bool) {
-        if let Some(flight) = self.in_flight.as_deref_mut() {
-            flight.pending.retain(|op, _| keep(*op));
-            flight.applied_ahead.retain(|op, _| keep(*op));
-        }
-        self.settle();
-    }
-
     /// Closes the log's and the header journal's files until they are next used.
     ///
     /// # Errors
@@ -1002,6 +916,7 @@ fn read_records(batch: &[u8]) -> u64 {
 }
 
 mod damage;
+mod in_flight;
 mod open;
 mod transfer;
 
