@@ -11,14 +11,10 @@ fn segmented(dir: &Path, config: LogConfig) -> (Vec<u64>, u64) {
             .unwrap();
     }
     log.sync().unwrap();
-    let mut bases: Vec<u64> = std::fs::read_dir(dir)
-        .unwrap()
-        .filter_map(|e| {
-            let name = e.unwrap().file_name().into_string().unwrap();
-            name.strip_suffix(".log").map(|n| n.parse().unwrap())
-        })
+    let bases: Vec<u64> = log_files(dir)
+        .iter()
+        .filter_map(|p| p.file_stem()?.to_str()?.parse().ok())
         .collect();
-    bases.sort_unstable();
     assert!(bases.len() >= 3, "{bases:?}");
     let end = log.next_offset();
     log.close().unwrap();

@@ -65,7 +65,7 @@ fn a_closed_log_changed_at_rest_is_refused_not_repaired() {
             std::fs::remove_file(dir.join(crate::files::CLEAN_MARKER)).unwrap()
         }),
         ("newest segment cut", |dir| {
-            let newest = newest_log_file(dir);
+            let newest = log_files(dir).pop().unwrap();
             let len = std::fs::metadata(&newest).unwrap().len();
             let file = std::fs::OpenOptions::new()
                 .write(true)
@@ -113,14 +113,4 @@ fn a_closed_log_changed_at_rest_is_refused_not_repaired() {
             "{what}: no segment or marker changed"
         );
     }
-}
-
-fn newest_log_file(dir: &Path) -> std::path::PathBuf {
-    let mut logs: Vec<_> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "log"))
-        .collect();
-    logs.sort();
-    logs.pop().unwrap()
 }
