@@ -5,7 +5,9 @@
 //! (see `partition_journal`).
 //!
 //! Records are `length: u32, crc32c: u32, kind: u8, payload`, the CRC over length,
-//! kind and payload (so zero-filled extents never pass). Kinds: 1 a prepare (encoded
+//! kind and payload (so zero-filled extents never pass), seeded with the group's id and
+//! the record's byte position ([`Seal`]: a record of another journal, or of this one
+//! at another place, written here by a misdirected write, is damage). Kinds: 1 a prepare (encoded
 //! header, body), 2 a header whose body must be repaired, 3 a truncation (entries above
 //! an op go), 4 a prune (entries at or below an op go), 5 an op whose entry was lost to
 //! damage (so it is reported damaged, never absent, until it is written again), 6 a
@@ -38,9 +40,13 @@ use super::shared_path::SharedPath;
 use braid_vsr::op_map::OpMap;
 use braid_vsr::{Header, JournalSlot, Prepare};
 
-const MAGIC: &[u8; 8] = b"BRDJNL02";
-/// The magic of a journal written before the head (read, appended to without a head,
-/// and given one when next rewritten).
+const MAGIC: &[u8; 8] = b"BRDJNLS3";
+/// The magic of a journal written before seals (read and appended to with CRCs
+/// unseeded, and sealed when next rewritten). Five bits from [`MAGIC`], so that no
+/// flipped bit makes one the other.
+const MAGIC_UNSEALED: &[u8; 8] = b"BRDJNL02";
+/// The magic of a journal written before the head (read, appended to without a head
+/// or seal, and given both when next rewritten).
 const MAGIC_HEADLESS: &[u8; 8] = b"BRDJNL01";
 /// Where the records start in a file with a head.
 const RECORDS_START: usize = MAGIC.len() + HEAD_BYTES;
@@ -163,6 +169,11 @@ pub(crate) struct JournalFile {
     /// Whether the file has a head (a copy of its newest markers, see `head`); a
     /// file written before heads has none until it is rewritten.
     headed: bool,
+    /// The group whose journal this is: the seed of its CRCs.
+    group: u64,
+    /// Whether the file's CRCs are sealed with `group`; a file written before seals
+    /// is not until it is rewritten.
+    sealed: bool,
     /// Head copies written: the next goes to copy `head_writes % 2`.
     head_writes: u64,
     poisoned: bool,
@@ -185,19 +196,35 @@ impl SyncedLen {
     }
 }
 
+/// A record's bytes, its CRC left for [`seal_record`] where it is written.
 fn record(kind: u8, payload: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(RECORD_HEAD + payload.len());
     out.extend_from_slice(&(payload.len() as u32).to_be_bytes());
     out.extend_from_slice(&[0; 4]);
     out.push(kind);
     out.extend_from_slice(payload);
-    let crc = record_crc(&out[..4], kind, payload);
-    out[4..8].copy_from_slice(&crc.to_be_bytes());
     out
 }
 
-fn record_crc(len: &[u8], kind: u8, payload: &[u8]) -> u32 {
-    let crc = crc32c::crc32c(len);
+/// Sets the CRC of `record`, to be written at byte `at` of a file sealed with `seal`.
+fn seal_record(record: &mut [u8], seal: Seal, at: u64) {
+    let crc = record_crc(
+        seal.record_seed(at),
+        &record[..4],
+        record[8],
+        &record[RECORD_HEAD..],
+    );
+    record[4..8].copy_from_slice(&crc.to_be_bytes());
+}
+
+/// Appends `record` to `bytes`, sealed for its place there.
+fn push_sealed(bytes: &mut Vec<u8>, seal: Seal, mut record: Vec<u8>) {
+    seal_record(&mut record, seal, bytes.len() as u64);
+    bytes.extend(record);
+}
+
+fn record_crc(seed: u32, len: &[u8], kind: u8, payload: &[u8]) -> u32 {
+    let crc = crc32c::crc32c_append(seed, len);
     let crc = crc32c::crc32c_append(crc, &[kind]);
     crc32c::crc32c_append(crc, payload)
 }
@@ -217,9 +244,10 @@ enum Decoded {
     Durable(u64),
 }
 
-/// The record at the start of `bytes` and its length, if its frame is intact and its
-/// payload decodes (an intact frame around a payload that does not is damage too).
-fn parse(bytes: &[u8]) -> Option<(Decoded, usize)> {
+/// The record at the start of `bytes` and its length, if its frame is intact (its CRC
+/// from `seed`) and its payload decodes (an intact frame around a payload that does
+/// not is damage too).
+fn parse(bytes: &[u8], seed: u32) -> Option<(Decoded, usize)> {
     let head = bytes.get(..RECORD_HEAD)?;
     let len = u32::from_be_bytes([head[0], head[1], head[2], head[3]]) as usize;
     if len > RECORD_BYTES_MAX {
@@ -228,7 +256,7 @@ fn parse(bytes: &[u8]) -> Option<(Decoded, usize)> {
     let crc = u32::from_be_bytes([head[4], head[5], head[6], head[7]]);
     let kind = head[8];
     let payload = bytes.get(RECORD_HEAD..RECORD_HEAD + len)?;
-    if record_crc(&head[..4], kind, payload) != crc {
+    if record_crc(seed, &head[..4], kind, payload) != crc {
         return None;
     }
     let op = || payload.try_into().ok().map(u64::from_be_bytes);
@@ -280,10 +308,10 @@ fn parse(bytes: &[u8]) -> Option<(Decoded, usize)> {
     Some((decoded, RECORD_HEAD + len))
 }
 
-/// The record at byte `at` of `bytes`, as [`parse`]; a sync marker that names bytes
-/// after itself (a misdirected copy) is no record.
-fn parse_at(bytes: &[u8], at: usize) -> Option<(Decoded, usize)> {
-    match parse(bytes.get(at..)?)? {
+/// The record at byte `at` of `bytes`, a file sealed with `seal`, as [`parse`]; a sync
+/// marker that names bytes after itself (a misdirected copy) is no record.
+fn parse_at(bytes: &[u8], at: usize, seal: Seal) -> Option<(Decoded, usize)> {
+    match parse(bytes.get(at..)?, seal.record_seed(at as u64))? {
         (Decoded::Synced(synced_len, _) | Decoded::Durable(synced_len), _)
             if synced_len > at as u64 =>
         {
@@ -419,12 +447,12 @@ fn io(path: &Path) -> impl Fn(std::io::Error) -> JournalError + '_ {
 }
 
 impl JournalFile {
-    /// Opens (or creates, durably) the journal at `path`.
+    /// Opens (or creates, durably) the journal of group `group` at `path`.
     ///
     /// # Errors
     /// IO errors, or a file that is not a journal.
-    pub(crate) fn open(path: &Path) -> Result<(Self, Recovered), JournalError> {
-        Self::open_marking(path, || Ok(()))
+    pub(crate) fn open(path: &Path, group: u64) -> Result<(Self, Recovered), JournalError> {
+        Self::open_marking(path, group, || Ok(()))
     }
 
     /// The journal's file.
@@ -452,10 +480,11 @@ impl JournalFile {
         self.file = None;
     }
 
-    fn append_record(&mut self, bytes: Vec<u8>) -> Result<(), JournalError> {
+    fn append_record(&mut self, mut bytes: Vec<u8>) -> Result<(), JournalError> {
         if self.poisoned {
             return Err(JournalError::Poisoned(self.path()));
         }
+        seal_record(&mut bytes, self.seal(), self.len);
         let file = self.handle()?;
         if let Err(err) = disk::write_at(&file, &self.path(), &bytes, self.len) {
             self.poisoned = true;
@@ -736,6 +765,15 @@ impl JournalFile {
     }
 
     /// What the head says now: the newest markers' lengths.
+    /// The seal of the file's CRCs.
+    fn seal(&self) -> Seal {
+        if self.sealed {
+            Seal::of(self.group)
+        } else {
+            Seal::UNSEALED
+        }
+    }
+
     fn head(&self) -> Head {
         Head {
             synced_len: self.marked_len,
@@ -757,7 +795,7 @@ impl JournalFile {
             return Err(JournalError::Poisoned(self.path()));
         }
         let file = self.handle()?;
-        let copy = self.head().encode_copy();
+        let copy = self.head().encode_copy(self.seal());
         let at = MAGIC.len() + Head::copy_at(self.head_writes);
         if let Err(err) = disk::write_at(&file, &self.path(), &copy, at as u64) {
             self.poisoned = true;
@@ -804,32 +842,37 @@ impl JournalFile {
     /// ends with a sync marker covering them all.
     fn compact(&mut self, all_synced: bool) -> Result<(), JournalError> {
         let tmp = self.path().with_extension("compact");
+        // A rewrite is sealed, whatever the file it replaces was.
+        let seal = Seal::of(self.group);
         let mut bytes = MAGIC.to_vec();
         bytes.extend([0; HEAD_BYTES]);
         if self.pruned_through > 0 || self.pruned_log_end.is_some() {
-            bytes.extend(prune_record(self.pruned_through, self.pruned_log_end));
+            let prune = prune_record(self.pruned_through, self.pruned_log_end);
+            push_sealed(&mut bytes, seal, prune);
         }
         if let Some(end) = self.committed_end {
-            bytes.extend(record(KIND_COMMITTED_END, &end.to_be_bytes()));
+            let committed = record(KIND_COMMITTED_END, &end.to_be_bytes());
+            push_sealed(&mut bytes, seal, committed);
         }
         for entry in self.entries.values() {
-            bytes.extend(entry.record());
+            push_sealed(&mut bytes, seal, entry.record());
         }
         let image_len = bytes.len() as u64;
         let marked_len = if all_synced { image_len } else { 0 };
         if all_synced {
-            bytes.extend(self.sync_marker(marked_len));
+            push_sealed(&mut bytes, seal, self.sync_marker(marked_len));
         } else {
             // The image is synced before it is renamed in: durable as a whole, though
             // the batches its records name may not be.
-            bytes.extend(record(KIND_DURABLE, &image_len.to_be_bytes()));
+            let durable = record(KIND_DURABLE, &image_len.to_be_bytes());
+            push_sealed(&mut bytes, seal, durable);
         }
         let head = Head {
             synced_len: marked_len,
             op_max: self.op_max(),
             durable_len: image_len,
         };
-        bytes[MAGIC.len()..RECORDS_START].copy_from_slice(&head.encode());
+        bytes[MAGIC.len()..RECORDS_START].copy_from_slice(&head.encode(seal));
         disk::write_file(&tmp, &bytes).map_err(io(&tmp))?;
         let file = File::options()
             .read(true)
@@ -846,6 +889,7 @@ impl JournalFile {
         self.durable_marked_len = image_len;
         self.generation += 1;
         self.headed = true;
+        self.sealed = true;
         Ok(())
     }
 
@@ -884,8 +928,10 @@ impl JournalFile {
 
 mod head;
 mod open;
+mod seal;
 use head::{Head, HEAD_BYTES};
 pub(crate) use open::DurablePrefix;
+use seal::Seal;
 
 #[cfg(test)]
 mod tests;

@@ -420,7 +420,7 @@ impl PartitionGroups {
         }
         let log_config = self.shared_log_config(log_config);
         let (mut journal, recovered) =
-            PartitionJournal::open(dir, tag_of(key), log_config, now_ms)?;
+            PartitionJournal::open(dir, group, tag_of(key), log_config, now_ms)?;
         if self.sync.is_some() {
             journal.sync_off_thread();
         }

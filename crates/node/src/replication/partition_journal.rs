@@ -87,6 +87,18 @@ pub(crate) enum PartitionJournalError {
         tip_end: u64,
         log_end: u64,
     },
+    /// An op at or below the tip is replaced by a prepare that the op above it already
+    /// chains to: the entry held was not what was appended there (damage that every
+    /// check missed). Cutting the ops above, as a replacement does, would drop ops the
+    /// replica holds durable.
+    #[error(
+        "partition journal in {dir}: op {op} is replaced by the prepare op {above} \
+         chains to, so the entry held at op {op} is not the one appended there; \
+         nothing is cut (restart the node: the journal is checked and repaired from \
+         peers)",
+        above = op + 1
+    )]
+    Unchained { dir: std::path::PathBuf, op: u64 },
     /// A committed op's batch is not the one stored, or not at the offsets the
     /// partition's state gives it.
     #[error(
@@ -317,7 +329,7 @@ impl PartitionJournal {
                     .push((op, prepare.header.checksum));
                 return Ok(());
             }
-            self.replace_from(op)?;
+            self.replace_from(op, prepare.header.checksum)?;
         }
         tracing::trace!(dir = %self.log.dir().display(), op, view = prepare.header.view, sum = prepare.header.checksum >> 112, parent = prepare.header.parent >> 112, tip = self.tip, behind = self.behind.is_some(), "pending");
         self.flight_mut().pending.insert(op, prepare.clone());
@@ -525,7 +537,7 @@ impl PartitionJournal {
             return Ok(());
         }
         if op <= self.tip {
-            self.replace_from(op)?;
+            self.replace_from(op, header.checksum)?;
         }
         if self
             .flight()
@@ -578,7 +590,22 @@ impl PartitionJournal {
     /// at rest: repairing from the top down, writing op 263 took the headers of ops
     /// 264..271 waiting above it, and after a power loss the member, trusted, voted log
     /// view 6 with its log ending below its known commit).
-    fn replace_from(&mut self, op: u64) -> Result<(), PartitionJournalError> {
+    ///
+    /// # Errors
+    /// [`PartitionJournalError::Unchained`]: the op above chains to the new entry
+    /// (`checksum`), so the ops above are not an older view's and none is cut.
+    fn replace_from(&mut self, op: u64, checksum: Checksum) -> Result<(), PartitionJournalError> {
+        let chained_above = op < self.tip
+            && self
+                .index
+                .entry(op + 1)
+                .is_some_and(|(above, _)| above.parent == checksum);
+        if chained_above {
+            return Err(PartitionJournalError::Unchained {
+                dir: self.log.dir().to_owned(),
+                op,
+            });
+        }
         self.cut_above_keeping(op - 1, self.tip + 1)
     }
 

@@ -239,7 +239,8 @@ impl<S: StateMachine> ShardHost<S, JournalFile> {
     pub(crate) fn add_group(&mut self, config: Config, machine: S) -> Result<(), HostError> {
         let group = config.group;
         let path = self.dir.join(format!("group-{group}.journal"));
-        let (journal, recovered, untrusted) = open_group_journal(&path, config.replica_count > 1)?;
+        let (journal, recovered, untrusted) =
+            open_group_journal(&path, group, config.replica_count > 1)?;
         let opened = Opened {
             slots: recovered.slots,
             damage: recovered
@@ -261,6 +262,7 @@ impl<S: StateMachine> ShardHost<S, JournalFile> {
 /// (the partition journal's rule: the shell simulator's seeds 90 and 40).
 fn open_group_journal(
     path: &Path,
+    group: u64,
     repairable: bool,
 ) -> Result<(JournalFile, Recovered, bool), HostError> {
     let marked = untrusted_mark(path).exists();
@@ -272,7 +274,7 @@ fn open_group_journal(
         }
         Ok(())
     };
-    let (journal, recovered, remade) = match JournalFile::open_marking(path, mark_once) {
+    let (journal, recovered, remade) = match JournalFile::open_marking(path, group, mark_once) {
         Err(JournalError::NotAJournal { .. }) if repairable => {
             mark_once()?;
             let mut aside = path.as_os_str().to_owned();
@@ -288,7 +290,7 @@ fn open_group_journal(
                 path: path.to_owned(),
                 source,
             })?;
-            let (journal, recovered) = JournalFile::open(path)?;
+            let (journal, recovered) = JournalFile::open(path, group)?;
             (journal, recovered, true)
         }
         opened => {

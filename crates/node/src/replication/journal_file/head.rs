@@ -11,7 +11,10 @@
 //! durable before any op it covers is reported. It has two copies, written in turn: a
 //! power loss tears or zeroes at most the one in flight (the other holds the claim
 //! before, durable), a flipped bit takes one, and a zeroed page takes the magic too
-//! (damage, found as such).
+//! (damage, found as such). Its CRCs are sealed with the journal's group ([`Seal`]):
+//! another journal's head, written here by a misdirected write, is no claim.
+
+use super::seal::Seal;
 
 /// Bytes of one copy: `synced_len: u64, op_max: u64, durable_len: u64, crc32c: u32`.
 pub(super) const COPY_BYTES: usize = 8 + 8 + 8 + 4;
@@ -39,8 +42,8 @@ impl Head {
     }
 
     /// The head's bytes: the claim, twice (a new file's, or a rewrite's).
-    pub(super) fn encode(&self) -> [u8; HEAD_BYTES] {
-        let copy = self.encode_copy();
+    pub(super) fn encode(&self, seal: Seal) -> [u8; HEAD_BYTES] {
+        let copy = self.encode_copy(seal);
         let mut out = [0; HEAD_BYTES];
         out[..COPY_BYTES].copy_from_slice(&copy);
         out[COPY_BYTES..].copy_from_slice(&copy);
@@ -52,12 +55,12 @@ impl Head {
     /// tears the copy in flight leaves one intact (the shell simulator's seed 2022:
     /// both copies written at once were zeroed together, and the open fell back to
     /// guessing from the cut bytes, and took a member's lost unsynced writes for damage).
-    pub(super) fn encode_copy(&self) -> [u8; COPY_BYTES] {
+    pub(super) fn encode_copy(&self, seal: Seal) -> [u8; COPY_BYTES] {
         let mut copy = [0; COPY_BYTES];
         copy[..8].copy_from_slice(&self.synced_len.to_be_bytes());
         copy[8..16].copy_from_slice(&self.op_max.to_be_bytes());
         copy[16..24].copy_from_slice(&self.durable_len.to_be_bytes());
-        let crc = crc32c::crc32c(&copy[..24]);
+        let crc = crc32c::crc32c_append(seal.head_seed(), &copy[..24]);
         copy[24..].copy_from_slice(&crc.to_be_bytes());
         copy
     }
@@ -72,11 +75,11 @@ impl Head {
     /// that differ (a power loss landed one of the pair) give the larger of each
     /// field: the head is used only to say what may not be lost, so it may overstate
     /// what was reported, never understate it.
-    pub(super) fn decode(bytes: &[u8]) -> Option<Self> {
+    pub(super) fn decode(bytes: &[u8], seal: Seal) -> Option<Self> {
         let intact: Vec<Self> = bytes
             .get(..HEAD_BYTES)?
             .chunks_exact(COPY_BYTES)
-            .filter_map(Self::decode_copy)
+            .filter_map(|copy| Self::decode_copy(copy, seal))
             .collect();
         intact.into_iter().reduce(|a, b| Self {
             synced_len: a.synced_len.max(b.synced_len),
@@ -85,12 +88,21 @@ impl Head {
         })
     }
 
-    fn decode_copy(copy: &[u8]) -> Option<Self> {
+    /// Whether a head none of whose copies is intact ([`Head::decode`]) was damaged:
+    /// a copy holds bytes other than zeros. A power loss leaves each copy as it was
+    /// or as written, or zeros (an unsynced write, zero-filled, under the POSIX
+    /// model); anything else is damage at rest, or another journal's head written
+    /// here.
+    pub(super) fn is_damage(bytes: &[u8]) -> bool {
+        bytes.iter().take(HEAD_BYTES).any(|b| *b != 0)
+    }
+
+    fn decode_copy(copy: &[u8], seal: Seal) -> Option<Self> {
         let field = |at: usize| -> Option<u64> {
             Some(u64::from_be_bytes(copy.get(at..at + 8)?.try_into().ok()?))
         };
         let crc = u32::from_be_bytes(copy.get(24..28)?.try_into().ok()?);
-        if crc32c::crc32c(copy.get(..24)?) != crc {
+        if crc32c::crc32c_append(seal.head_seed(), copy.get(..24)?) != crc {
             return None;
         }
         Some(Self {
@@ -107,28 +119,33 @@ mod tests {
 
     #[test]
     fn a_head_survives_one_damaged_copy_and_zeros_are_no_claim() {
+        let seal = Seal::of(7);
         let head = Head {
             synced_len: 4_100,
             op_max: 17,
             durable_len: 5_000,
         };
-        let bytes = head.encode();
-        assert_eq!(Head::decode(&bytes), Some(head));
+        let bytes = head.encode(seal);
+        assert_eq!(Head::decode(&bytes, seal), Some(head));
         for bit in 0..HEAD_BYTES * 8 {
             let mut flipped = bytes;
             flipped[bit / 8] ^= 1 << (bit % 8);
-            assert_eq!(Head::decode(&flipped), Some(head), "bit {bit}");
+            assert_eq!(Head::decode(&flipped, seal), Some(head), "bit {bit}");
         }
-        assert_eq!(Head::decode(&[0; HEAD_BYTES]), None);
-        assert_eq!(Head::decode(&bytes[..HEAD_BYTES - 1]), None, "cut short");
+        assert_eq!(Head::decode(&[0; HEAD_BYTES], seal), None);
+        assert_eq!(
+            Head::decode(&bytes[..HEAD_BYTES - 1], seal),
+            None,
+            "cut short"
+        );
         // One copy of a newer claim landed, the other kept the older one.
         let newer = Head {
             synced_len: 6_000,
             op_max: 19,
             durable_len: 5_000,
         };
-        let mut mixed = head.encode();
-        mixed[..COPY_BYTES].copy_from_slice(&newer.encode()[..COPY_BYTES]);
-        assert_eq!(Head::decode(&mixed), Some(newer));
+        let mut mixed = head.encode(seal);
+        mixed[..COPY_BYTES].copy_from_slice(&newer.encode(seal)[..COPY_BYTES]);
+        assert_eq!(Head::decode(&mixed, seal), Some(newer));
     }
 }

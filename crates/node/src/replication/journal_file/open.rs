@@ -17,9 +17,10 @@ impl JournalFile {
     /// As [`JournalFile::open`], and what `before_cut` returns.
     pub(crate) fn open_marking(
         path: &Path,
+        group: u64,
         before_cut: impl FnOnce() -> Result<(), JournalError>,
     ) -> Result<(Self, Recovered), JournalError> {
-        Self::open_marking_at(SharedPath::whole(path), before_cut)
+        Self::open_marking_at(SharedPath::whole(path), group, before_cut)
     }
 
     /// As [`JournalFile::open_marking`], the path kept as `shared` gives it.
@@ -28,6 +29,7 @@ impl JournalFile {
     /// As [`JournalFile::open_marking`].
     pub(crate) fn open_marking_at(
         shared: SharedPath,
+        group: u64,
         before_cut: impl FnOnce() -> Result<(), JournalError>,
     ) -> Result<(Self, Recovered), JournalError> {
         let path = &shared.get();
@@ -35,7 +37,7 @@ impl JournalFile {
         braid_storage::create_dir_durable(dir).map_err(io(dir))?;
         let (file, created) = disk::open_or_create(path).map_err(io(path))?;
         let bytes = if created {
-            let fresh = fresh_file();
+            let fresh = fresh_file(group);
             disk::write_at(&file, path, &fresh, 0).map_err(io(path))?;
             disk::sync_data(&file, path).map_err(io(path))?;
             disk::sync_dir(dir).map_err(io(dir))?;
@@ -45,24 +47,31 @@ impl JournalFile {
         };
         // A creation torn short leaves a file no record was ever written into.
         if bytes.len() < RECORDS_START
-            && (fresh_file().starts_with(&bytes) || bytes.starts_with(MAGIC))
+            && (fresh_file(group).starts_with(&bytes) || bytes.starts_with(MAGIC))
         {
-            disk::write_at(&file, path, &fresh_file(), 0).map_err(io(path))?;
+            disk::write_at(&file, path, &fresh_file(group), 0).map_err(io(path))?;
             disk::sync_data(&file, path).map_err(io(path))?;
-            return Self::open_marking_at(shared, nothing_to_mark);
+            return Self::open_marking_at(shared, group, nothing_to_mark);
         }
-        let (headed, magic_damaged) = match bytes.get(..MAGIC.len()) {
-            Some(magic) if magic == MAGIC => (true, false),
-            Some(magic) if magic == MAGIC_HEADLESS => (false, false),
-            _ => (damaged_magic_is_headed(path, &bytes)?, true),
+        let ((headed, seal), magic_damaged) = match bytes.get(..MAGIC.len()) {
+            Some(magic) if magic == MAGIC => ((true, Seal::of(group)), false),
+            Some(magic) if magic == MAGIC_UNSEALED => ((true, Seal::UNSEALED), false),
+            Some(magic) if magic == MAGIC_HEADLESS => ((false, Seal::UNSEALED), false),
+            _ => (damaged_magic_format(path, &bytes, group)?, true),
         };
         let records_start = if headed { RECORDS_START } else { MAGIC.len() };
         let head = if headed {
-            Head::decode(&bytes[MAGIC.len()..])
+            Head::decode(&bytes[MAGIC.len()..], seal)
         } else {
             None
         };
-        let mut found = Scan::of(&bytes, records_start, bytes.len());
+        // A head without an intact copy that is not zeros (what a power loss leaves
+        // of unsynced writes) is damage at rest, or another journal's head written
+        // here by a misdirected write: what it claimed is unknown, so whatever the
+        // open cuts may have been reported.
+        let head_lost =
+            headed && head.is_none() && !magic_damaged && Head::is_damage(&bytes[MAGIC.len()..]);
+        let mut found = Scan::of(&bytes, seal, records_start, bytes.len());
         let head_durable = head.map_or(0, |h| h.durable_end());
         let durable_len = found.durable_len.max(head_durable) as usize;
         if let Some(bad) = found.first_bad.filter(|bad| *bad >= durable_len) {
@@ -73,7 +82,7 @@ impl JournalFile {
             // with a peer's damage the group's view change waited for ever). A torn
             // tail, cut there with what follows (none of it reported, unless damage
             // at rest took a reported record's marker too: see `tail_may_hide`).
-            found = Scan::of(&bytes, records_start, bad);
+            found = Scan::of(&bytes, seal, records_start, bad);
         }
         let Scan {
             mut entries,
@@ -89,6 +98,8 @@ impl JournalFile {
         let mut damaged_at = first_bad.map(|bad| bad as u64);
         if magic_damaged {
             damaged_at = Some(0);
+        } else if head_lost {
+            damaged_at = Some(MAGIC.len() as u64);
         }
         let highest_op = highest_op.max(head.map_or(0, |h| h.op_max));
         let synced_len = synced_len.max(head.map_or(0, |h| h.synced_len).min(at as u64));
@@ -98,6 +109,7 @@ impl JournalFile {
         // lost only writes never synced. Without it, the bytes cut are all there is.
         let tail_may_hide = match head {
             Some(head) => (at as u64) < head.durable_end(),
+            None if head_lost => torn_tail_bytes > 0,
             None => torn_tail_bytes > 0 && may_hide(&bytes[at..], at),
         };
         if tail_may_hide {
@@ -119,7 +131,7 @@ impl JournalFile {
                     op_max: highest_op,
                     durable_len: head.map_or(0, |h| h.durable_len).min(at as u64),
                 };
-                disk::write_at(&file, path, &clamped.encode(), MAGIC.len() as u64)
+                disk::write_at(&file, path, &clamped.encode(seal), MAGIC.len() as u64)
                     .map_err(io(path))?;
             }
             disk::sync_data(&file, path).map_err(io(path))?;
@@ -166,6 +178,8 @@ impl JournalFile {
             durable_marked_len: (durable_len as u64).min(at as u64),
             generation: 0,
             headed,
+            group,
+            sealed: seal.is_sealed(),
             head_writes: 0,
             poisoned: false,
         };
@@ -186,6 +200,7 @@ impl JournalFile {
             synced,
             durable: DurablePrefix {
                 bytes,
+                seal,
                 start: records_start,
                 len: durable_len,
             },
@@ -236,6 +251,7 @@ pub(super) fn may_hide(stretch: &[u8], at: usize) -> bool {
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub(crate) struct DurablePrefix {
     bytes: Vec<u8>,
+    seal: Seal,
     /// Where the records start.
     start: usize,
     len: usize,
@@ -246,7 +262,12 @@ impl DurablePrefix {
     /// prepare kept whole stays whole (its body may be nowhere else), any other entry
     /// as its header alone; a damaged one is left out.
     pub(crate) fn slots_from(&self, from: u64) -> Vec<(u64, JournalSlot)> {
-        let scan = Scan::of(&self.bytes, self.start, self.len.min(self.bytes.len()));
+        let scan = Scan::of(
+            &self.bytes,
+            self.seal,
+            self.start,
+            self.len.min(self.bytes.len()),
+        );
         scan.entries
             .range(from..)
             .filter(|(_, entry)| !matches!(entry, Entry::Damaged(_)))
@@ -274,9 +295,10 @@ struct Scan {
 }
 
 impl Scan {
-    /// Replays the records of `bytes` from `start` to before `limit`, past bad
-    /// stretches that intact records follow, up to a torn tail.
-    fn of(bytes: &[u8], start: usize, limit: usize) -> Self {
+    /// Replays the records of `bytes` (a file sealed with `seal`) from `start` to
+    /// before `limit`, past bad stretches that intact records follow, up to a torn
+    /// tail.
+    fn of(bytes: &[u8], seal: Seal, start: usize, limit: usize) -> Self {
         let mut scan = Self {
             entries: OpMap::new(),
             pruned: (0, None),
@@ -290,9 +312,9 @@ impl Scan {
         };
         let mut at = start;
         while at < limit {
-            let Some((decoded, total)) = parse_at(bytes, at) else {
+            let Some((decoded, total)) = parse_at(bytes, at, seal) else {
                 // Damage, or the torn tail: intact records after it tell which.
-                match (at + 1..limit).find(|&o| parse_at(bytes, o).is_some()) {
+                match (at + 1..limit).find(|&o| parse_at(bytes, o, seal).is_some()) {
                     None => break,
                     Some(next) => {
                         scan.first_bad.get_or_insert(at);
@@ -327,23 +349,27 @@ impl Scan {
     }
 }
 
-/// A new file's bytes: the magic and a head that claims nothing.
-fn fresh_file() -> Vec<u8> {
+/// A new file's bytes for group `group`: the magic and a head that claims nothing.
+fn fresh_file(group: u64) -> Vec<u8> {
     let mut bytes = MAGIC.to_vec();
-    bytes.extend(Head::default().encode());
+    bytes.extend(Head::default().encode(Seal::of(group)));
     bytes
 }
 
-/// Whether a file whose magic is damaged had a head: the magic it is nearer to (the
-/// two differ in one byte), or, when it is zeroed (a zeroed first page), whether an
-/// intact head copy or a record sits where the head would. A magic that is not a few
-/// flipped bits, or zeros, over a file whose records follow is no journal.
 /// A `before_cut` with nothing to do.
 fn nothing_to_mark() -> Result<(), JournalError> {
     Ok(())
 }
 
-fn damaged_magic_is_headed(path: &Path, bytes: &[u8]) -> Result<bool, JournalError> {
+/// How a file whose magic is damaged was written (whether it has a head, and its
+/// seal): the magic it is nearest to, or, when it is zeroed (a zeroed first page),
+/// what its intact records and head copies say. A magic that is not a few flipped
+/// bits, or zeros, over a file whose records follow is no journal.
+fn damaged_magic_format(
+    path: &Path,
+    bytes: &[u8],
+    group: u64,
+) -> Result<(bool, Seal), JournalError> {
     let not_a_journal = || JournalError::NotAJournal {
         path: path.to_owned(),
     };
@@ -355,16 +381,33 @@ fn damaged_magic_is_headed(path: &Path, bytes: &[u8]) -> Result<bool, JournalErr
             .map(|(a, b)| (a ^ b).count_ones())
             .sum()
     };
+    let sealed = Seal::of(group);
+    let records_follow =
+        |seal: Seal| (MAGIC.len()..bytes.len()).any(|at| parse_at(bytes, at, seal).is_some());
     let zeroed = magic.iter().all(|b| *b == 0);
-    let records_follow = (MAGIC.len()..bytes.len()).any(|at| parse_at(bytes, at).is_some());
-    let (headed, headless) = (flipped(MAGIC), flipped(MAGIC_HEADLESS));
-    if !(headed.min(headless) <= 8 || zeroed) || !records_follow {
-        return Err(not_a_journal());
-    }
-    tracing::warn!(path = %path.display(), "the journal's magic is damaged");
-    Ok(if zeroed {
-        Head::decode(&bytes[MAGIC.len()..]).is_some() || parse_at(bytes, MAGIC.len()).is_none()
+    let formats = [
+        (flipped(MAGIC), (true, sealed)),
+        (flipped(MAGIC_UNSEALED), (true, Seal::UNSEALED)),
+        (flipped(MAGIC_HEADLESS), (false, Seal::UNSEALED)),
+    ];
+    let format = if zeroed {
+        if records_follow(sealed) {
+            Some((true, sealed))
+        } else if records_follow(Seal::UNSEALED) {
+            let headed = Head::decode(&bytes[MAGIC.len()..], Seal::UNSEALED).is_some()
+                || parse_at(bytes, MAGIC.len(), Seal::UNSEALED).is_none();
+            Some((headed, Seal::UNSEALED))
+        } else {
+            None
+        }
     } else {
-        headed <= headless
-    })
+        formats
+            .iter()
+            .filter(|(bits, (_, seal))| *bits <= 8 && records_follow(*seal))
+            .min_by_key(|(bits, _)| *bits)
+            .map(|(_, format)| *format)
+    };
+    let format = format.ok_or_else(not_a_journal)?;
+    tracing::warn!(path = %path.display(), "the journal's magic is damaged");
+    Ok(format)
 }

@@ -3,6 +3,9 @@ use super::*;
 use braid_storage::disk::hook::{self, Plan};
 use braid_vsr::{checksum, Operation};
 
+/// The group of the tested journals (the metadata group's).
+const GROUP: u64 = 0;
+
 /// The prepare at `op` whose body is `body`, chained to `parent`.
 fn prepare(op: u64, view: u64, parent: braid_vsr::Checksum, body: &[u8]) -> Prepare {
     let header = Header {
@@ -44,7 +47,7 @@ fn slot_ops(recovered: &Recovered) -> Vec<u64> {
 fn writes_truncations_and_prunes_replay_to_the_same_slots() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("meta.journal");
-    let (mut journal, recovered) = JournalFile::open(&path).unwrap();
+    let (mut journal, recovered) = JournalFile::open(&path, GROUP).unwrap();
     assert!(recovered.slots.is_empty());
     let first = chain(6, 1);
     for p in &first {
@@ -63,7 +66,7 @@ fn writes_truncations_and_prunes_replay_to_the_same_slots() {
         "the old op 5"
     );
     drop(journal);
-    let (journal, recovered) = JournalFile::open(&path).unwrap();
+    let (journal, recovered) = JournalFile::open(&path, GROUP).unwrap();
     assert_eq!(slot_ops(&recovered), [3, 4, 5]);
     assert_eq!(
         recovered.slots[2].1,
@@ -77,7 +80,7 @@ fn writes_truncations_and_prunes_replay_to_the_same_slots() {
 fn a_torn_tail_is_cut_and_damage_inside_marks_every_op_damaged_until_rewritten() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("meta.journal");
-    let (mut journal, _) = JournalFile::open(&path).unwrap();
+    let (mut journal, _) = JournalFile::open(&path, GROUP).unwrap();
     for p in chain(5, 1) {
         journal.write_prepare(&p).unwrap();
     }
@@ -88,10 +91,10 @@ fn a_torn_tail_is_cut_and_damage_inside_marks_every_op_damaged_until_rewritten()
     // A record cut short at the end (with the sync marker after it): a torn tail,
     // cut; the rest is whole.
     std::fs::write(&path, &whole[..whole.len() - SYNC_MARKER_BYTES - 7]).unwrap();
-    let (_, recovered) = JournalFile::open(&path).unwrap();
+    let (_, recovered) = JournalFile::open(&path, GROUP).unwrap();
     assert_eq!(slot_ops(&recovered), [1, 2, 3, 4]);
     assert!(recovered.torn_tail_bytes > 0 && recovered.damaged_at.is_none());
-    let (_, again) = JournalFile::open(&path).unwrap();
+    let (_, again) = JournalFile::open(&path, GROUP).unwrap();
     assert_eq!(again.torn_tail_bytes, 0, "the cut was made durable");
 
     // A bit flipped in the second record, intact records after it: every op above the
@@ -99,7 +102,7 @@ fn a_torn_tail_is_cut_and_damage_inside_marks_every_op_damaged_until_rewritten()
     let mut flipped = whole.clone();
     flipped[MAGIC.len() + 200] ^= 0x10;
     std::fs::write(&path, &flipped).unwrap();
-    let (mut journal, recovered) = JournalFile::open(&path).unwrap();
+    let (mut journal, recovered) = JournalFile::open(&path, GROUP).unwrap();
     assert!(recovered.damaged_at.is_some());
     assert_eq!(slot_ops(&recovered), [1, 2, 3, 4, 5]);
     assert!(recovered
@@ -115,7 +118,7 @@ fn a_torn_tail_is_cut_and_damage_inside_marks_every_op_damaged_until_rewritten()
     journal.write_header(&chain(5, 1)[3].header).unwrap();
     journal.sync().unwrap();
     drop(journal);
-    let (_, recovered) = JournalFile::open(&path).unwrap();
+    let (_, recovered) = JournalFile::open(&path, GROUP).unwrap();
     assert!(
         recovered.damaged_at.is_none(),
         "the damage was rewritten away"
@@ -131,7 +134,7 @@ fn a_torn_tail_is_cut_and_damage_inside_marks_every_op_damaged_until_rewritten()
 
     std::fs::write(&path, b"not a journal at all").unwrap();
     assert!(matches!(
-        JournalFile::open(&path),
+        JournalFile::open(&path, GROUP),
         Err(JournalError::NotAJournal { .. })
     ));
 }
@@ -140,7 +143,7 @@ fn a_torn_tail_is_cut_and_damage_inside_marks_every_op_damaged_until_rewritten()
 fn a_large_journal_is_compacted_to_its_live_entries() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("meta.journal");
-    let (mut journal, _) = JournalFile::open(&path).unwrap();
+    let (mut journal, _) = JournalFile::open(&path, GROUP).unwrap();
     let body = vec![7u8; 64 * 1024];
     let mut parent = Header::root(0).checksum;
     for op in 1..=80u64 {
@@ -156,7 +159,7 @@ fn a_large_journal_is_compacted_to_its_live_entries() {
     let len = std::fs::metadata(&path).unwrap().len();
     assert!(len < COMPACT_BYTES, "{len} bytes after compaction");
     drop(journal);
-    let (_, recovered) = JournalFile::open(&path).unwrap();
+    let (_, recovered) = JournalFile::open(&path, GROUP).unwrap();
     assert_eq!(slot_ops(&recovered), [77, 78, 79, 80]);
 }
 
@@ -244,7 +247,7 @@ fn every_crash_state_keeps_every_synced_write_or_marks_it_damaged() {
     // (trace length when a sync returned, records written by then)
     let mut acks = Vec::new();
     let total = {
-        let (mut journal, _) = JournalFile::open(&path).unwrap();
+        let (mut journal, _) = JournalFile::open(&path, GROUP).unwrap();
         acks.push((trace_len(), 0));
         let mut records = 0;
         for step in workload() {
@@ -270,8 +273,8 @@ fn every_crash_state_keeps_every_synced_write_or_marks_it_damaged() {
                 return; // cut inside the first open: nothing was written
             };
             let path = out.join("replication").join("meta.journal");
-            let (_, recovered) =
-                JournalFile::open(&path).unwrap_or_else(|e| panic!("cut at {at}, {how}: {e}"));
+            let (_, recovered) = JournalFile::open(&path, GROUP)
+                .unwrap_or_else(|e| panic!("cut at {at}, {how}: {e}"));
             check_recovered(&recovered, synced, total, &format!("cut at {at}, {how}"));
         });
     assert!(checked > 30, "{checked} crash states");
@@ -285,7 +288,7 @@ fn a_failed_write_or_sync_poisons_and_keeps_what_was_synced() {
     hook::install(Plan::default());
     let scratch = tempfile::tempdir().unwrap();
     {
-        let (mut journal, _) = JournalFile::open(&scratch.path().join("j")).unwrap();
+        let (mut journal, _) = JournalFile::open(&scratch.path().join("j"), GROUP).unwrap();
         for step in workload() {
             match step {
                 Step::Prepare(p) => journal.write_prepare(&p).unwrap(),
@@ -305,7 +308,7 @@ fn a_failed_write_or_sync_poisons_and_keeps_what_was_synced() {
             ..Plan::default()
         });
         let (mut synced, mut records) = (0, 0);
-        if let Ok((mut journal, _)) = JournalFile::open(&path) {
+        if let Ok((mut journal, _)) = JournalFile::open(&path, GROUP) {
             for step in workload() {
                 let is_sync = matches!(step, Step::Sync);
                 let result = match step {
@@ -326,7 +329,7 @@ fn a_failed_write_or_sync_poisons_and_keeps_what_was_synced() {
             }
         }
         hook::take();
-        let Ok((_, recovered)) = JournalFile::open(&path) else {
+        let Ok((_, recovered)) = JournalFile::open(&path, GROUP) else {
             continue; // the failure was in creating the file: nothing was written
         };
         check_recovered(&recovered, synced, records, &format!("failure at {at}"));
@@ -343,7 +346,7 @@ fn damage_to_the_last_synced_record_is_damage_never_absence() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("j");
     let (start, end) = {
-        let (mut journal, _) = JournalFile::open(&path).unwrap();
+        let (mut journal, _) = JournalFile::open(&path, GROUP).unwrap();
         journal.write_prepare(&ops[0]).unwrap();
         journal.write_prepare(&ops[1]).unwrap();
         journal.sync().unwrap();
@@ -353,7 +356,7 @@ fn damage_to_the_last_synced_record_is_damage_never_absence() {
         journal.sync().unwrap();
         (start, end)
     };
-    let (_, clean) = JournalFile::open(&path).unwrap();
+    let (_, clean) = JournalFile::open(&path, GROUP).unwrap();
     assert_eq!(slot_ops(&clean), vec![1, 2, 3]);
     assert_eq!(
         clean.synced.iter().copied().collect::<Vec<_>>(),
@@ -364,7 +367,7 @@ fn damage_to_the_last_synced_record_is_damage_never_absence() {
         let mut bytes = pristine.clone();
         bytes[at as usize] ^= 0x10;
         std::fs::write(&path, &bytes).unwrap();
-        let (_, recovered) = JournalFile::open(&path).unwrap();
+        let (_, recovered) = JournalFile::open(&path, GROUP).unwrap();
         assert!(recovered.damaged_at.is_some(), "flip at {at}: not seen");
         assert!(
             recovered
@@ -378,14 +381,14 @@ fn damage_to_the_last_synced_record_is_damage_never_absence() {
     // A write no sync covered has no marker after it: its tail is still a torn tail.
     std::fs::write(&path, &pristine).unwrap();
     {
-        let (mut journal, _) = JournalFile::open(&path).unwrap();
+        let (mut journal, _) = JournalFile::open(&path, GROUP).unwrap();
         journal.write_prepare(&chain(4, 1)[3]).unwrap();
     }
     let mut bytes = std::fs::read(&path).unwrap();
     let last = bytes.len() - 3;
     bytes[last] ^= 0x10;
     std::fs::write(&path, &bytes).unwrap();
-    let (_, recovered) = JournalFile::open(&path).unwrap();
+    let (_, recovered) = JournalFile::open(&path, GROUP).unwrap();
     assert_eq!(recovered.damaged_at, None);
     assert_eq!(slot_ops(&recovered), vec![1, 2, 3]);
 }
@@ -398,7 +401,7 @@ fn damage_to_the_last_synced_record_is_damage_never_absence() {
 fn damage_over_the_magic_is_damage_and_another_file_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("meta.journal");
-    let (mut journal, _) = JournalFile::open(&path).unwrap();
+    let (mut journal, _) = JournalFile::open(&path, GROUP).unwrap();
     for p in chain(5, 1) {
         journal.write_prepare(&p).unwrap();
     }
@@ -412,7 +415,7 @@ fn damage_over_the_magic_is_damage_and_another_file_is_refused() {
         let mut bytes = whole.clone();
         damage(&mut bytes);
         std::fs::write(&path, &bytes).unwrap();
-        let (_, recovered) = JournalFile::open(&path).unwrap();
+        let (_, recovered) = JournalFile::open(&path, GROUP).unwrap();
         assert!(recovered.damaged_at.is_some());
         assert!(recovered
             .slots
@@ -424,7 +427,7 @@ fn damage_over_the_magic_is_damage_and_another_file_is_refused() {
     }
     std::fs::write(&path, b"not a journal at all, only some text").unwrap();
     assert!(matches!(
-        JournalFile::open(&path),
+        JournalFile::open(&path, GROUP),
         Err(JournalError::NotAJournal { .. })
     ));
 }
@@ -438,7 +441,7 @@ fn damage_over_the_magic_is_damage_and_another_file_is_refused() {
 fn a_torn_marker_hides_nothing_and_only_damage_over_a_durable_marker_may() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("meta.journal");
-    let (mut journal, _) = JournalFile::open(&path).unwrap();
+    let (mut journal, _) = JournalFile::open(&path, GROUP).unwrap();
     for p in chain(3, 1) {
         journal.write_prepare(&p).unwrap();
     }
@@ -451,7 +454,7 @@ fn a_torn_marker_hides_nothing_and_only_damage_over_a_durable_marker_may() {
         let mut torn = whole.clone();
         torn[at + keep..].fill(0);
         std::fs::write(&path, &torn).unwrap();
-        let (_, recovered) = JournalFile::open(&path).unwrap();
+        let (_, recovered) = JournalFile::open(&path, GROUP).unwrap();
         assert_eq!(slot_ops(&recovered), [1, 2, 3]);
         assert!(recovered.torn_tail_bytes > 0, "keep {keep}");
         assert!(!recovered.tail_may_hide, "{keep} bytes of the marker kept");
@@ -459,7 +462,7 @@ fn a_torn_marker_hides_nothing_and_only_damage_over_a_durable_marker_may() {
 
     // The last synced record is a short one (a truncation): its marker is durable
     // before the sync returns, so a flipped bit in it is damage, never a torn tail.
-    let (mut journal, _) = JournalFile::open(&path).unwrap();
+    let (mut journal, _) = JournalFile::open(&path, GROUP).unwrap();
     journal.truncate(2).unwrap();
     journal.sync().unwrap();
     drop(journal);
@@ -471,7 +474,7 @@ fn a_torn_marker_hides_nothing_and_only_damage_over_a_durable_marker_may() {
         let mut damaged = with_marker.clone();
         damaged[record_at + bit / 8] ^= 1 << (bit % 8);
         std::fs::write(&path, &damaged).unwrap();
-        let (_, recovered) = JournalFile::open(&path).unwrap();
+        let (_, recovered) = JournalFile::open(&path, GROUP).unwrap();
         assert!(
             recovered.damaged_at.is_some() && recovered.torn_tail_bytes == 0,
             "bit {bit} of the truncation flipped is damage"
@@ -508,7 +511,7 @@ fn bad_bytes_past_every_marker_with_records_after_them_are_a_torn_tail() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("meta.journal");
     let ops = chain(6, 1);
-    let (mut journal, _) = JournalFile::open(&path).unwrap();
+    let (mut journal, _) = JournalFile::open(&path, GROUP).unwrap();
     for p in &ops[..3] {
         journal.write_prepare(p).unwrap();
     }
@@ -527,7 +530,7 @@ fn bad_bytes_past_every_marker_with_records_after_them_are_a_torn_tail() {
     let mut zeroed = whole.clone();
     zeroed[fourth_at..fifth_at].fill(0);
     std::fs::write(&path, &zeroed).unwrap();
-    let (_, recovered) = JournalFile::open(&path).unwrap();
+    let (_, recovered) = JournalFile::open(&path, GROUP).unwrap();
     assert_eq!(slot_ops(&recovered), [1, 2, 3]);
     assert!(recovered.damaged_at.is_none(), "not damage");
     assert!(
@@ -539,7 +542,7 @@ fn bad_bytes_past_every_marker_with_records_after_them_are_a_torn_tail() {
     let mut flipped = whole.clone();
     flipped[fourth_at + 20] ^= 0x04;
     std::fs::write(&path, &flipped).unwrap();
-    let (_, recovered) = JournalFile::open(&path).unwrap();
+    let (_, recovered) = JournalFile::open(&path, GROUP).unwrap();
     assert_eq!(slot_ops(&recovered), [1, 2, 3]);
     assert!(recovered.damaged_at.is_none());
     assert!(
@@ -558,7 +561,7 @@ fn bad_bytes_past_every_marker_with_records_after_them_are_a_torn_tail() {
     sector_zeroed.extend([0u8; 512]);
     sector_zeroed.extend_from_slice(&whole[fourth_at..]);
     std::fs::write(&path, &sector_zeroed).unwrap();
-    let (_, recovered) = JournalFile::open(&path).unwrap();
+    let (_, recovered) = JournalFile::open(&path, GROUP).unwrap();
     assert_eq!(slot_ops(&recovered), [1, 2, 3]);
     assert!(
         !recovered.tail_may_hide,
@@ -569,12 +572,12 @@ fn bad_bytes_past_every_marker_with_records_after_them_are_a_torn_tail() {
     let mut copy_lost = sector_zeroed.clone();
     copy_lost[MAGIC.len()..MAGIC.len() + head::COPY_BYTES].fill(0);
     std::fs::write(&path, &copy_lost).unwrap();
-    let (_, recovered) = JournalFile::open(&path).unwrap();
+    let (_, recovered) = JournalFile::open(&path, GROUP).unwrap();
     assert!(!recovered.tail_may_hide, "one copy of the head is enough");
     // Without a head (both copies lost), a zeroed sector may have taken a marker.
     sector_zeroed[MAGIC.len()..RECORDS_START].fill(0);
     std::fs::write(&path, &sector_zeroed).unwrap();
-    let (_, recovered) = JournalFile::open(&path).unwrap();
+    let (_, recovered) = JournalFile::open(&path, GROUP).unwrap();
     assert_eq!(slot_ops(&recovered), [1, 2, 3]);
     assert!(
         recovered.tail_may_hide,
@@ -583,13 +586,13 @@ fn bad_bytes_past_every_marker_with_records_after_them_are_a_torn_tail() {
 
     // The same records made durable for a state write: damage, every op marked.
     std::fs::write(&path, &whole).unwrap();
-    let (mut journal, _) = JournalFile::open(&path).unwrap();
+    let (mut journal, _) = JournalFile::open(&path, GROUP).unwrap();
     journal.sync_unmarked().unwrap();
     drop(journal);
     let mut flipped = std::fs::read(&path).unwrap();
     flipped[fourth_at + 20] ^= 0x04;
     std::fs::write(&path, &flipped).unwrap();
-    let (_, recovered) = JournalFile::open(&path).unwrap();
+    let (_, recovered) = JournalFile::open(&path, GROUP).unwrap();
     assert_eq!(recovered.damaged_at, Some(fourth_at as u64));
     assert!(recovered
         .slots
@@ -608,7 +611,7 @@ fn a_cut_below_what_the_head_says_was_synced_may_hide_reported_records() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("meta.journal");
     let ops = chain(6, 1);
-    let (mut journal, _) = JournalFile::open(&path).unwrap();
+    let (mut journal, _) = JournalFile::open(&path, GROUP).unwrap();
     for p in &ops[..2] {
         journal.write_prepare(p).unwrap();
     }
@@ -630,7 +633,7 @@ fn a_cut_below_what_the_head_says_was_synced_may_hide_reported_records() {
             damaged[MAGIC.len() + 3] ^= 0x20;
         }
         std::fs::write(&path, &damaged).unwrap();
-        let (_, recovered) = JournalFile::open(&path).unwrap();
+        let (_, recovered) = JournalFile::open(&path, GROUP).unwrap();
         assert_eq!(slot_ops(&recovered), [1, 2]);
         assert!(
             recovered.tail_may_hide,
@@ -639,11 +642,11 @@ fn a_cut_below_what_the_head_says_was_synced_may_hide_reported_records() {
         assert!(recovered.synced.contains(&2));
     }
     // Reopened after the cut, the head claims no more than the file holds.
-    let (mut journal, recovered) = JournalFile::open(&path).unwrap();
+    let (mut journal, recovered) = JournalFile::open(&path, GROUP).unwrap();
     assert!(!recovered.tail_may_hide && recovered.torn_tail_bytes == 0);
     journal.write_prepare(&ops[2]).unwrap();
     drop(journal);
-    let (_, recovered) = JournalFile::open(&path).unwrap();
+    let (_, recovered) = JournalFile::open(&path, GROUP).unwrap();
     assert_eq!(slot_ops(&recovered), [1, 2, 3]);
     assert!(
         !recovered.synced.contains(&3),
@@ -651,43 +654,138 @@ fn a_cut_below_what_the_head_says_was_synced_may_hide_reported_records() {
     );
 }
 
-/// A journal written before heads (magic `BRDJNL01`, records from byte 8) is read and
-/// appended to as it is, and given a head when it is next rewritten.
-#[test]
-fn a_journal_without_a_head_is_read_and_gets_one_when_rewritten() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("meta.journal");
-    let ops = chain(4, 1);
-    let (mut journal, _) = JournalFile::open(&path).unwrap();
-    for p in &ops[..2] {
-        journal.write_prepare(p).unwrap();
+/// `records` (a sealed journal's, from [`RECORDS_START`]) framed as a journal written
+/// before seals frames them, from byte `start` on.
+fn unsealed_records(records: &[u8], start: usize) -> Vec<u8> {
+    let mut out = Vec::new();
+    let mut at = 0;
+    while at + RECORD_HEAD <= records.len() {
+        let len = u32::from_be_bytes(records[at..at + 4].try_into().unwrap()) as usize;
+        let mut record = records[at..at + RECORD_HEAD + len].to_vec();
+        seal_record(&mut record, Seal::UNSEALED, (start + out.len()) as u64);
+        out.extend(record);
+        at += RECORD_HEAD + len;
     }
-    drop(journal);
-    let headed = std::fs::read(&path).unwrap();
-    let mut headless = MAGIC_HEADLESS.to_vec();
-    headless.extend_from_slice(&headed[RECORDS_START..]);
-    std::fs::write(&path, &headless).unwrap();
-    let (mut journal, recovered) = JournalFile::open(&path).unwrap();
-    assert_eq!(slot_ops(&recovered), [1, 2]);
-    journal.write_prepare(&ops[2]).unwrap();
-    journal.sync().unwrap();
-    drop(journal);
-    let bytes = std::fs::read(&path).unwrap();
-    assert_eq!(
-        &bytes[..MAGIC.len()],
-        MAGIC_HEADLESS,
-        "still without a head"
-    );
-    let (mut journal, recovered) = JournalFile::open(&path).unwrap();
-    assert_eq!(slot_ops(&recovered), [1, 2, 3]);
-    assert!(recovered.synced.contains(&3));
-    journal.compact(true).unwrap();
-    journal.write_prepare(&ops[3]).unwrap();
-    journal.sync().unwrap();
-    drop(journal);
-    let bytes = std::fs::read(&path).unwrap();
-    assert_eq!(&bytes[..MAGIC.len()], MAGIC, "rewritten with a head");
-    let (_, recovered) = JournalFile::open(&path).unwrap();
-    assert_eq!(slot_ops(&recovered), [1, 2, 3, 4]);
-    assert!(recovered.synced.contains(&4));
+    out
+}
+
+/// A journal written before heads (magic `BRDJNL01`, records from byte 8), or before
+/// seals (`BRDJNL02`, CRCs unseeded), is read and appended to as it is, and given a
+/// head and a seal when it is next rewritten.
+#[test]
+fn a_journal_from_before_heads_or_seals_is_read_and_sealed_when_rewritten() {
+    for (magic, head) in [
+        (MAGIC_HEADLESS, None),
+        (MAGIC_UNSEALED, Some(Head::default().encode(Seal::UNSEALED))),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("meta.journal");
+        let ops = chain(4, 1);
+        let (mut journal, _) = JournalFile::open(&path, GROUP).unwrap();
+        for p in &ops[..2] {
+            journal.write_prepare(p).unwrap();
+        }
+        drop(journal);
+        let sealed = std::fs::read(&path).unwrap();
+        let mut old = magic.to_vec();
+        if let Some(head) = head {
+            old.extend_from_slice(&head);
+        }
+        let records = unsealed_records(&sealed[RECORDS_START..], old.len());
+        old.extend(records);
+        std::fs::write(&path, &old).unwrap();
+        let (mut journal, recovered) = JournalFile::open(&path, GROUP).unwrap();
+        assert_eq!(slot_ops(&recovered), [1, 2]);
+        assert_eq!(recovered.damaged_at, None);
+        journal.write_prepare(&ops[2]).unwrap();
+        journal.sync().unwrap();
+        drop(journal);
+        let bytes = std::fs::read(&path).unwrap();
+        assert_eq!(&bytes[..MAGIC.len()], magic, "as it was");
+        let (mut journal, recovered) = JournalFile::open(&path, GROUP).unwrap();
+        assert_eq!(slot_ops(&recovered), [1, 2, 3]);
+        assert!(recovered.synced.contains(&3));
+        journal.compact(true).unwrap();
+        journal.write_prepare(&ops[3]).unwrap();
+        journal.sync().unwrap();
+        drop(journal);
+        let bytes = std::fs::read(&path).unwrap();
+        assert_eq!(
+            &bytes[..MAGIC.len()],
+            MAGIC,
+            "rewritten with a head and a seal"
+        );
+        let (_, recovered) = JournalFile::open(&path, GROUP).unwrap();
+        assert_eq!(slot_ops(&recovered), [1, 2, 3, 4]);
+        assert!(recovered.synced.contains(&4));
+        let (_, other) = JournalFile::open(&path, GROUP + 1).unwrap();
+        assert!(
+            other
+                .slots
+                .iter()
+                .all(|(_, slot)| *slot == JournalSlot::Damaged),
+            "sealed: another group's open takes none of it"
+        );
+    }
+}
+
+/// A page of another group's journal, or of this journal from another place, written
+/// over a page of it (a misdirected write) is damage: none of its records is taken for
+/// this journal's, even where the records are framed alike and fall on the same bytes
+/// (the shell simulator's seed 300343: the metadata journal's first page over a
+/// partition's, whose op 1 was a register of the same size as the metadata's).
+#[test]
+fn a_misdirected_page_is_damage_never_entries() {
+    let dir = tempfile::tempdir().unwrap();
+    let ops = chain(120, 1);
+    let write = |path: &Path, group: u64| {
+        let (mut journal, _) = JournalFile::open(path, group).unwrap();
+        for p in &ops {
+            journal.write_prepare(p).unwrap();
+            journal.sync().unwrap();
+        }
+    };
+    let ours = dir.path().join("ours.journal");
+    let theirs = dir.path().join("theirs.journal");
+    write(&ours, GROUP);
+    write(&theirs, GROUP + 1);
+    let clean = std::fs::read(&ours).unwrap();
+    assert!(clean.len() > 3 * 4096);
+    // Another group's journal of the same ops: the same records at the same places,
+    // bar their seals.
+    let foreign = std::fs::read(&theirs).unwrap();
+    assert_eq!(foreign.len(), clean.len());
+    for (from, to, source) in [
+        (0, 0, &foreign),
+        (4096, 4096, &foreign),
+        (0, 4096, &clean),
+        (4096, 8192, &clean),
+    ] {
+        let mut bytes = clean.clone();
+        bytes[to..to + 4096].copy_from_slice(&source[from..from + 4096]);
+        std::fs::write(&ours, &bytes).unwrap();
+        let (_, recovered) = JournalFile::open(&ours, GROUP).unwrap();
+        let what = format!(
+            "page {from} of {} over page {to}",
+            if std::ptr::eq(source, &foreign) {
+                "theirs"
+            } else {
+                "ours"
+            }
+        );
+        assert!(recovered.damaged_at.is_some(), "{what}: damage");
+        assert_eq!(
+            recovered.slots.len(),
+            ops.len(),
+            "{what}: every op still known"
+        );
+        assert!(
+            recovered
+                .slots
+                .iter()
+                .all(|(_, slot)| *slot == JournalSlot::Damaged),
+            "{what}: every op damaged, none taken from the page"
+        );
+        std::fs::write(&ours, &clean).unwrap();
+    }
 }

@@ -7,13 +7,14 @@ use crate::replication::shared_path::{FileName, SharedPath};
 
 impl PartitionJournal {
     /// Opens the log in `dir` (of the partition tagged `tag`:
-    /// [`braid_proto::batch::partition_tag`]) and its header journal, and brings the two
-    /// into line.
+    /// [`braid_proto::batch::partition_tag`]) and its header journal (of group `group`,
+    /// which seals its records), and brings the two into line.
     ///
     /// # Errors
     /// A file cannot be read or cut.
     pub(crate) fn open(
         dir: &Path,
+        group: u64,
         tag: i32,
         config: impl Into<Arc<LogConfig>>,
         now_ms: u64,
@@ -62,7 +63,7 @@ impl PartitionJournal {
         };
         let shared =
             || SharedPath::new(Arc::clone(log.shared_dir()), FileName::Fixed(JOURNAL_FILE));
-        let (index, found) = match JournalFile::open_marking_at(shared(), mark) {
+        let (index, found) = match JournalFile::open_marking_at(shared(), group, mark) {
             Err(JournalError::NotAJournal { .. }) if repairable => {
                 // Damaged past knowing (a zeroed small file, say: the shell simulator's
                 // seed 768) in a member of a cluster: lost, as if deleted; its peers
@@ -87,7 +88,7 @@ impl PartitionJournal {
                 // both lost, the member restarted trusted with nothing, and its vote
                 // dropped committed ops).
                 journal_lost = true;
-                JournalFile::open_marking_at(shared(), || Ok(()))?
+                JournalFile::open_marking_at(shared(), group, || Ok(()))?
             }
             opened => opened?,
         };

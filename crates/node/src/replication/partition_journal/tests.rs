@@ -69,6 +69,9 @@ fn chain(n: u64, view: u64, tag: &str) -> Vec<Prepare> {
     out
 }
 
+/// The group of the tested journals (their prepares' headers name it).
+const GROUP: u64 = 7;
+
 /// The partition tag of the tested journals' logs (not 0, a plain log's).
 const TAG: i32 = 0x0003_0001;
 
@@ -84,7 +87,7 @@ fn config() -> LogConfig {
 /// replica's strict open, which cuts nothing once it finds damage, is opened with
 /// [`config`] where a test means it.
 fn open(dir: &Path) -> (PartitionJournal, Recovered) {
-    PartitionJournal::open(dir, TAG, member_config(), 0).unwrap()
+    PartitionJournal::open(dir, GROUP, TAG, member_config(), 0).unwrap()
 }
 
 /// [`config`] as a member of a cluster opens its logs: damage is cut there, for peers
@@ -372,7 +375,7 @@ fn every_crash_state_reopens_to_a_synced_state_or_a_later_one() {
             // As a member opens it: a lone replica refuses a group with a damaged slot
             // and cuts nothing.
             let (mut journal, recovered) =
-                PartitionJournal::open(&out.join("p"), TAG, member_config(), 0)
+                PartitionJournal::open(&out.join("p"), GROUP, TAG, member_config(), 0)
                     .unwrap_or_else(|e| panic!("cut at {at}, {how}: {e}"));
             let fits = (synced..=next).any(|r| {
                 let model = &models[r];
@@ -550,7 +553,7 @@ fn tear_over_a_marker(bytes: &mut [u8]) {
 fn fresh_journal() -> Vec<u8> {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join(JOURNAL_FILE);
-    drop(JournalFile::open(&path).unwrap());
+    drop(JournalFile::open(&path, GROUP).unwrap());
     std::fs::read(&path).unwrap()
 }
 
@@ -935,6 +938,7 @@ fn a_committed_batch_stored_off_its_offsets_stops_the_partition() {
 
 /// The findings of the shell simulator (`replication::shell_sim`), each as a test.
 mod findings;
+mod misdirected;
 mod past_a_hole;
 mod untrusted;
 
@@ -953,7 +957,7 @@ fn each_crash_state_after(
             return;
         }
         let cut = format!("cut at {at}, {how}");
-        let (_, recovered) = PartitionJournal::open(&out.join("p"), TAG, config, 0)
+        let (_, recovered) = PartitionJournal::open(&out.join("p"), GROUP, TAG, config, 0)
             .unwrap_or_else(|e| panic!("{cut}: {e}"));
         check(&cut, recovered);
     })

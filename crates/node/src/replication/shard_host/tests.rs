@@ -525,7 +525,7 @@ fn many_groups_share_each_hosts_turns_and_agree_through_a_restart() {
 /// `boot`, after one turn.
 fn open_unsynced(dir: &std::path::Path, boot: BootId) -> Host {
     let mut host = ShardHost::open_in_boot(dir, 0, boot).unwrap();
-    let (journal, recovered) = JournalFile::open(&dir.join("group-0.journal")).unwrap();
+    let (journal, recovered) = JournalFile::open(&dir.join("group-0.journal"), 0).unwrap();
     let opened = Opened {
         slots: recovered.slots,
         damage: None,

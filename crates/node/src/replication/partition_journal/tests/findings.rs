@@ -373,7 +373,7 @@ fn a_lost_or_unreadable_header_journal_is_damage_never_an_empty_journal() {
     std::fs::remove_file(&path).unwrap();
     // A lone replica refuses, and makes no new file: the next start refuses the same.
     for _ in 0..2 {
-        let refused = PartitionJournal::open(dir.path(), TAG, config(), 0)
+        let refused = PartitionJournal::open(dir.path(), GROUP, TAG, config(), 0)
             .map(|_| ())
             .unwrap_err();
         assert!(
@@ -382,7 +382,8 @@ fn a_lost_or_unreadable_header_journal_is_damage_never_an_empty_journal() {
         );
         assert!(!path.exists());
     }
-    let (mut journal, recovered) = PartitionJournal::open(dir.path(), TAG, member, 0).unwrap();
+    let (mut journal, recovered) =
+        PartitionJournal::open(dir.path(), GROUP, TAG, member, 0).unwrap();
     let damage = recovered.damage.expect("a lost journal is damage");
     assert!(damage.contains("vsr.journal is gone"), "{damage}");
     assert!(
@@ -403,8 +404,8 @@ fn a_lost_or_unreadable_header_journal_is_damage_never_an_empty_journal() {
     // Zeroed whole: a lone replica refuses to open it; a cluster member moves it aside.
     let len = std::fs::metadata(&path).unwrap().len();
     std::fs::write(&path, vec![0u8; len.max(16) as usize]).unwrap();
-    assert!(PartitionJournal::open(dir.path(), TAG, config(), 0).is_err());
-    let (_, recovered) = PartitionJournal::open(dir.path(), TAG, member, 0).unwrap();
+    assert!(PartitionJournal::open(dir.path(), GROUP, TAG, config(), 0).is_err());
+    let (_, recovered) = PartitionJournal::open(dir.path(), GROUP, TAG, member, 0).unwrap();
     assert!(recovered.damage.is_some() && recovered.tail_cut);
     assert!(
         dir.path().join("vsr.journal.damaged").exists(),
@@ -431,7 +432,7 @@ fn a_members_open_reports_the_damage_and_the_torn_tail_it_found() {
     // And a torn record at the end.
     tear_over_a_marker(&mut bytes);
     std::fs::write(&path, &bytes).unwrap();
-    let (_, recovered) = PartitionJournal::open(dir.path(), TAG, member, 0).unwrap();
+    let (_, recovered) = PartitionJournal::open(dir.path(), GROUP, TAG, member, 0).unwrap();
     let damage = recovered.damage.expect("damage found");
     assert!(damage.contains("is damaged at byte"), "{damage}");
     assert!(
@@ -592,7 +593,8 @@ fn a_log_tail_cut_hides_nothing_and_a_reported_batch_it_took_is_damaged() {
         .unwrap();
     std::io::Write::write_all(&mut file, &[0x5a; 40]).unwrap();
     drop(file);
-    let (mut journal, recovered) = PartitionJournal::open(dir.path(), TAG, member, 0).unwrap();
+    let (mut journal, recovered) =
+        PartitionJournal::open(dir.path(), GROUP, TAG, member, 0).unwrap();
     assert!(
         journal.log().recovery().bytes_truncated > 0,
         "the tail was cut"
@@ -611,7 +613,7 @@ fn a_log_tail_cut_hides_nothing_and_a_reported_batch_it_took_is_damaged() {
     let (dir, journal, _) = peer_holding(&ops);
     drop(journal);
     damage_last_batch(dir.path());
-    let (_, recovered) = PartitionJournal::open(dir.path(), TAG, member, 0).unwrap();
+    let (_, recovered) = PartitionJournal::open(dir.path(), GROUP, TAG, member, 0).unwrap();
     assert!(!recovered.tail_cut);
     assert_eq!(
         recovered.slots.last(),
@@ -631,7 +633,7 @@ fn a_log_tail_cut_hides_nothing_and_a_reported_batch_it_took_is_damaged() {
     bytes[..fresh.len()].copy_from_slice(&fresh);
     std::fs::write(&path, &bytes).unwrap();
     damage_last_batch(dir.path());
-    let (_, recovered) = PartitionJournal::open(dir.path(), TAG, member, 0).unwrap();
+    let (_, recovered) = PartitionJournal::open(dir.path(), GROUP, TAG, member, 0).unwrap();
     assert!(!recovered.tail_cut, "trusted");
     assert_eq!(
         recovered
@@ -788,14 +790,14 @@ fn a_cut_through_damage_goes_to_its_segments_start() {
     };
     let ops = chain(24, 1, "a");
     {
-        let (mut journal, _) = PartitionJournal::open(dir.path(), TAG, small, 0).unwrap();
+        let (mut journal, _) = PartitionJournal::open(dir.path(), GROUP, TAG, small, 0).unwrap();
         for p in &ops {
             journal.write_prepare(p, 0).unwrap();
         }
         journal.sync().unwrap();
         journal.close().unwrap();
     }
-    let (mut journal, _) = PartitionJournal::open(dir.path(), TAG, small, 0).unwrap();
+    let (mut journal, _) = PartitionJournal::open(dir.path(), GROUP, TAG, small, 0).unwrap();
     let end = journal.log().next_offset();
     // A sealed segment past the first: its first page zeroed, and a cut inside it.
     let base = journal.log().segment_base(end - 1);
@@ -836,7 +838,7 @@ fn a_log_whose_batches_no_record_names_is_cut_back_to_its_start() {
     let bytes = std::fs::read(&path).unwrap();
     std::fs::write(&path, &bytes[..8]).unwrap();
     let (mut journal, recovered) =
-        PartitionJournal::open(dir.path(), TAG, member_config(), 0).unwrap();
+        PartitionJournal::open(dir.path(), GROUP, TAG, member_config(), 0).unwrap();
     assert!(recovered.slots.is_empty());
     assert_eq!(
         journal.log().next_offset(),

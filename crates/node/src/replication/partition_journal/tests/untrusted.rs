@@ -31,11 +31,12 @@ fn an_untrusted_open_says_so_again_until_the_distrust_is_durable() {
                 std::fs::write(&path, &bytes).unwrap();
             }
         }
-        let (_, recovered) = PartitionJournal::open(dir.path(), TAG, member, 0).unwrap();
+        let (_, recovered) = PartitionJournal::open(dir.path(), GROUP, TAG, member, 0).unwrap();
         assert!(recovered.tail_cut, "{lose}: untrusted");
         assert!(mark.exists(), "{lose}: marked");
         // A power loss now: the open's repairs are on disk, the group's state is not.
-        let (mut journal, recovered) = PartitionJournal::open(dir.path(), TAG, member, 0).unwrap();
+        let (mut journal, recovered) =
+            PartitionJournal::open(dir.path(), GROUP, TAG, member, 0).unwrap();
         assert!(
             recovered.tail_cut,
             "{lose}: still untrusted after the repair"
@@ -46,7 +47,7 @@ fn an_untrusted_open_says_so_again_until_the_distrust_is_durable() {
             "{lose}: the mark goes once the state holds it"
         );
         drop(journal);
-        let (_, recovered) = PartitionJournal::open(dir.path(), TAG, member, 0).unwrap();
+        let (_, recovered) = PartitionJournal::open(dir.path(), GROUP, TAG, member, 0).unwrap();
         assert!(!recovered.tail_cut, "{lose}: the state speaks from now on");
     }
 }
@@ -69,7 +70,8 @@ fn an_unreadable_journal_is_untrusted_even_with_an_empty_log() {
             std::fs::write(&file, b"").unwrap();
         }
     }
-    let (_, recovered) = PartitionJournal::open(dir.path(), TAG, member_config(), 0).unwrap();
+    let (_, recovered) =
+        PartitionJournal::open(dir.path(), GROUP, TAG, member_config(), 0).unwrap();
     assert!(recovered.tail_cut, "untrusted");
     assert!(recovered.damage.is_some(), "reported as damage");
 }
@@ -89,7 +91,7 @@ fn the_untrusted_mark_is_durable_before_a_torn_tail_is_cut() {
     tear_over_a_marker(&mut bytes);
     std::fs::write(&path, &bytes).unwrap();
     hook::start_tracing();
-    let opened = PartitionJournal::open(dir.path(), TAG, member_config(), 0);
+    let opened = PartitionJournal::open(dir.path(), GROUP, TAG, member_config(), 0);
     let trace = hook::take().expect("traced").trace;
     let (_, recovered) = opened.unwrap();
     assert!(recovered.tail_cut);
