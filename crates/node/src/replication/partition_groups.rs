@@ -506,6 +506,18 @@ impl PartitionGroups {
             .map(PartitionJournal::log)
     }
 
+    /// Applies the partition's retention to its log (see
+    /// [`PartitionJournal::apply_retention`]); `None` for no such partition.
+    pub(crate) fn apply_retention(
+        &mut self,
+        key: PartitionKey,
+        now_ms: u64,
+    ) -> Option<Result<braid_storage::RetentionOutcome, braid_storage::LogError>> {
+        self.host
+            .journal_mut(group_of(key))
+            .map(|journal| journal.apply_retention(now_ms))
+    }
+
     /// The committed offsets' end that this replica's log holds: the high watermark.
     /// The partition's state may count ops whose batches are not in the log yet (a
     /// copy from a peer runs, or an op below them is being repaired): reads stop where

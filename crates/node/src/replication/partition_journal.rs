@@ -291,6 +291,22 @@ impl PartitionJournal {
         &mut self.log
     }
 
+    /// Deletes the log's oldest segments that retention no longer keeps, only those
+    /// whose batches are all of ops the journal pruned (a checkpoint covers them): an
+    /// op the journal still holds is replayed from its batch at a restart. (Unbounded,
+    /// retention deleted such batches, and the next open took the ops for never
+    /// reported, cut them and every op above, and cut the log back to its start.)
+    ///
+    /// # Errors
+    /// As [`PartitionLog::apply_retention`].
+    pub(crate) fn apply_retention(
+        &mut self,
+        now_ms: u64,
+    ) -> Result<braid_storage::RetentionOutcome, LogError> {
+        let keep_from = self.index.pruned().1.unwrap_or(0);
+        self.log.apply_retention_below(now_ms, keep_from)
+    }
+
     /// The highest op whose body is in place with all below it.
     pub(crate) fn tip(&self) -> u64 {
         self.tip

@@ -631,10 +631,12 @@ impl Shard {
             .collect();
         for key in keys {
             self.touch(key);
+            let Some(outcome) = self.groups.apply_retention(key, now) else {
+                continue;
+            };
             if let (Some(partition), Some(log)) =
                 (self.partitions.get_mut(&key), self.groups.log(key))
             {
-                let outcome = log.apply_retention(now);
                 let poisoned = partition.newly_poisoned(log);
                 self.report_poisoned(key, poisoned);
                 match outcome {

@@ -220,8 +220,22 @@ impl PartitionLog {
     /// # Errors
     /// IO errors; segments deleted before the error stay deleted.
     pub fn apply_retention(&mut self, now_ms: u64) -> Result<RetentionOutcome, LogError> {
+        self.apply_retention_below(now_ms, u64::MAX)
+    }
+
+    /// As [`PartitionLog::apply_retention`], deleting only segments that end at or
+    /// below `keep_from`: a replicated partition's journal still needs the batches of
+    /// the ops its checkpoint does not cover.
+    ///
+    /// # Errors
+    /// IO errors; segments deleted before the error stay deleted.
+    pub fn apply_retention_below(
+        &mut self,
+        now_ms: u64,
+        keep_from: u64,
+    ) -> Result<RetentionOutcome, LogError> {
         let mut outcome = RetentionOutcome::default();
-        while self.segments.len() > 1 {
+        while self.segments.len() > 1 && self.segments[1].base_offset <= keep_from {
             let total = self.size_bytes();
             let oldest_bytes = self.segments[0].size_bytes;
             let by_size = self

@@ -166,10 +166,26 @@ impl PartitionJournal {
                         );
                         (JournalSlot::Damaged, None)
                     }
+                    Body::Absent if base < journal.log.start_offset() => {
+                        // Below the log's start: deleted (retention deletes only what
+                        // the journal pruned, so by a version that did not, or the
+                        // first segment lost where no `log-start` file says where the
+                        // log began), never unwritten. Damaged: a lone replica refuses
+                        // and keeps its log; taken for never written, the op and every
+                        // op above were cut, and the log back to its start, deleting
+                        // every record retention kept.
+                        tracing::warn!(
+                            dir = %dir.display(),
+                            op,
+                            base,
+                            start = journal.log.start_offset(),
+                            "an op's batch lies below the partition log's start"
+                        );
+                        (JournalSlot::Damaged, None)
+                    }
                     Body::Absent => {
                         // Its batch never reached the log's synced part, so it was never
-                        // reported written, nor was anything above it. (Or retention
-                        // deleted it, below the log's start: long committed.)
+                        // reported written, nor was anything above it.
                         cut_from = Some(op);
                         break;
                     }
@@ -257,7 +273,21 @@ impl PartitionJournal {
             drop(journal.index.sync_unmarked()?);
         }
         let mut log_bytes_cut = 0;
-        if let Some(end) = log_end.filter(|end| journal.log.next_offset() > *end) {
+        if let Some(end) = log_end.filter(|end| *end < journal.log.start_offset()) {
+            // The ops from below the log's start on are damaged (their batches were
+            // deleted; a lone replica keeps its log and refuses, above): a member
+            // starts its log again where they go, for peers to fill.
+            tracing::warn!(
+                dir = %dir.display(),
+                start = journal.log.start_offset(),
+                end,
+                "the partition log starts above batches its journal holds: started \
+                 again at {end}, copied from peers"
+            );
+            let before = journal.log.size_bytes();
+            journal.log.reset(end, now_ms)?;
+            log_bytes_cut = before;
+        } else if let Some(end) = log_end.filter(|end| journal.log.next_offset() > *end) {
             let before = journal.log.size_bytes();
             match journal.log.truncate(end) {
                 Ok(()) => {}

@@ -940,6 +940,7 @@ fn a_committed_batch_stored_off_its_offsets_stops_the_partition() {
 mod findings;
 mod misdirected;
 mod past_a_hole;
+mod retention;
 mod untrusted;
 
 /// Reopens, with `config`, the journal at `root/p` as every crash at or after traced

@@ -1,0 +1,97 @@
+use super::*;
+
+/// A log config of small segments and retention by size.
+fn small_retained(lone: bool) -> LogConfig {
+    LogConfig {
+        segment_bytes_max: 1_024,
+        retention_bytes: Some(2_500),
+        recovery: if lone {
+            braid_storage::RecoveryMode::Strict
+        } else {
+            braid_storage::RecoveryMode::TruncateAtDamage
+        },
+        ..config()
+    }
+}
+
+/// Retention deletes whole segments by size or age, but only those whose batches are
+/// all of ops the journal pruned: a restart replays the ops it still holds from their
+/// batches. Unbounded, it deleted such batches, and the next open took the ops for
+/// never reported, cut them and every op above, and cut the log back to its start,
+/// deleting every record retention had kept.
+#[test]
+fn retention_deletes_only_batches_of_pruned_ops() {
+    for lone in [true, false] {
+        let dir = tempfile::tempdir().unwrap();
+        let ops = chain(80, 1, "a");
+        let (start, next) = {
+            let (mut journal, _) =
+                PartitionJournal::open(dir.path(), GROUP, TAG, small_retained(lone), 0).unwrap();
+            for p in &ops {
+                journal.write_prepare(p, 0).unwrap();
+            }
+            journal.sync().unwrap();
+            assert_eq!(journal.apply_retention(0).unwrap().segments_deleted, 0);
+            journal.prune(60).unwrap();
+            let deleted = journal.apply_retention(0).unwrap().segments_deleted;
+            assert!(
+                deleted > 0,
+                "retention deleted segments below the prune point"
+            );
+            let (_, op_61) = journal.index.entry(61).map(|(h, b)| (*h, b)).unwrap();
+            assert!(journal.log().start_offset() <= op_61.unwrap());
+            (journal.log().start_offset(), journal.log().next_offset())
+        };
+        let (mut journal, recovered) =
+            PartitionJournal::open(dir.path(), GROUP, TAG, small_retained(lone), 0).unwrap();
+        assert_eq!(
+            (journal.log().start_offset(), journal.log().next_offset()),
+            (start, next),
+            "lone {lone}: the log retention kept is kept"
+        );
+        assert_eq!(journal.tip(), 80, "lone {lone}");
+        assert_eq!(recovered.damage, None, "lone {lone}");
+    }
+}
+
+/// Batches an earlier version's retention deleted beneath ops the journal holds (or a
+/// first segment lost where no `log-start` file names the log's start) are damage:
+/// a lone replica refuses, and no open cuts the log it kept.
+#[test]
+fn batches_deleted_beneath_the_journals_ops_are_damage_never_a_cut() {
+    for lone in [true, false] {
+        let dir = tempfile::tempdir().unwrap();
+        let ops = chain(80, 1, "a");
+        let (start, next) = {
+            let (mut journal, _) =
+                PartitionJournal::open(dir.path(), GROUP, TAG, small_retained(lone), 0).unwrap();
+            for p in &ops {
+                journal.write_prepare(p, 0).unwrap();
+            }
+            journal.sync().unwrap();
+            // Retention as it was: whatever the journal holds.
+            let outcome = journal.log().apply_retention(0).unwrap();
+            assert!(outcome.segments_deleted > 0);
+            (journal.log().start_offset(), journal.log().next_offset())
+        };
+        let (mut journal, recovered) =
+            PartitionJournal::open(dir.path(), GROUP, TAG, small_retained(lone), 0).unwrap();
+        assert!(recovered.damage.is_some(), "lone {lone}: damage");
+        assert!(
+            recovered
+                .slots
+                .iter()
+                .any(|(_, s)| *s == JournalSlot::Damaged),
+            "lone {lone}"
+        );
+        if lone {
+            assert_eq!(
+                (journal.log().start_offset(), journal.log().next_offset()),
+                (start, next),
+                "a lone replica keeps its log whole"
+            );
+        } else {
+            assert!(journal.log().next_offset() <= next);
+        }
+    }
+}
