@@ -20,6 +20,9 @@
 #   BRAID_SHELL_SIM_LATENT=1 scripts/sim-soak.sh --shell-damage ...
 #                                                damage at rest also as latent read
 #                                                errors (a page no read can get)
+#   BRAID_SHELL_SIM_RETENTION=1 scripts/sim-soak.sh --shell...
+#                                                retention by size in every seed (a
+#                                                third of the seeds run it anyway)
 #
 # Each failure prints its seed; replay one with its trace:
 #   target/release/braid-sim --seed N --trace

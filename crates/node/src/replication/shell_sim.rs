@@ -45,6 +45,8 @@ use crate::layout::PartitionKey;
 
 /// How often (ticks) every member's readable records are checked.
 const SERVE_CHECK_TICKS: u64 = 100;
+/// Ticks between retention passes, when a seed has retention ([`Shape::retention`]).
+const RETENTION_TICKS: u64 = 50;
 /// Chance per tick, in percent, that a member's sync thread runs a round of the syncs
 /// waiting (some of them, oldest first).
 const SYNC_ROUND_PERCENT: u64 = 50;
@@ -87,6 +89,11 @@ pub(crate) struct Shape {
     /// Damage at rest may also be a latent read error: a page every read of fails
     /// until it is written again ([`Variant::latent`]).
     pub(crate) latent: bool,
+    /// Retention by size on the partitions' logs (a third of the seeds, or
+    /// `BRAID_SHELL_SIM_RETENTION=1`): each member deletes its oldest segments every
+    /// [`RETENTION_TICKS`] while it keeps twice a segment, as far as its journal
+    /// allows, and the checks compare each log from the latest start.
+    pub(crate) retention: bool,
     /// The partitions' logs under `fsync = never` (a third of the seeds): their
     /// journals restart trusted only in the boot that wrote their state, so crashes
     /// are `kill -9` only (a power loss may lose what `never` acknowledged).
@@ -125,6 +132,7 @@ impl Shape {
             // Drawn apart from the rest, so the seeds' other draws stay as they were.
             misdirected: false,
             latent: false,
+            retention: false,
             fsync_never: false,
         }
     }
@@ -256,6 +264,8 @@ impl Run {
         let mut shape = Shape::from_seed(&mut prng);
         shape.fsync_never = Prng::new(seed.rotate_left(17) ^ 0x5eed).chance(33)
             || std::env::var_os("BRAID_SHELL_SIM_NEVER").is_some();
+        shape.retention = Prng::new(seed.rotate_left(29) ^ 0x7e7e).chance(33)
+            || std::env::var_os("BRAID_SHELL_SIM_RETENTION").is_some();
         if !variant.damage {
             shape.damage_percent = 0;
         }
@@ -362,6 +372,10 @@ impl Run {
             },
             write_behind_bytes: 0,
             cached_tail_bytes: None,
+            retention_bytes: self
+                .shape
+                .retention
+                .then_some(2 * u64::from(self.shape.segment_bytes)),
             ..LogConfig::default()
         }
     }
@@ -664,10 +678,20 @@ impl Run {
                 self.collect_sent(packet.to);
             }
         }
+        let now_ms = self.now_ms();
         for m in 0..self.member_count() {
             self.run_syncs(m);
             if let Some(groups) = self.members[usize::from(m)].groups.as_mut() {
                 groups.tick();
+                if self.shape.retention && self.tick.is_multiple_of(RETENTION_TICKS) {
+                    for p in 0..self.shape.partitions {
+                        if let Some(Err(err)) = groups.apply_retention(key(p), now_ms) {
+                            self.failure.get_or_insert(format!(
+                                "member {m} partition {p}: retention: {err}"
+                            ));
+                        }
+                    }
+                }
                 self.collect_sent(m);
             }
             if let Some(meta) = self.members[usize::from(m)].meta.as_mut() {

@@ -12,6 +12,18 @@ impl Run {
         for p in 0..self.shape.partitions {
             let mut logs = Vec::new();
             let mut unreadable = None;
+            // Each member's retention deleted its own oldest segments: the logs are
+            // compared from the latest start.
+            let mut from = 0;
+            for m in 0..self.member_count() {
+                if let Some(log) = self.members[usize::from(m)]
+                    .groups
+                    .as_mut()
+                    .and_then(|groups| groups.log(key(p)))
+                {
+                    from = from.max(log.start_offset());
+                }
+            }
             for m in 0..self.member_count() {
                 let groups = self.members[usize::from(m)]
                     .groups
@@ -21,7 +33,7 @@ impl Run {
                 let log = groups
                     .log(key(p))
                     .ok_or_else(|| format!("member {m} has no partition {p}"))?;
-                let batches = read_batches(log, 0, mark);
+                let batches = read_batches(log, from, mark);
                 logs.push((mark, batches.0));
                 if let Some(err) = batches.1 {
                     unreadable.get_or_insert(format!("member {m} partition {p}: {err}"));
@@ -77,7 +89,12 @@ impl Run {
                 }
             }
             let values = values_of(first)?;
-            let start = values.keys().next().copied().unwrap_or(0);
+            let start = values.keys().next().copied().unwrap_or(from);
+            if start != from && start < *mark {
+                return Err(format!(
+                    "partition {p}: the logs start at {from}, their first record is {start}"
+                ));
+            }
             if let Some((i, offset)) = values
                 .keys()
                 .enumerate()
@@ -89,7 +106,7 @@ impl Run {
                 ));
             }
             records += values.len() as u64;
-            for ((_, offset), value) in self.acked.range((p, 0)..(p + 1, 0)) {
+            for ((_, offset), value) in self.acked.range((p, from)..(p + 1, 0)) {
                 match values.get(offset) {
                     Some(Some(held)) if held == value => {}
                     held => {

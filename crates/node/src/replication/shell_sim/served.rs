@@ -57,6 +57,8 @@ impl Run {
                     _ => 0,
                 };
                 let tag = log.tag();
+                // Below its start, retention deleted the records (and reads are refused).
+                let checked = checked.max(log.start_offset());
                 let (batches, stopped) = read_batches(log, checked, mark);
                 match stopped {
                     Some(Stop::Missing(err)) => {
@@ -87,7 +89,8 @@ impl Run {
                     mark
                 };
                 let mut sound = values.is_ok();
-                for ((_, offset), value) in self.acked.range((p, checked)..(p, served)) {
+                for ((_, offset), value) in self.acked.range((p, checked)..(p, served.max(checked)))
+                {
                     if let Ok(held) = &values {
                         if held.get(offset).and_then(Option::as_ref) != Some(value) {
                             sound = false;
