@@ -45,7 +45,7 @@ until all ready; do sleep 0.5; done
 "$braid" --addr "127.0.0.1:$base" stream create s >/dev/null
 "$braid" --addr "127.0.0.1:$base" topic create s t --partitions "$partitions" >/dev/null
 until all caught_up; do sleep 1; done
-sleep 20
+sleep 30
 pid=$(pgrep -f "$braid server --data-dir $root/node-0" | tail -1) # the last: heaptrack started it
 echo "member 0 idle with $partitions partitions: $(awk '/VmRSS/ {print $2, $3}' "/proc/$pid/status") resident"
 kill -9 "$pid"

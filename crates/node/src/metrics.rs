@@ -21,6 +21,8 @@ pub(crate) struct ShardMetrics {
     pub(crate) fsyncs_requested: AtomicU64,
     pub(crate) state_transfers: AtomicU64,
     pub(crate) batches_repaired: AtomicU64,
+    pub(crate) files_slept: AtomicU64,
+    pub(crate) files_woken: AtomicU64,
     pub(crate) repair_prepares_requested: AtomicU64,
     pub(crate) repair_snapshots_requested: AtomicU64,
     pub(crate) frames_refused: AtomicU64,
@@ -60,6 +62,8 @@ impl Default for ShardMetrics {
             fsyncs_requested: AtomicU64::new(0),
             state_transfers: AtomicU64::new(0),
             batches_repaired: AtomicU64::new(0),
+            files_slept: AtomicU64::new(0),
+            files_woken: AtomicU64::new(0),
             repair_prepares_requested: AtomicU64::new(0),
             repair_snapshots_requested: AtomicU64::new(0),
             frames_refused: AtomicU64::new(0),
@@ -287,6 +291,18 @@ pub(crate) fn render(
         "counter",
         "Damaged batches of a partition log (found by the scrub of committed batches, or by a read for a peer) written over with a peer's copy.",
         sum(&|s| &s.batches_repaired),
+    );
+    metric(
+        "braid_partition_files_slept_total",
+        "counter",
+        "Times an idle partition's journal and log were closed and let go from memory (after 10 to 20 seconds unused; reopened by the next use).",
+        sum(&|s| &s.files_slept),
+    );
+    metric(
+        "braid_partition_files_woken_total",
+        "counter",
+        "Times a partition's sleeping journal and log were opened again (a write, a read, the scrub, a peer's copy), each checked to be as it was left.",
+        sum(&|s| &s.files_woken),
     );
     metric(
         "braid_disk_unreadable_sectors_total",

@@ -96,6 +96,14 @@ pub(crate) enum JournalError {
     /// A write failed earlier: what reached the disk is unknown until a restart.
     #[error("journal {0} is poisoned by an earlier failed write; restart the node")]
     Poisoned(PathBuf),
+    /// A journal put to sleep found otherwise when woken ([`JournalFile::wake`]).
+    #[error("journal {path} is not as it was left: {reason}")]
+    NotAsLeft {
+        /// The file.
+        path: PathBuf,
+        /// What differs.
+        reason: String,
+    },
 }
 
 /// What opening found.
@@ -929,9 +937,12 @@ impl JournalFile {
 mod head;
 mod open;
 mod seal;
+mod sleep;
+
 use head::{Head, HEAD_BYTES};
 pub(crate) use open::DurablePrefix;
 use seal::Seal;
+pub(crate) use sleep::JournalAsleep;
 
 #[cfg(test)]
 mod tests;

@@ -25,7 +25,7 @@ use braid_vsr::{Config, Input, Message, ReplicaId, Reply, Request, Status};
 
 use super::meta_client::client_id;
 use super::meta_group::Timing;
-use super::partition_journal::PartitionJournal;
+use super::partition_journal::{PartitionAsleep, PartitionJournal};
 use super::partition_machine::PartitionMachine;
 use super::shard_host::{Effects, HostError, Opened, ShardHost};
 use super::wire;
@@ -37,6 +37,7 @@ mod copy;
 mod frames;
 mod hand_off;
 mod lone;
+mod sleep;
 
 use super::outbox::Outbox;
 
@@ -48,6 +49,11 @@ const PIPELINE_MAX: u64 = 16;
 /// applied ops leave memory at once: checkpoints (and the durable-state writes paced
 /// by them) can be rare.
 const CHECKPOINT_INTERVAL: u64 = 1_024;
+/// How often (ticks) the files of partitions unused since the last look go to sleep:
+/// an idle partition's journal and log leave memory after 10 to 20 seconds, and the
+/// close that puts them to sleep (a sync and a clean-shutdown marker) comes at most
+/// once per idle spell.
+const SLEEP_TICKS: u64 = 100;
 
 /// The group id of a partition: the high bit set (group 0 is the metadata), then the
 /// topic id and the partition.
@@ -161,6 +167,11 @@ pub(crate) struct PartitionGroups {
     failed: Option<String>,
     /// [`CHECKPOINT_INTERVAL`], but for simulator runs that want more checkpoints.
     checkpoint_interval: u64,
+    /// [`SLEEP_TICKS`], but for simulator runs that put files to sleep more often.
+    sleep_ticks: u64,
+    /// The host's counts of files slept and woken at the last
+    /// [`PartitionGroups::take_sleep_counts`].
+    sleep_counts_taken: (u64, u64),
     /// The log settings in use, each held once by every log opened with it (a topic's
     /// thousands of partitions share one: 104 bytes a partition otherwise).
     log_configs: Vec<std::sync::Arc<LogConfig>>,
@@ -246,6 +257,8 @@ impl PartitionGroups {
             batches_repaired: 0,
             failed: None,
             checkpoint_interval: CHECKPOINT_INTERVAL,
+            sleep_ticks: SLEEP_TICKS,
+            sleep_counts_taken: (0, 0),
             log_configs: Vec::new(),
         }
     }
@@ -255,12 +268,6 @@ impl PartitionGroups {
     #[cfg(test)]
     pub(crate) fn set_checkpoint_interval(&mut self, ops: u64) {
         self.checkpoint_interval = ops;
-    }
-
-    /// The journal of a partition (the simulator's reports).
-    #[cfg(test)]
-    pub(crate) fn journal(&self, key: PartitionKey) -> Option<&PartitionJournal> {
-        self.host.journal(group_of(key))
     }
 
     /// A partition's replica's journal entries from `from` to its op: (op, checksum's
@@ -331,7 +338,13 @@ impl PartitionGroups {
         replica: &braid_vsr::Replica<PartitionMachine>,
     ) -> super::status::GroupStatus {
         let mut status = super::status::GroupStatus::of(replica);
-        status.journal = self.host.journal(status.group).map(|j| j.progress());
+        status.journal = match self.host.journal(status.group) {
+            Some(journal) => Some(journal.progress()),
+            None => self
+                .host
+                .journal_asleep(status.group)
+                .map(PartitionAsleep::progress),
+        };
         status
     }
 
@@ -501,20 +514,18 @@ impl PartitionGroups {
 
     /// The partition's log (reads go straight to it, up to the high watermark).
     pub(crate) fn log(&mut self, key: PartitionKey) -> Option<&mut PartitionLog> {
-        self.host
-            .journal_mut(group_of(key))
-            .map(PartitionJournal::log)
+        self.woken(group_of(key)).map(PartitionJournal::log)
     }
 
     /// Applies the partition's retention to its log (see
-    /// [`PartitionJournal::apply_retention`]); `None` for no such partition.
+    /// [`PartitionJournal::apply_retention`]), its files woken if they sleep; `None`
+    /// for no such partition.
     pub(crate) fn apply_retention(
         &mut self,
         key: PartitionKey,
         now_ms: u64,
     ) -> Option<Result<braid_storage::RetentionOutcome, braid_storage::LogError>> {
-        self.host
-            .journal_mut(group_of(key))
+        self.woken(group_of(key))
             .map(|journal| journal.apply_retention(now_ms))
     }
 
@@ -528,9 +539,14 @@ impl PartitionGroups {
             .host
             .replica(group)
             .map_or(0, |r| r.state().machine().next_offset());
-        self.host
-            .journal(group)
-            .map_or(next, |journal| next.min(journal.committed_end()))
+        let committed_end = match self.host.journal(group) {
+            Some(journal) => journal.committed_end(),
+            None => self
+                .host
+                .journal_asleep(group)
+                .map_or(next, PartitionAsleep::committed_end),
+        };
+        next.min(committed_end)
     }
 
     /// Who serves the partition here.
@@ -677,6 +693,13 @@ impl PartitionGroups {
         self.resend_overdue(&mut moved);
         self.drive_copies();
         self.scrub_and_repair();
+        if self.now.is_multiple_of(self.sleep_ticks) {
+            // The files of partitions idle since the last pass go to sleep.
+            if let Err(err) = self.host.sleep_idle() {
+                self.fail(err);
+                return moved;
+            }
+        }
         self.hand_back(&mut moved);
         if self.members > 1
             && self

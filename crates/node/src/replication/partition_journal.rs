@@ -885,6 +885,20 @@ impl PartitionJournal {
 }
 
 impl Journal for PartitionJournal {
+    type Asleep = PartitionAsleep;
+    fn can_sleep(&self) -> bool {
+        PartitionJournal::can_sleep(self)
+    }
+    fn sleep(self) -> Result<PartitionAsleep, HostError> {
+        Ok(PartitionJournal::sleep(self)?)
+    }
+    fn wake(group: u64, asleep: PartitionAsleep) -> Result<Self, HostError> {
+        Ok(PartitionJournal::wake(
+            group,
+            asleep,
+            crate::mailbox::now_ms(),
+        )?)
+    }
     fn write_prepare(&mut self, prepare: &Prepare) -> Result<(), HostError> {
         Ok(PartitionJournal::write_prepare(
             self,
@@ -961,7 +975,10 @@ fn read_records(batch: &[u8]) -> u64 {
 mod damage;
 mod in_flight;
 mod open;
+mod sleep;
 mod transfer;
+
+pub(crate) use sleep::PartitionAsleep;
 
 #[cfg(test)]
 mod tests;

@@ -88,6 +88,28 @@ pub(crate) trait Journal {
     fn distrust_persisted(&mut self) -> Result<(), HostError> {
         Ok(())
     }
+
+    /// What the journal keeps while its files sleep ([`ShardHost::sleep_idle`]).
+    type Asleep: std::fmt::Debug;
+    /// Whether its files may sleep now (nothing in flight).
+    fn can_sleep(&self) -> bool {
+        false
+    }
+    /// Lets its files go (only when [`Journal::can_sleep`]).
+    ///
+    /// # Errors
+    /// A disk operation failed: the journal is gone.
+    fn sleep(self) -> Result<Self::Asleep, HostError>
+    where
+        Self: Sized;
+    /// Group `group`'s journal that went to sleep as `asleep`, its files checked to be
+    /// as left.
+    ///
+    /// # Errors
+    /// They are not (damage at rest, a file removed), or IO: the group must restart.
+    fn wake(group: u64, asleep: Self::Asleep) -> Result<Self, HostError>
+    where
+        Self: Sized;
 }
 
 /// What a journal held at open.
@@ -132,6 +154,14 @@ impl Journal for JournalFile {
     }
     fn distrust_persisted(&mut self) -> Result<(), HostError> {
         Ok(clear_untrusted_mark(&self.path())?)
+    }
+    /// The metadata group's journal never sleeps ([`Journal::can_sleep`] is false).
+    type Asleep = Self;
+    fn sleep(self) -> Result<Self, HostError> {
+        Ok(self)
+    }
+    fn wake(_group: u64, asleep: Self) -> Result<Self, HostError> {
+        Ok(asleep)
     }
 }
 
@@ -191,21 +221,97 @@ pub(crate) struct Effects {
     pub(crate) unsynced: Vec<u64>,
 }
 
-/// One group's files.
+/// One group's files: in use, or asleep while the group is idle (see
+/// [`ShardHost::sleep_idle`]). Each boxed: a B-tree leaf has room for eleven values,
+/// and a partition's journal is large (a heap profile of 10,000 idle partitions found
+/// 1.7 KB per group when they were held inline).
 #[derive(Debug)]
-struct GroupFiles<J> {
+enum GroupFiles<J: Journal> {
+    Awake(Box<AwakeFiles<J>>),
+    Asleep(Box<AsleepFiles<J>>),
+}
+
+#[derive(Debug)]
+struct AwakeFiles<J> {
     journal: J,
     checkpoints: CheckpointStore,
 }
 
+#[derive(Debug)]
+struct AsleepFiles<J: Journal> {
+    journal: J::Asleep,
+    checkpoints: CheckpointStore,
+}
+
+impl<J: Journal> GroupFiles<J> {
+    fn awake(&mut self) -> Option<&mut AwakeFiles<J>> {
+        match self {
+            Self::Awake(files) => Some(files),
+            Self::Asleep(_) => None,
+        }
+    }
+}
+
+/// `group`'s files, woken if they sleep (and counted used since the last
+/// [`ShardHost::sleep_idle`]). A free function over the host's fields, so that a turn
+/// can hold them beside the states table.
+fn awake_files<'a, J: Journal>(
+    files: &'a mut BTreeMap<u64, GroupFiles<J>>,
+    sleep: &mut SleepCounts,
+    group: u64,
+) -> Result<&'a mut AwakeFiles<J>, HostError> {
+    sleep.used.insert(group);
+    wake_files(files, sleep, group)
+}
+
+/// As [`awake_files`], not counted a use.
+fn wake_files<'a, J: Journal>(
+    files: &'a mut BTreeMap<u64, GroupFiles<J>>,
+    sleep: &mut SleepCounts,
+    group: u64,
+) -> Result<&'a mut AwakeFiles<J>, HostError> {
+    if let Some(GroupFiles::Asleep(_)) = files.get(&group) {
+        let Some(GroupFiles::Asleep(asleep)) = files.remove(&group) else {
+            return Err(HostError::UnknownGroup(group));
+        };
+        let AsleepFiles {
+            journal,
+            checkpoints,
+        } = *asleep;
+        // On an error the group is gone from the host: the shard's groups stop.
+        let journal = J::wake(group, journal)?;
+        sleep.woken += 1;
+        files.insert(
+            group,
+            GroupFiles::Awake(Box::new(AwakeFiles {
+                journal,
+                checkpoints,
+            })),
+        );
+    }
+    files
+        .get_mut(&group)
+        .and_then(GroupFiles::awake)
+        .ok_or(HostError::UnknownGroup(group))
+}
+
+/// The host's bookkeeping of sleeping files.
+#[derive(Debug, Default)]
+struct SleepCounts {
+    /// Groups whose files were used since the last [`ShardHost::sleep_idle`].
+    used: BTreeSet<u64>,
+    /// Files put to sleep and woken since the host started (for `/metrics`).
+    slept: u64,
+    woken: u64,
+}
+
 /// A shard's replicas with their disks.
 #[derive(Debug)]
-pub(crate) struct ShardHost<S, J = JournalFile> {
+pub(crate) struct ShardHost<S, J: Journal = JournalFile> {
     dir: PathBuf,
     node: Node<S>,
-    /// Boxed: a B-tree leaf has room for eleven values, and a partition's journal is
-    /// large (a heap profile of 10,000 idle partitions found 1.7 KB per group here).
-    files: BTreeMap<u64, Box<GroupFiles<J>>>,
+    files: BTreeMap<u64, GroupFiles<J>>,
+    sleep: SleepCounts,
     states: GroupStates,
     /// Groups that start with nothing on disk start untrusted (see
     /// [`ShardHost::start_fresh_untrusted`]).
@@ -325,6 +431,7 @@ impl<S: StateMachine, J: Journal> ShardHost<S, J> {
             dir: dir.to_owned(),
             node: Node::new(),
             files: BTreeMap::new(),
+            sleep: SleepCounts::default(),
             states: GroupStates::open(dir, shard, boot)?,
             fresh_untrusted: false,
             lost: BTreeSet::new(),
@@ -485,10 +592,10 @@ impl<S: StateMachine, J: Journal> ShardHost<S, J> {
         self.node.insert(replica);
         self.files.insert(
             group,
-            Box::new(GroupFiles {
+            GroupFiles::Awake(Box::new(AwakeFiles {
                 journal,
                 checkpoints,
-            }),
+            })),
         );
         Ok(())
     }
@@ -501,13 +608,86 @@ impl<S: StateMachine, J: Journal> ShardHost<S, J> {
         self.states.remove(group);
     }
 
-    /// Takes every group's journal out, dropping the groups (at shutdown).
+    /// Takes every group's journal out, dropping the groups (at shutdown). Journals
+    /// whose files sleep are not among them: their files were closed when they went
+    /// to sleep.
     pub(crate) fn take_journals(&mut self) -> Vec<(u64, J)> {
         self.node = Node::new();
         std::mem::take(&mut self.files)
             .into_iter()
-            .map(|(group, files)| (group, files.journal))
+            .filter_map(|(group, files)| match files {
+                GroupFiles::Awake(files) => Some((group, files.journal)),
+                GroupFiles::Asleep(_) => None,
+            })
             .collect()
+    }
+
+    /// Puts to sleep the files of every group not used since the last call whose
+    /// journal [`Journal::can_sleep`]: what they hold in memory goes, and the next step
+    /// that needs them opens them again, checked to be as they were left.
+    ///
+    /// # Errors
+    /// A journal's files could not be closed (its group is gone: the shard's groups
+    /// must stop).
+    pub(crate) fn sleep_idle(&mut self) -> Result<usize, HostError> {
+        let used = std::mem::take(&mut self.sleep.used);
+        let idle: Vec<u64> = self
+            .files
+            .iter()
+            .filter(|(group, files)| {
+                !used.contains(group)
+                    && matches!(files, GroupFiles::Awake(files) if files.journal.can_sleep())
+            })
+            .map(|(group, _)| *group)
+            .collect();
+        for group in &idle {
+            let Some(GroupFiles::Awake(awake)) = self.files.remove(group) else {
+                continue;
+            };
+            let AwakeFiles {
+                journal,
+                checkpoints,
+            } = *awake;
+            let journal = journal.sleep()?;
+            self.files.insert(
+                *group,
+                GroupFiles::Asleep(Box::new(AsleepFiles {
+                    journal,
+                    checkpoints,
+                })),
+            );
+        }
+        self.sleep.slept += idle.len() as u64;
+        Ok(idle.len())
+    }
+
+    /// Files put to sleep and woken since the host started.
+    pub(crate) fn sleep_counts(&self) -> (u64, u64) {
+        (self.sleep.slept, self.sleep.woken)
+    }
+
+    /// Wakes `group`'s files if they sleep (see [`ShardHost::sleep_idle`]).
+    ///
+    /// # Errors
+    /// They are not as they were left, or IO: the shard's groups must stop (a restart
+    /// opens the group's files in full, and repairs what changed).
+    pub(crate) fn wake(&mut self, group: u64) -> Result<(), HostError> {
+        if self.files.contains_key(&group) {
+            awake_files(&mut self.files, &mut self.sleep, group)?;
+        }
+        Ok(())
+    }
+
+    /// As [`ShardHost::wake`], not counted a use: files woken for a look (the scrub)
+    /// go back to sleep at the next [`ShardHost::sleep_idle`].
+    ///
+    /// # Errors
+    /// As [`ShardHost::wake`].
+    pub(crate) fn wake_for_a_look(&mut self, group: u64) -> Result<(), HostError> {
+        if self.files.contains_key(&group) {
+            wake_files(&mut self.files, &mut self.sleep, group)?;
+        }
+        Ok(())
     }
 
     /// Records a clean stop after the journals taken by [`ShardHost::take_journals`]
@@ -527,9 +707,11 @@ impl<S: StateMachine, J: Journal> ShardHost<S, J> {
         self.node.quiet_heartbeats()
     }
 
-    /// Every group's journal.
+    /// Every group's journal whose files are awake (one asleep has nothing in flight).
     pub(crate) fn journals_mut(&mut self) -> impl Iterator<Item = (u64, &mut J)> {
-        self.files.iter_mut().map(|(g, f)| (*g, &mut f.journal))
+        self.files
+            .iter_mut()
+            .filter_map(|(g, f)| f.awake().map(|f| (*g, &mut f.journal)))
     }
 
     /// Syncs `group`'s journal outside a step (writes made without one, such as a
@@ -538,10 +720,7 @@ impl<S: StateMachine, J: Journal> ShardHost<S, J> {
     /// # Errors
     /// As [`ShardHost::step`].
     pub(crate) fn sync_journal(&mut self, now: u64, group: u64) -> Result<Effects, HostError> {
-        let files = self
-            .files
-            .get_mut(&group)
-            .ok_or(HostError::UnknownGroup(group))?;
+        let files = awake_files(&mut self.files, &mut self.sleep, group)?;
         let written: Vec<(u64, Input)> = files
             .journal
             .sync()?
@@ -556,23 +735,34 @@ impl<S: StateMachine, J: Journal> ShardHost<S, J> {
         Ok(effects)
     }
 
-    /// A group's journal.
+    /// A group's journal, if its files are awake.
     pub(crate) fn journal(&self, group: u64) -> Option<&J> {
-        self.files.get(&group).map(|f| &f.journal)
+        match self.files.get(&group)? {
+            GroupFiles::Awake(files) => Some(&files.journal),
+            GroupFiles::Asleep(_) => None,
+        }
     }
 
+    /// What a group's journal keeps while its files sleep.
+    pub(crate) fn journal_asleep(&self, group: u64) -> Option<&J::Asleep> {
+        match self.files.get(&group)? {
+            GroupFiles::Awake(_) => None,
+            GroupFiles::Asleep(files) => Some(&files.journal),
+        }
+    }
+
+    /// A group's journal, if its files are awake ([`ShardHost::wake`] wakes them).
     pub(crate) fn journal_mut(&mut self, group: u64) -> Option<&mut J> {
-        self.files.get_mut(&group).map(|f| &mut f.journal)
+        Some(&mut self.files.get_mut(&group)?.awake()?.journal)
     }
 
-    /// The journal of the first group at or above `from`, or else of the lowest group:
-    /// a cursor over the groups in turn, without walking them all.
-    pub(crate) fn journal_from(&mut self, from: u64) -> Option<(u64, &mut J)> {
-        let first = match self.files.range(from..).next() {
-            Some((group, _)) => *group,
-            None => *self.files.keys().next()?,
-        };
-        self.files.get_mut(&first).map(|f| (first, &mut f.journal))
+    /// The first group at or above `from`, or else the lowest group: a cursor over the
+    /// groups in turn, without walking them all.
+    pub(crate) fn group_from(&self, from: u64) -> Option<u64> {
+        match self.files.range(from..).next() {
+            Some((group, _)) => Some(*group),
+            None => self.files.keys().next().copied(),
+        }
     }
 
     /// Ticks lone replicas (groups of one) until each is normal: it recovers by itself,
@@ -672,10 +862,15 @@ impl<S: StateMachine, J: Journal> ShardHost<S, J> {
             let mut held = Vec::new();
             let mut touched = Vec::new();
             for (group, output) in out.drain(..) {
-                let files = self
-                    .files
-                    .get_mut(&group)
-                    .ok_or(HostError::UnknownGroup(group))?;
+                if !self.files.contains_key(&group) {
+                    return Err(HostError::UnknownGroup(group));
+                }
+                // Woken only for what needs them: a message or an answer does not.
+                macro_rules! files {
+                    () => {
+                        awake_files(&mut self.files, &mut self.sleep, group)?
+                    };
+                }
                 match output {
                     Output::Send { to, message } => {
                         match message {
@@ -687,24 +882,24 @@ impl<S: StateMachine, J: Journal> ShardHost<S, J> {
                     }
                     Output::Reply(reply) => effects.replies.push((group, reply)),
                     Output::WriteJournal(prepare) => {
-                        files.journal.write_prepare(&prepare)?;
+                        files!().journal.write_prepare(&prepare)?;
                         touched.push(group);
                     }
                     Output::WriteHeader(header) => {
-                        files.journal.write_header(&header)?;
+                        files!().journal.write_header(&header)?;
                         touched.push(group);
                     }
                     Output::SendFromJournal { to, op, checksum } => {
-                        if let Some(prepare) = files.journal.prepare(op, checksum)? {
+                        if let Some(prepare) = files!().journal.prepare(op, checksum)? {
                             held.push((group, to, Message::Prepare(prepare)));
                         }
                     }
                     Output::TruncateJournal { op } => {
-                        files.journal.truncate(op)?;
+                        files!().journal.truncate(op)?;
                         touched.push(group);
                     }
                     Output::PruneJournal { op } => {
-                        files.journal.prune(op)?;
+                        files!().journal.prune(op)?;
                         touched.push(group);
                     }
                     Output::WriteState(state) => {
@@ -715,13 +910,13 @@ impl<S: StateMachine, J: Journal> ShardHost<S, J> {
                         // view's log ended two ops earlier: a committed, acknowledged
                         // batch was dropped.
                         if self.states.get(group).map(|s| s.log_view) != Some(state.log_view) {
-                            files.journal.log_view_rests_on_writes();
+                            files!().journal.log_view_rests_on_writes();
                         }
                         self.states.stage(group, state);
                     }
                     Output::WriteCheckpoint(checkpoint) => {
-                        files.checkpoints.write(&checkpoint)?;
-                        files.journal.checkpointed(&checkpoint)?;
+                        files!().checkpoints.write(&checkpoint)?;
+                        files!().journal.checkpointed(&checkpoint)?;
                     }
                     Output::Applied {
                         op,
@@ -731,7 +926,7 @@ impl<S: StateMachine, J: Journal> ShardHost<S, J> {
                         ..
                     } => {
                         let ran = result.as_deref().ok().filter(|_| executed);
-                        files.journal.applied(op, checksum, ran)?;
+                        files!().journal.applied(op, checksum, ran)?;
                         effects.applied.push((group, op, result));
                     }
                     Output::Evicted { .. } => {}
@@ -742,7 +937,7 @@ impl<S: StateMachine, J: Journal> ShardHost<S, J> {
             touched.sort_unstable();
             touched.dedup();
             for group in touched {
-                if let Some(files) = self.files.get_mut(&group) {
+                if let Some(files) = self.files.get_mut(&group).and_then(GroupFiles::awake) {
                     for (op, checksum) in files.journal.sync()? {
                         written.push((group, Input::JournalWritten { op, checksum }));
                     }

@@ -98,6 +98,10 @@ pub(crate) struct Shape {
     /// journals restart trusted only in the boot that wrote their state, so crashes
     /// are `kill -9` only (a power loss may lose what `never` acknowledged).
     pub(crate) fsync_never: bool,
+    /// How often (ticks) idle partitions' files go to sleep: often, so that a run
+    /// wakes them for every kind of use (a write, a read, a repair, a copy served,
+    /// the scrub, a view change).
+    pub(crate) sleep_ticks: u64,
 }
 
 impl Shape {
@@ -134,6 +138,7 @@ impl Shape {
             latent: false,
             retention: false,
             fsync_never: false,
+            sleep_ticks: 100,
         }
     }
 }
@@ -151,6 +156,10 @@ pub(crate) struct Outcome {
     pub(crate) reads_refused: u64,
     /// Files damaged at rest: a bit flipped, or a page zeroed.
     pub(crate) damaged_files: u64,
+    /// Partitions' files put to sleep while idle, and woken again (counted at each
+    /// member's crashes and clean restart).
+    pub(crate) files_slept: u64,
+    pub(crate) files_woken: u64,
     pub(crate) ticks_to_converge: u64,
     /// Records in each member's log at the end (the same in all).
     pub(crate) records_stored: u64,
@@ -266,6 +275,12 @@ impl Run {
             || std::env::var_os("BRAID_SHELL_SIM_NEVER").is_some();
         shape.retention = Prng::new(seed.rotate_left(29) ^ 0x7e7e).chance(33)
             || std::env::var_os("BRAID_SHELL_SIM_RETENTION").is_some();
+        shape.sleep_ticks = std::env::var("BRAID_SHELL_SIM_SLEEP_TICKS")
+            .ok()
+            .and_then(|t| t.parse().ok())
+            .unwrap_or(
+                [3, 10, 40, 100][Prng::new(seed.rotate_left(29) ^ 0x51ee).below(4) as usize],
+            );
         if !variant.damage {
             shape.damage_percent = 0;
         }
@@ -435,6 +450,7 @@ impl Run {
         };
         groups.keep_sent();
         groups.set_checkpoint_interval(interval);
+        groups.set_sleep_ticks(self.shape.sleep_ticks);
         // As the node: every partition journal's syncs run off the shard's turn.
         let syncer = std::sync::Arc::new(braid_storage::Syncer::held());
         let (done_tx, done) = tokio::sync::mpsc::unbounded_channel();
@@ -514,9 +530,12 @@ impl Run {
         let member = &mut self.members[usize::from(m)];
         member.meta = None;
         member.syncs = None;
-        if member.groups.take().is_none() {
+        let Some(groups) = member.groups.take() else {
             return;
-        }
+        };
+        let (slept, woken) = groups.sleep_counts();
+        self.outcome.files_slept += slept;
+        self.outcome.files_woken += woken;
         self.served.forget_member(m);
         self.proposals.forget_member(m);
         let downtime = 20 + self.prng.below(300);
@@ -767,10 +786,9 @@ impl Run {
             // Damage at rest is found by the scrub, not by the checks below: every
             // member scrubbed its whole log since its boot, and repaired what it found.
             let scrubbed = self.members.iter().all(|member| {
-                member.groups.as_ref().is_some_and(|g| {
-                    g.journal(key(p))
-                        .is_some_and(|j| matches!(j.scrubbed(), (passes, false) if passes > 0))
-                })
+                member.groups.as_ref().is_some_and(
+                    |g| matches!(g.scrubbed(key(p)), Some((passes, false)) if passes > 0),
+                )
             });
             primaries == 1
                 && settled
@@ -891,6 +909,9 @@ impl Run {
     fn restart_all_cleanly(&mut self) -> Result<(), String> {
         for m in 0..self.member_count() {
             if let Some(mut groups) = self.members[usize::from(m)].groups.take() {
+                let (slept, woken) = groups.sleep_counts();
+                self.outcome.files_slept += slept;
+                self.outcome.files_woken += woken;
                 groups.close();
             }
             self.members[usize::from(m)].meta = None;

@@ -337,9 +337,10 @@ impl Shard {
             if let Err(err) = self.groups.release_files(evicted) {
                 tracing::warn!(%err, "releasing an idle partition's files");
             }
-            if let (Some(partition), Some(log)) =
-                (self.partitions.get_mut(&evicted), self.groups.log(evicted))
-            {
+            if let (Some(partition), Some(log)) = (
+                self.partitions.get_mut(&evicted),
+                self.groups.log_if_awake(evicted),
+            ) {
                 let poisoned = partition.newly_poisoned(log);
                 self.report_poisoned(evicted, poisoned);
             }
@@ -513,7 +514,7 @@ impl Shard {
                             return Some((key, start, end));
                         }
                         let high_watermark = self.partitions.get(&key)?.high_watermark();
-                        let start = self.groups.log(key)?.start_offset();
+                        let start = self.groups.log_start(key)?;
                         Some((key, start, high_watermark))
                     })
                     .collect();
@@ -595,6 +596,9 @@ impl Shard {
         add(&self.metrics().state_transfers, transfers);
         let repaired = self.groups.take_batches_repaired();
         add(&self.metrics().batches_repaired, repaired);
+        let (slept, woken) = self.groups.take_sleep_counts();
+        add(&self.metrics().files_slept, slept);
+        add(&self.metrics().files_woken, woken);
         self.ticks += 1;
         let mut repairs = self.groups.take_repairs();
         if let Some(meta) = self.meta.as_mut() {
@@ -623,11 +627,7 @@ impl Shard {
         let keys: Vec<PartitionKey> = self.partitions.keys().copied().collect();
         let keys: Vec<PartitionKey> = keys
             .into_iter()
-            .filter(|k| {
-                self.groups
-                    .log(*k)
-                    .is_some_and(|log| log.segment_count() > 1)
-            })
+            .filter(|k| self.groups.retention_may_apply(*k, now))
             .collect();
         for key in keys {
             self.touch(key);

@@ -223,6 +223,37 @@ impl PartitionLog {
         self.apply_retention_below(now_ms, u64::MAX)
     }
 
+    /// When [`PartitionLog::apply_retention_below`] with `keep_from` would next delete
+    /// a segment if nothing were appended meanwhile: `0` if it would now, when the
+    /// oldest segment's newest record expires, or `u64::MAX` for never (a log whose
+    /// files are let go while idle is woken for retention only then).
+    ///
+    /// # Errors
+    /// The oldest segment's index could not be read.
+    pub fn retention_due_ms(&mut self, keep_from: u64) -> Result<u64, LogError> {
+        if self.segments.len() < 2 || self.segments[1].base_offset > keep_from {
+            return Ok(u64::MAX);
+        }
+        let total = self.size_bytes();
+        let oldest_bytes = self.segments[0].size_bytes;
+        if self
+            .config
+            .retention_bytes
+            .is_some_and(|keep| total - oldest_bytes >= keep)
+        {
+            return Ok(0);
+        }
+        let Some(keep_ms) = self.config.retention_ms else {
+            return Ok(u64::MAX);
+        };
+        self.ensure_index(0)?;
+        Ok(match self.segments[0].max_timestamp {
+            MaxTimestamp::At { timestamp, .. } => expires_at(timestamp, keep_ms),
+            MaxTimestamp::Empty => 0,
+            MaxTimestamp::Unknown => u64::MAX,
+        })
+    }
+
     /// As [`PartitionLog::apply_retention`], deleting only segments that end at or
     /// below `keep_from`: a replicated partition's journal still needs the batches of
     /// the ops its checkpoint does not cover.
@@ -285,13 +316,20 @@ impl PartitionLog {
 /// where the sum of any `i64` and `u64` is exact: no setting or timestamp can wrap
 /// (a `keep_ms` of 2^63 or more once wrapped negative as an `i64` and expired every
 /// segment).
+/// The first time, in ms, at which a segment whose newest record is `timestamp` has
+/// [`expired`] under `keep_ms`.
+fn expires_at(timestamp: i64, keep_ms: u64) -> u64 {
+    let at = i128::from(timestamp) + i128::from(keep_ms) + 1;
+    u64::try_from(at.max(0)).unwrap_or(u64::MAX)
+}
+
 fn expired(timestamp: i64, keep_ms: u64, now_ms: u64) -> bool {
     i128::from(timestamp) + i128::from(keep_ms) < i128::from(now_ms)
 }
 
 #[cfg(test)]
 mod tests {
-    use super::expired;
+    use super::{expired, expires_at};
 
     #[test]
     fn expiry_is_exact_at_the_ends_of_every_range() {
@@ -308,5 +346,27 @@ mod tests {
             "2^63 ms beyond the age"
         );
         assert!(!expired(i64::MAX, 0, i64::MAX as u64));
+    }
+
+    #[test]
+    fn a_segment_expires_first_at_the_time_said() {
+        for (timestamp, keep) in [
+            (1_000, 500),
+            (0, 0),
+            (i64::MIN, 0),
+            (i64::MIN, u64::MAX),
+            (i64::MAX, u64::MAX),
+            (-5, 3),
+        ] {
+            let at = expires_at(timestamp, keep);
+            assert!(
+                at == 0 || !expired(timestamp, keep, at - 1),
+                "{timestamp} {keep}"
+            );
+            assert!(
+                at == u64::MAX || expired(timestamp, keep, at),
+                "{timestamp} {keep}"
+            );
+        }
     }
 }

@@ -27,8 +27,17 @@ impl PartitionGroups {
     /// (again, of the next peer, when an answer is overdue). A lone replica has no peer:
     /// its reads stop before the damage, with an error naming it.
     pub(super) fn scrub_and_repair(&mut self) {
-        if let Some((group, journal)) = self.host.journal_from(self.scrub_next) {
-            journal.scrub(SCRUB_BYTES_PER_TICK);
+        if let Some(group) = self.host.group_from(self.scrub_next) {
+            // A group whose files sleep is woken for it, not counted a use: data at
+            // rest is checked whether or not anyone reads it, and the files sleep
+            // again at the next look (unchanged, which costs no write).
+            if let Err(err) = self.host.wake_for_a_look(group) {
+                self.fail(err);
+                return;
+            }
+            if let Some(journal) = self.host.journal_mut(group) {
+                journal.scrub(SCRUB_BYTES_PER_TICK);
+            }
             self.scrub_next = group.wrapping_add(1);
         }
         if self.members <= 1 || !self.now.is_multiple_of(SCAN_TICKS) {
@@ -134,7 +143,7 @@ impl PartitionGroups {
             return;
         };
         let mut committed = self.high_watermark(key);
-        let Some(journal) = self.host.journal_mut(group) else {
+        let Some(journal) = self.woken(group) else {
             return;
         };
         if journal.behind().is_some() {

@@ -503,7 +503,7 @@ impl PartitionJournal {
 pub(crate) const UNTRUSTED_MARKER: &str = "vsr.journal.untrusted";
 
 /// Creates the untrusted mark in `dir`, durably (the file and its directory entry).
-fn mark_untrusted(dir: &Path) -> Result<(), JournalError> {
+pub(super) fn mark_untrusted(dir: &Path) -> Result<(), JournalError> {
     super::super::journal_file::mark_untrusted(&dir.join(JOURNAL_FILE))
 }
 

@@ -2,6 +2,8 @@ use super::*;
 use braid_proto::{BatchBuilder, ValidatedBatch};
 use braid_storage::disk::hook;
 
+mod sleep;
+
 /// A batch of `n` records whose values name `tag`.
 fn batch(tag: &str, n: usize) -> Vec<u8> {
     let mut builder = BatchBuilder::new(1_000);

@@ -1,0 +1,93 @@
+//! A shard's partitions whose files sleep while idle (see `ShardHost::sleep_idle`):
+//! what is asked of them without waking them, and their waking.
+
+use braid_storage::PartitionLog;
+
+use super::{group_of, PartitionGroups};
+use crate::layout::PartitionKey;
+use crate::replication::partition_journal::{PartitionAsleep, PartitionJournal};
+
+impl PartitionGroups {
+    /// `group`'s journal, its files woken if they sleep; a wake that fails stops the
+    /// shard's groups (see [`ShardHost::wake`]).
+    pub(super) fn woken(&mut self, group: u64) -> Option<&mut PartitionJournal> {
+        if let Err(err) = self.host.wake(group) {
+            self.fail(err);
+            return None;
+        }
+        self.host.journal_mut(group)
+    }
+
+    /// The partition's log if its files are awake (a look that must not wake them).
+    pub(crate) fn log_if_awake(&mut self, key: PartitionKey) -> Option<&mut PartitionLog> {
+        self.host
+            .journal_mut(group_of(key))
+            .map(PartitionJournal::log)
+    }
+
+    /// Where the partition's log starts, its files woken or not.
+    pub(crate) fn log_start(&mut self, key: PartitionKey) -> Option<u64> {
+        let group = group_of(key);
+        match self.host.journal_mut(group) {
+            Some(journal) => Some(journal.log().start_offset()),
+            None => self
+                .host
+                .journal_asleep(group)
+                .map(PartitionAsleep::log_start),
+        }
+    }
+
+    /// Whether retention could delete a segment of the partition's log at `now_ms`
+    /// (awake, with sealed segments; asleep, when its oldest segment is due), its files
+    /// not woken to find out.
+    pub(crate) fn retention_may_apply(&mut self, key: PartitionKey, now_ms: u64) -> bool {
+        let group = group_of(key);
+        match self.host.journal_mut(group) {
+            Some(journal) => journal.log().segment_count() > 1,
+            None => self
+                .host
+                .journal_asleep(group)
+                .is_some_and(|asleep| asleep.retention_may_apply(now_ms)),
+        }
+    }
+
+    /// Puts idle partitions' files to sleep every `ticks` ticks (at least 1).
+    #[cfg(test)]
+    pub(crate) fn set_sleep_ticks(&mut self, ticks: u64) {
+        self.sleep_ticks = ticks.max(1);
+    }
+
+    /// Whole scrub passes over a partition's log since its journal was opened, and
+    /// whether a damaged batch found waits for repair (the simulator's convergence).
+    #[cfg(test)]
+    pub(crate) fn scrubbed(&self, key: PartitionKey) -> Option<(u64, bool)> {
+        let group = group_of(key);
+        match self.host.journal(group) {
+            Some(journal) => Some(journal.scrubbed()),
+            None => self
+                .host
+                .journal_asleep(group)
+                .map(PartitionAsleep::scrubbed),
+        }
+    }
+
+    /// Files put to sleep and woken since the shard started.
+    #[cfg(test)]
+    pub(crate) fn sleep_counts(&self) -> (u64, u64) {
+        self.host.sleep_counts()
+    }
+
+    /// Files put to sleep and woken since the last call (for the metrics).
+    pub(crate) fn take_sleep_counts(&mut self) -> (u64, u64) {
+        let now = self.host.sleep_counts();
+        let (slept, woken) = self.sleep_counts_taken;
+        self.sleep_counts_taken = now;
+        (now.0 - slept, now.1 - woken)
+    }
+
+    /// The journal of a partition (the simulator's reports).
+    #[cfg(test)]
+    pub(crate) fn journal(&self, key: PartitionKey) -> Option<&PartitionJournal> {
+        self.host.journal(group_of(key))
+    }
+}
