@@ -88,6 +88,27 @@ impl Head {
         })
     }
 
+    /// Which copy the next claim goes to: one that is not intact, else the one with
+    /// the older claim, so that the newest durable claim is never the one in flight.
+    /// (Always starting with the first after an open, a power loss during the first
+    /// claim after a restart could tear the newest copy while the other held an older
+    /// claim, both then less than what was durable.)
+    pub(super) fn next_copy(bytes: &[u8], seal: Seal) -> u64 {
+        let copy = |index: usize| {
+            bytes
+                .get(index * COPY_BYTES..(index + 1) * COPY_BYTES)
+                .and_then(|copy| Self::decode_copy(copy, seal))
+        };
+        match (copy(0), copy(1)) {
+            (None, _) => 0,
+            (_, None) => 1,
+            (Some(first), Some(second)) => {
+                let claim = |h: Self| (h.durable_end(), h.synced_len, h.op_max);
+                u64::from(claim(second) < claim(first))
+            }
+        }
+    }
+
     /// Whether a head none of whose copies is intact ([`Head::decode`]) was damaged:
     /// a copy holds bytes other than zeros. A power loss leaves each copy as it was
     /// or as written, or zeros (an unsynced write, zero-filled, under the POSIX
@@ -147,5 +168,16 @@ mod tests {
         let mut mixed = head.encode(seal);
         mixed[..COPY_BYTES].copy_from_slice(&newer.encode(seal)[..COPY_BYTES]);
         assert_eq!(Head::decode(&mixed, seal), Some(newer));
+        // Another group's head, whole, is no claim on this journal.
+        assert_eq!(Head::decode(&bytes, Seal::of(8)), None);
+        assert_eq!(Head::decode(&bytes, Seal::UNSEALED), None);
+        // The next claim goes to the older copy, or to one that is not intact.
+        assert_eq!(Head::next_copy(&mixed, seal), 1);
+        let mut mixed = head.encode(seal);
+        mixed[COPY_BYTES..].copy_from_slice(&newer.encode(seal)[COPY_BYTES..]);
+        assert_eq!(Head::next_copy(&mixed, seal), 0);
+        mixed[COPY_BYTES] ^= 1;
+        assert_eq!(Head::next_copy(&mixed, seal), 1);
+        assert_eq!(Head::next_copy(&[0; HEAD_BYTES], seal), 0);
     }
 }

@@ -180,7 +180,11 @@ impl JournalFile {
             headed,
             group,
             sealed: seal.is_sealed(),
-            head_writes: 0,
+            head_writes: if headed {
+                Head::next_copy(&bytes[MAGIC.len()..], seal)
+            } else {
+                0
+            },
             poisoned: false,
         };
         let mut journal = journal;
