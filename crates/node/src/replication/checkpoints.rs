@@ -94,13 +94,19 @@ impl CheckpointStore {
     /// `group`, or none if none was written. A copy that holds another group's
     /// checkpoint, whole and checksummed, is damage (a misdirected write can put one
     /// there: the shell simulator's seed 921 with misdirected writes refused to start
-    /// a partition on it).
+    /// a partition on it). With `made` (the group's durable state exists, and the
+    /// copies are made before it), copies that are both gone are damage too, never a
+    /// group that never checkpointed (found by an outside review: a lone node whose
+    /// checkpoint files were deleted waited in a view change for ever, answering
+    /// `NotLeader`).
     ///
     /// # Errors
-    /// [`CheckpointError::Damaged`] when copies exist and none is intact, or IO.
+    /// [`CheckpointError::Damaged`] when copies exist and none is intact, or none
+    /// exists though `made`; IO.
     pub(crate) fn open(
         base: SharedPath,
         group: u64,
+        made: bool,
     ) -> Result<(Self, Option<Checkpoint>), CheckpointError> {
         let io = |(path, source)| CheckpointError::Io { path, source };
         let dir = base.dir();
@@ -117,6 +123,13 @@ impl CheckpointStore {
             decoded => Ok(decoded),
         };
         let (generation, newest) = match copies.newest(of_group).map_err(io)? {
+            Newest::Absent if made => {
+                return Err(CheckpointError::Damaged(format!(
+                    "both copies ({}.0 and .1) are gone while the group's durable state \
+                     says they were made",
+                    copies.base().display()
+                )))
+            }
             Newest::Absent => {
                 copies.install_first(&encode(0, None)).map_err(io)?;
                 (0, None)
@@ -195,7 +208,7 @@ mod tests {
     fn the_newest_intact_checkpoint_is_read_back() {
         let dir = tempfile::tempdir().unwrap();
         let (mut store, none) =
-            CheckpointStore::open(copies_at(dir.path(), "meta.checkpoint"), 0).unwrap();
+            CheckpointStore::open(copies_at(dir.path(), "meta.checkpoint"), 0, false).unwrap();
         assert!(none.is_none());
         // Ops of one parity would land on one copy if numbered by op: generations
         // alternate the copies whatever the ops.
@@ -203,7 +216,7 @@ mod tests {
             store.write(&checkpoint(op)).unwrap();
         }
         let (_, newest) =
-            CheckpointStore::open(copies_at(dir.path(), "meta.checkpoint"), 0).unwrap();
+            CheckpointStore::open(copies_at(dir.path(), "meta.checkpoint"), 0, false).unwrap();
         assert_eq!(newest, Some(checkpoint(192)));
         // The newest copy (generation 3: copy 1) torn: the one before it.
         let path = dir.path().join("meta.checkpoint.1");
@@ -213,11 +226,11 @@ mod tests {
         bytes[last] ^= 1;
         std::fs::write(&path, &bytes).unwrap();
         let (_, older) =
-            CheckpointStore::open(copies_at(dir.path(), "meta.checkpoint"), 0).unwrap();
+            CheckpointStore::open(copies_at(dir.path(), "meta.checkpoint"), 0, false).unwrap();
         assert_eq!(older, Some(checkpoint(128)));
         std::fs::write(dir.path().join("meta.checkpoint.0"), b"junk").unwrap();
         assert!(matches!(
-            CheckpointStore::open(copies_at(dir.path(), "meta.checkpoint"), 0),
+            CheckpointStore::open(copies_at(dir.path(), "meta.checkpoint"), 0, false),
             Err(CheckpointError::Damaged(_))
         ));
     }
@@ -229,7 +242,7 @@ mod tests {
     #[test]
     fn a_copy_of_another_groups_checkpoint_is_damage() {
         let dir = tempfile::tempdir().unwrap();
-        let (mut ours, _) = CheckpointStore::open(copies_at(dir.path(), "ours"), 0).unwrap();
+        let (mut ours, _) = CheckpointStore::open(copies_at(dir.path(), "ours"), 0, false).unwrap();
         ours.write(&checkpoint(64)).unwrap();
         ours.write(&checkpoint(128)).unwrap();
         let other = Checkpoint::new(
@@ -240,16 +253,17 @@ mod tests {
             .seal(),
             b"another group's state".to_vec(),
         );
-        let (mut theirs, _) = CheckpointStore::open(copies_at(dir.path(), "theirs"), 7).unwrap();
+        let (mut theirs, _) =
+            CheckpointStore::open(copies_at(dir.path(), "theirs"), 7, false).unwrap();
         theirs.write(&other).unwrap();
         theirs.write(&other).unwrap();
         // Their newest copy (generation 2: copy 0) over our newest (copy 0).
         std::fs::copy(dir.path().join("theirs.0"), dir.path().join("ours.0")).unwrap();
-        let (_, found) = CheckpointStore::open(copies_at(dir.path(), "ours"), 0).unwrap();
+        let (_, found) = CheckpointStore::open(copies_at(dir.path(), "ours"), 0, false).unwrap();
         assert_eq!(found, Some(checkpoint(64)), "the intact copy of our own");
         std::fs::copy(dir.path().join("theirs.1"), dir.path().join("ours.1")).unwrap();
         assert!(matches!(
-            CheckpointStore::open(copies_at(dir.path(), "ours"), 0),
+            CheckpointStore::open(copies_at(dir.path(), "ours"), 0, false),
             Err(CheckpointError::Damaged(_))
         ));
     }
@@ -261,7 +275,7 @@ mod tests {
     #[test]
     fn a_flipped_generation_never_makes_the_older_copy_win() {
         let dir = tempfile::tempdir().unwrap();
-        let (mut store, _) = CheckpointStore::open(copies_at(dir.path(), "c"), 0).unwrap();
+        let (mut store, _) = CheckpointStore::open(copies_at(dir.path(), "c"), 0, false).unwrap();
         for op in [64, 128, 192] {
             store.write(&checkpoint(op)).unwrap();
         }
@@ -274,7 +288,8 @@ mod tests {
                     let mut bytes = pristine.clone();
                     bytes[at] ^= 1 << bit;
                     std::fs::write(&path, &bytes).unwrap();
-                    let (_, found) = CheckpointStore::open(copies_at(dir.path(), "c"), 0).unwrap();
+                    let (_, found) =
+                        CheckpointStore::open(copies_at(dir.path(), "c"), 0, false).unwrap();
                     assert_eq!(
                         found.map(|c| c.header.op),
                         Some(expected),
@@ -288,7 +303,7 @@ mod tests {
         let mut old = 9u64.to_be_bytes().to_vec();
         old.extend_from_slice(&checkpoint(256).encode());
         std::fs::write(dir.path().join("c.1"), &old).unwrap();
-        let (_, found) = CheckpointStore::open(copies_at(dir.path(), "c"), 0).unwrap();
+        let (_, found) = CheckpointStore::open(copies_at(dir.path(), "c"), 0, false).unwrap();
         assert_eq!(found.map(|c| c.header.op), Some(256));
     }
 
@@ -303,7 +318,7 @@ mod tests {
         let ops = [64u64, 128, 192, 256];
         let mut acks = Vec::new();
         {
-            let (mut store, _) = CheckpointStore::open(copies_at(&dir, "c"), 0).unwrap();
+            let (mut store, _) = CheckpointStore::open(copies_at(&dir, "c"), 0, false).unwrap();
             acks.push(trace_len());
             for op in ops {
                 store.write(&checkpoint(op)).unwrap();
@@ -314,7 +329,8 @@ mod tests {
         let checked =
             braid_storage::crash::for_each_crash_state(&trace, root.path(), |at, how, out| {
                 let written = acks.iter().filter(|&&events| events <= at).count();
-                let opened = CheckpointStore::open(copies_at(&out.join("replication"), "c"), 0);
+                let opened =
+                    CheckpointStore::open(copies_at(&out.join("replication"), "c"), 0, false);
                 let found = match opened {
                     Ok((_, found)) => found,
                     Err(err) => panic!("cut at {at}, {how}: {err}"),

@@ -49,6 +49,11 @@ impl TwoCopies {
         PathBuf::from(path)
     }
 
+    /// The copies' common path, without the suffix.
+    pub(crate) fn base(&self) -> PathBuf {
+        self.base.get()
+    }
+
     fn path(&self, copy: u64) -> PathBuf {
         self.with_suffix(if copy.is_multiple_of(2) { "0" } else { "1" })
     }

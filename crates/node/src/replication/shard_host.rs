@@ -492,7 +492,8 @@ impl<S: StateMachine, J: Journal> ShardHost<S, J> {
             FileName::OfGroup(group, ".checkpoint"),
         );
         let (checkpoints, checkpoint, checkpoint_lost) =
-            match CheckpointStore::open(copies_at.clone(), group) {
+            match CheckpointStore::open(copies_at.clone(), group, self.states.get(group).is_some())
+            {
                 Ok((store, checkpoint)) => (store, checkpoint, false),
                 Err(err @ CheckpointError::Damaged(_)) if lone => {
                     return Err(damaged(err.to_string()))

@@ -607,12 +607,34 @@ fn a_clean_stop_is_trusted_in_any_boot_until_the_next_write_restamps_it() {
     assert_eq!(on_disk(dir.path()).0, Some(Stamp::Unknown));
 }
 
-/// Both copies of a group's checkpoint damaged: a member of several restarts the group
-/// with its views and journal (never refusing, never from nothing as if new), installs
-/// a peer's checkpoint and catches up; a lone replica refuses (found by the
-/// shell simulator with damage at rest, seed 40).
+/// Damages both copies of group 0's checkpoint in `dir`: a flipped bit in each, or
+/// (`delete`) both files removed.
+fn damage_checkpoints(dir: &Path, delete: bool) {
+    for copy in 0..2 {
+        let path = dir.join(format!("group-0.checkpoint.{copy}"));
+        if delete {
+            let _ = std::fs::remove_file(&path);
+        } else if let Ok(mut bytes) = std::fs::read(&path) {
+            let last = bytes.len() - 1;
+            bytes[last] ^= 0x01;
+            std::fs::write(&path, &bytes).unwrap();
+        }
+    }
+}
+
+/// Both copies of a group's checkpoint damaged or deleted: a member of several restarts
+/// the group with its views and journal (never refusing, never from nothing as if new),
+/// installs a peer's checkpoint and catches up; a lone replica refuses (found by the
+/// shell simulator with damage at rest, seed 40; deleted, by an outside review: a lone
+/// node took the copies for never made and waited in a view change for ever).
 #[test]
 fn a_checkpoint_damaged_in_both_copies_is_taken_from_a_peer() {
+    for delete in [false, true] {
+        checkpoint_lost_in_both_copies(delete);
+    }
+}
+
+fn checkpoint_lost_in_both_copies(delete: bool) {
     let mut trio = Trio::new();
     trio.run(100);
     let (mut client, register) = MetaClient::register(5);
@@ -630,15 +652,7 @@ fn a_checkpoint_damaged_in_both_copies_is_taken_from_a_peer() {
                 .map(|r| r.view())
                 .unwrap();
             trio.hosts[backup as usize] = None;
-            let dir = trio.dirs[backup as usize].path();
-            for copy in 0..2 {
-                let path = dir.join(format!("group-0.checkpoint.{copy}"));
-                if let Ok(mut bytes) = std::fs::read(&path) {
-                    let last = bytes.len() - 1;
-                    bytes[last] ^= 0x01;
-                    std::fs::write(&path, &bytes).unwrap();
-                }
-            }
+            damage_checkpoints(trio.dirs[backup as usize].path(), delete);
             trio.restart(backup);
             // Only the state below its journal is gone: it keeps its views and its
             // journal's vote (a lost disk's abstention could stall a group in which
@@ -657,10 +671,11 @@ fn a_checkpoint_damaged_in_both_copies_is_taken_from_a_peer() {
         let mut host = open(dir.path(), 0, 1).unwrap();
         step(&mut host, 1, Input::Tick);
     }
-    let path = dir.path().join("group-0.checkpoint.0");
-    let mut bytes = std::fs::read(&path).unwrap();
-    bytes[0] ^= 0x01;
-    std::fs::write(&path, &bytes).unwrap();
+    damage_checkpoints(dir.path(), delete);
     let refused = open(dir.path(), 0, 1).unwrap_err();
     assert!(refused.to_string().contains("checkpoint"), "{refused}");
+    assert!(
+        !dir.path().join("group-0.checkpoint.0").exists() || !delete,
+        "nothing made"
+    );
 }
