@@ -14,6 +14,17 @@ fn small_retained(lone: bool) -> LogConfig {
     }
 }
 
+/// A journal of 80 ops, synced, over small segments under retention by size.
+fn holding_80(dir: &Path, lone: bool) -> PartitionJournal {
+    let (mut journal, _) =
+        PartitionJournal::open(dir, GROUP, TAG, small_retained(lone), 0).unwrap();
+    for p in &chain(80, 1, "a") {
+        journal.write_prepare(p, 0).unwrap();
+    }
+    journal.sync().unwrap();
+    journal
+}
+
 /// Retention deletes whole segments by size or age, but only those whose batches are
 /// all of ops the journal pruned: a restart replays the ops it still holds from their
 /// batches. Unbounded, it deleted such batches, and the next open took the ops for
@@ -23,14 +34,8 @@ fn small_retained(lone: bool) -> LogConfig {
 fn retention_deletes_only_batches_of_pruned_ops() {
     for lone in [true, false] {
         let dir = tempfile::tempdir().unwrap();
-        let ops = chain(80, 1, "a");
         let (start, next) = {
-            let (mut journal, _) =
-                PartitionJournal::open(dir.path(), GROUP, TAG, small_retained(lone), 0).unwrap();
-            for p in &ops {
-                journal.write_prepare(p, 0).unwrap();
-            }
-            journal.sync().unwrap();
+            let mut journal = holding_80(dir.path(), lone);
             assert_eq!(journal.apply_retention(0).unwrap().segments_deleted, 0);
             journal.prune(60).unwrap();
             let deleted = journal.apply_retention(0).unwrap().segments_deleted;
@@ -61,14 +66,8 @@ fn retention_deletes_only_batches_of_pruned_ops() {
 fn batches_deleted_beneath_the_journals_ops_are_damage_never_a_cut() {
     for lone in [true, false] {
         let dir = tempfile::tempdir().unwrap();
-        let ops = chain(80, 1, "a");
         let (start, next) = {
-            let (mut journal, _) =
-                PartitionJournal::open(dir.path(), GROUP, TAG, small_retained(lone), 0).unwrap();
-            for p in &ops {
-                journal.write_prepare(p, 0).unwrap();
-            }
-            journal.sync().unwrap();
+            let mut journal = holding_80(dir.path(), lone);
             // Retention as it was: whatever the journal holds.
             let outcome = journal.log().apply_retention(0).unwrap();
             assert!(outcome.segments_deleted > 0);
