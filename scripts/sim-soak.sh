@@ -23,6 +23,9 @@
 #   BRAID_SHELL_SIM_RETENTION=1 scripts/sim-soak.sh --shell...
 #                                                retention by size in every seed (a
 #                                                third of the seeds run it anyway)
+#   BRAID_SHELL_SIM_ASLEEP_DAMAGE=1 scripts/sim-soak.sh --shell-damage ...
+#                                                damage to sleeping partitions' files
+#                                                while the member runs (not in CI yet)
 #
 # Each failure prints its seed; replay one with its trace:
 #   target/release/braid-sim --seed N --trace

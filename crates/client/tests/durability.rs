@@ -161,3 +161,81 @@ async fn a_damaged_partition_of_a_single_node_is_refused_alone() {
         }
     }
 }
+
+/// An outside review (2026-12-06): a single node whose idle partition's files (closed
+/// while it slept) were found changed at its next use stopped every partition of that
+/// shard until a restart. Now that partition alone is opened again from its files, as a
+/// start opens it: refused, naming the damage, and serving what its log holds, while
+/// every other partition goes on taking writes, with no restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sleeping_partition_whose_files_changed_is_refused_alone_while_the_node_runs() {
+    let node = TestNode::start(FsyncSetting::Always);
+    let client = Client::connect(node.addr()).await.unwrap();
+    let partitions = 8;
+    common::create_topic(&client, "s", "t", partitions).await;
+    for _ in 0..3 {
+        for partition in 0..partitions {
+            client
+                .produce("s", "t", partition, &keyless(4))
+                .await
+                .unwrap();
+        }
+    }
+    // Idle, every partition's files go to sleep (a pass a second).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while common::metric(node.http_addr(), "braid_partition_files_slept_total").await
+        < u64::from(partitions)
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the files never slept"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    let damaged = node.dir.path().join("partitions").join("0").join("0");
+    std::fs::remove_file(damaged.join("vsr.journal")).unwrap();
+    // Its next use finds the change: the produce in flight is sent elsewhere
+    // (`NotLeader`), and the partition, opened again, is refused naming it.
+    let mut refused = None;
+    for _ in 0..50 {
+        match client.produce("s", "t", 0, &keyless(1)).await {
+            Ok(stored) => panic!("a produce to the changed partition was stored at {stored:?}"),
+            Err(err) if err.to_string().contains("vsr.journal") => {
+                refused = Some(err);
+                break;
+            }
+            Err(_) => tokio::time::sleep(std::time::Duration::from_millis(100)).await,
+        }
+    }
+    let refused = refused.expect("the changed partition is refused, naming its journal");
+    assert!(
+        refused.to_string().contains("docs/operations.md"),
+        "{refused}"
+    );
+    // Every other partition, on that shard too, takes writes at once.
+    for partition in 1..partitions {
+        let stored = client
+            .produce("s", "t", partition, &keyless(1))
+            .await
+            .unwrap();
+        assert_eq!(stored.0, 12, "partition {partition}");
+    }
+    // The refused one serves what its log holds: the 12 acknowledged records at their
+    // offsets (and the batch of the produce in flight when the change was found, if
+    // its append reached the log: answered with an error, in doubt as after a crash).
+    let fetched = client.fetch("s", "t", 0, 0, 1 << 20, 0).await.unwrap();
+    let mut records = std::collections::VecDeque::new();
+    braid_client::decode_records(0, 0, &fetched.batches, &mut records).unwrap();
+    assert!((12..=13).contains(&records.len()), "{}", records.len());
+    for (i, record) in records.iter().take(12).enumerate() {
+        assert_eq!(record.offset, i as u64);
+        assert_eq!(
+            record.value.as_deref(),
+            Some(format!("v{}", i % 4).as_bytes())
+        );
+    }
+    assert_eq!(
+        common::metric(node.http_addr(), "braid_partitions_refused").await,
+        1
+    );
+}

@@ -885,6 +885,15 @@ impl PartitionLog {
         if sealed {
             let segment = &self.segments[at];
             let next_base = self.segments[at + 1].base_offset;
+            match segment.end_offset {
+                // Every batch of the file read whole, and offsets left before the next
+                // segment: no file holds them (one removed, say). Nothing written in
+                // place repairs that; the holder's full open cuts the log there.
+                Some(end) if end < next_base => {
+                    return Err(self.missing_segment(end, next_base));
+                }
+                _ => {}
+            }
             if segment.end_offset != Some(next_base) {
                 return Err(LogError::Corrupt {
                     path: log_path(&self.dir, segment.base_offset),

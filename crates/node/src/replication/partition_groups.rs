@@ -297,7 +297,6 @@ impl PartitionGroups {
     }
 
     /// Why the groups stopped, if they did (a failed write, or damage found in use).
-    #[cfg(test)]
     pub(crate) fn failure(&self) -> Option<&str> {
         self.failed.as_deref()
     }
@@ -438,11 +437,14 @@ impl PartitionGroups {
             journal.sync_off_thread();
         }
         let dir = std::sync::Arc::clone(journal.log().shared_dir());
+        let damaged_at_rest =
+            recovered.damage.is_some() || journal.log().recovery().damage_cut_at.is_some();
         let opened = Opened {
             slots: recovered.slots,
             damage: recovered.damage,
             trusted: journal.trusted(),
             tail_cut: recovered.tail_cut,
+            damaged_at_rest,
         };
         let config = Config {
             pipeline_max: PIPELINE_MAX,
@@ -501,6 +503,27 @@ impl PartitionGroups {
         self.host.remove_group(group);
     }
 
+    /// The partitions whose files were found changed when woken since the last call,
+    /// with why: their groups were dropped (the shard's others go on), and the caller
+    /// opens each again with [`PartitionGroups::add`], as a start does. Produces in
+    /// flight for them are answered `NotLeader`, so that the producer asks again.
+    pub(crate) fn take_reopen(&mut self) -> Vec<(PartitionKey, String)> {
+        let reopen = self.host.take_reopen();
+        let mut keys = Vec::with_capacity(reopen.len());
+        for (group, reason) in reopen {
+            if let Some(mut client) = self.clients.remove(&group) {
+                fail_all(&mut client, &not_leader());
+            }
+            self.pending.retain(|g| *g != group);
+            self.copies.remove(&group);
+            self.repairs.remove(&group);
+            if let Some(key) = key_of(group) {
+                keys.push((key, reason));
+            }
+        }
+        keys
+    }
+
     /// Closes an idle partition's files (log and header journal) until next used.
     ///
     /// # Errors
@@ -551,7 +574,12 @@ impl PartitionGroups {
 
     /// Who serves the partition here.
     pub(crate) fn role(&self, key: PartitionKey) -> Role {
-        let Some(replica) = self.host.replica(group_of(key)) else {
+        let Some(replica) = self
+            .host
+            .replica(group_of(key))
+            .filter(|_| self.failed.is_none())
+        else {
+            // Stopped groups serve nothing: clients are sent elsewhere (`NotLeader`).
             return Role::Backup(None);
         };
         if replica.is_primary() {
@@ -566,7 +594,7 @@ impl PartitionGroups {
     /// for the primaries `ClusterInfo` names.
     pub(crate) fn primary_of(&self, key: PartitionKey) -> Option<(Option<ReplicaId>, u64)> {
         let replica = self.host.replica(group_of(key))?;
-        let known = replica.status() == Status::Normal;
+        let known = replica.status() == Status::Normal && self.failed.is_none();
         Some((
             known.then(|| replica.primary_of(replica.view())),
             replica.view(),
@@ -625,6 +653,7 @@ impl PartitionGroups {
                 Err(err) => self.fail(err),
             }
         }
+        self.publish_marks(moved);
     }
 
     /// A request that came to a backup: the replica hears it (a quiet backup then
@@ -904,11 +933,6 @@ impl PartitionGroups {
         }
         touched.sort_unstable();
         touched.dedup();
-        for group in &touched {
-            if let Some(key) = key_of(*group) {
-                moved.push((key, self.high_watermark(key)));
-            }
-        }
         for group in touched {
             if self
                 .clients
@@ -916,6 +940,19 @@ impl PartitionGroups {
                 .is_some_and(GroupClient::has_queued)
             {
                 self.pending.push(group);
+            }
+        }
+        self.publish_marks(moved);
+    }
+
+    /// The high watermark of every group whose committed end may have moved, whatever
+    /// moved it: a step, or a repair or copy from a peer outside one. (Published only
+    /// from steps that applied or answered, a member that took its log from a peer
+    /// served high watermark 0 until the next produce: the outside review 45's F1.)
+    fn publish_marks(&mut self, moved: &mut Moved) {
+        for group in self.host.take_marks() {
+            if let Some(key) = key_of(group) {
+                moved.push((key, self.high_watermark(key)));
             }
         }
     }
@@ -931,6 +968,11 @@ impl PartitionGroups {
         if let Some((waiting, answer)) = client.answer(&reply) {
             let _ = waiting.send(answer);
         }
+    }
+
+    /// Stops the shard's groups for `reason` (a partition that cannot be opened again).
+    pub(crate) fn stop(&mut self, reason: String) {
+        self.fail(HostError::Start { group: 0, reason });
     }
 
     fn fail(&mut self, err: HostError) {

@@ -101,6 +101,8 @@ struct ShardRows {
     views_passed: u64,
     step_downs: u64,
     published: bool,
+    /// The shard's partition groups stopped after a failed disk operation.
+    stopped: bool,
 }
 
 /// Every shard's published rows.
@@ -123,24 +125,28 @@ pub(crate) struct Summary {
     pub(crate) step_downs: u64,
     /// Shards that have not published yet (just started).
     pub(crate) shards_silent: u64,
+    /// Shards whose partition groups stopped after a failed disk operation: their
+    /// partitions are served by no one here until the node restarts.
+    pub(crate) shards_stopped: u64,
 }
 
 impl Summary {
     /// Every shard has published and every group is caught up.
     pub(crate) fn caught_up(&self) -> bool {
-        self.shards_silent == 0 && self.behind == 0
+        self.shards_silent == 0 && self.behind == 0 && self.shards_stopped == 0
     }
 
     /// `/health`'s answer.
     pub(crate) fn health_json(&self) -> String {
         format!(
-            "{{\"status\":\"ok\",\"caught_up\":{},\"groups\":{},\"groups_led\":{},\"groups_behind\":{},\"groups_in_view_change\":{},\"commit_lag_ops\":{}}}\n",
+            "{{\"status\":\"ok\",\"caught_up\":{},\"groups\":{},\"groups_led\":{},\"groups_behind\":{},\"groups_in_view_change\":{},\"commit_lag_ops\":{},\"shards_stopped\":{}}}\n",
             self.caught_up(),
             self.groups,
             self.led,
             self.behind,
             self.in_view_change,
-            self.commit_lag
+            self.commit_lag,
+            self.shards_stopped
         )
     }
 }
@@ -182,6 +188,13 @@ impl Board {
     /// others: what a shard publishes between full publications, so that an idle node
     /// of many groups does not rebuild every row ten times a second. Counts views passed
     /// and step-downs as [`Board::publish`] does.
+    /// Shard `shard`'s partition groups stopped: the node is not ready until restarted.
+    pub(crate) fn set_stopped(&self, shard: usize) {
+        if let Some(Ok(mut rows)) = self.shards.get(shard).map(|slot| slot.lock()) {
+            rows.stopped = true;
+        }
+    }
+
     pub(crate) fn update(&self, shard: usize, changed: Vec<GroupStatus>) {
         let Some(slot) = self.shards.get(shard) else {
             return;
@@ -230,6 +243,7 @@ impl Board {
             summary.views_passed += rows.views_passed;
             summary.step_downs += rows.step_downs;
             summary.shards_silent += u64::from(!rows.published);
+            summary.shards_stopped += u64::from(rows.stopped);
             for group in &rows.groups {
                 summary.groups += 1;
                 summary.led += u64::from(group.status == Status::Normal && group.primary == me);

@@ -278,7 +278,7 @@ impl Shard {
     }
 
     /// Publishes the partition counts, and the board's rows in full next time.
-    fn partitions_changed(&mut self) {
+    pub(super) fn partitions_changed(&mut self) {
         self.metrics().partitions.store(
             self.partitions.len() as u64,
             std::sync::atomic::Ordering::Relaxed,

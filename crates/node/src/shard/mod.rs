@@ -17,6 +17,7 @@ use tokio::sync::{mpsc, watch};
 
 mod error;
 mod layout;
+mod reopen;
 
 pub(crate) use error::ShardError;
 
@@ -197,7 +198,8 @@ impl Shard {
         }
     }
 
-    /// Moves the high watermarks a turn of the groups committed.
+    /// Moves the high watermarks a turn of the groups committed, and opens again the
+    /// partitions whose files a wake found changed.
     fn apply_moved(&mut self, moved: Moved) {
         for (key, high_watermark) in moved {
             if let Some(partition) = self.partitions.get_mut(&key) {
@@ -207,6 +209,7 @@ impl Shard {
                 }
             }
         }
+        self.reopen_changed_files();
     }
 
     /// Who serves `key` here: a lone node leads every partition.
@@ -256,6 +259,9 @@ impl Shard {
             self.shared.board.publish(self.id, rows);
         } else {
             self.shared.board.update(self.id, rows);
+        }
+        if self.groups.failure().is_some() {
+            self.shared.board.set_stopped(self.id);
         }
     }
 

@@ -36,7 +36,10 @@ impl PartitionGroups {
                 return;
             }
             if let Some(journal) = self.host.journal_mut(group) {
-                journal.scrub(SCRUB_BYTES_PER_TICK);
+                if let Err(err) = journal.scrub(SCRUB_BYTES_PER_TICK) {
+                    // A file of its log gone under it: opened again from its files.
+                    self.host.drop_for_reopen(group, err.to_string());
+                }
             }
             self.scrub_next = group.wrapping_add(1);
         }

@@ -8,8 +8,8 @@ use crate::layout::PartitionKey;
 use crate::replication::partition_journal::{PartitionAsleep, PartitionJournal};
 
 impl PartitionGroups {
-    /// `group`'s journal, its files woken if they sleep; a wake that fails stops the
-    /// shard's groups (see [`ShardHost::wake`]).
+    /// `group`'s journal, its files woken if they sleep; `None` if they changed while
+    /// asleep (the group is dropped, to be opened again: [`PartitionGroups::take_reopen`]).
     pub(super) fn woken(&mut self, group: u64) -> Option<&mut PartitionJournal> {
         if let Err(err) = self.host.wake(group) {
             self.fail(err);

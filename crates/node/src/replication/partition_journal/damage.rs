@@ -59,10 +59,15 @@ impl PartitionJournal {
     /// before a reader or a peer asks for it. Returns a damaged batch's offset, once
     /// found (then nothing more is checked until [`PartitionJournal::repair`] fixes
     /// it).
-    pub(crate) fn scrub(&mut self, budget: u32) -> Option<u64> {
+    ///
+    /// # Errors
+    /// A segment of the committed log cannot be read at all (its file removed under
+    /// the running log, say): no peer's copy written in place repairs that, so the
+    /// holder opens the partition again from its files, as a start does.
+    pub(crate) fn scrub(&mut self, budget: u32) -> Result<Option<u64>, PartitionJournalError> {
         self.forget_damage_cut();
         if self.damaged_at.is_some() || self.behind.is_some() {
-            return None;
+            return Ok(None);
         }
         let end = self.committed_end();
         let start = self.log.start_offset();
@@ -75,7 +80,7 @@ impl PartitionJournal {
             self.scrub_cursor = start;
         }
         if self.scrub_cursor >= end {
-            return None;
+            return Ok(None);
         }
         let from = self.scrub_cursor;
         let found = match self.log.read(from, budget, end) {
@@ -96,13 +101,20 @@ impl PartitionJournal {
                         None
                     }
                 },
+                Err(
+                    err @ (LogError::Io { .. }
+                    | LogError::Corrupt {
+                        corruption: braid_storage::Corruption::MissingSegment { .. },
+                        ..
+                    }),
+                ) => return Err(err.into()),
                 Err(_) => Some(from),
             },
         };
         if let Some(damaged) = found {
             self.note_damage(damaged);
         }
-        found
+        Ok(found)
     }
 
     /// A batch of the committed log at `offset` does not check (found by a scrub or a

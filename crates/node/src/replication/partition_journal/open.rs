@@ -196,7 +196,19 @@ impl PartitionJournal {
                         }),
                         Some(end),
                     ),
-                    Body::Held(..) | Body::Damaged => (JournalSlot::Damaged, None),
+                    Body::Held(..) | Body::Damaged => {
+                        // Damage at rest, or another partition's batch written at its
+                        // place (a misdirected write): said, since nothing else shows
+                        // it until a peer's copy repairs it.
+                        tracing::warn!(
+                            dir = %dir.display(),
+                            op,
+                            base,
+                            "the batch at an op's place in the partition log is damaged \
+                             or not the op's; it is repaired from a peer"
+                        );
+                        (JournalSlot::Damaged, None)
+                    }
                 },
                 (_, slot) => (slot, None),
             };

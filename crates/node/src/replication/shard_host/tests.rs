@@ -524,6 +524,11 @@ fn many_groups_share_each_hosts_turns_and_agree_through_a_restart() {
 /// `fsync = never`, reports writes before it syncs them, opened by a process of boot
 /// `boot`, after one turn.
 fn open_unsynced(dir: &std::path::Path, boot: BootId) -> Host {
+    open_unsynced_found(dir, boot, false)
+}
+
+/// As [`open_unsynced`], its open having found damage at rest (`damaged_at_rest`).
+fn open_unsynced_found(dir: &std::path::Path, boot: BootId, damaged_at_rest: bool) -> Host {
     let mut host = ShardHost::open_in_boot(dir, 0, boot).unwrap();
     let (journal, recovered) = JournalFile::open(&dir.join("group-0.journal"), 0).unwrap();
     let opened = Opened {
@@ -531,6 +536,7 @@ fn open_unsynced(dir: &std::path::Path, boot: BootId) -> Host {
         damage: None,
         trusted: false,
         tail_cut: false,
+        damaged_at_rest,
     };
     host.add_group_with(
         config(0, 3),
@@ -578,6 +584,23 @@ fn an_unsynced_journal_is_trusted_after_a_restart_in_the_boot_that_wrote_its_sta
     assert_ne!(state.unwrap().journal_trusted_through, u64::MAX);
     // ...which a later process crash keeps: still untrusted, from the state.
     let host = open_unsynced(dir.path(), b);
+    assert!(!host.replica(0).unwrap().journal_trusted());
+}
+
+/// The boot's stamp vouches for what a crash in that boot keeps (the page cache), not
+/// for what damage at rest takes: an open that found damage trusts the journal only on
+/// its own evidence (the shell simulator's seed 304327, damage to sleeping files:
+/// a member restarted in the same boot voted committed ops away).
+#[test]
+fn an_unsynced_journal_that_found_damage_is_untrusted_even_in_the_boot_that_wrote_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = BootId::from_bytes([1; 16]);
+    drop(open_unsynced(dir.path(), a));
+    let host = open_unsynced_found(dir.path(), a, true);
+    assert!(!host.replica(0).unwrap().journal_trusted());
+    drop(host);
+    // Persisted so: the next start in the same boot, damage or not, still doubts it.
+    let host = open_unsynced(dir.path(), a);
     assert!(!host.replica(0).unwrap().journal_trusted());
 }
 

@@ -160,6 +160,29 @@ pub(super) fn damage_at_rest(
     Ok(Some(what))
 }
 
+/// Damages the files of a partition whose files sleep while its member runs (`dir`,
+/// the partition's directory): one file removed (a segment, the journal, a checkpoint
+/// copy, a marker), or damaged as [`damage_at_rest`] does. Returns what was done.
+pub(super) fn damage_asleep(
+    dir: &std::path::Path,
+    draws: &mut Prng,
+    kinds: DamageKinds,
+) -> std::io::Result<Option<String>> {
+    if draws.chance(30) {
+        let mut files: Vec<PathBuf> = std::fs::read_dir(dir)?
+            .map(|e| e.map(|e| e.path()))
+            .collect::<Result<_, _>>()?;
+        files.retain(|path| path.is_file());
+        files.sort();
+        let Some(path) = files.get(draws.below(files.len() as u64) as usize) else {
+            return Ok(None);
+        };
+        std::fs::remove_file(path)?;
+        return Ok(Some(format!("{} removed", path.display())));
+    }
+    damage_at_rest(dir, draws, kinds)
+}
+
 /// The value of every record in `batches`, by offset.
 pub(super) fn values_of(
     batches: &[(u64, Vec<u8>)],

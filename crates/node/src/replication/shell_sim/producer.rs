@@ -46,7 +46,8 @@ impl Run {
         let (reply, answer) = oneshot::channel();
         if let Some(groups) = self.members[usize::from(leader)].groups.as_mut() {
             groups.produce(key(partition), batch, reply);
-            groups.flush();
+            let moved = groups.flush();
+            self.publish(leader, moved);
         }
         self.waiting.push(Waiting {
             partition,

@@ -93,6 +93,7 @@ pub(crate) fn run_seeds(
                         all.1.damaged_files += outcome.damaged_files;
                         all.1.files_slept += outcome.files_slept;
                         all.1.files_woken += outcome.files_woken;
+                        all.1.reopened += outcome.reopened;
                         all.1.records_stored += outcome.records_stored;
                         all.1.streams_acknowledged += outcome.streams_acknowledged;
                         all.1.streams_stored += outcome.streams_stored;

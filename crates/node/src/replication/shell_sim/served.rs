@@ -32,6 +32,11 @@ impl Checked {
     pub(super) fn forget_member(&mut self, m: u8) {
         self.upto.retain(|(member, _), _| *member != m);
     }
+
+    /// Member `m` opened partition `p` again: its log is read whole at the next check.
+    pub(super) fn forget_partition(&mut self, m: u8, p: u32) {
+        self.upto.remove(&(m, p));
+    }
 }
 
 impl Run {
@@ -43,11 +48,13 @@ impl Run {
         let full = self.served.checks.is_multiple_of(FULL_EVERY);
         let mut problem = None;
         for m in 0..self.member_count() {
+            // Reads are served up to the mark the shard publishes, not the groups'.
+            let published = self.members[usize::from(m)].published.clone();
             let Some(groups) = self.members[usize::from(m)].groups.as_mut() else {
                 continue;
             };
             for p in 0..self.shape.partitions {
-                let mark = groups.high_watermark(key(p));
+                let mark = published.get(&p).copied().unwrap_or(0);
                 let Some(log) = groups.log(key(p)) else {
                     continue;
                 };

@@ -1,0 +1,140 @@
+//! What the node's shard does around its partition groups, as the simulator runs it:
+//! the high watermarks it serves (from the moves the groups report) and the partitions
+//! it opens again when their files changed; and the damage to a sleeping partition's
+//! files that makes them change while a member runs.
+
+use braid_storage::crash::PowerModel;
+
+use super::{files, key, partition_dir, Run};
+
+impl Run {
+    /// Member `m`'s groups report high watermarks that moved: what its shard serves;
+    /// then it opens again the partitions whose files a wake found changed.
+    pub(super) fn publish(&mut self, m: u8, moved: crate::replication::partition_groups::Moved) {
+        let published = &mut self.members[usize::from(m)].published;
+        for (key, mark) in moved {
+            let at = published.entry(key.partition).or_insert(0);
+            *at = (*at).max(mark);
+        }
+        self.reopen(m);
+    }
+
+    /// As the node's shard: a partition whose group was dropped because its files
+    /// changed while asleep is opened again from them (`Shard::reopen_changed_files`).
+    fn reopen(&mut self, m: u8) {
+        let log_config = self.log_config();
+        let now_ms = self.now_ms();
+        let member = &mut self.members[usize::from(m)];
+        let Some(groups) = member.groups.as_mut() else {
+            return;
+        };
+        let reopen = groups.take_reopen();
+        if reopen.is_empty() {
+            return;
+        }
+        let mut failed = None;
+        for (key, reason) in reopen {
+            if self.trace {
+                eprintln!(
+                    "t{} m{m} opens p{} again: {reason}",
+                    self.tick, key.partition
+                );
+            }
+            self.outcome.reopened += 1;
+            self.served.forget_partition(m, key.partition);
+            self.scrub_floor.remove(&(m, key.partition));
+            let dir = partition_dir(&member.dir, key.partition);
+            match groups.add(key, &dir, log_config, now_ms) {
+                // Its readers' view starts again from what the open found.
+                Ok(mark) => {
+                    member.published.insert(key.partition, mark);
+                }
+                Err(err) => {
+                    failed.get_or_insert(format!(
+                        "member {m} cannot open partition {} again: {err}",
+                        key.partition
+                    ));
+                }
+            }
+        }
+        if let Some(what) = failed {
+            self.fail(what);
+            return;
+        }
+        match groups.recover_opened() {
+            Ok(moved) => self.publish(m, moved),
+            Err(err) => self.fail(format!("member {m} recovering reopened partitions: {err}")),
+        }
+    }
+
+    /// Damages the files of a sleeping partition of the one member whose disk may be
+    /// damaged, while it runs ([`Shape::asleep_damage_per_10k`]). False while it is
+    /// down or none of its partitions sleeps (tried again at the next tick).
+    pub(super) fn damage_asleep(&mut self) -> bool {
+        self.drain_trace();
+        let m = (self.seed % u64::from(self.shape.members)) as u8;
+        let kinds = self.shape.kinds();
+        let member = &mut self.members[usize::from(m)];
+        let Some(groups) = member.groups.as_ref() else {
+            return false;
+        };
+        let asleep: Vec<u32> = (0..self.shape.partitions)
+            .filter(|p| groups.journal(key(*p)).is_none())
+            .collect();
+        if asleep.is_empty() {
+            return false;
+        }
+        let p = asleep[self.asleep_draws.below(asleep.len() as u64) as usize];
+        let passes = groups.scrubbed(key(p)).map_or(0, |(passes, _)| passes);
+        self.scrub_floor.insert((m, p), passes);
+        let dir = partition_dir(&member.dir, p);
+        let damaged = files::damage_asleep(&dir, &mut self.asleep_draws, kinds);
+        // What the model held unsynced may now be on disk or not: all of it durable is
+        // one outcome a disk allows.
+        let result = damaged.and_then(|what| Ok((what, PowerModel::of_dir(&member.dir)?)));
+        match result {
+            Ok((what, power)) => {
+                member.power = power;
+                if let Some(what) = what {
+                    self.outcome.damaged_files += 1;
+                    if self.trace {
+                        eprintln!("t{} m{m} damaged asleep: {what}", self.tick);
+                    }
+                }
+            }
+            Err(err) => self.fail(format!("member {m}: damaging sleeping files: {err}")),
+        }
+        true
+    }
+
+    /// The high watermark member `m`'s shard serves partition `p` with.
+    fn published(&self, m: u8, p: u32) -> u64 {
+        self.members[usize::from(m)]
+            .published
+            .get(&p)
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// Once converged, each member's shard serves every partition up to what its log
+    /// holds committed: a mark left behind hides acknowledged records from readers
+    /// (the outside review 45's F1: a member that took a peer's state served hw 0
+    /// until the next produce).
+    pub(super) fn check_published(&self) -> Result<(), String> {
+        for m in 0..self.member_count() {
+            let Some(groups) = self.members[usize::from(m)].groups.as_ref() else {
+                continue;
+            };
+            for p in 0..self.shape.partitions {
+                let (served, held) = (self.published(m, p), groups.high_watermark(key(p)));
+                if served != held {
+                    return Err(format!(
+                        "member {m} serves partition {p} up to {served} while its log holds \
+                         {held} committed"
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+}
