@@ -85,8 +85,9 @@ impl Run {
             return false;
         }
         let p = asleep[self.asleep_draws.below(asleep.len() as u64) as usize];
+        // The pass under way may be past the damage: the one after it is whole.
         let passes = groups.scrubbed(key(p)).map_or(0, |(passes, _)| passes);
-        self.scrub_floor.insert((m, p), passes);
+        self.scrub_floor.insert((m, p), passes + 1);
         let dir = partition_dir(&member.dir, p);
         let damaged = files::damage_asleep(&dir, &mut self.asleep_draws, kinds);
         // What the model held unsynced may now be on disk or not: all of it durable is
