@@ -287,27 +287,48 @@ impl PartitionLog {
             if !(by_size || by_age) {
                 break;
             }
-            self.remove_clean_marker()?;
-            // The new start is durable first: a start on disk below the first
-            // segment names segments that are gone (see `log_start`).
-            let kept = self.segments[1].base_offset;
-            let stored = crate::log_start::store(&self.dir, kept, self.tag).map_err(LogError::io(
-                "write",
-                self.dir.join(crate::log_start::LOG_START_FILE),
-            ));
-            self.poisoning("storing the log's start for retention", stored)?;
-            let doomed = self.segments.remove(0);
-            self.forget_files_of(doomed.base_offset);
-            // Each removal is synced before the next, oldest first, so a power cut can
-            // only leave a shorter prefix removed, never a gap.
-            let removed = delete_segment_files(&self.dir, doomed.base_offset)
-                .and_then(|()| sync_dir(&self.dir));
-            self.poisoning("removing a segment for retention", removed)?;
+            let bytes = self.delete_oldest_segment()?;
             outcome.segments_deleted += 1;
-            outcome.bytes_deleted += doomed.size_bytes;
+            outcome.bytes_deleted += bytes;
         }
         outcome.start_offset = self.start_offset();
         Ok(outcome)
+    }
+
+    /// Deletes every whole segment below `offset` (the next one starts at or below
+    /// it), whatever the retention settings: for a holder that knows no reader may ask
+    /// for them again (a replica whose peers' logs all start above a damaged batch
+    /// there). Returns the log's start after it.
+    ///
+    /// # Errors
+    /// As [`apply_retention`](Self::apply_retention).
+    pub fn delete_below(&mut self, offset: u64) -> Result<u64, LogError> {
+        while self.segments.len() > 1 && self.segments[1].base_offset <= offset {
+            self.delete_oldest_segment()?;
+        }
+        Ok(self.start_offset())
+    }
+
+    /// Deletes the oldest segment (there is a newer one), its start durable first.
+    /// Returns its size.
+    fn delete_oldest_segment(&mut self) -> Result<u64, LogError> {
+        self.remove_clean_marker()?;
+        // The new start is durable first: a start on disk below the first segment
+        // names segments that are gone (see `log_start`).
+        let kept = self.segments[1].base_offset;
+        let stored = crate::log_start::store(&self.dir, kept, self.tag).map_err(LogError::io(
+            "write",
+            self.dir.join(crate::log_start::LOG_START_FILE),
+        ));
+        self.poisoning("storing the log's start for retention", stored)?;
+        let doomed = self.segments.remove(0);
+        self.forget_files_of(doomed.base_offset);
+        // Each removal is synced before the next, oldest first, so a power cut can
+        // only leave a shorter prefix removed, never a gap.
+        let removed =
+            delete_segment_files(&self.dir, doomed.base_offset).and_then(|()| sync_dir(&self.dir));
+        self.poisoning("removing a segment for retention", removed)?;
+        Ok(doomed.size_bytes)
     }
 }
 

@@ -210,6 +210,22 @@ impl PartitionGroups {
         let Some(journal) = self.host.journal_mut(group) else {
             return;
         };
+        if batches.is_empty() && start > from {
+            match journal.damage_retained_nowhere(start) {
+                Ok(true) => {
+                    self.repairs.remove(&group);
+                    return;
+                }
+                Ok(false) => {}
+                Err(err) => {
+                    self.fail(err.into());
+                    return;
+                }
+            }
+        }
+        let Some(journal) = self.host.journal_mut(group) else {
+            return;
+        };
         match journal.repair(from, batches) {
             Ok(true) => {
                 self.repairs.remove(&group);

@@ -157,6 +157,41 @@ impl PartitionJournal {
         }
     }
 
+    /// A peer answered a repair with nothing, its log starting at `peer_start`, above
+    /// the damage waiting here: retention deleted those batches there, so no copy will
+    /// come. Peers delete only batches of ops their journals pruned, and this log drops
+    /// its segments below `peer_start` only as far as its own journal pruned too: the
+    /// damaged batch goes the way retention took it elsewhere. Returns whether the
+    /// damage went with them. (Waiting for a copy, the shell simulator's seed 304904
+    /// with damage to sleeping files, and 303863 with five members, never converged.)
+    ///
+    /// # Errors
+    /// Deleting a segment failed.
+    pub(crate) fn damage_retained_nowhere(
+        &mut self,
+        peer_start: u64,
+    ) -> Result<bool, PartitionJournalError> {
+        let Some(damaged) = self.damaged_at() else {
+            return Ok(false);
+        };
+        if peer_start <= damaged {
+            return Ok(false);
+        }
+        let keep_from = self.index.pruned().1.unwrap_or(0).min(peer_start);
+        let start = self.log.delete_below(keep_from)?;
+        self.forget_damage_cut();
+        if self.damaged_at.is_none() {
+            tracing::warn!(
+                dir = %self.log.dir().display(),
+                offset = damaged,
+                start,
+                "a damaged batch every peer's retention deleted is deleted here too"
+            );
+            self.scrub_cursor = self.scrub_cursor.max(start);
+        }
+        Ok(self.damaged_at.is_none())
+    }
+
     /// A peer's copy of the batches from `from` on: written over the damaged ones if
     /// `from` is the damage this journal waits for. Returns whether it was.
     ///
