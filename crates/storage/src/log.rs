@@ -11,12 +11,11 @@ use crate::config::{FsyncPolicy, LogConfig};
 use crate::error::LogError;
 use crate::files::{index_path, log_path, time_index_path, CLEAN_MARKER};
 use crate::recovery_point::RecoveryPoint;
-use crate::segment::{
-    flush_index, index_batch, load_index, read_batches, IndexFiles, LogRead, MaxTimestamp, Segment,
-};
+use crate::segment::{flush_index, index_batch, read_batches, LogRead, MaxTimestamp, Segment};
 use crate::sync::{SyncError, SyncRequest};
 use crate::writeback::WriteBehind;
 
+mod indexes;
 mod open;
 mod repair;
 mod trim;
@@ -821,116 +820,6 @@ impl PartitionLog {
             self.clean_marker = false;
         }
         Ok(())
-    }
-
-    /// Runs `op` on segment `at` (its index loaded) and its file; if `op` finds an index
-    /// entry that names no batch, rebuilds the segment's indexes from its `.log` file
-    /// and runs `op` once more. A second fault is the log's, reported as corruption.
-    fn with_sound_index<T>(
-        &mut self,
-        at: usize,
-        mut op: impl FnMut(&Self, &File) -> Result<T, LogError>,
-    ) -> Result<T, LogError> {
-        let file = self.file_for(at)?;
-        match op(self, &file) {
-            Err(LogError::Corrupt {
-                corruption: crate::Corruption::IndexEntry { .. },
-                ..
-            }) => {
-                self.rebuild_index(at, &file)?;
-                op(self, &file)
-            }
-            done => done,
-        }
-    }
-
-    /// Rebuilds segment `at`'s indexes from its `.log` file, ignoring the index files.
-    fn rebuild_index(&mut self, at: usize, file: &File) -> Result<(), LogError> {
-        let sealed = at + 1 < self.segments.len();
-        let interval = self.config.index_interval_bytes;
-        let segment = &mut self.segments[at];
-        segment.max_timestamp = MaxTimestamp::Unknown;
-        load_index(
-            &self.dir,
-            segment,
-            file,
-            interval,
-            sealed,
-            IndexFiles::Rebuild,
-        )?;
-        self.recovery.indexes_rebuilt += 1;
-        Ok(())
-    }
-
-    /// Loads the indexes of segment `at` if they are not in memory.
-    fn ensure_index(&mut self, at: usize) -> Result<(), LogError> {
-        if self.segments[at].index.is_some()
-            && self.segments[at].max_timestamp != MaxTimestamp::Unknown
-        {
-            return Ok(());
-        }
-        let file = self.file_for(at)?;
-        let sealed = at + 1 < self.segments.len();
-        let interval = self.config.index_interval_bytes;
-        let segment = &mut self.segments[at];
-        let rebuilt = load_index(
-            &self.dir,
-            segment,
-            &file,
-            interval,
-            sealed,
-            IndexFiles::Trust,
-        )?;
-        self.recovery.indexes_rebuilt += u32::from(rebuilt);
-        if sealed {
-            let segment = &self.segments[at];
-            let next_base = self.segments[at + 1].base_offset;
-            match segment.end_offset {
-                // Every batch of the file read whole, and offsets left before the next
-                // segment: no file holds them (one removed, say). Nothing written in
-                // place repairs that; the holder's full open cuts the log there.
-                Some(end) if end < next_base => {
-                    return Err(self.missing_segment(end, next_base));
-                }
-                _ => {}
-            }
-            if segment.end_offset != Some(next_base) {
-                return Err(LogError::Corrupt {
-                    path: log_path(&self.dir, segment.base_offset),
-                    position: segment.size_bytes,
-                    corruption: crate::Corruption::UnexpectedOffset {
-                        expected: segment.end_offset.unwrap_or(segment.base_offset),
-                        found: next_base as i64,
-                    },
-                });
-            }
-            // Loaded again while still cached (a failed rebuild leaves its largest
-            // timestamp unknown): moved to the back, never queued twice, or the trim
-            // below would drop the index just loaded, and a lookup in it would find
-            // no batch at all (the shell simulator's seed 31966 with damage at rest: a
-            // cut at a batch boundary refused as outside the log).
-            let base = segment.base_offset;
-            self.sealed_indexes.retain(|b| *b != base);
-            self.sealed_indexes.push_back(base);
-            self.trim_sealed_indexes();
-        }
-        Ok(())
-    }
-
-    fn trim_sealed_indexes(&mut self) {
-        while self.sealed_indexes.len() > SEALED_INDEXES_CACHED {
-            let Some(base) = self.sealed_indexes.pop_front() else {
-                break;
-            };
-            let at = self.segments.partition_point(|s| s.base_offset < base);
-            let sealed = at + 1 < self.segments.len();
-            if let Some(segment) = self.segments.get_mut(at) {
-                if segment.base_offset == base && sealed {
-                    // Sealed indexes are complete in their files; only memory is freed.
-                    segment.index = None;
-                }
-            }
-        }
     }
 
     /// The open file of segment `at`, opening it if needed (closing the previous

@@ -210,26 +210,17 @@ impl PartitionGroups {
         let Some(journal) = self.host.journal_mut(group) else {
             return;
         };
-        if batches.is_empty() && start > from {
-            match journal.damage_retained_nowhere(start) {
-                Ok(true) => {
-                    self.repairs.remove(&group);
-                    return;
-                }
-                Ok(false) => {}
-                Err(err) => {
-                    self.fail(err.into());
-                    return;
-                }
-            }
-        }
-        let Some(journal) = self.host.journal_mut(group) else {
-            return;
+        // Nothing, from a peer whose log starts above `from`: no peer keeps the damage.
+        let retained_nowhere = batches.is_empty() && start > from;
+        let mended = if retained_nowhere {
+            journal.damage_retained_nowhere(start)
+        } else {
+            journal.repair(from, batches)
         };
-        match journal.repair(from, batches) {
+        match mended {
             Ok(true) => {
                 self.repairs.remove(&group);
-                self.batches_repaired += 1;
+                self.batches_repaired += u64::from(!retained_nowhere);
                 return;
             }
             Ok(false) => {}
