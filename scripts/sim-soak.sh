@@ -23,23 +23,28 @@
 #   BRAID_SHELL_SIM_RETENTION=1 scripts/sim-soak.sh --shell...
 #                                                retention by size in every seed (a
 #                                                third of the seeds run it anyway)
-#   BRAID_SHELL_SIM_ASLEEP_DAMAGE=1 scripts/sim-soak.sh --shell-damage ...
-#                                                damage to sleeping partitions' files
-#                                                while the member runs (not in CI yet)
+#   scripts/sim-soak.sh --shell-asleep [SEEDS] [FROM]
+#                                                as --shell-damage, and damage to
+#                                                sleeping partitions' files while the
+#                                                member runs (or add
+#                                                BRAID_SHELL_SIM_ASLEEP_DAMAGE=1 to any
+#                                                --shell-damage run)
 #
 # Each failure prints its seed; replay one with its trace:
 #   target/release/braid-sim --seed N --trace
 #   BRAID_SHELL_SIM_SEED=N BRAID_SHELL_SIM_TRACE=1 BRAID_LOG=braid_node::replication=trace \
 #     cargo test --release -p braid-node --lib replay_one_seed -- --ignored --nocapture
-# (with BRAID_SHELL_SIM_DAMAGE=1 for a --shell-damage seed, and the MEMBERS and FAULTS
+# (with BRAID_SHELL_SIM_DAMAGE=1 for a --shell-damage seed, and also
+# BRAID_SHELL_SIM_ASLEEP_DAMAGE=1 for a --shell-asleep one, and the MEMBERS and FAULTS
 # it ran with)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs="$(nproc)"
 case "${1:-}" in
-  --shell | --shell-damage)
+  --shell | --shell-damage | --shell-asleep)
     test=the_shell_keeps_every_acknowledged_record
     [[ "$1" == "--shell-damage" ]] && test=damage_at_rest_on_one_member
+    [[ "$1" == "--shell-asleep" ]] && test=damage_to_sleeping_files
     shift
     export BRAID_SHELL_SIM_SEEDS="${1:-10000}"
     export BRAID_SHELL_SIM_FROM="${2:-1}"

@@ -34,6 +34,8 @@ use crate::layout::PartitionKey;
 use crate::mailbox::ProduceReply;
 
 mod copy;
+mod dropped;
+use dropped::{fail_all, not_leader, stopped};
 mod frames;
 mod hand_off;
 mod lone;
@@ -91,13 +93,6 @@ const REQUEST_TICKS_MAX: u64 = 3_000;
 /// This node's session with one group it leads, its produces answered through their
 /// reply channels.
 type GroupClient = super::group_client::GroupClient<ProduceReply>;
-
-/// Fails every produce `client` holds with `err`.
-fn fail_all(client: &mut GroupClient, err: &NodeError) {
-    for reply in client.drain() {
-        let _ = reply.send(Err(err.clone()));
-    }
-}
 
 /// High watermarks that moved in a turn.
 pub(crate) type Moved = Vec<(PartitionKey, u64)>;
@@ -491,39 +486,6 @@ impl PartitionGroups {
         }
     }
 
-    /// Drops a deleted partition's group (its files go with its directory).
-    pub(crate) fn remove(&mut self, key: PartitionKey) {
-        let group = group_of(key);
-        if let Some(mut client) = self.clients.remove(&group) {
-            fail_all(
-                &mut client,
-                &NodeError::new(ErrorCode::PartitionNotFound, "the partition was deleted"),
-            );
-        }
-        self.host.remove_group(group);
-    }
-
-    /// The partitions whose files were found changed when woken since the last call,
-    /// with why: their groups were dropped (the shard's others go on), and the caller
-    /// opens each again with [`PartitionGroups::add`], as a start does. Produces in
-    /// flight for them are answered `NotLeader`, so that the producer asks again.
-    pub(crate) fn take_reopen(&mut self) -> Vec<(PartitionKey, String)> {
-        let reopen = self.host.take_reopen();
-        let mut keys = Vec::with_capacity(reopen.len());
-        for (group, reason) in reopen {
-            if let Some(mut client) = self.clients.remove(&group) {
-                fail_all(&mut client, &not_leader());
-            }
-            self.pending.retain(|g| *g != group);
-            self.copies.remove(&group);
-            self.repairs.remove(&group);
-            if let Some(key) = key_of(group) {
-                keys.push((key, reason));
-            }
-        }
-        keys
-    }
-
     /// Closes an idle partition's files (log and header journal) until next used.
     ///
     /// # Errors
@@ -547,7 +509,9 @@ impl PartitionGroups {
         &mut self,
         key: PartitionKey,
         now_ms: u64,
-    ) -> Option<Result<braid_storage::RetentionOutcome, braid_storage::LogError>> {
+    ) -> Option<
+        Result<braid_storage::RetentionOutcome, super::partition_journal::PartitionJournalError>,
+    > {
         self.woken(group_of(key))
             .map(|journal| journal.apply_retention(now_ms))
     }
@@ -969,32 +933,4 @@ impl PartitionGroups {
             let _ = waiting.send(answer);
         }
     }
-
-    /// Stops the shard's groups for `reason` (a partition that cannot be opened again).
-    pub(crate) fn stop(&mut self, reason: String) {
-        self.fail(HostError::Start { group: 0, reason });
-    }
-
-    fn fail(&mut self, err: HostError) {
-        let reason = err.to_string();
-        tracing::error!(%reason, "the shard's partition groups stopped: restart the node");
-        for client in self.clients.values_mut() {
-            fail_all(client, &stopped(&reason));
-        }
-        self.failed = Some(reason);
-    }
-}
-
-fn not_leader() -> NodeError {
-    NodeError::new(
-        ErrorCode::NotLeader,
-        "this node no longer leads the partition; ask ClusterInfo for its primary",
-    )
-}
-
-fn stopped(reason: &str) -> NodeError {
-    NodeError::new(
-        ErrorCode::StorageError,
-        format!("the partition groups stopped after a disk failure ({reason}); restart the node"),
-    )
 }

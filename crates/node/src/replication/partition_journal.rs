@@ -211,6 +211,11 @@ pub(crate) struct PartitionJournal {
     scrub_passes: u64,
     /// A damaged batch found in the committed log, waiting for a peer's copy.
     damaged_at: Option<u64>,
+    /// Set when every peer's log starts above `damaged_at` (their retention deleted
+    /// it) while this journal still holds its op: no copy will come, and the damage
+    /// waits for this journal's next prune to let retention delete it. Holds the
+    /// peers' start; the scrub goes on from there meanwhile.
+    damage_expired_below: Option<u64>,
     /// A truncation or a header written to `vsr.journal` that no sync has covered yet.
     /// The replica's next durable state (its log view) depends on it, so the next
     /// [`PartitionJournal::sync`] makes it durable at once, even when batches' syncs run
@@ -289,22 +294,6 @@ impl PartitionJournal {
     /// The partition log (reads of committed records go straight to it).
     pub(crate) fn log(&mut self) -> &mut PartitionLog {
         &mut self.log
-    }
-
-    /// Deletes the log's oldest segments that retention no longer keeps, only those
-    /// whose batches are all of ops the journal pruned (a checkpoint covers them): an
-    /// op the journal still holds is replayed from its batch at a restart. (Unbounded,
-    /// retention deleted such batches, and the next open took the ops for never
-    /// reported, cut them and every op above, and cut the log back to its start.)
-    ///
-    /// # Errors
-    /// As [`PartitionLog::apply_retention`].
-    pub(crate) fn apply_retention(
-        &mut self,
-        now_ms: u64,
-    ) -> Result<braid_storage::RetentionOutcome, LogError> {
-        let keep_from = self.index.pruned().1.unwrap_or(0);
-        self.log.apply_retention_below(now_ms, keep_from)
     }
 
     /// The highest op whose body is in place with all below it.
@@ -975,6 +964,7 @@ fn read_records(batch: &[u8]) -> u64 {
 mod damage;
 mod in_flight;
 mod open;
+mod retention;
 mod sleep;
 mod transfer;
 

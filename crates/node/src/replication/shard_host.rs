@@ -774,7 +774,7 @@ impl<S: StateMachine, J: Journal> ShardHost<S, J> {
     /// be opened again (its replica goes; its durable state stays, for the open that
     /// follows): one partition's damage never stops the shard's other groups. Any
     /// other error is returned.
-    fn found_changed(&mut self, group: u64, err: HostError) -> Result<(), HostError> {
+    pub(crate) fn found_changed(&mut self, group: u64, err: HostError) -> Result<(), HostError> {
         if err.is_found_changed() {
             self.drop_for_reopen(group, err.to_string());
             return Ok(());

@@ -40,6 +40,7 @@ use super::boot::BootId;
 use super::meta_group::METADATA_GROUP;
 use super::meta_group::{MetaGroup, MetaOpening, Timing};
 use super::partition_groups::{PartitionGroups, Role};
+use super::partition_journal::PartitionJournalError;
 use crate::error::NodeError;
 use crate::layout::PartitionKey;
 
@@ -104,8 +105,8 @@ pub(crate) struct Shape {
     pub(crate) sleep_ticks: u64,
     /// Chance per tick, per 10,000, that the damaged member's files of a partition
     /// that sleeps are damaged or one of them removed while it runs (seeds with damage
-    /// and `BRAID_SHELL_SIM_ASLEEP_DAMAGE=1`; not in CI yet, see `docs/architecture.md`):
-    /// its next use finds them changed and opens the partition again from them.
+    /// to sleeping files, [`Variant::asleep`]): its next use finds them changed and
+    /// opens the partition again from them.
     pub(crate) asleep_damage_per_10k: u64,
 }
 
@@ -255,6 +256,8 @@ pub(crate) struct Run {
     failure: Option<String>,
     /// Print faults and boots to stderr (`BRAID_SHELL_SIM_TRACE=1`).
     trace: bool,
+    /// With `trace`, every member's groups every 20 ticks (`BRAID_SHELL_SIM_STATUS=1`).
+    trace_status: bool,
     /// What the serve checks have verified ([`served`]).
     served: served::Checked,
     /// The metadata client's proposals ([`metadata`]).
@@ -300,7 +303,7 @@ impl Run {
             .unwrap_or(
                 [3, 10, 40, 100][Prng::new(seed.rotate_left(29) ^ 0x51ee).below(4) as usize],
             );
-        if variant.damage && std::env::var_os("BRAID_SHELL_SIM_ASLEEP_DAMAGE").is_some() {
+        if variant.damage && variant.asleep {
             shape.asleep_damage_per_10k = 8;
         }
         if !variant.damage {
@@ -378,6 +381,8 @@ impl Run {
             outcome: Outcome::default(),
             failure: None,
             trace: std::env::var_os("BRAID_SHELL_SIM_TRACE").is_some(),
+            trace_status: std::env::var_os("BRAID_SHELL_SIM_TRACE").is_some()
+                && std::env::var_os("BRAID_SHELL_SIM_STATUS").is_some(),
             served: served::Checked::default(),
             proposals: metadata::Proposals::default(),
             asleep_draws: Prng::new(seed.rotate_left(43) ^ 0xda7a),
@@ -521,7 +526,7 @@ impl Run {
             .map(|s| {
                 let lv = groups.log_view(key((s.group & 0xff) as u32));
                 format!(
-                    "g{}: {:?} v{} lv{lv:?} t{} op{} c{}/{} hw{} {:?}",
+                    "g{}: {:?} v{} lv{lv:?} t{} op{} c{}/{} hw{} {:?} scrub{:?}",
                     s.group & 0xff,
                     s.status,
                     s.view,
@@ -530,7 +535,8 @@ impl Run {
                     s.commit_min,
                     s.commit_max,
                     groups.high_watermark(key((s.group & 0xff) as u32)),
-                    s.journal
+                    s.journal,
+                    groups.scrubbed(key((s.group & 0xff) as u32)),
                 )
             })
             .collect::<Vec<_>>()
@@ -711,6 +717,11 @@ impl Run {
 
     fn step(&mut self, faults: bool) {
         self.tick += 1;
+        if self.trace_status && self.tick.is_multiple_of(20) {
+            for m in 0..self.member_count() {
+                eprintln!("t{} m{m} status ({})", self.tick, self.describe_member(m));
+            }
+        }
         if faults {
             self.inject_faults();
         }
@@ -750,7 +761,10 @@ impl Run {
                         match groups.apply_retention(key(p), now_ms) {
                             // A damaged segment stops retention there, as the node
                             // logs it, until the scrub's repair mends it.
-                            Some(Err(braid_storage::LogError::Corrupt { .. })) | None => {}
+                            Some(Err(PartitionJournalError::Log(
+                                braid_storage::LogError::Corrupt { .. },
+                            )))
+                            | None => {}
                             Some(Err(err)) => {
                                 self.failure.get_or_insert(format!(
                                     "member {m} partition {p}: retention: {err}"

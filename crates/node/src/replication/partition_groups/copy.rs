@@ -51,7 +51,7 @@ impl PartitionGroups {
             .host
             .journals_mut()
             .filter_map(|(group, journal)| {
-                let at = journal.damaged_at()?;
+                let at = journal.damage_to_repair()?;
                 Some((group, at, journal.committed_end()))
             })
             .collect();
@@ -213,7 +213,7 @@ impl PartitionGroups {
         // Nothing, from a peer whose log starts above `from`: no peer keeps the damage.
         let retained_nowhere = batches.is_empty() && start > from;
         let mended = if retained_nowhere {
-            journal.damage_retained_nowhere(start)
+            journal.damage_retained_nowhere(from, start)
         } else {
             journal.repair(from, batches)
         };
@@ -225,7 +225,7 @@ impl PartitionGroups {
             }
             Ok(false) => {}
             Err(err) => {
-                self.fail(err.into());
+                self.fail_group(group, err.into());
                 return;
             }
         }
@@ -261,7 +261,7 @@ impl PartitionGroups {
                 tracing::warn!(group, %reason, "a log chunk was refused");
                 self.copies.remove(&group);
             }
-            Err(err) => self.fail(err.into()),
+            Err(err) => self.fail_group(group, err.into()),
         }
     }
 }

@@ -66,11 +66,16 @@ impl PartitionJournal {
     /// holder opens the partition again from its files, as a start does.
     pub(crate) fn scrub(&mut self, budget: u32) -> Result<Option<u64>, PartitionJournalError> {
         self.forget_damage_cut();
-        if self.damaged_at.is_some() || self.behind.is_some() {
+        if self.damage_to_repair().is_some() || self.behind.is_some() {
             return Ok(None);
         }
         let end = self.committed_end();
-        let start = self.log.start_offset();
+        // Past damage no peer keeps (see `damage_expired_below`): what follows it is
+        // checked meanwhile.
+        let start = self
+            .log
+            .start_offset()
+            .max(self.damage_expired_below.unwrap_or(0));
         if self.scrub_cursor >= end {
             // At the end (or nothing committed yet): a pass is done, the next begins.
             self.scrub_passes += 1;
@@ -120,6 +125,15 @@ impl PartitionJournal {
     /// A batch of the committed log at `offset` does not check (found by a scrub or a
     /// read): it waits for a peer's copy ([`PartitionJournal::repair`]).
     pub(crate) fn note_damage(&mut self, offset: u64) {
+        if self
+            .damage_expired_below
+            .is_some_and(|floor| offset >= floor)
+        {
+            // Damage peers do keep: repaired first (the expired damage is found again
+            // by a later pass, if retention has not deleted it by then).
+            self.damaged_at = None;
+            self.damage_expired_below = None;
+        }
         if self.damaged_at.is_none() {
             tracing::warn!(
                 dir = %self.log.dir().display(),
@@ -134,16 +148,24 @@ impl PartitionJournal {
     /// whether damage it (or a read) found waits for a peer's copy: a member that
     /// finished one with nothing waiting serves no damage found at its open or before.
     pub(crate) fn scrubbed(&self) -> (u64, bool) {
-        let waiting = self
-            .damaged_at
-            .is_some_and(|d| d < self.log.next_offset() && d >= self.log.start_offset());
+        let waiting = self.damage_expired_below.is_none()
+            && self
+                .damaged_at
+                .is_some_and(|d| d < self.log.next_offset() && d >= self.log.start_offset());
         (self.scrub_passes, waiting)
     }
 
-    /// The damaged batch waiting for a peer's copy, if any.
+    /// The damaged batch found in the committed log, if any (waiting for a peer's copy,
+    /// or for retention when no peer keeps it).
     pub(crate) fn damaged_at(&mut self) -> Option<u64> {
         self.forget_damage_cut();
         self.damaged_at
+    }
+
+    /// The damaged batch waiting for a peer's copy, if any.
+    pub(crate) fn damage_to_repair(&mut self) -> Option<u64> {
+        self.damaged_at()
+            .filter(|_| self.damage_expired_below.is_none())
     }
 
     /// Damage the log no longer holds (a cut, or a copy that started it again) needs
@@ -154,30 +176,41 @@ impl PartitionJournal {
             .is_some_and(|d| d >= self.log.next_offset() || d < self.log.start_offset())
         {
             self.damaged_at = None;
+            self.damage_expired_below = None;
         }
     }
 
-    /// A peer answered a repair with nothing, its log starting at `peer_start`, above
-    /// the damage waiting here: retention deleted those batches there, so no copy will
-    /// come. Peers delete only batches of ops their journals pruned, and this log drops
+    /// A peer answered the repair of `from` with nothing, its log starting at
+    /// `peer_start`, above the damage waiting here: retention deleted those batches
+    /// there, so no copy will come. Peers delete only batches of ops their journals pruned, and this log drops
     /// its segments below `peer_start` only as far as its own journal pruned too: the
-    /// damaged batch goes the way retention took it elsewhere. Returns whether the
-    /// damage went with them. (Waiting for a copy, the shell simulator's seed 304904
-    /// with damage to sleeping files, and 303863 with five members, never converged.)
+    /// damaged batch goes the way retention took it elsewhere. (Waiting for a copy, the
+    /// shell simulator's seed 304904 with damage to sleeping files, and 303863 with
+    /// five members, never converged.) If this journal still holds the damaged batch's
+    /// op (its prune keeps the previous checkpoint's ops, as a fallback), the damage
+    /// waits for the next prune instead, when retention deletes it, and the scrub goes
+    /// on past `peer_start` meanwhile (the shell simulator's seed 307219 with damage to
+    /// sleeping files: a member that had pruned less than its peers asked for ever, and
+    /// scrubbed nothing more). Returns whether the damage needs no copy any more.
     ///
     /// # Errors
     /// Deleting a segment failed.
     pub(crate) fn damage_retained_nowhere(
         &mut self,
+        from: u64,
         peer_start: u64,
     ) -> Result<bool, PartitionJournalError> {
-        let Some(damaged) = self.damaged_at() else {
+        // Only the answer to the repair's own fetch: a copy's answers go to the copy
+        // (the shell simulator's seed 306477 with damage to sleeping files, whose copy
+        // never moved on while its answers were taken for the repair's).
+        let Some(damaged) = self.damaged_at().filter(|d| *d == from) else {
             return Ok(false);
         };
         if peer_start <= damaged {
             return Ok(false);
         }
         let keep_from = self.index.pruned().1.unwrap_or(0).min(peer_start);
+        self.make_prune_durable()?;
         let start = self.log.delete_below(keep_from)?;
         self.forget_damage_cut();
         if self.damaged_at.is_none() {
@@ -188,8 +221,20 @@ impl PartitionJournal {
                 "a damaged batch every peer's retention deleted is deleted here too"
             );
             self.scrub_cursor = self.scrub_cursor.max(start);
+        } else if self
+            .damage_expired_below
+            .is_none_or(|floor| floor < peer_start)
+        {
+            tracing::info!(
+                dir = %self.log.dir().display(),
+                offset = damaged,
+                peer_start,
+                "a damaged batch every peer's retention deleted waits for this replica's retention"
+            );
+            self.damage_expired_below = Some(peer_start);
+            self.scrub_cursor = self.scrub_cursor.max(peer_start);
         }
-        Ok(self.damaged_at.is_none())
+        Ok(true)
     }
 
     /// A peer's copy of the batches from `from` on: written over the damaged ones if
@@ -215,6 +260,7 @@ impl PartitionJournal {
                     "a damaged batch of the partition log was repaired from a peer's copy"
                 );
                 self.damaged_at = None;
+                self.damage_expired_below = None;
                 self.scrub_cursor = from;
                 Ok(true)
             }

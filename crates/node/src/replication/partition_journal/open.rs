@@ -113,6 +113,7 @@ impl PartitionJournal {
             scrub_cursor: 0,
             scrub_passes: 0,
             damaged_at: None,
+            damage_expired_below: None,
             index_changed_unsynced: false,
             tip_log_end: None,
         };

@@ -39,7 +39,8 @@ impl PartitionJournal {
     pub(crate) fn can_sleep(&self) -> bool {
         self.in_flight.is_none()
             && self.behind.is_none()
-            && self.damaged_at.is_none()
+            // Damage no peer keeps waits for retention, which wakes the files.
+            && (self.damaged_at.is_none() || self.damage_expired_below.is_some())
             // Under `fsync = always` the turn's sync makes a change to the header
             // journal durable; under `interval` and `never` nothing does but the sleep.
             && (!self.index_changed_unsynced || !self.trusted())
@@ -139,6 +140,7 @@ impl PartitionJournal {
             scrub_cursor,
             scrub_passes,
             damaged_at: None,
+            damage_expired_below: None,
             index_changed_unsynced: false,
             tip_log_end,
         })

@@ -20,6 +20,9 @@ pub(crate) struct Variant {
     /// (a latent sector error) is one of the damages at rest (off by default, as
     /// `misdirected`).
     pub(crate) latent: bool,
+    /// With damage: the damaged member's files of a sleeping partition are damaged,
+    /// or one removed, while it runs ([`super::Shape::asleep_damage_per_10k`]).
+    pub(crate) asleep: bool,
 }
 
 impl Variant {
@@ -31,6 +34,7 @@ impl Variant {
             fault_scale: 1,
             misdirected: false,
             latent: false,
+            asleep: false,
         }
     }
 }

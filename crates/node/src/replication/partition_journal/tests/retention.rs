@@ -59,6 +59,35 @@ fn retention_deletes_only_batches_of_pruned_ops() {
     }
 }
 
+/// The prune that bounds a retention pass is durable before the pass deletes a
+/// segment: a deletion is durable at once, and a power loss that kept it but not the
+/// prune reopened ops whose batches lay below the log's start (the shell simulator's
+/// seed 305047 with damage to sleeping files: the member asked for ever for a copy of
+/// batches every peer's retention had deleted too).
+#[test]
+fn the_prune_that_bounds_retention_is_durable_before_a_segment_goes() {
+    use braid_storage::disk::hook::{self, Event};
+    let dir = tempfile::tempdir().unwrap();
+    let mut journal = holding_80(dir.path(), false);
+    journal.prune(60).unwrap();
+    hook::start_tracing();
+    let deleted = journal.apply_retention(0).unwrap().segments_deleted;
+    let trace = hook::take().expect("traced").trace;
+    assert!(deleted > 0);
+    let journal_file = dir.path().join(JOURNAL_FILE);
+    let synced = trace
+        .iter()
+        .position(|e| matches!(e, Event::Sync { path } if *path == journal_file))
+        .expect("the header journal is synced");
+    let removed = trace
+        .iter()
+        .position(
+            |e| matches!(e, Event::Remove { path } if path.extension().is_some_and(|x| x == "log")),
+        )
+        .expect("a segment is removed");
+    assert!(synced < removed, "the prune first: {trace:?}");
+}
+
 /// Batches an earlier version's retention deleted beneath ops the journal holds (or a
 /// first segment lost where no `log-start` file names the log's start) are damage:
 /// a lone replica refuses, and no open cuts the log it kept.
