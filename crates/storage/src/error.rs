@@ -110,6 +110,16 @@ pub enum LogError {
         /// Why not.
         why: String,
     },
+    /// A repair at `offset` cannot be placed: the damage begins before it, at
+    /// `damaged_from` (no intact batch leads there from the segment's start). The
+    /// repair must start there.
+    #[error("cannot repair the log at offset {offset}: the damage begins at {damaged_from}")]
+    RepairFromEarlier {
+        /// The offset the repair was asked for.
+        offset: u64,
+        /// The first damaged batch on the way to it.
+        damaged_from: u64,
+    },
     /// The settings cannot work.
     #[error(transparent)]
     Config(#[from] crate::ConfigError),

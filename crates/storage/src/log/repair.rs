@@ -53,8 +53,9 @@ impl PartitionLog {
     /// the bytes written.
     ///
     /// # Errors
-    /// [`LogError::Repair`]: no intact path leads from the segment's start to `from`,
-    /// nothing from `from` to the segment's end is damaged, a copied batch is damaged or
+    /// [`LogError::RepairFromEarlier`]: no intact path leads from the segment's start
+    /// to `from`; [`LogError::Repair`]: nothing from `from` to the segment's end is
+    /// damaged, a copied batch is damaged or
     /// out of order, or the copy ends before the damage begins; IO errors.
     pub fn repair_batches(&mut self, from: u64, batches: &[u8]) -> Result<u64, LogError> {
         let refuse = |why: String| LogError::Repair { offset: from, why };
@@ -136,8 +137,11 @@ impl PartitionLog {
             }
             _ => (walk(from_start)?, false),
         };
-        let (mut position, mut expected) = walked
-            .map_err(|expected| refuse(format!("no intact batch at {expected} before it")))?;
+        let (mut position, mut expected) =
+            walked.map_err(|damaged_from| LogError::RepairFromEarlier {
+                offset: from,
+                damaged_from,
+            })?;
         if expected != from {
             return Err(refuse(format!(
                 "a batch spans it (the next starts at {expected})"

@@ -268,6 +268,20 @@ impl PartitionJournal {
                 tracing::warn!(dir = %self.log.dir().display(), offset = from, %why, "a peer's copy could not repair the log");
                 Ok(false)
             }
+            Err(LogError::RepairFromEarlier { damaged_from, .. }) => {
+                // A read that went straight to a later batch (through the index) found
+                // the damage there; the next repair asks for it from its start.
+                // (Asked again at the later batch, the copy was refused for ever: the
+                // shell simulator's seed 308244 with damage to sleeping files.)
+                tracing::warn!(
+                    dir = %self.log.dir().display(),
+                    offset = from,
+                    damaged_from,
+                    "the damage begins before the batch found damaged; repaired from there"
+                );
+                self.damaged_at = Some(damaged_from);
+                Ok(false)
+            }
             Err(err) => Err(err.into()),
         }
     }

@@ -100,7 +100,8 @@ fn damage_at_rest_on_one_member_is_repaired_and_never_served() {
 /// damaged (303453, 304327), a primary that answered a produce with an older request's
 /// offsets after its group was opened again (306785), a prune not yet durable under a
 /// retention pass (305047), repairs asked for ever (46, 303822, 304904, 307219) and a
-/// copy whose answers were taken for a repair's (306477).)
+/// copy whose answers were taken for a repair's (306477) or a repair asked inside damage
+/// that began earlier (308244).)
 #[test]
 fn damage_to_sleeping_files_is_repaired_while_the_member_runs() {
     run(
@@ -249,7 +250,7 @@ fn seeds_that_found_faults_at_four_times_the_faults_pass() {
         ..Variant::plain(true)
     };
     for seed in [
-        46, 303453, 303822, 304327, 304904, 304994, 305047, 305970, 306477, 306785, 307219,
+        46, 303453, 303822, 304327, 304904, 304994, 305047, 305970, 306477, 306785, 307219, 308244,
     ] {
         if let Err(failure) = run_seed(seed, asleep) {
             panic!("{failure}");
