@@ -14,7 +14,9 @@ pub(crate) struct TestNode {
 pub(crate) fn config(dir: &std::path::Path, fsync: FsyncSetting) -> NodeConfig {
     let mut config = NodeConfig {
         data_dir: dir.to_path_buf(),
-        client_addr: "127.0.0.1:0".parse().unwrap(),
+        // Below the ephemeral range (see `addresses`): tests start the node again on
+        // the same address.
+        client_addr: addresses(1)[0],
         http_addr: "127.0.0.1:0".parse().unwrap(),
         shards: 2,
         shutdown_grace_ms: 2_000,
@@ -142,11 +144,33 @@ impl Member {
     }
 }
 
-/// Reserves `n` loopback addresses (bound, then released).
+/// Reserves `n` loopback addresses (bound, then released), on ports below the
+/// kernel's ephemeral range: a member stopped and started again binds its port anew,
+/// and a port from that range could meanwhile be the local port of any connection a
+/// test running beside it opens (CI saw `AddrInUse` on a restart so).
 pub(crate) fn addresses(n: usize) -> Vec<std::net::SocketAddr> {
-    let probes: Vec<_> = (0..n)
-        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap())
-        .collect();
+    let ephemeral_low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|range| range.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32_768);
+    let low = (ephemeral_low / 2).max(1_024);
+    let span = u64::from(ephemeral_low.saturating_sub(low).max(1));
+    let mut draw = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
+        ^ u64::from(std::process::id()).rotate_left(32);
+    let mut probes = Vec::with_capacity(n);
+    while probes.len() < n {
+        // SplitMix64 steps: any spread will do.
+        draw = draw.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = draw;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        let port = low + ((z ^ (z >> 31)) % span) as u16;
+        if let Ok(probe) = std::net::TcpListener::bind(("127.0.0.1", port)) {
+            probes.push(probe);
+        }
+    }
     probes.iter().map(|p| p.local_addr().unwrap()).collect()
 }
 
@@ -166,8 +190,9 @@ pub(crate) fn start_cluster(n: u8, fsync: FsyncSetting) -> Vec<Member> {
 /// One try of [`start_cluster`]: `None` if a port was taken before a member bound it.
 fn try_start_cluster(n: u8, fsync: FsyncSetting) -> Option<Vec<Member>> {
     use braid_node::{ClusterSettings, MemberSettings, Secret, StartError};
-    let replica = addresses(n.into());
-    let client = addresses(n.into());
+    // One reservation for both, so that no port is drawn twice.
+    let mut replica = addresses(2 * usize::from(n));
+    let client = replica.split_off(n.into());
     let members: Vec<MemberSettings> = (0..n)
         .map(|id| MemberSettings {
             id,
