@@ -101,7 +101,8 @@ fn damage_at_rest_on_one_member_is_repaired_and_never_served() {
 /// offsets after its group was opened again (306785), a prune not yet durable under a
 /// retention pass (305047), repairs asked for ever (46, 303822, 304904, 307219) and a
 /// copy whose answers were taken for a repair's (306477) or a repair asked inside damage
-/// that began earlier (308244).)
+/// that began earlier (308244), a damaged header taken for a missing segment (309621),
+/// and damage no peer keeps found again at every wake (309434).)
 #[test]
 fn damage_to_sleeping_files_is_repaired_while_the_member_runs() {
     run(
@@ -251,6 +252,7 @@ fn seeds_that_found_faults_at_four_times_the_faults_pass() {
     };
     for seed in [
         46, 303453, 303822, 304327, 304904, 304994, 305047, 305970, 306477, 306785, 307219, 308244,
+        309434, 309621,
     ] {
         if let Err(failure) = run_seed(seed, asleep) {
             panic!("{failure}");

@@ -242,3 +242,45 @@ fn a_repair_inside_damage_that_begins_earlier_names_its_beginning() {
         "repaired from there"
     );
 }
+
+/// A flipped bit in the last offset delta of a sealed segment's last batch (a header
+/// field the walk that loads an index reads without the batch CRC) makes that segment
+/// seem to end past the next one's start: damage in that batch, found by the read
+/// that reaches it, never a segment missing after it. (Taken for a missing segment,
+/// the open cut the log at an offset it never held and the member could not start:
+/// the shell simulator's seed 309621 with damage to sleeping files.)
+#[test]
+fn a_sealed_segment_seeming_to_end_past_the_next_is_damage_not_a_gap() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut log = PartitionLog::open(dir.path(), small_config(), 0).unwrap();
+    for i in 0..40 {
+        log.append(batch_of(&records(3, i, 60, i as u8)), 0)
+            .unwrap();
+    }
+    let (clean, _) = verified_batches(&mut log);
+    let next = log.next_offset();
+    drop(log); // no clean close: the open walks and checks
+    let first = &log_files(dir.path())[0];
+    let mut bytes = std::fs::read(first).unwrap();
+    // The first segment's last batch: its last offset delta (header bytes 23..27).
+    let mut at = 0;
+    let mut last = (0, 0);
+    for (base, batch) in &clean {
+        if at >= bytes.len() {
+            break;
+        }
+        last = (at, *base);
+        at += batch.len();
+    }
+    bytes[last.0 + 23] ^= 0x10;
+    std::fs::write(first, bytes).unwrap();
+    let mut log = PartitionLog::open(dir.path(), small_config(), 0).unwrap();
+    assert_eq!(
+        (log.start_offset(), log.next_offset()),
+        (0, next),
+        "nothing is cut"
+    );
+    let (served, damaged) = verified_batches(&mut log);
+    assert_eq!(damaged, Some(last.1), "the damaged batch is found");
+    assert_eq!(served, clean[..served.len()]);
+}
