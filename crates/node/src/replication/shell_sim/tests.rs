@@ -251,8 +251,8 @@ fn seeds_that_found_faults_at_four_times_the_faults_pass() {
         ..Variant::plain(true)
     };
     for seed in [
-        46, 303453, 303822, 304327, 304904, 304994, 305047, 305970, 306477, 306785, 307219, 308244,
-        309434, 309621,
+        46, 303453, 303822, 304327, 304994, 305047, 305970, 306477, 306785, 307219, 308244, 309434,
+        309621,
     ] {
         if let Err(failure) = run_seed(seed, asleep) {
             panic!("{failure}");
