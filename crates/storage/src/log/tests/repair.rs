@@ -25,6 +25,24 @@ fn verified_batches(log: &mut PartitionLog) -> (Vec<(u64, Vec<u8>)>, Option<u64>
     (out, None)
 }
 
+/// A log of 40 batches, closed, and a replica's open copy of the same batches (with
+/// the directories that hold them).
+fn closed_log_and_a_replicas() -> (tempfile::TempDir, tempfile::TempDir, PartitionLog) {
+    let dir = tempfile::tempdir().unwrap();
+    let replica = tempfile::tempdir().unwrap();
+    let mut log = PartitionLog::open(dir.path(), small_config(), 0).unwrap();
+    let mut other = PartitionLog::open(replica.path(), small_config(), 0).unwrap();
+    for i in 0..40 {
+        log.append(batch_of(&records(3, i, 60, i as u8)), 0)
+            .unwrap();
+        other
+            .append(batch_of(&records(3, i, 60, i as u8)), 0)
+            .unwrap();
+    }
+    log.close().unwrap();
+    (dir, replica, other)
+}
+
 /// A flipped bit inside a sealed segment's batch is kept out of every read (the read
 /// stops before it) and is repaired in place from a replica's copy of the same
 /// batches: the indexes stay, the bytes become the replica's, every read checks again.
@@ -39,18 +57,7 @@ fn damaged_batches_are_kept_out_of_reads_and_repaired_in_place_from_a_copy() {
         (true, true, false),
         (false, false, true),
     ] {
-        let dir = tempfile::tempdir().unwrap();
-        let replica = tempfile::tempdir().unwrap();
-        let mut log = PartitionLog::open(dir.path(), small_config(), 0).unwrap();
-        let mut other = PartitionLog::open(replica.path(), small_config(), 0).unwrap();
-        for i in 0..40 {
-            log.append(batch_of(&records(3, i, 60, i as u8)), 0)
-                .unwrap();
-            other
-                .append(batch_of(&records(3, i, 60, i as u8)), 0)
-                .unwrap();
-        }
-        log.close().unwrap();
+        let (dir, _replica, mut other) = closed_log_and_a_replicas();
         let (clean, _) = verified_batches(&mut other);
         let first = &log_files(dir.path())[0];
         let mut bytes = std::fs::read(first).unwrap();
@@ -209,18 +216,7 @@ fn a_read_that_one_batch_fills_does_not_look_at_damage_after_it() {
 /// ever.)
 #[test]
 fn a_repair_inside_damage_that_begins_earlier_names_its_beginning() {
-    let dir = tempfile::tempdir().unwrap();
-    let replica = tempfile::tempdir().unwrap();
-    let mut log = PartitionLog::open(dir.path(), small_config(), 0).unwrap();
-    let mut other = PartitionLog::open(replica.path(), small_config(), 0).unwrap();
-    for i in 0..40 {
-        log.append(batch_of(&records(3, i, 60, i as u8)), 0)
-            .unwrap();
-        other
-            .append(batch_of(&records(3, i, 60, i as u8)), 0)
-            .unwrap();
-    }
-    log.close().unwrap();
+    let (dir, _replica, mut other) = closed_log_and_a_replicas();
     let first = &log_files(dir.path())[0];
     let mut bytes = std::fs::read(first).unwrap();
     bytes[..1500].fill(0);
