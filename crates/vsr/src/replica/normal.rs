@@ -257,7 +257,17 @@ impl<S: StateMachine> Replica<S> {
         from: ReplicaId,
         out: &mut Vec<Output>,
     ) {
-        if view > self.view {
+        // A newer view, or the view this replica is still changing to while its primary
+        // is normal there: its StartView never came here (lost, or sent while this
+        // replica was down), so ask for it rather than wait for the next view change
+        // (the shell simulator's seed 315500: a member that missed view 8's StartView
+        // voted for view after view while the others committed in view 8).
+        // (A recovering replica asks on its own timer, once it may: see `Rejoin`.)
+        let missed_start = view == self.view
+            && self.status() == Status::ViewChange
+            && from == self.primary_of(view)
+            && from != self.config.replica;
+        if view > self.view || missed_start {
             out.push(Output::Send {
                 to: from,
                 message: Message::RequestStartView {

@@ -341,6 +341,26 @@ impl<S: StateMachine> Replica<S> {
             .count()
     }
 
+    /// Votes that never acknowledged the op at a hole in the chain (`checksum`, named
+    /// by the op above as its parent, offered by no vote): those that say they never
+    /// had it, and, as in [`Self::nack_count_in`], those of an older log view when
+    /// `best` has no entry there (the op was prepared in `best`'s log view). (Counting
+    /// only the first, a view whose one trusted voter held the newest ops of its log
+    /// view as scattered headers could never drop them while the other voters were
+    /// untrusted, one of an older log view: the shell simulator's seed 315500 with
+    /// misdirected and latent damage and damage to sleeping files at four times the
+    /// faults never started a view again.)
+    fn hole_nack_count(votes: &Votes, best: &ViewChangeVote, op: u64, checksum: Checksum) -> usize {
+        let prepared_in_best_view = Self::nacks_op(best, op, None);
+        votes
+            .values()
+            .filter(|v| {
+                (prepared_in_best_view && v.log_view < best.log_view)
+                    || Self::nacks_op(v, op, Some(checksum))
+            })
+            .count()
+    }
+
     /// The new primary builds its log from the DoViewChanges: the top is the highest op
     /// of the best (log view, op) vote, and every op below is the header whose checksum
     /// the op above names as parent. Stale entries in any vote simply do not match the
@@ -478,7 +498,8 @@ impl<S: StateMachine> Replica<S> {
                 // committed, so neither did anything above it. Look below it.
                 Some((op, checksum))
                     if op > commit
-                        && Self::nack_count(votes, op, Some(checksum)) >= self.config.quorum() =>
+                        && Self::hole_nack_count(votes, &best, op, checksum)
+                            >= self.config.quorum() =>
                 {
                     limit = op - 1;
                 }

@@ -1,20 +1,58 @@
 //! The end of a run: every member's log compared, batch by batch.
 
+use std::collections::BTreeMap;
+
 use super::files::{describe_batch, read_batches, values_of};
 use super::{key, Run};
+
+/// The records every member's log of each partition holds alike, by offset, from the
+/// latest start of any member's log.
+pub(super) struct Held {
+    partitions: Vec<BTreeMap<u64, Option<Vec<u8>>>>,
+}
+
+impl Held {
+    pub(super) fn records(&self) -> u64 {
+        self.partitions.iter().map(|p| p.len() as u64).sum()
+    }
+
+    /// Whether `later` holds the same records as this, from where either starts: a
+    /// member's retention may have deleted segments meanwhile (its segments' bounds
+    /// differ from its peers', so its start may pass theirs), nothing else.
+    pub(super) fn kept_in(&self, later: &Held) -> Result<(), String> {
+        for (p, (before, after)) in self.partitions.iter().zip(&later.partitions).enumerate() {
+            let from = match (before.keys().next(), after.keys().next()) {
+                (Some(a), Some(b)) => *a.max(b),
+                _ => 0,
+            };
+            if !before.range(from..).eq(after.range(from..)) {
+                return Err(format!(
+                    "a clean restart changed partition {p}'s log: {} records from offset \
+                     {from}, then {}",
+                    before.range(from..).count(),
+                    after.range(from..).count()
+                ));
+            }
+        }
+        Ok(())
+    }
+}
 
 impl Run {
     /// Every member's log of every partition, batch by batch: the same bytes at the
     /// same offsets on all, every acknowledged record at its offset. Returns the
-    /// records in each member's logs.
-    pub(super) fn compare_logs(&mut self) -> Result<u64, String> {
-        let mut records = 0;
+    /// records the logs hold.
+    pub(super) fn compare_logs(&mut self) -> Result<Held, String> {
+        let mut held = Held {
+            partitions: Vec::new(),
+        };
         for p in 0..self.shape.partitions {
             let mut logs = Vec::new();
             let mut unreadable = None;
             // Each member's retention deleted its own oldest segments: the logs are
             // compared from the latest start.
             let mut from = 0;
+            let mut starts = Vec::new();
             for m in 0..self.member_count() {
                 if let Some(log) = self.members[usize::from(m)]
                     .groups
@@ -22,6 +60,7 @@ impl Run {
                     .and_then(|groups| groups.log(key(p)))
                 {
                     from = from.max(log.start_offset());
+                    starts.push(log.start_offset());
                 }
             }
             for m in 0..self.member_count() {
@@ -60,7 +99,10 @@ impl Run {
                         .take(12)
                         .map(|(base, bytes)| format!("{base}+{}", bytes.len()))
                         .collect();
-                    eprintln!("m{m} p{p}: journal {entries:?}; last batches {batches:?}");
+                    let start = starts.get(usize::from(m));
+                    eprintln!(
+                        "m{m} p{p}: journal {entries:?}; log from {start:?}, last {batches:?}"
+                    );
                 }
             }
             if let Some(err) = unreadable {
@@ -105,7 +147,6 @@ impl Run {
                     start + i as u64
                 ));
             }
-            records += values.len() as u64;
             for ((_, offset), value) in self.acked.range((p, from)..(p + 1, 0)) {
                 match values.get(offset) {
                     Some(Some(held)) if held == value => {}
@@ -120,8 +161,9 @@ impl Run {
                     }
                 }
             }
+            held.partitions.push(values);
         }
-        Ok(records)
+        Ok(held)
     }
 
     pub(super) fn restart_all_cleanly(&mut self) -> Result<(), String> {
