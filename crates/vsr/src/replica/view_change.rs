@@ -302,14 +302,6 @@ impl<S: StateMachine> Replica<S> {
         }
     }
 
-    /// Votes that say they never had `op` (with `checksum`, if named).
-    fn nack_count(votes: &Votes, op: u64, checksum: Option<Checksum>) -> usize {
-        votes
-            .values()
-            .filter(|v| Self::nacks_op(v, op, checksum))
-            .count()
-    }
-
     /// Votes that never acknowledged the prepare of `header`: those that say they never
     /// had it, and those whose log view is older than the view it was prepared in. A
     /// replica acknowledges a prepare only while normal in its view, with that log view
@@ -325,38 +317,30 @@ impl<S: StateMachine> Replica<S> {
             .count()
     }
 
-    /// Votes that say they never had `op`, whatever its checksum, as part of the log of
-    /// `best`'s log view. When `best` (trusted, of the highest log view) has no entry at
-    /// `op` either, the op was not in that view's starting log (which `best` holds, as
+    /// Votes that say they never had `op` (with `checksum`, if named) as part of the log
+    /// of `best`'s log view. When `best` (trusted, of the highest log view) has no entry
+    /// at `op` either, the op was not in that view's starting log (which `best` holds, as
     /// headers at least: the check above a new log's top assumes the same), so it was
     /// prepared in that view, and a vote of an older log view was never normal there to
-    /// acknowledge it: those count too (seed 1246066).
-    fn nack_count_in(votes: &Votes, best: &ViewChangeVote, op: u64) -> usize {
-        if !Self::nacks_op(best, op, None) {
-            return Self::nack_count(votes, op, None);
-        }
-        votes
-            .values()
-            .filter(|v| v.log_view < best.log_view || Self::nacks_op(v, op, None))
-            .count()
-    }
-
-    /// Votes that never acknowledged the op at a hole in the chain (`checksum`, named
-    /// by the op above as its parent, offered by no vote): those that say they never
-    /// had it, and, as in [`Self::nack_count_in`], those of an older log view when
-    /// `best` has no entry there (the op was prepared in `best`'s log view). (Counting
-    /// only the first, a view whose one trusted voter held the newest ops of its log
-    /// view as scattered headers could never drop them while the other voters were
-    /// untrusted, one of an older log view: the shell simulator's seed 315500 with
-    /// misdirected and latent damage and damage to sleeping files at four times the
-    /// faults never started a view again.)
-    fn hole_nack_count(votes: &Votes, best: &ViewChangeVote, op: u64, checksum: Checksum) -> usize {
+    /// acknowledge it: those count too. Asked for the top (seed 1246066) and for a hole
+    /// in the chain below it, whose checksum the op above names: counting older log
+    /// views only for ops some vote names, a view whose one trusted voter held the newest
+    /// ops of its log view as scattered headers could never drop the holes between them
+    /// while the other voters were untrusted, one of an older log view (the shell
+    /// simulator's seed 315500 with misdirected, latent and sleeping-file damage at four
+    /// times the faults never started a view again).
+    fn nack_count_in(
+        votes: &Votes,
+        best: &ViewChangeVote,
+        op: u64,
+        checksum: Option<Checksum>,
+    ) -> usize {
         let prepared_in_best_view = Self::nacks_op(best, op, None);
         votes
             .values()
             .filter(|v| {
                 (prepared_in_best_view && v.log_view < best.log_view)
-                    || Self::nacks_op(v, op, Some(checksum))
+                    || Self::nacks_op(v, op, checksum)
             })
             .count()
     }
@@ -456,7 +440,9 @@ impl<S: StateMachine> Replica<S> {
                     top = Some(header);
                     break;
                 }
-                if op <= commit || Self::nack_count_in(votes, &best, op) < self.config.quorum() {
+                if op <= commit
+                    || Self::nack_count_in(votes, &best, op, None) < self.config.quorum()
+                {
                     // Unknown, and perhaps committed: this view cannot start.
                     return false;
                 }
@@ -498,7 +484,7 @@ impl<S: StateMachine> Replica<S> {
                 // committed, so neither did anything above it. Look below it.
                 Some((op, checksum))
                     if op > commit
-                        && Self::hole_nack_count(votes, &best, op, checksum)
+                        && Self::nack_count_in(votes, &best, op, Some(checksum))
                             >= self.config.quorum() =>
                 {
                     limit = op - 1;

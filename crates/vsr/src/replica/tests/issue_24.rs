@@ -170,6 +170,42 @@ fn chain(group: u64, count: u64, view: u64) -> Vec<Prepare> {
         .collect()
 }
 
+/// A vote's entry holding `p` whole.
+fn whole(p: &Prepare) -> SuffixEntry {
+    SuffixEntry {
+        header: p.header,
+        body: Some(p.body.clone()),
+    }
+}
+
+/// A vote's entry holding `header` alone.
+fn alone(header: Header) -> SuffixEntry {
+    SuffixEntry { header, body: None }
+}
+
+/// Replica 1 of 3 of `group` restarted with `durable` and a trusted journal holding
+/// `ops` whole: a new primary about to adopt a log from votes.
+fn restarted_holding(
+    group: u64,
+    durable: DurableState,
+    ops: &[Prepare],
+) -> Replica<CounterMachine> {
+    Replica::restart(
+        Config::new(group, 1, 3, 5),
+        CounterMachine::default(),
+        Persisted {
+            durable,
+            checkpoint: None,
+            journal: ops
+                .iter()
+                .map(|p| (p.header.op, JournalSlot::Prepare(p.clone())))
+                .collect(),
+            journal_trusted: true,
+        },
+    )
+    .unwrap()
+}
+
 /// Issue 24, finding 5: a replica that lost its disk and was shown the current view's
 /// log (a StartView) before a quorum of peers answered its RequestViews stayed
 /// untrusted for ever: the StartView it asks for next names the view it is in already,
@@ -314,11 +350,6 @@ fn an_untrusted_journal_of_an_older_log_view_never_acknowledged_a_newer_views_op
         replica.rejoin.is_none(),
         "untrusted from op 0, but its views are its own: not a lost disk"
     );
-    let whole = |p: &Prepare| SuffixEntry {
-        header: p.header,
-        body: Some(p.body.clone()),
-    };
-    let alone = |header: Header| SuffixEntry { header, body: None };
     let own = ViewChangeVote {
         log_view: 0,
         op: 3,
@@ -387,34 +418,14 @@ fn an_untrusted_journal_of_an_older_log_view_never_acknowledged_a_newer_views_op
 fn a_view_never_starts_with_a_top_known_only_by_checksum() {
     let group = 7;
     let ops = chain(group, 8, 0);
-    let whole = |p: &Prepare| SuffixEntry {
-        header: p.header,
-        body: Some(p.body.clone()),
-    };
-    let alone = |p: &Prepare| SuffixEntry {
-        header: p.header,
-        body: None,
-    };
     let primary = || {
-        Replica::restart(
-            Config::new(group, 1, 3, 5),
-            CounterMachine::default(),
-            Persisted {
-                durable: DurableState {
-                    view: 5,
-                    log_view: 0,
-                    commit: 2,
-                    ..DurableState::default()
-                },
-                checkpoint: None,
-                journal: ops[..3]
-                    .iter()
-                    .map(|p| (p.header.op, JournalSlot::Prepare(p.clone())))
-                    .collect(),
-                journal_trusted: true,
-            },
-        )
-        .unwrap()
+        let durable = DurableState {
+            view: 5,
+            log_view: 0,
+            commit: 2,
+            ..DurableState::default()
+        };
+        restarted_holding(group, durable, &ops[..3])
     };
     let own = ViewChangeVote {
         log_view: 0,
@@ -432,9 +443,9 @@ fn a_view_never_starts_with_a_top_known_only_by_checksum() {
         commit_checksum: None,
         suffix: vec![
             whole(&ops[2]),
-            alone(&ops[5]),
-            alone(&ops[6]),
-            alone(&ops[7]),
+            alone(ops[5].header),
+            alone(ops[6].header),
+            alone(ops[7].header),
         ],
         faulty: vec![4, 5],
         trusted_through: u64::MAX,
@@ -458,7 +469,7 @@ fn a_view_never_starts_with_a_top_known_only_by_checksum() {
         commit: 5,
         commit_checksum: None,
         suffix: vec![
-            alone(&ops[4]),
+            alone(ops[4].header),
             whole(&ops[5]),
             whole(&ops[6]),
             whole(&ops[7]),
@@ -510,11 +521,6 @@ fn an_older_log_views_vote_names_the_newer_views_op_it_holds() {
         .seal()
     };
     let (of_view_6, of_view_5) = (newer(6, b"view 6"), newer(5, b"view 5"));
-    let alone = |header: Header| SuffixEntry { header, body: None };
-    let whole = |p: &Prepare| SuffixEntry {
-        header: p.header,
-        body: Some(p.body.clone()),
-    };
     let damaged = ViewChangeVote {
         log_view: 6,
         op: 8,
@@ -555,25 +561,13 @@ fn an_older_log_views_vote_names_the_newer_views_op_it_holds() {
     };
     let votes: BTreeMap<ReplicaId, ViewChangeVote> =
         [(0, damaged), (1, header_alone), (2, replaced)].into();
-    let mut replica = Replica::restart(
-        Config::new(group, 1, 3, 5),
-        CounterMachine::default(),
-        Persisted {
-            durable: DurableState {
-                view: 9,
-                log_view: 5,
-                commit: 5,
-                ..DurableState::default()
-            },
-            checkpoint: None,
-            journal: ops[..5]
-                .iter()
-                .map(|p| (p.header.op, JournalSlot::Prepare(p.clone())))
-                .collect(),
-            journal_trusted: true,
-        },
-    )
-    .unwrap();
+    let durable = DurableState {
+        view: 9,
+        log_view: 5,
+        commit: 5,
+        ..DurableState::default()
+    };
+    let mut replica = restarted_holding(group, durable, &ops[..5]);
     let mut out = Vec::new();
     assert!(
         replica.adopt_canonical_log(&votes, &mut out),
@@ -599,20 +593,12 @@ fn an_older_log_views_vote_names_the_newer_views_op_it_holds() {
 fn a_hole_prepared_in_the_best_log_view_is_dropped_with_an_older_log_views_vote() {
     let group = 11;
     let ops = chain(group, 8, 10);
-    let whole = |p: &Prepare| SuffixEntry {
-        header: p.header,
-        body: Some(p.body.clone()),
-    };
-    let alone = |p: &Prepare| SuffixEntry {
-        header: p.header,
-        body: None,
-    };
     let scattered = ViewChangeVote {
         log_view: 10,
         op: 8,
         commit: 4,
         commit_checksum: Some(ops[3].header.checksum),
-        suffix: vec![whole(&ops[3]), alone(&ops[5]), alone(&ops[7])],
+        suffix: vec![whole(&ops[3]), alone(ops[5].header), alone(ops[7].header)],
         faulty: vec![],
         trusted_through: u64::MAX,
     };
@@ -635,25 +621,13 @@ fn a_hole_prepared_in_the_best_log_view_is_dropped_with_an_older_log_views_vote(
         trusted_through: 0,
     };
     let primary = || {
-        Replica::restart(
-            Config::new(group, 1, 3, 5),
-            CounterMachine::default(),
-            Persisted {
-                durable: DurableState {
-                    view: 11,
-                    log_view: 10,
-                    commit: 4,
-                    ..DurableState::default()
-                },
-                checkpoint: None,
-                journal: ops[..4]
-                    .iter()
-                    .map(|p| (p.header.op, JournalSlot::Prepare(p.clone())))
-                    .collect(),
-                journal_trusted: true,
-            },
-        )
-        .unwrap()
+        let durable = DurableState {
+            view: 11,
+            log_view: 10,
+            commit: 4,
+            ..DurableState::default()
+        };
+        restarted_holding(group, durable, &ops[..4])
     };
     // Without the vote of the older log view, nothing says the untrusted voter never
     // acknowledged op 5: the view waits.
