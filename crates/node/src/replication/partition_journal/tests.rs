@@ -943,6 +943,7 @@ mod findings;
 mod misdirected;
 mod past_a_hole;
 mod retention;
+mod transfer;
 mod untrusted;
 
 /// Reopens, with `config`, the journal at `root/p` as every crash at or after traced
