@@ -26,6 +26,7 @@ macro_rules! invariant {
 
 mod codec;
 mod durable;
+mod lazy;
 mod message;
 mod node;
 pub mod op_map;

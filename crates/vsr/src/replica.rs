@@ -23,6 +23,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use bytes::Bytes;
 
 use crate::durable::{Checkpoint, DurableState};
+use crate::lazy::Lazy;
 use crate::message::{
     Checksum, Header, Message, Operation, Prepare, Refusal, ReplicaId, Reply, Request, SuffixEntry,
 };
@@ -67,6 +68,16 @@ pub struct IgnoredCounts {
     pub damaged: u64,
     /// From a replica that is not the primary of the view it speaks for.
     pub not_from_primary: u64,
+}
+
+impl IgnoredCounts {
+    /// Nothing ignored.
+    pub const NONE: Self = Self {
+        foreign_sender: 0,
+        wrong_group: 0,
+        damaged: 0,
+        not_from_primary: 0,
+    };
 }
 
 /// The replica's status.
@@ -344,12 +355,12 @@ pub struct Replica<S> {
     /// Entries are boxed: an idle group keeps one, and a map's node has room for eleven.
     journal: OpMap<Box<Entry>>,
     /// Ops whose journal slot is damaged and whose header is unknown.
-    faulty: BTreeSet<u64>,
+    faulty: Lazy<BTreeSet<u64>>,
     /// Expected checksums of ops not yet in the journal (commit anchors, parents).
-    wanted: BTreeMap<u64, Checksum>,
+    wanted: Lazy<BTreeMap<u64, Checksum>>,
     checkpoint: Header,
     state: ReplicatedState<S>,
-    prepare_oks: BTreeMap<u64, BTreeSet<ReplicaId>>,
+    prepare_oks: Lazy<BTreeMap<u64, BTreeSet<ReplicaId>>>,
     /// The new primary sent its StartView.
     start_view_sent: bool,
     /// A primary's StartView carries headers from this op up: the lowest anchor of the
@@ -382,7 +393,7 @@ pub struct Replica<S> {
     /// Boxed: almost every replica never has one.
     rejoin: Option<Box<Rejoin>>,
     /// Outputs a restart owes, given at the first step.
-    startup: Vec<Output>,
+    startup: Lazy<Vec<Output>>,
     /// Ops above this may have been acknowledged and lost (an untrusted journal after a
     /// restart): this replica's votes never nack them. `u64::MAX` when trusted.
     trusted_through: u64,
@@ -393,7 +404,7 @@ pub struct Replica<S> {
     /// loss, which its votes must not nack. Trusted once every one has its body
     /// written here ([`Replica::trust_once_whole`]).
     trust_waits_for_bodies: bool,
-    ignored: IgnoredCounts,
+    ignored: Lazy<IgnoredCounts>,
     /// Times this replica stepped down as a primary whose prepares committed nothing.
     step_downs: u32,
     deadlines: Deadlines,
@@ -445,11 +456,11 @@ impl<S: StateMachine> Replica<S> {
             commit_max: 0,
             durable: DurableState::default(),
             journal: OpMap::new(),
-            faulty: BTreeSet::new(),
-            wanted: BTreeMap::new(),
+            faulty: Lazy::default(),
+            wanted: Lazy::default(),
             checkpoint,
             state: ReplicatedState::new(machine, config.sessions_max),
-            prepare_oks: BTreeMap::new(),
+            prepare_oks: Lazy::default(),
             start_view_sent: false,
             start_view_anchor: 0,
             acks_owed: false,
@@ -461,11 +472,11 @@ impl<S: StateMachine> Replica<S> {
             idle_heartbeats: 0,
             leave_log_view: false,
             rejoin: None,
-            startup: Vec::new(),
+            startup: Lazy::default(),
             trusted_through: u64::MAX,
             persist_trust: false,
             trust_waits_for_bodies: false,
-            ignored: IgnoredCounts::default(),
+            ignored: Lazy::default(),
             step_downs: 0,
             deadlines: Deadlines::NONE,
             now: 0,
@@ -660,7 +671,7 @@ impl<S: StateMachine> Replica<S> {
 
     /// Messages ignored so far, by reason.
     pub fn ignored(&self) -> IgnoredCounts {
-        self.ignored
+        *self.ignored
     }
 
     /// Times this replica stepped down as a primary whose prepares committed nothing
@@ -740,7 +751,8 @@ impl<S: StateMachine> Replica<S> {
         debug_assert!(now >= self.now, "time went backwards");
         self.now = now.max(self.now);
         let before = self.progress();
-        out.append(&mut self.startup);
+        self.startup.if_boxed(|startup| out.append(startup));
+        self.startup.settle();
         if std::mem::take(&mut self.persist_trust) {
             self.write_state(out);
         }
@@ -861,8 +873,12 @@ impl<S: StateMachine> Replica<S> {
         let after_damage = body.is_none()
             && (self.faulty.contains(&header.op)
                 || self.journal.get(&header.op).is_some_and(|e| e.after_damage));
-        self.faulty.remove(&header.op);
-        self.wanted.remove(&header.op);
+        self.faulty.if_boxed(|f| {
+            f.remove(&header.op);
+        });
+        self.wanted.if_boxed(|w| {
+            w.remove(&header.op);
+        });
         self.journal.insert(
             header.op,
             Box::new(Entry {

@@ -110,7 +110,7 @@ impl<S: StateMachine> Replica<S> {
             }
         }
         if self.is_primary() {
-            for (op, acks) in &self.prepare_oks {
+            for (op, acks) in self.prepare_oks.iter() {
                 invariant!(
                     *op > self.commit_max && *op <= self.op,
                     "primary counts acks for op {op} outside ({}, {}]",

@@ -217,7 +217,9 @@ impl<S: StateMachine> Replica<S> {
                 break;
             }
             self.commit_max = op;
-            self.prepare_oks.remove(&op);
+            self.prepare_oks.if_boxed(|oks| {
+                oks.remove(&op);
+            });
         }
         if self.commit_max > before {
             // Progress: the step-down deadline starts again (see `settle_step_down`).
@@ -333,7 +335,9 @@ impl<S: StateMachine> Replica<S> {
             return;
         }
         self.commit_max = commit;
-        self.prepare_oks.retain(|op, _| *op > commit);
+        self.prepare_oks.if_boxed(|oks| {
+            oks.retain(|op, _| *op > commit);
+        });
         self.apply_committed(out);
         self.send_commit(out);
         // Ops above may already hold a quorum of acknowledgements, counted while the
@@ -451,7 +455,7 @@ impl<S: StateMachine> Replica<S> {
             self.journal = keep;
             // The checkpoint op's header stays as the chain's anchor.
             self.journal.or_insert(header.op, Entry::anchor(header));
-            self.wanted = self.wanted.split_off(&prune);
+            self.wanted.if_boxed(|w| *w = w.split_off(&prune));
         }
     }
 }

@@ -175,7 +175,9 @@ impl<S: StateMachine> Replica<S> {
         self.commit_max = self.commit_max.max(header.op);
         self.op = self.op.max(header.op);
         let commit = self.commit_max;
-        self.prepare_oks.retain(|op, _| *op > commit);
+        self.prepare_oks.if_boxed(|oks| {
+            oks.retain(|op, _| *op > commit);
+        });
         // The previous checkpoint stays on disk as the fallback should the new one be
         // damaged: the journal above it (ops this replica may have acknowledged) stays
         // with it.
@@ -183,8 +185,8 @@ impl<S: StateMachine> Replica<S> {
         self.checkpoint = header;
         self.journal = self.journal.split_off(&(header.op + 1));
         self.journal.insert(header.op, Entry::anchor(header));
-        self.wanted = self.wanted.split_off(&(header.op + 1));
-        self.faulty = self.faulty.split_off(&(header.op + 1));
+        self.wanted.if_boxed(|w| *w = w.split_off(&(header.op + 1)));
+        self.faulty.if_boxed(|f| *f = f.split_off(&(header.op + 1)));
         // Above the snapshot only two things are proven: the snapshot's op is committed,
         // and canonical entries are this view's log. An entry right above the snapshot
         // that does not name it as parent can never commit, nor can entries chained on
@@ -245,9 +247,15 @@ impl<S: StateMachine> Replica<S> {
         if let Some(top) = cut_above {
             out.push(Output::TruncateJournal { op: top });
             self.journal.retain(|o, _| *o <= top);
-            self.wanted.retain(|o, _| *o <= top);
-            self.faulty.retain(|o| *o <= top);
-            self.prepare_oks.retain(|o, _| *o <= top);
+            self.wanted.if_boxed(|w| {
+                w.retain(|o, _| *o <= top);
+            });
+            self.faulty.if_boxed(|f| {
+                f.retain(|o| *o <= top);
+            });
+            self.prepare_oks.if_boxed(|oks| {
+                oks.retain(|o, _| *o <= top);
+            });
         }
         self.op = self
             .journal

@@ -37,6 +37,11 @@ impl<S: StateMachine> Replica<S> {
     pub(super) fn settle_timers(&mut self) {
         if self.may_quiesce() {
             self.deadlines = Deadlines::NONE;
+            // What a busy spell boxed and emptied goes: an idle group keeps pointers.
+            self.faulty.settle();
+            self.wanted.settle();
+            self.prepare_oks.settle();
+            self.startup.settle();
             if self.journal.len() > 1 {
                 let anchor = self.journal.get(&self.commit_min).map(|e| e.header);
                 if let Some(header) = anchor {

@@ -7,6 +7,7 @@ type Votes = BTreeMap<ReplicaId, ViewChangeVote>;
 use super::{
     Deadlines, DurableState, Output, Phase, Replica, Status, Timer, ViewChangeState, ViewChangeVote,
 };
+use crate::lazy::Lazy;
 use crate::message::{Checksum, Header, Message, ReplicaId, SuffixEntry};
 use crate::state::StateMachine;
 
@@ -21,7 +22,9 @@ impl<S: StateMachine> Replica<S> {
         self.phase = Phase::ViewChange(Box::new(votes));
         self.heard_commit = 0;
         self.idle_heartbeats = 0;
-        self.prepare_oks.clear();
+        self.prepare_oks.if_boxed(|oks| {
+            oks.clear();
+        });
         // Uncommitted entries may be replaced by the new view's log.
         for (op, entry) in self.journal.iter_mut() {
             if *op > self.commit_max {
@@ -29,7 +32,9 @@ impl<S: StateMachine> Replica<S> {
             }
         }
         let commit = self.commit_max;
-        self.wanted.retain(|op, _| *op <= commit);
+        self.wanted.if_boxed(|w| {
+            w.retain(|op, _| *op <= commit);
+        });
         self.deadlines = Deadlines::NONE;
         self.watching = false;
         let timeout = self.view_change_timeout();
@@ -546,8 +551,12 @@ impl<S: StateMachine> Replica<S> {
             out.push(Output::TruncateJournal { op });
         }
         self.journal.retain(|o, _| *o <= op);
-        self.faulty.retain(|f| *f <= op);
-        self.wanted.retain(|o, _| *o <= op);
+        self.faulty.if_boxed(|f| {
+            f.retain(|f| *f <= op);
+        });
+        self.wanted.if_boxed(|w| {
+            w.retain(|o, _| *o <= op);
+        });
         self.op = op;
         for (o, (header, body)) in canonical {
             if o <= self.commit_min {
@@ -602,9 +611,11 @@ impl<S: StateMachine> Replica<S> {
             self.rejoin = None;
         }
         self.start_view_sent = false;
-        self.prepare_oks = ((self.commit_max + 1)..=self.op)
-            .map(|op| (op, BTreeSet::new()))
-            .collect();
+        self.prepare_oks = Lazy::from(
+            ((self.commit_max + 1)..=self.op)
+                .map(|op| (op, BTreeSet::new()))
+                .collect::<BTreeMap<_, _>>(),
+        );
         self.arm_status_timers();
         self.write_state(out);
         if self.view_durable() {
@@ -673,20 +684,28 @@ impl<S: StateMachine> Replica<S> {
             self.rejoin = None;
         }
         self.log_view = view;
-        self.prepare_oks.clear();
+        self.prepare_oks.if_boxed(|oks| {
+            oks.clear();
+        });
         if self.op > op || self.faulty.iter().any(|f| *f > op) {
             out.push(Output::TruncateJournal { op });
         }
         self.journal.retain(|o, _| *o <= op);
-        self.faulty.retain(|f| *f <= op);
-        self.wanted.retain(|o, _| *o <= op);
+        self.faulty.if_boxed(|f| {
+            f.retain(|f| *f <= op);
+        });
+        self.wanted.if_boxed(|w| {
+            w.retain(|o, _| *o <= op);
+        });
         for (o, entry) in self.journal.iter_mut() {
             if *o > self.commit_max {
                 entry.canonical = false;
             }
         }
         let commit_before = self.commit_max;
-        self.wanted.retain(|o, _| *o <= commit_before);
+        self.wanted.if_boxed(|w| {
+            w.retain(|o, _| *o <= commit_before);
+        });
         for entry in suffix {
             if entry.header.op <= self.commit_min {
                 // Applied here already: on disk (or in a checkpoint), maybe compacted out
