@@ -91,7 +91,7 @@ fn an_idle_group_costs_little_heap() {
         "idle group: {per_group} bytes of heap per group per node ({held} bytes for {GROUPS} groups on {NODES} nodes; the Replica struct alone is {} bytes)",
         std::mem::size_of::<Replica<CounterMachine>>()
     );
-    assert!(per_group <= 1_300, "an idle group holds {per_group} bytes");
+    assert!(per_group <= 1_200, "an idle group holds {per_group} bytes");
     // A message wakes one group; the others stay quiet.
     let wake = vec![one_request_per_group(1, 2, b"k=2").remove(0)];
     run(&mut nodes, 500, 100, wake);

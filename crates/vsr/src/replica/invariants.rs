@@ -67,7 +67,7 @@ impl<S: StateMachine> Replica<S> {
         );
         invariant!(self.log_view <= self.view, "log view ahead of view");
         invariant!(
-            self.checkpoint.op <= self.commit_min,
+            self.checkpoint_op <= self.commit_min,
             "checkpoint beyond applied"
         );
         invariant!(

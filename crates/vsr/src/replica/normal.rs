@@ -447,8 +447,8 @@ impl<S: StateMachine> Replica<S> {
         let prune = header
             .op
             .saturating_sub(self.config.journal_keep)
-            .min(self.checkpoint.op);
-        self.checkpoint = header;
+            .min(self.checkpoint_op);
+        self.checkpoint_op = header.op;
         if prune > 0 {
             out.push(Output::PruneJournal { op: prune });
             let keep = self.journal.split_off(&prune);

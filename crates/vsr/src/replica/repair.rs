@@ -181,8 +181,8 @@ impl<S: StateMachine> Replica<S> {
         // The previous checkpoint stays on disk as the fallback should the new one be
         // damaged: the journal above it (ops this replica may have acknowledged) stays
         // with it.
-        let fallback = self.checkpoint.op;
-        self.checkpoint = header;
+        let fallback = self.checkpoint_op;
+        self.checkpoint_op = header.op;
         self.journal = self.journal.split_off(&(header.op + 1));
         self.journal.insert(header.op, Entry::anchor(header));
         self.wanted.if_boxed(|w| *w = w.split_off(&(header.op + 1)));

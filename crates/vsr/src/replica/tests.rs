@@ -871,7 +871,7 @@ fn a_snapshot_install_keeps_the_journal_above_its_fallback_checkpoint() {
         h.settle(50);
     }
     assert_eq!(h.replica(2).commit_min(), 5);
-    let fallback = h.replica(2).checkpoint.op;
+    let fallback = h.replica(2).checkpoint_op;
     assert!(fallback >= 4, "replica 2 took a checkpoint");
     // Replica 2 never gets op 6, so it cannot apply past 5, while it writes and
     // acknowledges ops above it.

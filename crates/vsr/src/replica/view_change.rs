@@ -180,7 +180,7 @@ impl<S: StateMachine> Replica<S> {
             .journal
             .range(..=self.commit_max)
             .next_back()
-            .map_or(self.checkpoint.op, |(op, _)| *op);
+            .map_or(self.checkpoint_op, |(op, _)| *op);
         let vote = ViewChangeVote {
             log_view: self.durable.log_view,
             op: self.op,
@@ -645,7 +645,7 @@ impl<S: StateMachine> Replica<S> {
             .journal
             .range(..=anchor)
             .next_back()
-            .map_or(self.checkpoint.op, |(op, _)| *op);
+            .map_or(self.checkpoint_op, |(op, _)| *op);
         Message::StartView {
             view: self.view,
             op: self.op,
