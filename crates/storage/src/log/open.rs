@@ -168,8 +168,8 @@ impl PartitionLog {
         tag: i32,
         config: std::sync::Arc<LogConfig>,
         now_ms: u64,
-        start: u64,
-        next: u64,
+        (start, next): (u64, u64),
+        segments: u32,
     ) -> Result<Self, LogError> {
         let changed = |reason: String| LogError::NotAsClosed {
             path: dir.to_path_buf(),
@@ -181,6 +181,16 @@ impl PartitionLog {
         }
         if bases.is_empty() {
             return Err(changed("it has no segment".into()));
+        }
+        if bases_crc(bases.iter().copied()) != segments {
+            // A segment gone from the middle changes neither end: found here, or the
+            // log would read on from the segment before it as if the gap held its
+            // records, and a repair could never fill it (the shell simulator's seed
+            // 328385 with damage to sleeping files).
+            return Err(changed(format!(
+                "its segment files are not those it was closed with ({} now)",
+                bases.len()
+            )));
         }
         let segments = segments_of(&dir, bases, now_ms)?;
         let mut log = Self::found(std::sync::Arc::clone(&dir), config, tag, segments, clean);
@@ -339,6 +349,13 @@ fn segments_of(dir: &Path, bases: Vec<u64>, now_ms: u64) -> Result<Vec<Segment>,
 
 /// Lists the segment base offsets of `dir` in order, removes leftovers (temporary
 /// files, index files whose `.log` is gone), and reports the clean-shutdown marker.
+/// A CRC32C of segments' base offsets, in order: which segment files a log has.
+pub(super) fn bases_crc(bases: impl Iterator<Item = u64>) -> u32 {
+    bases.fold(0, |crc, base| {
+        crc32c::crc32c_append(crc, &base.to_be_bytes())
+    })
+}
+
 fn scan_dir(dir: &Path) -> Result<(Vec<u64>, bool), LogError> {
     let mut logs = Vec::new();
     let mut indexes = Vec::new();

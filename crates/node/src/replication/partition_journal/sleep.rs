@@ -18,6 +18,8 @@ pub(crate) struct PartitionAsleep {
     /// The log's offsets when it was closed: it must hold the same when reopened.
     log_start: u64,
     log_next: u64,
+    /// Which segment files it had ([`braid_storage::PartitionLog::segments_crc`]).
+    log_segments: u32,
     /// When retention would delete a segment (`PartitionLog::retention_due_ms`,
     /// `u64::MAX` for never): a sleeping log gains nothing, so only the clock brings
     /// it closer.
@@ -76,6 +78,7 @@ impl PartitionJournal {
             tag: self.log.tag(),
             log_start: self.log.start_offset(),
             log_next: self.log.next_offset(),
+            log_segments: self.log.segments_crc(),
             retention_due_ms,
             index: index.sleep(),
             tip: self.tip,
@@ -107,6 +110,7 @@ impl PartitionJournal {
             tag,
             log_start,
             log_next,
+            log_segments,
             retention_due_ms: _,
             index,
             tip,
@@ -122,8 +126,8 @@ impl PartitionJournal {
             tag,
             config,
             now_ms,
-            log_start,
-            log_next,
+            (log_start, log_next),
+            log_segments,
         )?;
         let path = SharedPath::new(Arc::clone(&dir), FileName::Fixed(JOURNAL_FILE));
         // Damage the open cuts may hide reported ops: the mark is made first, as at a

@@ -7,7 +7,7 @@ const TAG: i32 = 0x0003_0007;
 
 /// A log of two segments (small segments) with batches in both, closed; its offsets
 /// and the settings it was opened with.
-fn closed_log(dir: &Path) -> (u64, u64, Arc<LogConfig>) {
+fn closed_log(dir: &Path) -> ((u64, u64, u32), Arc<LogConfig>) {
     let config = Arc::new(small_config());
     let mut log = PartitionLog::open_tagged(dir, TAG, Arc::clone(&config), 0).unwrap();
     for i in 0..60 {
@@ -15,25 +15,32 @@ fn closed_log(dir: &Path) -> (u64, u64, Arc<LogConfig>) {
             .unwrap();
     }
     log.sync().unwrap();
-    assert!(log.segment_count() > 1, "several segments");
-    let (start, next) = (log.start_offset(), log.next_offset());
+    assert!(log.segment_count() > 2, "several segments");
+    let shape = (log.start_offset(), log.next_offset(), log.segments_crc());
     log.close().unwrap();
-    (start, next, config)
+    (shape, config)
 }
 
 fn reopen(
     dir: &Path,
     config: &Arc<LogConfig>,
-    start: u64,
-    next: u64,
+    (start, next, segments): (u64, u64, u32),
 ) -> Result<PartitionLog, LogError> {
-    PartitionLog::reopen_closed(Arc::from(dir), TAG, Arc::clone(config), 0, start, next)
+    PartitionLog::reopen_closed(
+        Arc::from(dir),
+        TAG,
+        Arc::clone(config),
+        0,
+        (start, next),
+        segments,
+    )
 }
 
 #[test]
 fn a_closed_log_opens_again_as_it_was_and_takes_writes() {
     let dir = tempfile::tempdir().unwrap();
-    let (start, next, config) = closed_log(dir.path());
+    let (shape, config) = closed_log(dir.path());
+    let (start, next, _) = shape;
     let before = decode(
         &PartitionLog::open_tagged(dir.path(), TAG, small_config(), 0)
             .unwrap()
@@ -43,7 +50,7 @@ fn a_closed_log_opens_again_as_it_was_and_takes_writes() {
     // The open above found it clean and wrote nothing; close it again as it was.
     let log = PartitionLog::open_tagged(dir.path(), TAG, small_config(), 0).unwrap();
     log.close().unwrap();
-    let mut log = reopen(dir.path(), &config, start, next).unwrap();
+    let mut log = reopen(dir.path(), &config, shape).unwrap();
     assert_eq!((log.start_offset(), log.next_offset()), (start, next));
     assert_eq!(log.durable_offset(), next);
     assert_eq!(decode(&log.read(start, 1 << 20, u64::MAX).unwrap()), before);
@@ -60,7 +67,7 @@ fn a_closed_log_opens_again_as_it_was_and_takes_writes() {
 #[test]
 fn a_closed_log_changed_at_rest_is_refused_not_repaired() {
     type Change = fn(&Path);
-    let changes: [(&str, Change); 4] = [
+    let changes: [(&str, Change); 5] = [
         ("marker gone", |dir| {
             std::fs::remove_file(dir.join(crate::files::CLEAN_MARKER)).unwrap()
         }),
@@ -76,6 +83,9 @@ fn a_closed_log_changed_at_rest_is_refused_not_repaired() {
         ("oldest segment gone", |dir| {
             std::fs::remove_file(crate::files::log_path(dir, 0)).unwrap();
         }),
+        ("a middle segment gone", |dir| {
+            std::fs::remove_file(&log_files(dir)[1]).unwrap();
+        }),
         ("every segment gone", |dir| {
             for entry in std::fs::read_dir(dir).unwrap() {
                 let path = entry.unwrap().path();
@@ -87,7 +97,7 @@ fn a_closed_log_changed_at_rest_is_refused_not_repaired() {
     ];
     for (what, change) in changes {
         let dir = tempfile::tempdir().unwrap();
-        let (start, next, config) = closed_log(dir.path());
+        let (shape, config) = closed_log(dir.path());
         change(dir.path());
         let listed = |dir: &Path| {
             let mut names: Vec<_> = std::fs::read_dir(dir)
@@ -103,7 +113,7 @@ fn a_closed_log_changed_at_rest_is_refused_not_repaired() {
             names
         };
         let files_before = listed(dir.path());
-        match reopen(dir.path(), &config, start, next) {
+        match reopen(dir.path(), &config, shape) {
             Err(LogError::NotAsClosed { .. }) => {}
             other => panic!("{what}: {other:?}"),
         }
