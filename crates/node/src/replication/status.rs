@@ -90,12 +90,18 @@ impl GroupStatus {
         self.commit_max.saturating_sub(self.commit_min)
     }
 
-    /// In normal status (so it heard from its view's primary since it started) and
-    /// applied all it knows committed. An untrusted journal does not count against it:
-    /// under `fsync = never` every restart is untrusted until the next view change,
-    /// which a healthy group may never have; it only limits the replica's votes.
+    /// In normal status (so it heard from its view's primary since it started),
+    /// applied all it knows committed, and not copying its log from a peer (until the
+    /// copy is done it acknowledges nothing above the checkpoint, so it backs no
+    /// quorum: an outside review found `/ready` 200 during a copy, and the next member
+    /// stopped in a rolling restart stalled the partition's writes for the copy's
+    /// length). An untrusted journal does not count against it: under `fsync = never`
+    /// every restart is untrusted until the next view change, which a healthy group
+    /// may never have; it only limits the replica's votes.
     pub(crate) fn caught_up(&self) -> bool {
-        self.status == Status::Normal && self.commit_lag() == 0
+        self.status == Status::Normal
+            && self.commit_lag() == 0
+            && self.journal.is_none_or(|j| j.copying.is_none())
     }
 
     /// The status as the client protocol carries it.
@@ -357,6 +363,17 @@ mod tests {
         board.publish(1, vec![stepped]);
         assert_eq!(board.summary(2).step_downs, 2);
         board.publish(0, vec![row(0, 2, Status::Normal, (8, 8))]);
+        // A partition copying its log from a peer is not caught up, whatever its
+        // commit says.
+        let mut copying = row(9, 4, Status::Normal, (3, 3));
+        copying.journal = Some(JournalProgress {
+            tip: 3,
+            waiting: 0,
+            copying: Some((100, 900)),
+        });
+        board.publish(1, vec![copying]);
+        assert!(!board.summary(2).caught_up());
+        assert_eq!(board.summary(2).behind, 1);
         board.publish(1, vec![row(9, 4, Status::Normal, (3, 3))]);
         let summary = board.summary(2);
         assert!(summary.caught_up());
