@@ -129,7 +129,7 @@ impl<T> MetaGroup<T> {
             host.start_fresh_untrusted();
         }
         if lost {
-            host.restart_as_lost(METADATA_GROUP);
+            host.restart_as_lost(METADATA_GROUP)?;
         }
         let config = Config {
             pipeline_max: 8,

@@ -415,7 +415,7 @@ impl PartitionGroups {
                 return Err(HostError::Damaged { group, reason });
             }
             tracing::warn!(group, %reason, "the group restarts as a replica that lost its disk");
-            self.host.restart_as_lost(group);
+            self.host.restart_as_lost(group)?;
         }
         let mut log_config = log_config;
         if self.members > 1 {

@@ -494,8 +494,20 @@ impl<S: StateMachine, J: Journal> ShardHost<S, J> {
     /// `group`, when added, restarts as a replica that lost its disk (untrusted from op
     /// 0, abstaining until its peers show it the current view), keeping what files it
     /// still has for repair: a file of it is gone from a directory that once held it.
-    pub(crate) fn restart_as_lost(&mut self, group: u64) {
+    /// The loss is made durable in the group's state at once, before the caller
+    /// makes its files anew: a crash in between must not leave a new, empty journal
+    /// beside the old state, which would restart the group trusted and amnesiac (the
+    /// shell simulator's seed 333206: a partition's `vsr.journal` lost while it slept
+    /// was made anew, the member crashed before its turn wrote the state, restarted
+    /// trusted with nothing, and its votes dropped ops it had acknowledged).
+    ///
+    /// # Errors
+    /// The states table could not be written.
+    pub(crate) fn restart_as_lost(&mut self, group: u64) -> Result<(), HostError> {
         self.lost.insert(group);
+        self.states
+            .write_now(group, Persisted::after_disk_loss().durable)?;
+        Ok(())
     }
 
     /// Whether `group` ever wrote a durable state here (its slot in the states table,

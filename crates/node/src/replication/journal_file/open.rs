@@ -263,8 +263,9 @@ pub(crate) struct DurablePrefix {
 
 impl DurablePrefix {
     /// What each op at or above `from` held as of the last durability marker: a
-    /// prepare kept whole stays whole (its body may be nowhere else), any other entry
-    /// as its header alone; a damaged one is left out.
+    /// prepare kept whole stays whole (its body may be nowhere else), a damaged one
+    /// damaged (its lost body may have been acknowledged), any other entry as its
+    /// header alone.
     pub(crate) fn slots_from(&self, from: u64) -> Vec<(u64, JournalSlot)> {
         let scan = Scan::of(
             &self.bytes,
@@ -274,7 +275,6 @@ impl DurablePrefix {
         );
         scan.entries
             .range(from..)
-            .filter(|(_, entry)| !matches!(entry, Entry::Damaged(_)))
             .map(|(op, entry)| (*op, entry.slot()))
             .collect()
     }

@@ -252,12 +252,16 @@ impl PartitionJournal {
                 // vote of that log view said its log ended below them, and a view
                 // change dropped committed ops (the shell simulator's seed 23612:
                 // offset 187 acknowledged twice). They stay, headers alone, their
-                // bodies repaired from a peer.
+                // bodies repaired from a peer; an op the durable journal holds as
+                // damaged stays damaged (its lost body may have been acknowledged:
+                // the shell simulator's seed 330755, whose member, its journal
+                // damaged, wrote its ops again from a peer, lost their batches to a
+                // power loss, and voted that it never had them).
                 for (above, slot) in found.durable.slots_from(op) {
                     match &slot {
                         JournalSlot::Prepare(prepare) => journal.index.write_prepare(prepare)?,
                         JournalSlot::Header(header) => journal.index.write_header(header)?,
-                        JournalSlot::Damaged => continue,
+                        JournalSlot::Damaged => journal.index.write_damaged(above)?,
                     }
                     slots.push((above, slot));
                 }

@@ -702,3 +702,27 @@ fn checkpoint_lost_in_both_copies(delete: bool) {
         "nothing made"
     );
 }
+
+/// A group found to have lost its files says so in its durable state at once, before
+/// its files are made anew: a crash before the turn that would write the state must
+/// not leave the old state beside a new, empty journal, which restarted the group
+/// trusted and amnesiac (the shell simulator's seed 333206, whose member's votes then
+/// dropped ops it had acknowledged).
+#[test]
+fn a_group_found_lost_is_durably_untrusted_before_its_files_are_made_again() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let mut host = open(dir.path(), 0, 3).unwrap();
+        step(&mut host, 1, Input::Tick);
+        assert!(host.has_state(0), "the group wrote its state");
+    }
+    {
+        // Opened again, the group's files found gone: the process dies before a turn.
+        let mut host = ShardHost::<MetadataMachine>::open(dir.path(), 0).unwrap();
+        host.restart_as_lost(0).unwrap();
+    }
+    let states = GroupStates::open(dir.path(), 0, BootId::current()).unwrap();
+    let state = states.get(0).unwrap();
+    assert!(state.views_lost, "{state:?}");
+    assert_eq!(state.journal_trusted_through, 0, "{state:?}");
+}

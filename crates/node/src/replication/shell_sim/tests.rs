@@ -267,14 +267,20 @@ fn seeds_that_found_faults_at_four_times_the_faults_pass() {
     // trust, and with its peer's prepares lost to damage no view change ended
     // (322172). A segment file removed from the middle of a sleeping log changed
     // neither of its ends, so the wake took the log for unchanged and its repair could
-    // never fill the gap (328385).
+    // never fill the gap (328385). Two seeds lost acknowledged records: ops marked
+    // damaged, then written again from a peer with their batches unsynced, read back
+    // after a power loss as never written (the open's fall back to the durable
+    // journal left damaged ops out), and the member's vote dropped them (330755); a
+    // partition's vsr.journal lost while it slept was made anew before the loss was
+    // durable in the group's state, so a crash restarted it trusted and amnesiac
+    // (333206).
     let everything = Variant {
         misdirected: true,
         latent: true,
         asleep: true,
         ..variant
     };
-    for seed in [315500, 322172, 328385] {
+    for seed in [315500, 322172, 328385, 330755, 333206] {
         if let Err(failure) = run_seed(seed, everything) {
             panic!("{failure}");
         }
