@@ -167,6 +167,28 @@ impl PartitionJournal {
                         );
                         (JournalSlot::Damaged, None)
                     }
+                    Body::Absent
+                        if journal
+                            .log
+                            .recovery()
+                            .damage_cut_at
+                            .is_some_and(|cut| base >= cut) =>
+                    {
+                        // The log's open cut it with damage (not a torn tail): an
+                        // unmarked record says only that no sync marker followed it,
+                        // and under `fsync = never` or `interval` a reported op may
+                        // have none. Damaged, never absent (the shell simulator's seed
+                        // 337454: a zeroed first page of a sleeping member's log, its
+                        // acknowledged ops read as never written and dropped).
+                        tracing::warn!(
+                            dir = %dir.display(),
+                            op,
+                            base,
+                            "an op's batch went with damage the partition log's open cut; \
+                             it is repaired from a peer"
+                        );
+                        (JournalSlot::Damaged, None)
+                    }
                     Body::Absent if base < journal.log.start_offset() => {
                         // Below the log's start: deleted (retention deletes only what
                         // the journal pruned, so by a version that did not, or the

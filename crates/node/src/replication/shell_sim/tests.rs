@@ -273,14 +273,16 @@ fn seeds_that_found_faults_at_four_times_the_faults_pass() {
     // journal left damaged ops out), and the member's vote dropped them (330755); a
     // partition's vsr.journal lost while it slept was made anew before the loss was
     // durable in the group's state, so a crash restarted it trusted and amnesiac
-    // (333206).
+    // (333206). A zeroed first page of a sleeping member's log: its open cut the log
+    // there, and the ops whose batches went with it, their records unmarked under
+    // `fsync = never`, read as never written and were dropped (337454).
     let everything = Variant {
         misdirected: true,
         latent: true,
         asleep: true,
         ..variant
     };
-    for seed in [315500, 322172, 328385, 330755, 333206] {
+    for seed in [315500, 322172, 328385, 330755, 333206, 337454] {
         if let Err(failure) = run_seed(seed, everything) {
             panic!("{failure}");
         }
