@@ -275,14 +275,17 @@ fn seeds_that_found_faults_at_four_times_the_faults_pass() {
     // durable in the group's state, so a crash restarted it trusted and amnesiac
     // (333206). A zeroed first page of a sleeping member's log: its open cut the log
     // there, and the ops whose batches went with it, their records unmarked under
-    // `fsync = never`, read as never written and were dropped (337454).
+    // `fsync = never`, read as never written and were dropped (337454). A log cut to
+    // its segment's start below the prune point's end, with registers kept above that
+    // point, was not copied back up to it: the next op's repaired batch went in at
+    // offset 0 and the member's partitions stopped (335808).
     let everything = Variant {
         misdirected: true,
         latent: true,
         asleep: true,
         ..variant
     };
-    for seed in [315500, 322172, 328385, 330755, 333206, 337454] {
+    for seed in [315500, 322172, 328385, 330755, 333206, 335808, 337454] {
         if let Err(failure) = run_seed(seed, everything) {
             panic!("{failure}");
         }

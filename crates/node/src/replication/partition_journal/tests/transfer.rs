@@ -55,3 +55,80 @@ fn a_copy_started_again_at_the_peers_start_keeps_no_entry_below_it() {
         .unwrap();
     assert_eq!(journal.behind().map(|t| t.cursor), Some(peer_start));
 }
+
+/// The shell simulator's seed 335808 (everything at rest, four times the faults): a
+/// member's log was damaged in the batch of an op above the registers that followed
+/// its prune point, and the open's cut to that op's place, walking from the offset
+/// index's entry before it into the damage, went to the segment's start. With
+/// registers kept above the prune point, the open did not copy the log back up to that
+/// point's end: the op's batch, repaired, went in at offset 0 instead of its own, and
+/// the member's partitions stopped ("committed op 133 takes offsets from 304 on ... a
+/// batch stored at 0"). A log cut below the prune point's end is copied back to it,
+/// whatever registers follow.
+#[test]
+fn a_log_cut_below_its_prune_point_behind_registers_is_copied_back() {
+    let ops = chain(6, 1, "a");
+    let (_peer_dir, mut peer, end_6) = peer_holding(&ops);
+    let mut above = Vec::new();
+    let mut parent = ops[5].header.checksum;
+    for op in 7..=10u64 {
+        let (operation, body) = match op {
+            9 | 10 => (Operation::Request, batch("b", 2)),
+            _ => (Operation::Register, op.to_be_bytes().to_vec()),
+        };
+        let p = prepare(op, 1, parent, operation, body);
+        parent = p.header.checksum;
+        above.push(p);
+    }
+    // An index entry at every batch, as a long segment has one before each page: the
+    // open's check of a closed log reads on from the newest entry only.
+    let dense = LogConfig {
+        index_interval_bytes: 1,
+        ..member_config()
+    };
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let (mut journal, _) = PartitionJournal::open(dir.path(), GROUP, TAG, dense, 0).unwrap();
+        for p in ops.iter().chain(&above) {
+            journal.write_prepare(p, 0).unwrap();
+        }
+        journal.sync().unwrap();
+        journal.prune(6).unwrap();
+        journal.sync().unwrap();
+        assert_eq!(journal.index.pruned(), (6, Some(end_6)));
+        assert_eq!(journal.index.entry(9).and_then(|(_, b)| b), Some(end_6));
+        journal.close().unwrap();
+    }
+    // Damage at rest over op 9's batch header.
+    let path = dir.path().join(format!("{:020}.log", 0));
+    let mut bytes = std::fs::read(&path).unwrap();
+    let op_9: usize = ops.iter().map(|p| p.body.len()).sum();
+    bytes[op_9..op_9 + 16].fill(0);
+    std::fs::write(&path, &bytes).unwrap();
+    let (mut journal, recovered) =
+        PartitionJournal::open(dir.path(), GROUP, TAG, dense, 0).unwrap();
+    assert_eq!(
+        recovered.slots.iter().find(|(op, _)| *op == 9),
+        Some(&(9, JournalSlot::Damaged)),
+        "op 9 is repaired from a peer"
+    );
+    assert_eq!(journal.log().next_offset(), 0, "cut at the segment's start");
+    assert_eq!(
+        journal.behind(),
+        Some(Transfer {
+            op: 6,
+            log_end: end_6,
+            cursor: 0,
+        }),
+        "the log is copied back up to the prune point's end"
+    );
+    copy_all(&mut journal, &mut peer, end_6);
+    assert_eq!(journal.behind(), None);
+    journal.write_prepare(&above[2], 0).unwrap();
+    journal.sync().unwrap();
+    assert_eq!(
+        journal.index.entry(9).and_then(|(_, base)| base),
+        Some(end_6),
+        "the repaired batch goes at the prune point's end"
+    );
+}
