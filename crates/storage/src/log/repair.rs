@@ -101,12 +101,16 @@ impl PartitionLog {
             let bytes = read_at(position, total)?;
             Ok(RecordBatch::check_stored(&bytes, tag).ok().map(|_| header))
         };
-        // From `start` (a position and the offset of the batch there) over the batch
-        // headers to the batch holding `from`: its position and base offset, or the
-        // offset where no batch starts as it should.
+        // From `start` (a position and the offset of the batch there) over the intact
+        // batches to the batch holding `from`: its position and base offset, or the
+        // base of the first batch that does not check. Each batch is checked whole, not
+        // by its header alone: a header whose base offset is in place may lie about the
+        // batch's records (a page of another log over it), and the offset it points to
+        // lies inside the peers' batch, which they refuse to start a copy at (the shell
+        // simulator's seed 339187 asked for such an offset for ever).
         let walk = |(mut position, mut expected): (u64, u64)| -> Result<_, LogError> {
             while expected < from {
-                match header_at(position)?.filter(|h| h.base_offset == expected as i64) {
+                match intact_at(position, expected)? {
                     Some(header) => {
                         position += header.total_bytes() as u64;
                         expected = header.last_offset() as u64 + 1;

@@ -278,14 +278,19 @@ fn seeds_that_found_faults_at_four_times_the_faults_pass() {
     // `fsync = never`, read as never written and were dropped (337454). A log cut to
     // its segment's start below the prune point's end, with registers kept above that
     // point, was not copied back up to it: the next op's repaired batch went in at
-    // offset 0 and the member's partitions stopped (335808).
+    // offset 0 and the member's partitions stopped (335808). A repair past a batch
+    // whose header lied about its records (its base offset in place) was asked from
+    // the offset that header pointed to, inside the peers' batch, and refused for ever
+    // (339187).
     let everything = Variant {
         misdirected: true,
         latent: true,
         asleep: true,
         ..variant
     };
-    for seed in [315500, 322172, 328385, 330755, 333206, 335808, 337454] {
+    for seed in [
+        315500, 322172, 328385, 330755, 333206, 335808, 337454, 339187,
+    ] {
         if let Err(failure) = run_seed(seed, everything) {
             panic!("{failure}");
         }

@@ -280,3 +280,58 @@ fn a_sealed_segment_seeming_to_end_past_the_next_is_damage_not_a_gap() {
     assert_eq!(damaged, Some(last.1), "the damaged batch is found");
     assert_eq!(served, clean[..served.len()]);
 }
+
+/// A batch whose header still reads (its base offset in place) but lies about its
+/// records (a page of another log written over it, say) is where the damage begins: a
+/// repair asked past it names that batch's base, never the offset its lying header
+/// points to, which falls inside the peers' batch. (Named there, the shell simulator's
+/// seed 339187 at four times the faults asked peers for offset 96 for ever, and each
+/// refused it: it lies inside their batch at 95.)
+#[test]
+fn a_repair_past_a_batch_whose_header_lies_names_that_batchs_base() {
+    let sparse = LogConfig {
+        index_interval_bytes: 1 << 20,
+        ..small_config()
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let replica = tempfile::tempdir().unwrap();
+    let mut log = PartitionLog::open(dir.path(), sparse, 0).unwrap();
+    let mut other = PartitionLog::open(replica.path(), sparse, 0).unwrap();
+    for i in 0..60 {
+        log.append(batch_of(&records(3, i, 20, i as u8)), 0)
+            .unwrap();
+        other
+            .append(batch_of(&records(3, i, 20, i as u8)), 0)
+            .unwrap();
+    }
+    let (clean, _) = verified_batches(&mut log);
+    log.close().unwrap();
+    assert!(log_files(dir.path()).len() > 1, "a sealed segment first");
+    let first = &log_files(dir.path())[0];
+    let mut bytes = std::fs::read(first).unwrap();
+    // The fourth batch (offsets 9..11) claims one record: its last offset delta and
+    // record count say so, its length and base offset are untouched.
+    let at: usize = clean[..3].iter().map(|(_, b)| b.len()).sum();
+    let field = |name: usize| at + name;
+    bytes[field(braid_proto::batch::field::LAST_OFFSET_DELTA)..][..4]
+        .copy_from_slice(&0i32.to_be_bytes());
+    bytes[field(braid_proto::batch::field::RECORD_COUNT)..][..4]
+        .copy_from_slice(&1i32.to_be_bytes());
+    std::fs::write(first, bytes).unwrap();
+    let mut log = PartitionLog::open(dir.path(), sparse, 0).unwrap();
+    let copy = other.read(15, 1 << 20, u64::MAX).unwrap();
+    match log.repair_batches(15, copy.bytes()) {
+        Err(LogError::RepairFromEarlier {
+            offset: 15,
+            damaged_from: 9,
+        }) => {}
+        other => panic!("expected the lying batch's base, got {other:?}"),
+    }
+    let copy = other.read(9, 1 << 20, u64::MAX).unwrap();
+    assert!(log.repair_batches(9, copy.bytes()).unwrap() > 0);
+    assert_eq!(
+        verified_batches(&mut log),
+        verified_batches(&mut other),
+        "repaired from there"
+    );
+}
