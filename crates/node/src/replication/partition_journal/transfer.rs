@@ -63,7 +63,13 @@ impl PartitionJournal {
             return Ok(());
         }
         self.forget_waiting(|o| o > op);
-        let cursor = self.applied_end().min(log_end);
+        // A copy running to an older checkpoint goes on from where it got to: what it
+        // copied is a prefix of the committed log, which this checkpoint's extends.
+        // (Started again from what was applied, a member behind under load copied the
+        // same chunks after each of its peers' checkpoints: the shell simulator's seed
+        // 337060.)
+        let copied = self.behind.map_or(0, |t| t.cursor);
+        let cursor = self.applied_end().max(copied).min(log_end);
         self.behind = Some(Transfer {
             op,
             log_end,

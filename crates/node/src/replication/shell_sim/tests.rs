@@ -281,7 +281,9 @@ fn seeds_that_found_faults_at_four_times_the_faults_pass() {
     // offset 0 and the member's partitions stopped (335808). A repair past a batch
     // whose header lied about its records (its base offset in place) was asked from
     // the offset that header pointed to, inside the peers' batch, and refused for ever
-    // (339187).
+    // (339187). A member behind under load started its copy again from what it had
+    // applied at each of its peers' checkpoints, and caught up only long after the load
+    // stopped (337060).
     let everything = Variant {
         misdirected: true,
         latent: true,
