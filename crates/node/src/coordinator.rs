@@ -202,6 +202,21 @@ impl MetaService {
             .coordinator
             .store(primary, std::sync::atomic::Ordering::Relaxed);
         self.serve_once_caught_up(shared);
+        self.note_new_topics(shared);
+    }
+
+    /// Tells the shards, once the metadata replica knows it, from which topic id on
+    /// every topic was created after this node started (see
+    /// [`MetaGroup::new_topics_from`]).
+    fn note_new_topics(&mut self, shared: &NodeShared) {
+        use std::sync::atomic::Ordering;
+        if shared.new_topics_from.load(Ordering::Relaxed) != crate::mailbox::TOPICS_UNKNOWN {
+            return;
+        }
+        if let Some(from) = self.group.new_topics_from() {
+            shared.new_topics_from.store(from, Ordering::Release);
+            tracing::debug!(from, "topics from this id on were created after the start");
+        }
     }
 
     /// Once the metadata replica has caught up after the start, lets clients in as soon

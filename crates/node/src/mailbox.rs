@@ -97,6 +97,9 @@ pub(crate) enum Control {
     },
 }
 
+/// [`NodeShared::new_topics_from`] before it is known.
+pub(crate) const TOPICS_UNKNOWN: u32 = u32::MAX;
+
 /// What every shard knows of the node.
 #[derive(Debug)]
 pub(crate) struct NodeShared {
@@ -148,6 +151,11 @@ pub(crate) struct NodeShared {
     /// from metadata that lags (an empty stream list, `StreamNotFound`). Set once, by
     /// shard 0; a lone node is caught up when it starts.
     pub(crate) metadata_caught_up: std::sync::atomic::AtomicBool,
+    /// The lowest topic id no topic created before this node started can have
+    /// ([`TOPICS_UNKNOWN`] until the metadata replica knows it): on a member that lost
+    /// its data, the partitions of topics from there on start trusted. Set once, by
+    /// shard 0.
+    pub(crate) new_topics_from: std::sync::atomic::AtomicU32,
     /// TLS on the client port, if configured.
     pub(crate) tls: Option<crate::tls::ClientTls>,
     /// Derives the stand-in credential shown for unknown users (drawn at start).

@@ -195,6 +195,7 @@ impl Node {
             partitions_published: std::sync::RwLock::default(),
             coordinator: std::sync::atomic::AtomicU8::new(crate::mailbox::NO_MEMBER),
             metadata_caught_up: std::sync::atomic::AtomicBool::new(!clustered),
+            new_topics_from: std::sync::atomic::AtomicU32::new(crate::mailbox::TOPICS_UNKNOWN),
             tls,
             stand_in_secret,
             cluster,

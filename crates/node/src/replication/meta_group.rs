@@ -107,6 +107,10 @@ pub(crate) struct MetaGroup<T> {
     /// they name: a client told "created" must find the topic on this node.
     held: Vec<(u64, T, Result<(), NodeError>)>,
     failed: Option<String>,
+    /// The replica's newest op when it was first trusted and normal since the start.
+    trusted_head: Option<u64>,
+    /// Every topic created before the start has an id below this, once known.
+    new_topics_from: Option<u32>,
 }
 
 impl<T> MetaGroup<T> {
@@ -154,6 +158,8 @@ impl<T> MetaGroup<T> {
             layout_seen: 0,
             held: Vec::new(),
             failed: None,
+            trusted_head: None,
+            new_topics_from: None,
         };
         if members == 1 {
             // Normal, with every committed op applied, before the node serves; its
@@ -211,6 +217,26 @@ impl<T> MetaGroup<T> {
             Some(replica) => replica.state().machine().state(),
             None => NONE.get_or_init(Metadata::default),
         }
+    }
+
+    /// The lowest topic id that no topic created before this node started can have,
+    /// once known: the replica is trusted and normal (its log holds every op committed
+    /// before the start), and has applied every op its log held then. A member that
+    /// lost its data may have acknowledged ops of the partitions of older topics; a
+    /// topic from this id on was created after it started again, so it never did.
+    pub(crate) fn new_topics_from(&mut self) -> Option<u32> {
+        if self.new_topics_from.is_none() {
+            let replica = self.replica()?;
+            if !replica.journal_trusted() || replica.status() != Status::Normal {
+                return None;
+            }
+            let (op, applied) = (replica.op(), replica.commit_min());
+            let head = *self.trusted_head.get_or_insert(op);
+            if applied >= head {
+                self.new_topics_from = Some(self.state().next_topic_id());
+            }
+        }
+        self.new_topics_from
     }
 
     /// The metadata replica now (for the shard's board).

@@ -386,6 +386,16 @@ impl PartitionGroups {
         self.members
     }
 
+    /// Partitions of topics from `topic_id` on start trusted when they have nothing
+    /// on disk, even on a member that lost its data: those topics were created after
+    /// it started again (see [`MetaGroup::new_topics_from`](super::meta_group::MetaGroup::new_topics_from)).
+    pub(crate) fn trust_new_topics_from(&mut self, topic_id: u32) {
+        self.host.trust_fresh_groups_from(group_of(PartitionKey {
+            topic_id,
+            partition: 0,
+        }));
+    }
+
     /// Opens a partition's group: its log in `dir` with its journal and checkpoints.
     /// Returns the high watermark it starts at.
     ///

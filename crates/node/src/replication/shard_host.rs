@@ -353,6 +353,10 @@ pub(crate) struct ShardHost<S, J: Journal = JournalFile> {
     /// Groups that start with nothing on disk start untrusted (see
     /// [`ShardHost::start_fresh_untrusted`]).
     fresh_untrusted: bool,
+    /// Groups from this id on start trusted all the same: created after every group
+    /// this member may have acknowledged ops of before it lost its data
+    /// ([`ShardHost::trust_fresh_groups_from`]).
+    fresh_trusted_from: u64,
     /// Groups whose files were found lost before they were opened (see
     /// [`ShardHost::restart_as_lost`]).
     lost: BTreeSet<u64>,
@@ -482,6 +486,7 @@ impl<S: StateMachine, J: Journal> ShardHost<S, J> {
             sleep: SleepCounts::default(),
             states: GroupStates::open(dir, shard, boot)?,
             fresh_untrusted: false,
+            fresh_trusted_from: u64::MAX,
             lost: BTreeSet::new(),
             touched: BTreeSet::new(),
             marks: Vec::new(),
@@ -524,6 +529,15 @@ impl<S: StateMachine, J: Journal> ShardHost<S, J> {
     /// acknowledged nothing.)
     pub(crate) fn start_fresh_untrusted(&mut self) {
         self.fresh_untrusted = true;
+    }
+
+    /// Groups from `group` on, with nothing on disk, start trusted even after
+    /// [`ShardHost::start_fresh_untrusted`]: they were created after this member's
+    /// start, so it never acknowledged an op of theirs before it lost its data. (Left
+    /// untrusted, a new topic's partition on a rejoined member could not elect a
+    /// primary while another member was down: an outside review of issue 24.)
+    pub(crate) fn trust_fresh_groups_from(&mut self, group: u64) {
+        self.fresh_trusted_from = group;
     }
 
     /// Adds a group with its opened `journal`, its checkpoints in `checkpoint_dir`
@@ -614,7 +628,11 @@ impl<S: StateMachine, J: Journal> ShardHost<S, J> {
                 ..lost
             };
             Replica::restart(config, machine, persisted).map_err(|e| start(e.to_string()))?
-        } else if fresh && self.fresh_untrusted && config.replica_count > 1 {
+        } else if fresh
+            && self.fresh_untrusted
+            && group < self.fresh_trusted_from
+            && config.replica_count > 1
+        {
             let persisted = Persisted::after_disk_loss();
             // Stamped with this boot, so that its journal's unsynced writes are trusted
             // after a process crash (its state still says "untrusted from 0").

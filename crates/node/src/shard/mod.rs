@@ -298,6 +298,13 @@ impl Shard {
     ) -> Result<(), ShardError> {
         let dir = key.dir(self.shared.data_dir());
         let log_config = topic.log_config(&self.shared.config);
+        let new_topics_from = self
+            .shared
+            .new_topics_from
+            .load(std::sync::atomic::Ordering::Acquire);
+        if new_topics_from != crate::mailbox::TOPICS_UNKNOWN {
+            self.groups.trust_new_topics_from(new_topics_from);
+        }
         let high_watermark = match self.groups.add(key, &dir, log_config, now_ms()) {
             Ok(high_watermark) => high_watermark,
             Err(err) if self.groups.members() == 1 && err.is_damage() => {
