@@ -370,6 +370,50 @@ async fn a_topic_created_after_a_rejoin_elects_primaries_with_another_member_dow
     }
 }
 
+/// A member whose states table lost a slot in both copies, and with it the name of
+/// the group that held it, starts all the same: every group of that shard with files
+/// and no proven state restarts as a replica that lost its disk, takes what it lacks
+/// from its peers, trusts its journal again and votes. (An outside review of issue 24:
+/// the member refused to start, "names no group", for good.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_whose_states_table_lost_a_slots_group_starts_and_catches_up() {
+    let (mut members, primary, client) = one_partition_cluster(FsyncSetting::Never).await;
+    produce_range(&client, 0..100).await;
+    let damaged = (primary + 1) % 3;
+    let other = (primary + 2) % 3;
+    members[damaged].stop();
+    // Every slot of every shard's table zeroed in both copies (the header, the first
+    // 128 bytes, kept): no slot says whose it was.
+    let replication = members[damaged].config.data_dir.join("replication");
+    let mut zeroed = 0;
+    for entry in std::fs::read_dir(&replication).unwrap() {
+        let path = entry.unwrap().path();
+        let mut bytes = std::fs::read(&path).unwrap();
+        if bytes.len() > 128 {
+            bytes[128..].fill(0);
+            std::fs::write(&path, &bytes).unwrap();
+            zeroed += 1;
+        }
+    }
+    assert!(zeroed >= 2, "both copies of a table held slots");
+    members[damaged].start();
+    until_every_group_trusted(&members[damaged]).await;
+    produce_range(&client, 100..110).await;
+    // The primary dies: the damaged member makes a view with the other.
+    members[primary].stop();
+    let client = Client::connect(members[other].addr()).await.unwrap();
+    produce_range(&client, 110..120).await;
+    members[other].stop();
+    members[damaged].stop();
+    let repaired = stored_batches(&members[damaged].config.data_dir);
+    let theirs = stored_batches(&members[other].config.data_dir);
+    assert_eq!(repaired.len(), 120);
+    assert!(
+        repaired == theirs,
+        "the member's log differs from its peer's"
+    );
+}
+
 /// Issue 24, finding 8: after failovers one member ended up leading every partition.
 /// Each partition prefers the member that leads its view 0; a member that comes back
 /// and holds the log gets its partitions handed back (the core's `Input::HandOff`,

@@ -129,10 +129,11 @@ impl<T> MetaGroup<T> {
             checkpoint_interval,
         } = opening;
         let mut host = ShardHost::open(dir, 0)?;
+        host.refuse_lone_if_unattributable(members)?;
         if rejoined {
             host.start_fresh_untrusted();
         }
-        if lost {
+        if lost || host.state_may_be_lost(METADATA_GROUP) {
             host.restart_as_lost(METADATA_GROUP)?;
         }
         let config = Config {

@@ -207,6 +207,7 @@ impl PartitionGroups {
         nonce: u64,
     ) -> Result<Self, HostError> {
         let host = ShardHost::open(dir, shard)?;
+        host.refuse_lone_if_unattributable(members)?;
         Ok(Self::with_host(host, node, members, timing, nonce))
     }
 
@@ -222,6 +223,7 @@ impl PartitionGroups {
         boot: super::boot::BootId,
     ) -> Result<Self, HostError> {
         let host = ShardHost::open_in_boot(dir, 0, boot)?;
+        host.refuse_lone_if_unattributable(members)?;
         Ok(Self::with_host(host, node, members, timing, nonce))
     }
 
@@ -425,6 +427,17 @@ impl PartitionGroups {
                 return Err(HostError::Damaged { group, reason });
             }
             tracing::warn!(group, %reason, "the group restarts as a replica that lost its disk");
+            self.host.restart_as_lost(group)?;
+        } else if journal_path.exists() && self.host.state_may_be_lost(group) {
+            // Its files exist, so it wrote a state (made after its journal), and the
+            // states table has a slot damaged in both copies whose group is unknown:
+            // it may be this group's. (Refused on a lone replica at open.)
+            tracing::warn!(
+                group,
+                dir = %dir.display(),
+                "the group's state may be the one a damaged states-table slot held: the \
+                 group restarts as a replica that lost its disk"
+            );
             self.host.restart_as_lost(group)?;
         }
         let mut log_config = log_config;

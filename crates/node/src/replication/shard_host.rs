@@ -515,6 +515,28 @@ impl<S: StateMachine, J: Journal> ShardHost<S, J> {
         Ok(())
     }
 
+    /// Refuses a lone replica's start when the states table has a slot damaged in both
+    /// copies that names no group: some group's state is lost, no peer holds it, and
+    /// which group it was is unknown. (A member of a cluster starts: see
+    /// [`ShardHost::state_may_be_lost`].)
+    ///
+    /// # Errors
+    /// [`StatesError::Unattributable`], naming the files and the slot.
+    pub(crate) fn refuse_lone_if_unattributable(&self, members: u8) -> Result<(), HostError> {
+        match self.states.unattributable() {
+            Some(err) if members == 1 => Err(err.into()),
+            _ => Ok(()),
+        }
+    }
+
+    /// Whether `group`, without a state here, may be the group of a slot damaged in
+    /// both copies that names no group: then, with its files found, it restarts as a
+    /// replica that lost its disk (the outside review of issue 24 found a member that
+    /// could not start at all once such a slot was found).
+    pub(crate) fn state_may_be_lost(&self, group: u64) -> bool {
+        self.states.unattributable().is_some() && !self.has_state(group)
+    }
+
     /// Whether `group` ever wrote a durable state here (its slot in the states table,
     /// proven or damaged): its files existed, and finding none is loss, not a new
     /// group.

@@ -36,8 +36,11 @@
 //! A slot damaged in both copies is never guessed at. Its identity has a checksum of
 //! its own, so damage to the state alone still says which group the slot held: that
 //! group is reported in [`GroupStates::damaged_groups`] (the caller restarts it as a
-//! replica that lost its disk, or refuses to start), and a slot that names no group in
-//! either copy refuses the open, naming the files and the offset. The header counts the
+//! replica that lost its disk, or refuses to start). A slot that names no group in
+//! either copy is kept out of use and reported ([`GroupStates::unattributable`]): a
+//! lone replica refuses to start, naming the files and the offset; a member of a
+//! cluster restarts every group of the shard with files and no proven state as a
+//! replica that lost its disk. The header counts the
 //! slots, so a zeroed or lost slot below the count is damage, never "not written yet".
 //! (A slot damaged at rest in one copy is found only by an open: if a write of the same
 //! slot then tears the other copy, the group is reported, not rolled back.)
@@ -351,6 +354,9 @@ pub(crate) struct GroupStates {
     damaged: BTreeSet<u64>,
     /// Whether open found no copy and made a new shard.
     created: bool,
+    /// Offsets of the slots damaged in both copies that name no group: kept out of
+    /// use, never written, so that every open finds them again.
+    unattributable: Vec<u64>,
     poisoned: bool,
 }
 
@@ -361,8 +367,8 @@ impl GroupStates {
     ///
     /// # Errors
     /// [`StatesError::NoIntactCopy`] when copies exist and no header (or old table) is
-    /// intact, [`StatesError::Unattributable`] when a slot is damaged in both copies
-    /// without naming its group, or an IO error.
+    /// intact, or an IO error. (A slot damaged in both copies without naming its group
+    /// is no error here: see [`GroupStates::unattributable`].)
     pub(crate) fn open(dir: &Path, shard: usize, boot: BootId) -> Result<Self, StatesError> {
         braid_storage::create_dir_durable(dir).map_err(io(dir))?;
         let mut store = Self {
@@ -382,6 +388,7 @@ impl GroupStates {
             seq: 0,
             damaged: BTreeSet::new(),
             created: false,
+            unattributable: Vec::new(),
             poisoned: false,
         };
         let copies = [read_copy(&store.paths[0])?, read_copy(&store.paths[1])?];
@@ -537,10 +544,14 @@ impl GroupStates {
             }
             let slot = resolve(reads);
             if slot == Resolved::Unattributable {
-                return Err(StatesError::Unattributable {
-                    files: self.files(),
-                    offset: slot_offset(index),
-                });
+                tracing::warn!(
+                    files = %self.files(),
+                    offset = slot_offset(index),
+                    "replica states: a slot is damaged in both copies and names no group; \
+                     every group of this shard without a proven state restarts as a \
+                     replica that lost its disk"
+                );
+                self.unattributable.push(slot_offset(index));
             }
             resolved.push(slot);
         }
@@ -624,7 +635,10 @@ impl GroupStates {
                     self.owners[index as usize] = Some(group);
                 }
                 Resolved::Lost { claims, carry } => lost.push((index, claims, carry)),
-                Resolved::Unattributable => unreachable!("refused before"),
+                // Out of use (neither free nor owned), never written: the group it
+                // held is unknown, and the next open must find it again, until every
+                // group that may have been its own has a proven state of its own.
+                Resolved::Unattributable => {}
             }
         }
         let mut lost_owners = BTreeSet::new();
@@ -721,6 +735,19 @@ impl GroupStates {
                 );
             }
         }
+    }
+
+    /// A slot damaged in both copies and naming no group, if open found one: some
+    /// group's state is lost, and which is unknown. A lone replica refuses to start
+    /// with it; a member of a cluster restarts every group of the shard that has
+    /// files and no proven state as a replica that lost its disk (peers hold what it
+    /// lost).
+    pub(crate) fn unattributable(&self) -> Option<StatesError> {
+        let offset = *self.unattributable.first()?;
+        Some(StatesError::Unattributable {
+            files: self.files(),
+            offset,
+        })
     }
 
     /// Whether open found no copy and made a new shard (a caller that knows its data

@@ -726,3 +726,28 @@ fn a_group_found_lost_is_durably_untrusted_before_its_files_are_made_again() {
     assert!(state.views_lost, "{state:?}");
     assert_eq!(state.journal_trusted_through, 0, "{state:?}");
 }
+
+/// A states-table slot damaged in both copies that names no group: a lone replica
+/// refuses to start (no peer holds the lost state), a member of a cluster starts, and
+/// a group without a proven state there may be the slot's (restarted as lost).
+#[test]
+fn a_slot_naming_no_group_refuses_a_lone_start_and_marks_stateless_groups() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let mut host = open(dir.path(), 0, 3).unwrap();
+        step(&mut host, 1, Input::Tick);
+        assert!(host.has_state(0));
+    }
+    for copy in 0..2 {
+        let path = dir.path().join(format!("shard-0.{copy}"));
+        let mut bytes = std::fs::read(&path).unwrap();
+        bytes[128..256].fill(0);
+        std::fs::write(&path, &bytes).unwrap();
+    }
+    let host = ShardHost::<MetadataMachine>::open(dir.path(), 0).unwrap();
+    let refused = host.refuse_lone_if_unattributable(1).unwrap_err();
+    assert!(refused.to_string().contains("names no group"), "{refused}");
+    host.refuse_lone_if_unattributable(3).unwrap();
+    assert!(!host.has_state(0));
+    assert!(host.state_may_be_lost(0));
+}

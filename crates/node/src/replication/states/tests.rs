@@ -689,13 +689,28 @@ fn a_slot_damaged_in_both_copies_names_its_group_and_never_an_older_state() {
     let states = GroupStates::open(dir.path(), 0, boot()).unwrap();
     assert_eq!(states.damaged_groups(), &BTreeSet::from([group]));
 
-    // Zeroed in both copies: nothing says whose it was, so open refuses, naming
-    // the files and the offset.
+    // Zeroed in both copies: nothing says whose it was. Open reports it (a lone
+    // replica refuses to start with it, naming the files and the offset), keeps the
+    // slot out of use, and every later open finds it again, whatever is written.
     let mut damaged = files.clone();
     for bytes in &mut damaged {
         bytes[at..at + SLOT_BYTES].fill(0);
     }
-    let refused = GroupStates::open(with_files(&damaged).path(), 0, boot()).unwrap_err();
+    let dir = with_files(&damaged);
+    let mut states = GroupStates::open(dir.path(), 0, boot()).unwrap();
+    assert!(states.get(group).is_none() && states.damaged_groups().is_empty());
+    let refused = states.unattributable().expect("reported");
+    states.stage(group, state(9, 9));
+    states.stage(1 << 40, state(1, 1));
+    states.write_staged().unwrap();
+    let states = GroupStates::open(dir.path(), 0, boot()).unwrap();
+    assert_eq!(states.get(group), Some(state(9, 9)));
+    assert_eq!(states.get(1 << 40), Some(state(1, 1)));
+    assert_eq!(
+        states.unattributable().map(|e| e.to_string()),
+        Some(refused.to_string()),
+        "still there"
+    );
     assert!(
         matches!(refused, StatesError::Unattributable { .. }),
         "{refused}"
