@@ -406,12 +406,22 @@ fn open_metadata(
     let next_topic_id = meta.group().state().next_topic_id();
     if topic_id_floor > next_topic_id {
         // The metadata forgot topics whose partitions are still on disk (its files were
-        // lost): never hand their ids, and so their records, to new topics.
-        tracing::warn!(
-            next_topic_id,
-            floor = topic_id_floor,
-            "partition directories exist for topic ids the metadata does not know"
-        );
+        // lost): never hand their ids, and so their records, to new topics. A member
+        // of a cluster has not recovered its metadata from its peers yet (it knows no
+        // topic now, as a rule): the floor is proposed all the same, and changes
+        // nothing where the cluster knows those topics, so it is no warning there.
+        if members > 1 {
+            tracing::debug!(
+                floor = topic_id_floor,
+                "proposing a topic id floor above the partition directories on disk"
+            );
+        } else {
+            tracing::warn!(
+                next_topic_id,
+                floor = topic_id_floor,
+                "partition directories exist for topic ids the metadata does not know"
+            );
+        }
         ops.push(MetaOp::RaiseTopicIdFloor(op::RaiseTopicIdFloor {
             floor: topic_id_floor,
         }));
