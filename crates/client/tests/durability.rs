@@ -72,6 +72,10 @@ enum PartitionDamage {
     LogFlipped,
     /// Its whole directory deleted.
     DirectoryGone,
+    /// Its `vsr.journal` cut to half its length (below what it had made durable).
+    JournalCut,
+    /// A bit flipped in the middle of its `vsr.journal`.
+    JournalFlipped,
 }
 
 /// Issue 24: a single node whose partition's files are damaged refuses that partition
@@ -83,7 +87,13 @@ enum PartitionDamage {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_damaged_partition_of_a_single_node_is_refused_alone() {
     use PartitionDamage::*;
-    for damage in [JournalGone, LogFlipped, DirectoryGone] {
+    for damage in [
+        JournalGone,
+        LogFlipped,
+        DirectoryGone,
+        JournalCut,
+        JournalFlipped,
+    ] {
         let mut node = TestNode::start(FsyncSetting::Always);
         let client = Client::connect(node.addr()).await.unwrap();
         common::create_topic(&client, "s", "t", 2).await;
@@ -108,7 +118,30 @@ async fn a_damaged_partition_of_a_single_node_is_refused_alone() {
                 std::fs::write(&segment, bytes).unwrap();
             }
             DirectoryGone => std::fs::remove_dir_all(&damaged).unwrap(),
+            JournalCut => {
+                let journal = damaged.join("vsr.journal");
+                let len = std::fs::metadata(&journal).unwrap().len();
+                std::fs::OpenOptions::new()
+                    .write(true)
+                    .open(&journal)
+                    .unwrap()
+                    .set_len(len / 2)
+                    .unwrap();
+            }
+            JournalFlipped => {
+                let journal = damaged.join("vsr.journal");
+                let mut bytes = std::fs::read(&journal).unwrap();
+                let at = bytes.len() / 2;
+                bytes[at] ^= 0x08;
+                std::fs::write(&journal, bytes).unwrap();
+            }
         }
+        // What the damage left, which a single node never changes: it is what an
+        // operator restores from (an outside review of issue 24: a cut journal's
+        // open cut the log to match it, and the records were gone).
+        let left = |name: &str| std::fs::read(damaged.join(name)).ok();
+        let segment = format!("{:020}.log", 0);
+        let left_before = (left("vsr.journal"), left(&segment));
         for start in 0..2 {
             if start == 0 {
                 let config = common::config(node.dir.path(), FsyncSetting::Always);
@@ -124,7 +157,7 @@ async fn a_damaged_partition_of_a_single_node_is_refused_alone() {
             let refused = client.produce("s", "t", 0, &keyless(1)).await.unwrap_err();
             let named = match damage {
                 LogFlipped => "(in 00000000000000000000.log)",
-                JournalGone | DirectoryGone => "vsr.journal",
+                JournalGone | DirectoryGone | JournalCut | JournalFlipped => "vsr.journal",
             };
             assert!(refused.to_string().contains(named), "{damage:?}: {refused}");
             assert!(
@@ -138,7 +171,7 @@ async fn a_damaged_partition_of_a_single_node_is_refused_alone() {
             // (a read from the damage on is refused, naming it), nothing when the
             // directory is gone.
             let served = match damage {
-                JournalGone => 12,
+                JournalGone | JournalCut | JournalFlipped => 12,
                 LogFlipped => 4,
                 DirectoryGone => 0,
             };
@@ -158,6 +191,13 @@ async fn a_damaged_partition_of_a_single_node_is_refused_alone() {
                 common::metric(node.http_addr(), "braid_partitions_refused").await,
                 1
             );
+            if matches!(damage, JournalCut | JournalFlipped) {
+                let left_now = (left("vsr.journal"), left(&segment));
+                assert!(
+                    left_now == left_before,
+                    "{damage:?}: the files were changed"
+                );
+            }
         }
     }
 }

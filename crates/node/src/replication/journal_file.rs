@@ -96,6 +96,19 @@ pub(crate) enum JournalError {
     /// A write failed earlier: what reached the disk is unknown until a restart.
     #[error("journal {0} is poisoned by an earlier failed write; restart the node")]
     Poisoned(PathBuf),
+    /// A lone replica's journal lost records it had made durable (its tail cut short
+    /// or damaged at rest below its head's durable end): refused before anything is
+    /// cut, since no peer holds what may be gone.
+    #[error(
+        "journal {path} lost records it had made durable (cut short or damaged at rest): \
+         acknowledged ops may be gone, and a lone replica has no peer to repair them \
+         from; nothing was cut (see \"Damage a replica finds in its replication files\" \
+         in docs/operations.md)"
+    )]
+    DurableTailLost {
+        /// The file.
+        path: PathBuf,
+    },
     /// A journal put to sleep found otherwise when woken ([`JournalFile::wake`]).
     #[error("journal {path} is not as it was left: {reason}")]
     NotAsLeft {
@@ -460,7 +473,7 @@ impl JournalFile {
     /// # Errors
     /// IO errors, or a file that is not a journal.
     pub(crate) fn open(path: &Path, group: u64) -> Result<(Self, Recovered), JournalError> {
-        Self::open_marking(path, group, || Ok(()))
+        Self::open_marking(path, group, false, || Ok(()))
     }
 
     /// The journal's file.

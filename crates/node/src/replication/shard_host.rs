@@ -235,7 +235,9 @@ impl HostError {
                 | Self::Partition(
                     PartitionJournalError::JournalLost { .. }
                         | PartitionJournalError::Log(braid_storage::LogError::Corrupt { .. })
-                        | PartitionJournalError::Journal(JournalError::NotAJournal { .. })
+                        | PartitionJournalError::Journal(
+                            JournalError::NotAJournal { .. } | JournalError::DurableTailLost { .. }
+                        )
                 )
         )
     }
@@ -432,30 +434,31 @@ fn open_group_journal(
         }
         Ok(())
     };
-    let (journal, recovered, remade) = match JournalFile::open_marking(path, group, mark_once) {
-        Err(JournalError::NotAJournal { .. }) if repairable => {
-            mark_once()?;
-            let mut aside = path.as_os_str().to_owned();
-            aside.push(".damaged");
-            let aside = PathBuf::from(aside);
-            tracing::warn!(
-                path = %path.display(),
-                aside = %aside.display(),
-                "the group's journal is not readable as a journal: moved aside, its ops are \
-                 taken from peers"
-            );
-            braid_storage::disk::rename(path, &aside).map_err(|source| JournalError::Io {
-                path: path.to_owned(),
-                source,
-            })?;
-            let (journal, recovered) = JournalFile::open(path, group)?;
-            (journal, recovered, true)
-        }
-        opened => {
-            let (journal, recovered) = opened?;
-            (journal, recovered, false)
-        }
-    };
+    let (journal, recovered, remade) =
+        match JournalFile::open_marking(path, group, !repairable, mark_once) {
+            Err(JournalError::NotAJournal { .. }) if repairable => {
+                mark_once()?;
+                let mut aside = path.as_os_str().to_owned();
+                aside.push(".damaged");
+                let aside = PathBuf::from(aside);
+                tracing::warn!(
+                    path = %path.display(),
+                    aside = %aside.display(),
+                    "the group's journal is not readable as a journal: moved aside, its ops are \
+                     taken from peers"
+                );
+                braid_storage::disk::rename(path, &aside).map_err(|source| JournalError::Io {
+                    path: path.to_owned(),
+                    source,
+                })?;
+                let (journal, recovered) = JournalFile::open(path, group)?;
+                (journal, recovered, true)
+            }
+            opened => {
+                let (journal, recovered) = opened?;
+                (journal, recovered, false)
+            }
+        };
     let untrusted = recovered.tail_may_hide || remade || (repairable && marked);
     if untrusted {
         mark_once()?;

@@ -13,14 +13,21 @@ impl JournalFile {
     /// distrust durable first, or a power loss right after the cut would leave a
     /// journal that looks whole.
     ///
+    /// A `lone` replica's journal (no peer holds its ops) is never changed where damage
+    /// is found: a tail cut that may hide a synced record is refused
+    /// ([`JournalError::DurableTailLost`]) before anything is cut, and a file with
+    /// damage inside is not rewritten, so that what the damage left is there to
+    /// restore from, and each start names the same file and byte.
+    ///
     /// # Errors
     /// As [`JournalFile::open`], and what `before_cut` returns.
     pub(crate) fn open_marking(
         path: &Path,
         group: u64,
+        lone: bool,
         before_cut: impl FnOnce() -> Result<(), JournalError>,
     ) -> Result<(Self, Recovered), JournalError> {
-        Self::open_marking_at(SharedPath::whole(path), group, before_cut)
+        Self::open_marking_at(SharedPath::whole(path), group, lone, before_cut)
     }
 
     /// As [`JournalFile::open_marking`], the path kept as `shared` gives it.
@@ -30,6 +37,7 @@ impl JournalFile {
     pub(crate) fn open_marking_at(
         shared: SharedPath,
         group: u64,
+        lone: bool,
         before_cut: impl FnOnce() -> Result<(), JournalError>,
     ) -> Result<(Self, Recovered), JournalError> {
         let path = &shared.get();
@@ -51,7 +59,7 @@ impl JournalFile {
         {
             disk::write_at(&file, path, &fresh_file(group), 0).map_err(io(path))?;
             disk::sync_data(&file, path).map_err(io(path))?;
-            return Self::open_marking_at(shared, group, nothing_to_mark);
+            return Self::open_marking_at(shared, group, lone, nothing_to_mark);
         }
         let ((headed, seal), magic_damaged) = match bytes.get(..MAGIC.len()) {
             Some(magic) if magic == MAGIC => ((true, Seal::of(group)), false),
@@ -113,6 +121,16 @@ impl JournalFile {
             None => torn_tail_bytes > 0 && may_hide(&bytes[at..], at),
         };
         if tail_may_hide {
+            if lone {
+                // An acknowledged op may be gone with the tail, and no peer holds it.
+                // (Cut, and the partition log cut to match, a truncated `vsr.journal`
+                // on a single node left an empty log where 200 acknowledged records
+                // had been, and the group waited in a view change for ever: an outside
+                // review of issue 24.)
+                return Err(JournalError::DurableTailLost {
+                    path: path.to_owned(),
+                });
+            }
             before_cut()?;
         }
         if torn_tail_bytes > 0 || head.is_some_and(|h| h.durable_end() > at as u64) {
@@ -188,8 +206,9 @@ impl JournalFile {
             poisoned: false,
         };
         let mut journal = journal;
-        if damaged_at.is_some() {
-            // Rewritten now, so the damage is not found again at every start.
+        if damaged_at.is_some() && !lone {
+            // Rewritten now, so the damage is not found again at every start. (A lone
+            // replica refuses the group, and each start names the damage found here.)
             journal.compact(false)?;
         }
         let recovered = Recovered {

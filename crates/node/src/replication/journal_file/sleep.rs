@@ -85,7 +85,7 @@ impl JournalFile {
         if len != asleep.len {
             return Err(changed(format!("{len} bytes where it had {}", asleep.len)));
         }
-        let (mut journal, _) = Self::open_marking_at(path, group, before_cut)?;
+        let (mut journal, _) = Self::open_marking_at(path, group, false, before_cut)?;
         if (journal.len, journal.fingerprint()) != (asleep.len, asleep.fingerprint) {
             return Err(changed("its records read back otherwise".into()));
         }

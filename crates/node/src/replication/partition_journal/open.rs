@@ -63,7 +63,8 @@ impl PartitionJournal {
         };
         let shared =
             || SharedPath::new(Arc::clone(log.shared_dir()), FileName::Fixed(JOURNAL_FILE));
-        let (index, found) = match JournalFile::open_marking_at(shared(), group, mark) {
+        let (index, found) = match JournalFile::open_marking_at(shared(), group, !repairable, mark)
+        {
             Err(JournalError::NotAJournal { .. }) if repairable => {
                 // Damaged past knowing (a zeroed small file, say: the shell simulator's
                 // seed 768) in a member of a cluster: lost, as if deleted; its peers
@@ -88,7 +89,7 @@ impl PartitionJournal {
                 // both lost, the member restarted trusted with nothing, and its vote
                 // dropped committed ops).
                 journal_lost = true;
-                JournalFile::open_marking_at(shared(), group, || Ok(()))?
+                JournalFile::open_marking_at(shared(), group, false, || Ok(()))?
             }
             opened => opened?,
         };

@@ -147,3 +147,47 @@ fn a_prune_during_a_copy_records_no_end_from_entries_never_shown_committed() {
         "nothing cut on that entry's word"
     );
 }
+
+/// A lone replica's `vsr.journal` cut short below what its head says was made durable
+/// (a truncated file): refused before anything is cut, the log's batches and the
+/// journal's bytes left as they were for a restore. (An outside review of issue 24: the
+/// open cut the journal's tail, then the log to match it, leaving an empty log where
+/// 200 acknowledged records had been, and the group waited in a view change for ever.)
+#[test]
+fn a_lone_journal_cut_below_its_durable_end_is_refused_before_anything_is_cut() {
+    let dir = tempfile::tempdir().unwrap();
+    let ops = chain(6, 1, "a");
+    {
+        let (mut journal, _) = PartitionJournal::open(dir.path(), GROUP, TAG, config(), 0).unwrap();
+        for p in &ops {
+            journal.write_prepare(p, 0).unwrap();
+        }
+        journal.sync().unwrap();
+        journal.close().unwrap();
+    }
+    let path = dir.path().join(JOURNAL_FILE);
+    let len = std::fs::metadata(&path).unwrap().len();
+    let cut = len / 2;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_len(cut)
+        .unwrap();
+    let log_file = dir.path().join(format!("{:020}.log", 0));
+    let log_bytes = std::fs::read(&log_file).unwrap();
+    match PartitionJournal::open(dir.path(), GROUP, TAG, config(), 0) {
+        Err(PartitionJournalError::Journal(JournalError::DurableTailLost { .. })) => {}
+        other => panic!("expected a refusal, got {:?}", other.map(|(_, r)| r)),
+    }
+    assert_eq!(
+        std::fs::read(&log_file).unwrap(),
+        log_bytes,
+        "the log is untouched"
+    );
+    assert_eq!(
+        std::fs::metadata(&path).unwrap().len(),
+        cut,
+        "the journal too"
+    );
+}
