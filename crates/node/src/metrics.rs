@@ -348,6 +348,12 @@ pub(crate) fn render(
             groups.behind,
         ),
         (
+            "braid_shards_stopped",
+            "gauge",
+            "Shards whose partition groups stopped after a failed disk operation (a full disk, an IO error): they serve none of their partitions until the node restarts.",
+            groups.shards_stopped,
+        ),
+        (
             "braid_vsr_commit_lag_ops",
             "gauge",
             "Committed ops known and not yet applied, summed over groups.",

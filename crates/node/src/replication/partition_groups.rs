@@ -35,7 +35,8 @@ use crate::mailbox::ProduceReply;
 
 mod copy;
 mod dropped;
-use dropped::{fail_all, not_leader, stopped};
+pub(crate) use dropped::stopped;
+use dropped::{fail_all, not_leader};
 mod frames;
 mod hand_off;
 mod lone;

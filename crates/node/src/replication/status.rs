@@ -162,10 +162,17 @@ impl Summary {
         self.shards_silent == 0 && self.behind == 0 && self.shards_stopped == 0
     }
 
-    /// `/health`'s answer.
+    /// `/health`'s answer: `"status"` is `"ok"`, or `"degraded"` while a shard's
+    /// partition groups are stopped after a failed disk operation (its partitions are
+    /// served by no one here until the node restarts).
     pub(crate) fn health_json(&self) -> String {
+        let status = if self.shards_stopped > 0 {
+            "degraded"
+        } else {
+            "ok"
+        };
         format!(
-            "{{\"status\":\"ok\",\"caught_up\":{},\"groups\":{},\"groups_led\":{},\"groups_behind\":{},\"groups_in_view_change\":{},\"commit_lag_ops\":{},\"shards_stopped\":{}}}\n",
+            "{{\"status\":\"{status}\",\"caught_up\":{},\"groups\":{},\"groups_led\":{},\"groups_behind\":{},\"groups_in_view_change\":{},\"commit_lag_ops\":{},\"shards_stopped\":{}}}\n",
             self.caught_up(),
             self.groups,
             self.led,

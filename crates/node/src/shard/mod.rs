@@ -217,9 +217,18 @@ impl Shard {
         self.groups.role(key)
     }
 
-    /// The `NotLeader` answer for a partition led by `primary`, naming where it is.
+    /// The `NotLeader` answer for a partition led by `primary`, naming where it is;
+    /// on a single node whose partition groups stopped after a failed disk operation,
+    /// the failure itself: there is no other member to go to, and "choosing a primary;
+    /// retry" had its clients retry until their deadline (an outside review of issue
+    /// 24, a full disk).
     fn not_leader(&self, primary: Option<u8>) -> NodeError {
-        self.shared.not_leader("this partition", primary)
+        match self.groups.failure() {
+            Some(reason) if self.groups.members() == 1 => {
+                crate::replication::partition_groups::stopped(reason)
+            }
+            _ => self.shared.not_leader("this partition", primary),
+        }
     }
 
     fn metrics(&self) -> &ShardMetrics {

@@ -89,7 +89,7 @@ pub(super) fn not_leader() -> NodeError {
     )
 }
 
-pub(super) fn stopped(reason: &str) -> NodeError {
+pub(crate) fn stopped(reason: &str) -> NodeError {
     NodeError::new(
         ErrorCode::StorageError,
         format!("the partition groups stopped after a disk failure ({reason}); restart the node"),
