@@ -79,6 +79,25 @@ async fn retention_beyond_100_years_is_refused_and_forever_keeps_every_segment()
         "retention_bytes",
     )
     .await;
+    // A segment smaller than the batches the topic takes names both values (the
+    // default max_batch_bytes with small segments: an outside review of issue 24 was
+    // told only the rules).
+    refused(
+        TopicSettings {
+            max_batch_bytes: 0,
+            ..small_segments(0)
+        },
+        "must not exceed segment_bytes 4096",
+    )
+    .await;
+    refused(
+        TopicSettings {
+            segment_bytes: 100,
+            ..small_segments(0)
+        },
+        "segment_bytes",
+    )
+    .await;
     for fsync_interval_ms in [u64::MAX, FSYNC_INTERVAL_MS_MAX + 1] {
         refused(
             TopicSettings {

@@ -46,6 +46,34 @@ pub(crate) struct MetaService {
     caught_up_barrier_sent: bool,
 }
 
+/// Why a topic's resolved sizes cannot stand, naming the setting and its value (an
+/// outside review of issue 24: a `segment_bytes` below the default `max_batch_bytes`
+/// was refused with a message that named neither value).
+fn invalid_sizes(settings: &TopicSettings, frame_bytes_max: u32) -> Option<String> {
+    let (segment, batch) = (settings.segment_bytes, settings.max_batch_bytes);
+    if !(braid_storage::SEGMENT_BYTES_MIN..=braid_storage::SEGMENT_BYTES_MAX).contains(&segment) {
+        return Some(format!(
+            "segment_bytes {segment} must be {} to {}",
+            braid_storage::SEGMENT_BYTES_MIN,
+            braid_storage::SEGMENT_BYTES_MAX
+        ));
+    }
+    if u64::from(batch) > u64::from(segment) {
+        return Some(format!(
+            "max_batch_bytes {batch} must not exceed segment_bytes {segment} (a batch is \
+             stored whole in one segment): give a smaller max_batch_bytes with it"
+        ));
+    }
+    let frame_room = u64::from(frame_bytes_max).saturating_sub(1024);
+    if u64::from(batch) > frame_room {
+        return Some(format!(
+            "max_batch_bytes {batch} must be at most {frame_room} (the node's \
+             frame_bytes_max {frame_bytes_max} less 1 KiB for the request around it)"
+        ));
+    }
+    None
+}
+
 /// Fills the settings a creator left at 0 with the node's defaults, giving the form the
 /// topic is stored in. A retention setting of [`RETENTION_FOREVER`] (the wire's and
 /// the config's "no limit") is stored as 0, which has always meant no limit in a
@@ -466,15 +494,8 @@ impl MetaService {
                 settings,
             } => {
                 let settings = resolve_settings(settings, &defaults);
-                if settings.max_batch_bytes as u64 + 1024 > u64::from(shared.config.frame_bytes_max)
-                    || !(braid_storage::SEGMENT_BYTES_MIN..=braid_storage::SEGMENT_BYTES_MAX)
-                        .contains(&settings.segment_bytes)
-                    || settings.max_batch_bytes > settings.segment_bytes
-                {
-                    let _ = reply.send(Err(NodeError::new(
-                        ErrorCode::InvalidArgument,
-                        "max_batch_bytes must fit in a frame and a segment; segment_bytes must be 1 KiB to 2 GiB",
-                    )));
+                if let Some(why) = invalid_sizes(&settings, shared.config.frame_bytes_max) {
+                    let _ = reply.send(Err(NodeError::new(ErrorCode::InvalidArgument, why)));
                     return;
                 }
                 let op = MetaOp::CreateTopic(op::CreateTopic {

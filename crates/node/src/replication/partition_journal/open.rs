@@ -23,6 +23,12 @@ impl PartitionJournal {
         let log = PartitionLog::open_tagged(dir, tag, Arc::clone(&config), now_ms)?;
         let journal_path = dir.join(JOURNAL_FILE);
         let repairable = config.recovery == braid_storage::RecoveryMode::TruncateAtDamage;
+        // What becomes of damage found here, for the logs: a single node has no peer.
+        let remedy = if repairable {
+            "repaired from a peer"
+        } else {
+            "the partition is refused (a single node has no peer to repair it from)"
+        };
         // Gone while the log holds batches: every op it named is unknown (a missing file
         // is damage, never a new journal: issue 24). Judged by the file, not by an empty
         // journal: a crash between the log's sync and the journal's leaves batches no
@@ -164,7 +170,8 @@ impl PartitionJournal {
                             dir = %dir.display(),
                             op,
                             base,
-                            "the partition log lost a synced batch; it is repaired from a peer"
+                            remedy,
+                            "the partition log lost a synced batch"
                         );
                         (JournalSlot::Damaged, None)
                     }
@@ -185,8 +192,8 @@ impl PartitionJournal {
                             dir = %dir.display(),
                             op,
                             base,
-                            "an op's batch went with damage the partition log's open cut; \
-                             it is repaired from a peer"
+                            remedy,
+                            "an op's batch went with damage the partition log's open cut"
                         );
                         (JournalSlot::Damaged, None)
                     }
@@ -228,8 +235,9 @@ impl PartitionJournal {
                             dir = %dir.display(),
                             op,
                             base,
+                            remedy,
                             "the batch at an op's place in the partition log is damaged \
-                             or not the op's; it is repaired from a peer"
+                             or not the op's"
                         );
                         (JournalSlot::Damaged, None)
                     }
