@@ -423,6 +423,25 @@ fn prune_record(op: u64, log_end: Option<u64>) -> Vec<u8> {
     }
 }
 
+/// Whether the journal file at `path` is gone, or too short to hold even the beginning
+/// a journal is created with (its magic and head, written and synced whole before
+/// anything names the journal). For a group something already names (a durable state,
+/// batches in its log) that is loss or damage, never a new journal: an open would take
+/// such a file for a creation torn short and make it anew, empty (an outside review of
+/// issue 24: a single node's `vsr.journal` cut below 64 bytes restarted the partition
+/// empty, its log cut to match, and its acknowledged offsets given to new records).
+pub(crate) fn gone_or_cut_short(path: &Path) -> bool {
+    let Ok(len) = std::fs::metadata(path).map(|m| m.len()) else {
+        return true;
+    };
+    if len >= RECORDS_START as u64 {
+        return false;
+    }
+    // Short: whole only as a journal of the first format, whose magic alone is a
+    // whole, empty one.
+    disk::read(path).map_or(true, |bytes| !bytes.starts_with(MAGIC_HEADLESS))
+}
+
 /// The file beside `journal` whose presence says an open found the journal untrusted
 /// (lost, unreadable, or with a cut tail that may hide acknowledged ops) and its
 /// group's durable state may not say so yet: `<journal>.untrusted`.

@@ -413,15 +413,15 @@ impl PartitionGroups {
     ) -> Result<u64, HostError> {
         let group = group_of(key);
         let journal_path = dir.join(super::partition_journal::JOURNAL_FILE);
-        if self.host.has_state(group) && !journal_path.exists() {
+        if self.host.has_state(group) && super::journal_file::gone_or_cut_short(&journal_path) {
             // The group wrote a durable state here, so its journal was made (before any
             // state): its files are gone (the partition's directory deleted, say), and
             // an empty log would take offsets it acknowledged. A lone replica refuses
             // before anything is made; a member restarts the group as one that lost its
             // disk and takes it from peers.
             let reason = format!(
-                "{} is gone while this node's states table holds the group's state (the \
-                 partition's files were lost)",
+                "{} is gone or cut short while this node's states table holds the group's \
+                 state (the partition's files were lost or damaged)",
                 journal_path.display()
             );
             if self.members == 1 {

@@ -68,9 +68,10 @@ pub(crate) enum PartitionJournalError {
     Sync(#[from] braid_storage::SyncError),
     #[error("partition state transfer: {0}")]
     Copy(String),
-    /// A lone replica's header journal is gone while its log holds batches (refused
-    /// before anything is created, so the next start sees the same).
-    #[error("{path} is gone while the partition log holds batches, and a lone replica has no peer to repair it from (see \"Damage a replica finds in its replication files\" in docs/operations.md)")]
+    /// A lone replica's header journal is gone (or cut short below its beginning)
+    /// while its log holds batches (refused before anything is created, so the next
+    /// start sees the same).
+    #[error("{path} is gone or cut short while the partition log holds batches, and a lone replica has no peer to repair it from (see \"Damage a replica finds in its replication files\" in docs/operations.md)")]
     JournalLost { path: std::path::PathBuf },
     /// The log does not end where the journal says the tip's batch ends: appending
     /// would store the batch at offsets the other replicas give other records.

@@ -36,7 +36,10 @@ impl PartitionJournal {
         // before the open makes a new file; a member makes one and restarts the group
         // untrusted (its durable state says so from the first step).
         let log_holds_batches = log.next_offset() > log.start_offset();
-        let mut journal_lost = !journal_path.exists() && log_holds_batches;
+        // (Cut short below the beginning it is created with counts as gone: opened,
+        // it would read as a creation torn short and be made anew, empty.)
+        let mut journal_lost =
+            log_holds_batches && super::super::journal_file::gone_or_cut_short(&journal_path);
         if journal_lost && !repairable {
             return Err(PartitionJournalError::JournalLost { path: journal_path });
         }
@@ -272,7 +275,15 @@ impl PartitionJournal {
             }
             slots.push((op, slot));
         }
-        if let Some(op) = cut_from {
+        // A lone replica that found damage cuts nothing, from its log or its journal:
+        // it refuses to start the group, and what the damage left is there to read and
+        // restore.
+        let keep_log = !repairable
+            && (journal_damaged || slots.iter().any(|(_, s)| *s == JournalSlot::Damaged));
+        if keep_log {
+            log_end = None;
+        }
+        if let Some(op) = cut_from.filter(|_| !keep_log) {
             journal.index.truncate(op - 1)?;
             if repairable {
                 // The cut records were never reported, but the headers they replaced
@@ -297,13 +308,6 @@ impl PartitionJournal {
                     slots.push((above, slot));
                 }
             }
-        }
-        // A lone replica that found damage cuts nothing from its log: it refuses to
-        // start the group, and what the damage left is there to read and restore.
-        let keep_log = !repairable
-            && (journal_damaged || slots.iter().any(|(_, s)| *s == JournalSlot::Damaged));
-        if keep_log {
-            log_end = None;
         }
         if pruned == 0 && log_end.is_none() && !keep_log {
             // No op the journal holds names a batch, and nothing is pruned: no batch of
@@ -461,7 +465,9 @@ impl PartitionJournal {
             // damage at four times the faults, whose member served an old view's batch
             // at offset 733 below its high watermark.)
             journal.applied_end = log_end_now;
-            journal.index.write_committed_end(log_end_now)?;
+            if !keep_log {
+                journal.index.write_committed_end(log_end_now)?;
+            }
         }
         if repairable {
             // What is reported damaged is written damaged, before the sync below: the
@@ -508,7 +514,12 @@ impl PartitionJournal {
         // the page cache alone. A clean close synced it (bar its last sync marker, a
         // hint), and an open that wrote nothing needs no sync: a node of 100,000
         // partitions restarted with an `fdatasync` each.
-        if !journal.log.recovery().clean || journal.index.len() != len_opened || journal_lost {
+        // (A lone replica that found damage writes nothing, not even a sync marker:
+        // it refuses the group, and each start must find the files as the damage left
+        // them; an outside review of issue 24 saw one appended at every start after a
+        // `kill -9`.)
+        let wrote = journal.index.len() != len_opened || journal_lost;
+        if !keep_log && (!journal.log.recovery().clean || wrote) {
             journal.index.sync()?;
         }
         let first_damaged = slots

@@ -21,6 +21,19 @@ impl<S: StateMachine> ShardHost<S, JournalFile> {
     pub(crate) fn add_group(&mut self, config: Config, machine: S) -> Result<(), HostError> {
         let group = config.group;
         let path = self.dir.join(format!("group-{group}.journal"));
+        if self.has_state(group) && super::super::journal_file::gone_or_cut_short(&path) {
+            // Made before the group's first state: gone or cut short now, it lost what
+            // it held (opened, it would be made anew, empty).
+            let reason = format!(
+                "{} is gone or cut short while the states table holds the group's state",
+                path.display()
+            );
+            if config.replica_count == 1 {
+                return Err(HostError::Damaged { group, reason });
+            }
+            tracing::warn!(group, %reason, "the group restarts as a replica that lost its disk");
+            self.restart_as_lost(group)?;
+        }
         let (journal, recovered, untrusted) =
             open_group_journal(&path, group, config.replica_count > 1)?;
         let opened = Opened {

@@ -191,3 +191,60 @@ fn a_lone_journal_cut_below_its_durable_end_is_refused_before_anything_is_cut() 
         "the journal too"
     );
 }
+
+/// A lone replica's `vsr.journal` cut below the 64 bytes it is created with, while its
+/// log holds batches: gone, never a creation torn short to make anew (an outside review
+/// of issue 24: cut to 0 or 8 bytes, a single node restarted the partition empty, cut
+/// its log to match and gave the acknowledged offsets to new records). And a journal
+/// damaged after a process kill (no clean close): each refusing open leaves every file
+/// as it found it (the same review saw a sync marker appended at every start).
+#[test]
+fn a_lone_journal_cut_below_its_beginning_or_damaged_after_a_kill_is_refused_untouched() {
+    for damage in ["cut to 0", "cut to 8", "flipped after a kill"] {
+        let dir = tempfile::tempdir().unwrap();
+        let ops = chain(6, 1, "a");
+        {
+            let (mut journal, _) =
+                PartitionJournal::open(dir.path(), GROUP, TAG, config(), 0).unwrap();
+            for p in &ops {
+                journal.write_prepare(p, 0).unwrap();
+            }
+            journal.sync().unwrap();
+            if damage.starts_with("cut") {
+                journal.close().unwrap();
+            } // else dropped: no clean close, as after `kill -9`
+        }
+        let path = dir.path().join(JOURNAL_FILE);
+        let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        match damage {
+            "cut to 0" => file.set_len(0).unwrap(),
+            "cut to 8" => file.set_len(8).unwrap(),
+            _ => {
+                drop(file);
+                let mut bytes = std::fs::read(&path).unwrap();
+                let at = bytes.len() / 2;
+                bytes[at] ^= 0x08;
+                std::fs::write(&path, bytes).unwrap();
+            }
+        }
+        let log_file = dir.path().join(format!("{:020}.log", 0));
+        let before = (
+            std::fs::read(&path).unwrap(),
+            std::fs::read(&log_file).unwrap(),
+        );
+        for _start in 0..2 {
+            match PartitionJournal::open(dir.path(), GROUP, TAG, config(), 0) {
+                Err(PartitionJournalError::JournalLost { .. }) if damage.starts_with("cut") => {}
+                Ok((_, recovered)) if !damage.starts_with("cut") => {
+                    assert!(recovered.damage.is_some(), "{damage}: damage reported");
+                }
+                other => panic!("{damage}: got {:?}", other.map(|(_, r)| r.damage)),
+            }
+            let after = (
+                std::fs::read(&path).unwrap(),
+                std::fs::read(&log_file).unwrap(),
+            );
+            assert!(after == before, "{damage}: the files were changed");
+        }
+    }
+}
