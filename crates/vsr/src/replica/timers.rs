@@ -25,6 +25,10 @@ impl<S: StateMachine> Replica<S> {
         self.config.quiesce
             && !self.watching
             && self.is_idle()
+            // A replica that lost its disk asks its peers for their views on its retry
+            // timer until a quorum answers: quiet before, it never asked again and
+            // stayed untrusted for ever (an outside review of issue 24).
+            && self.rejoin.as_ref().is_none_or(|r| r.trust_from.is_some())
             && if self.is_primary() {
                 self.idle_heartbeats >= QUIET_AFTER_HEARTBEATS
             } else {

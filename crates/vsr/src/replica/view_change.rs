@@ -677,9 +677,14 @@ impl<S: StateMachine> Replica<S> {
         self.view = view;
         self.phase = Phase::Normal { preferred_acked: 0 };
         // A newer view's log replaces whatever an untrusted journal lost: trusted
-        // again once its bodies are here (below, after the log is installed).
-        let regains_trust =
-            (view > self.log_view && self.may_trust_in(view)).then_some(self.trusted_through);
+        // again once its bodies are here (below, after the log is installed). A
+        // replica that lost its disk trusts the log of any view its quorum's answers
+        // allow, newer than its own or not: its own log view is what the loss left
+        // (0), and the StartView it asks for once they answer may name the view it is
+        // in (kept to `view > log_view`, it stayed untrusted for ever in a group that
+        // never changed view: an outside review of issue 24).
+        let newer = view > self.log_view || self.rejoin.is_some();
+        let regains_trust = (newer && self.may_trust_in(view)).then_some(self.trusted_through);
         if regains_trust.is_some() {
             self.rejoin = None;
         }

@@ -248,6 +248,87 @@ fn a_rejoined_replica_normal_before_its_views_answers_trusts_itself_then() {
     );
 }
 
+/// The other order (an outside review of issue 24, a rejoined member of a real
+/// cluster whose partition stayed untrusted while it took writes, and stalled once
+/// another member died): a quorum's answers came while the replica was not normal yet,
+/// so it asked the current view's primary for that view's log, and the StartView that
+/// came named the view its lost disk left it in (view 0), which never counted as
+/// newer. A rejoined replica trusts the log of any view its quorum's answers allow.
+#[test]
+fn a_rejoined_replica_whose_views_answers_come_first_trusts_the_start_view_it_asks_for() {
+    let (mut h, session) = registered(3);
+    h.request(0, session, 1, b"k=1");
+    h.settle(50);
+    assert_eq!(h.replica(0).view(), 0, "the group never left view 0");
+    let config = *h.replica(1).config();
+    h.replicas[1] = Replica::restart(
+        config,
+        CounterMachine::default(),
+        Persisted::after_disk_loss(),
+    )
+    .unwrap();
+    let held_back = std::cell::RefCell::new(Vec::new());
+    let answered = h.run_until(
+        10_000,
+        |from, to, message| {
+            let start_view = matches!(message, Message::StartView { .. }) && to == 1;
+            if start_view {
+                held_back.borrow_mut().push((from, message.clone()));
+            }
+            !start_view
+        },
+        |h| h.replica(1).may_trust_in(0),
+    );
+    assert!(answered, "a quorum never answered its RequestViews");
+    assert_ne!(h.replica(1).status(), Status::Normal, "normal already");
+    for (_, start_view) in held_back.take() {
+        h.input(1, Input::Message(start_view));
+    }
+    h.settle(50);
+    assert_eq!(h.replica(1).status(), Status::Normal);
+    assert!(
+        h.replica(1).journal_trusted(),
+        "normal on the log of a view its quorum allows"
+    );
+}
+
+/// A rejoined replica of a quiescent group (partitions drop their timers when idle)
+/// whose first `RequestViews` went unanswered must not go quiet before a quorum
+/// answers: quiet, it never asked again and stayed untrusted for ever, so the group had
+/// no primary once another replica died (an outside review of issue 24, a real
+/// cluster's idle partition on a member that rejoined after losing its disk).
+#[test]
+fn a_rejoined_replica_of_a_quiescent_group_asks_for_views_until_a_quorum_answers() {
+    let mut h = Harness::with(3, |c| c.quiesce = true);
+    h.request(0, 0, 1, b"");
+    h.settle(50);
+    let session = u64::from_be_bytes(h.replies.pop().unwrap().result.unwrap().try_into().unwrap());
+    h.request(0, session, 1, b"k=1");
+    h.settle(50);
+    let config = *h.replica(1).config();
+    h.replicas[1] = Replica::restart(
+        config,
+        CounterMachine::default(),
+        Persisted::after_disk_loss(),
+    )
+    .unwrap();
+    // Its first requests for views (one to each peer) are lost; everything else goes
+    // through, and the group has nothing to do.
+    let mut lost = 0;
+    let trusted = h.run_until(
+        20_000,
+        |_, _, message| {
+            if matches!(message, Message::RequestViews { .. }) && lost < 2 {
+                lost += 1;
+                return false;
+            }
+            true
+        },
+        |h| h.replica(1).journal_trusted(),
+    );
+    assert!(trusted, "the rejoined replica went quiet untrusted");
+}
+
 /// Issue 24, finding 8: leadership never spread back after failovers. A primary asked
 /// to hand off moves the group to the next view its preferred replica (view 0's
 /// primary) leads, once that replica acknowledged its newest op and nothing is in
