@@ -302,14 +302,7 @@ async fn a_rejoined_member_that_caught_up_votes_when_the_primary_dies() {
     produce_range(&client, 0..300).await;
     let wiped = (primary + 1) % 3;
     let other = (primary + 2) % 3;
-    members[wiped].stop();
-    let dir = members[wiped].config.data_dir.clone();
-    std::fs::remove_dir_all(&dir).unwrap();
-    std::fs::create_dir(&dir).unwrap();
-    if let Some(cluster) = members[wiped].config.cluster.as_mut() {
-        cluster.rejoin = true;
-    }
-    members[wiped].start();
+    wipe_and_rejoin(&mut members[wiped]);
     until_transferred(&members[wiped]).await;
     until_every_group_trusted(&members[wiped]).await;
     // The primary dies: the other two must make a view and take writes.
@@ -331,14 +324,7 @@ async fn a_topic_created_after_a_rejoin_elects_primaries_with_another_member_dow
     let (mut members, primary, client) = one_partition_cluster(FsyncSetting::Never).await;
     produce_range(&client, 0..50).await;
     let wiped = (primary + 1) % 3;
-    members[wiped].stop();
-    let dir = members[wiped].config.data_dir.clone();
-    std::fs::remove_dir_all(&dir).unwrap();
-    std::fs::create_dir(&dir).unwrap();
-    if let Some(cluster) = members[wiped].config.cluster.as_mut() {
-        cluster.rejoin = true;
-    }
-    members[wiped].start();
+    wipe_and_rejoin(&mut members[wiped]);
     until_every_group_trusted(&members[wiped]).await;
     let settings = braid_proto::client::TopicSettings {
         partitions: 3,
@@ -596,14 +582,7 @@ async fn a_member_whose_data_directory_was_deleted_rejoins_by_state_transfer() {
     // A backup loses its disk: stopped, its directory emptied, started to rejoin.
     let wiped = (primary + 1) % 3;
     let other = (primary + 2) % 3;
-    members[wiped].stop();
-    let dir = members[wiped].config.data_dir.clone();
-    std::fs::remove_dir_all(&dir).unwrap();
-    std::fs::create_dir(&dir).unwrap();
-    if let Some(cluster) = members[wiped].config.cluster.as_mut() {
-        cluster.rejoin = true;
-    }
-    members[wiped].start();
+    let dir = wipe_and_rejoin(&mut members[wiped]);
     let identity = std::fs::read_to_string(dir.join("identity")).unwrap();
     assert!(identity.contains("rejoined = true"), "{identity}");
     until_transferred(&members[wiped]).await;
@@ -684,4 +663,18 @@ async fn a_member_whose_partition_directory_was_deleted_never_votes_its_ops_away
     for member in &mut members {
         member.stop();
     }
+}
+
+/// Stops `member`, empties its data directory (a lost disk) and starts it again with
+/// `--rejoin`; returns the directory.
+fn wipe_and_rejoin(member: &mut Member) -> std::path::PathBuf {
+    member.stop();
+    let dir = member.config.data_dir.clone();
+    std::fs::remove_dir_all(&dir).unwrap();
+    std::fs::create_dir(&dir).unwrap();
+    if let Some(cluster) = member.config.cluster.as_mut() {
+        cluster.rejoin = true;
+    }
+    member.start();
+    dir
 }

@@ -524,6 +524,24 @@ fn an_off_thread_sync_reports_what_it_covers_and_nothing_a_later_cut_removed() {
     );
 }
 
+/// The ops after `after` up to `last`, chained: registers (no batch) below
+/// `batches_from`, a batch each from there on.
+fn registers_then_batches(after: &Prepare, batches_from: u64, last: u64) -> Vec<Prepare> {
+    let mut parent = after.header.checksum;
+    (after.header.op + 1..=last)
+        .map(|op| {
+            let (operation, body) = if op >= batches_from {
+                (Operation::Request, batch("b", 2))
+            } else {
+                (Operation::Register, op.to_be_bytes().to_vec())
+            };
+            let p = prepare(op, 1, parent, operation, body);
+            parent = p.header.checksum;
+            p
+        })
+        .collect()
+}
+
 /// Copies `peer`'s log into `journal` in small chunks until the copy is done.
 fn copy_all(journal: &mut PartitionJournal, peer: &mut PartitionJournal, end: u64) {
     for _ in 0..1_000 {

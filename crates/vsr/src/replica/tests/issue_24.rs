@@ -9,13 +9,7 @@ use super::*;
 #[test]
 fn a_rejoining_replica_counts_only_answers_to_its_own_request() {
     let mut h = Harness::new(3);
-    let config = *h.replica(1).config();
-    h.replicas[1] = Replica::restart(
-        config,
-        CounterMachine::default(),
-        Persisted::after_disk_loss(),
-    )
-    .unwrap();
+    lose_disk(&mut h, 1);
     // Its own request, with the nonce it drew.
     h.input(1, Input::Tick);
     let mut ticks = 0;
@@ -217,28 +211,15 @@ fn a_rejoined_replica_normal_before_its_views_answers_trusts_itself_then() {
     let (mut h, session) = registered(3);
     h.request(0, session, 1, b"k=1");
     h.settle(50);
-    let config = *h.replica(1).config();
-    h.replicas[1] = Replica::restart(
-        config,
-        CounterMachine::default(),
-        Persisted::after_disk_loss(),
-    )
-    .unwrap();
-    let held_back = std::cell::RefCell::new(Vec::new());
-    let normal = h.run_until(
-        10_000,
-        |from, to, message| {
-            let views = matches!(message, Message::Views { .. }) && to == 1;
-            if views {
-                held_back.borrow_mut().push((from, message.clone()));
-            }
-            !views
-        },
+    lose_disk(&mut h, 1);
+    let (normal, held_back) = hold_back_to_1(
+        &mut h,
+        |m| matches!(m, Message::Views { .. }),
         |h| h.replica(1).status() == Status::Normal,
     );
     assert!(normal, "it never joined the view");
     assert!(!h.replica(1).journal_trusted(), "no quorum answered yet");
-    for (_, views) in held_back.take() {
+    for views in held_back {
         h.input(1, Input::Message(views));
     }
     h.settle(50);
@@ -260,28 +241,15 @@ fn a_rejoined_replica_whose_views_answers_come_first_trusts_the_start_view_it_as
     h.request(0, session, 1, b"k=1");
     h.settle(50);
     assert_eq!(h.replica(0).view(), 0, "the group never left view 0");
-    let config = *h.replica(1).config();
-    h.replicas[1] = Replica::restart(
-        config,
-        CounterMachine::default(),
-        Persisted::after_disk_loss(),
-    )
-    .unwrap();
-    let held_back = std::cell::RefCell::new(Vec::new());
-    let answered = h.run_until(
-        10_000,
-        |from, to, message| {
-            let start_view = matches!(message, Message::StartView { .. }) && to == 1;
-            if start_view {
-                held_back.borrow_mut().push((from, message.clone()));
-            }
-            !start_view
-        },
+    lose_disk(&mut h, 1);
+    let (answered, held_back) = hold_back_to_1(
+        &mut h,
+        |m| matches!(m, Message::StartView { .. }),
         |h| h.replica(1).may_trust_in(0),
     );
     assert!(answered, "a quorum never answered its RequestViews");
     assert_ne!(h.replica(1).status(), Status::Normal, "normal already");
-    for (_, start_view) in held_back.take() {
+    for start_view in held_back {
         h.input(1, Input::Message(start_view));
     }
     h.settle(50);
@@ -305,13 +273,7 @@ fn a_rejoined_replica_of_a_quiescent_group_asks_for_views_until_a_quorum_answers
     let session = u64::from_be_bytes(h.replies.pop().unwrap().result.unwrap().try_into().unwrap());
     h.request(0, session, 1, b"k=1");
     h.settle(50);
-    let config = *h.replica(1).config();
-    h.replicas[1] = Replica::restart(
-        config,
-        CounterMachine::default(),
-        Persisted::after_disk_loss(),
-    )
-    .unwrap();
+    lose_disk(&mut h, 1);
     // Its first requests for views (one to each peer) are lost; everything else goes
     // through, and the group has nothing to do.
     let mut lost = 0;
@@ -977,4 +939,37 @@ fn a_backup_that_missed_the_start_view_asks_for_it_at_the_next_commit() {
         1,
         "it joined view 1 rather than moving the group to another view"
     );
+}
+
+/// Restarts replica `r` as one that lost its disk.
+fn lose_disk(h: &mut Harness, r: usize) {
+    let config = *h.replica(r as u8).config();
+    h.replicas[r] = Replica::restart(
+        config,
+        CounterMachine::default(),
+        Persisted::after_disk_loss(),
+    )
+    .unwrap();
+}
+
+/// Runs `h` until `done`, holding back every message to replica 1 that `held` picks;
+/// returns whether `done` came, and the messages held back, in order.
+fn hold_back_to_1(
+    h: &mut Harness,
+    held: impl Fn(&Message) -> bool,
+    done: impl Fn(&Harness) -> bool,
+) -> (bool, Vec<Message>) {
+    let held_back = std::cell::RefCell::new(Vec::new());
+    let came = h.run_until(
+        10_000,
+        |_, to, message| {
+            let hold = to == 1 && held(message);
+            if hold {
+                held_back.borrow_mut().push(message.clone());
+            }
+            !hold
+        },
+        done,
+    );
+    (came, held_back.into_inner())
 }

@@ -493,17 +493,7 @@ fn ops_above_a_checkpoint_that_a_copy_cut_stay_damaged() {
 fn a_log_short_of_its_prune_point_behind_registers_is_copied_back() {
     let ops = chain(6, 1, "a");
     let (_peer_dir, mut peer, end_6) = peer_holding(&ops);
-    let mut above = Vec::new();
-    let mut parent = ops[5].header.checksum;
-    for op in 7..=9u64 {
-        let (operation, body) = match op {
-            9 => (Operation::Request, batch("b", 2)),
-            _ => (Operation::Register, op.to_be_bytes().to_vec()),
-        };
-        let p = prepare(op, 1, parent, operation, body);
-        parent = p.header.checksum;
-        above.push(p);
-    }
+    let above = registers_then_batches(&ops[5], 9, 9);
     let dir = tempfile::tempdir().unwrap();
     let lost_from = {
         let (mut journal, _) = open(dir.path());

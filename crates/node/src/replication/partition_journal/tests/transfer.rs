@@ -69,17 +69,7 @@ fn a_copy_started_again_at_the_peers_start_keeps_no_entry_below_it() {
 fn a_log_cut_below_its_prune_point_behind_registers_is_copied_back() {
     let ops = chain(6, 1, "a");
     let (_peer_dir, mut peer, end_6) = peer_holding(&ops);
-    let mut above = Vec::new();
-    let mut parent = ops[5].header.checksum;
-    for op in 7..=10u64 {
-        let (operation, body) = match op {
-            9 | 10 => (Operation::Request, batch("b", 2)),
-            _ => (Operation::Register, op.to_be_bytes().to_vec()),
-        };
-        let p = prepare(op, 1, parent, operation, body);
-        parent = p.header.checksum;
-        above.push(p);
-    }
+    let above = registers_then_batches(&ops[5], 9, 10);
     // An index entry at every batch, as a long segment has one before each page: the
     // open's check of a closed log reads on from the newest entry only.
     let dense = LogConfig {
