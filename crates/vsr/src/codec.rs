@@ -212,9 +212,16 @@ impl Message {
                 out.push(*from);
                 put_u64(out, *nonce);
             }
-            Self::Views { view, from, nonce } => {
+            Self::Views {
+                view,
+                primary_op,
+                from,
+                nonce,
+            } => {
                 out.push(VIEWS);
                 put_u64(out, *view);
+                // u64::MAX: not the normal primary (no log reaches that op).
+                put_u64(out, primary_op.unwrap_or(u64::MAX));
                 out.push(*from);
                 put_u64(out, *nonce);
             }
@@ -343,6 +350,7 @@ impl Message {
             },
             VIEWS => Self::Views {
                 view: r.u64()?,
+                primary_op: Some(r.u64()?).filter(|op| *op != u64::MAX),
                 from: r.u8()?,
                 nonce: r.u64()?,
             },
@@ -559,8 +567,18 @@ mod tests {
             any::<u8>().prop_map(|from| Message::RequestSnapshot { from }),
             (any::<u8>(), any::<u64>())
                 .prop_map(|(from, nonce)| Message::RequestViews { from, nonce }),
-            (any::<u64>(), any::<u8>(), any::<u64>())
-                .prop_map(|(view, from, nonce)| Message::Views { view, from, nonce }),
+            (
+                any::<u64>(),
+                proptest::option::of(0..u64::MAX),
+                any::<u8>(),
+                any::<u64>()
+            )
+                .prop_map(|(view, primary_op, from, nonce)| Message::Views {
+                    view,
+                    primary_op,
+                    from,
+                    nonce
+                }),
             (0u64..100, small, any::<u64>(), any::<u8>()).prop_map(|(op, state, view, from)| {
                 Message::Snapshot {
                     checkpoint: Checkpoint::new(header(op, 1), state),

@@ -282,19 +282,24 @@ pub enum Message {
         /// The sender.
         from: ReplicaId,
     },
-    /// A replica that lost its disk asks which view each peer is in: it may regain
-    /// trust only in a view at least as new as any a quorum of them names.
+    /// A replica restarted untrusted asks which view each peer is in. One that lost its
+    /// disk may regain trust only in a view at least as new as any a quorum of them
+    /// names; any may regain it in its own view once it holds the log its primary
+    /// answered with.
     RequestViews {
         /// The sender.
         from: ReplicaId,
         /// Drawn by this incarnation of the sender: only an answer that echoes it
-        /// counts, never one to a request from before the disk was lost.
+        /// counts, never one to a request from before the restart.
         nonce: u64,
     },
     /// The answer: the highest view the sender has taken part in.
     Views {
         /// That view.
         view: u64,
+        /// The sender's op, if it is the normal primary of `view`: every op the asker
+        /// could have acknowledged in that view before its restart is at or below it.
+        primary_op: Option<u64>,
         /// The sender.
         from: ReplicaId,
         /// The request's nonce.

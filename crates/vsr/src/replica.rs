@@ -298,17 +298,24 @@ struct ViewChangeState {
     start_view_pending: bool,
 }
 
-/// A replica that lost its disk, learning how new a view must be to trust it again.
+/// A replica restarted untrusted, learning from its peers when it may trust its journal
+/// again.
 #[derive(Debug, Clone, Default)]
 struct Rejoin {
-    /// Drawn when the replica restarted without its disk; its RequestViews carry it
-    /// and only answers that echo it count.
+    /// Drawn at the restart; its RequestViews carry it and only answers that echo it
+    /// count (an answer to an older incarnation says nothing about what it lost).
     nonce: u64,
+    /// It lost its disk (its views too), not only unsynced writes.
+    views_lost: bool,
     /// Peer -> the view it said it is in.
     views: BTreeMap<ReplicaId, u64>,
     /// Set once a quorum of peers answered: the highest view among them. Every view
     /// that ever started had a quorum in it, which shares a member with them.
     trust_from: Option<u64>,
+    /// (view, op) the normal primary of that view answered with, after the restart:
+    /// every op this replica could have acknowledged in that view is at or below the
+    /// op, so holding that view's log through it, it holds all it may have lost.
+    primary_op: Option<(u64, u64)>,
 }
 
 /// A DoViewChange as the new primary keeps it.
@@ -389,11 +396,12 @@ pub struct Replica<S> {
     /// had not synced, so it must never lead that view again. Its first step moves the
     /// group to the next view (as TigerBeetle's replica does on open).
     leave_log_view: bool,
-    /// Lost its disk (untrusted from op 0): the views its peers answered with, and
-    /// once a quorum of them has, the oldest view it may regain trust in. Its old log
-    /// view is gone, so "normal in a newer view" alone proves nothing: the view it
-    /// joins might predate views it once acknowledged ops in.
-    /// Boxed: almost every replica never has one.
+    /// Restarted untrusted: what its peers answered since. One that lost its disk
+    /// (untrusted from op 0) learns the oldest view it may regain trust in: its old log
+    /// view is gone, so "normal in a newer view" alone proves nothing, the view it
+    /// joins might predate views it once acknowledged ops in. Any learns its primary's
+    /// op, so that it can trust again in the view it restarted in, which an idle group
+    /// may never leave. Boxed: almost every replica never has one.
     rejoin: Option<Box<Rejoin>>,
     /// Outputs a restart owes, given at the first step.
     startup: Lazy<Vec<Output>>,
@@ -533,10 +541,11 @@ impl<S: StateMachine> Replica<S> {
             replica.trusted_through = replica.trusted_through.min(known);
             replica.persist_trust = replica.trusted_through != durable.journal_trusted_through;
         }
-        if durable.views_lost && config.replica_count > 1 {
+        if (durable.views_lost || replica.trusted_through != u64::MAX) && config.replica_count > 1 {
             let nonce = splitmix(&mut replica.prng);
             replica.rejoin = Some(Box::new(Rejoin {
                 nonce,
+                views_lost: durable.views_lost,
                 ..Rejoin::default()
             }));
         }
@@ -667,7 +676,8 @@ impl<S: StateMachine> Replica<S> {
     }
 
     /// Whether this replica's journal is trusted: false after a restart that may have
-    /// lost acknowledged writes, until it is normal in a newer view.
+    /// lost acknowledged writes, until it is normal in a newer view or holds its own
+    /// view's log through the op its primary answered with after the restart.
     pub fn journal_trusted(&self) -> bool {
         self.trusted_through == u64::MAX
     }
@@ -834,7 +844,7 @@ impl<S: StateMachine> Replica<S> {
             log_view: self.log_view,
             commit: self.commit_max,
             journal_trusted_through: self.trusted_through,
-            views_lost: self.rejoin.is_some(),
+            views_lost: self.views_lost(),
         }
     }
 

@@ -117,12 +117,19 @@ impl<S: StateMachine> Replica<S> {
                     to: from,
                     message: Message::Views {
                         view: self.view,
+                        primary_op: (self.is_primary() && self.status() == Status::Normal)
+                            .then_some(self.op),
                         from: self.config.replica,
                         nonce,
                     },
                 });
             }
-            Message::Views { view, from, nonce } => self.on_views(view, from, nonce, out),
+            Message::Views {
+                view,
+                primary_op,
+                from,
+                nonce,
+            } => self.on_views(view, primary_op, from, nonce, out),
             Message::Snapshot {
                 checkpoint, view, ..
             } => self.on_snapshot(checkpoint, view, out),

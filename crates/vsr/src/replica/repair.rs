@@ -311,8 +311,7 @@ impl<S: StateMachine> Replica<S> {
             return;
         }
         if self.holds_bodies_above(untrusted_above) {
-            self.trusted_through = u64::MAX;
-            self.trust_waits_for_bodies = false;
+            self.trust_again();
         } else {
             self.trusted_through = untrusted_above;
             self.trust_waits_for_bodies = true;
@@ -334,16 +333,65 @@ impl<S: StateMachine> Replica<S> {
     pub(super) fn trust_when_repaired(&mut self, out: &mut Vec<Output>) {
         if self.trusted_through == u64::MAX {
             // Trusted meanwhile another way (the log of a view it led).
-            self.trust_waits_for_bodies = false;
+            self.trust_again();
         }
-        if !self.trust_waits_for_bodies || self.status() != Status::Normal {
+        if self.status() != Status::Normal || self.trusted_through == u64::MAX {
             return;
         }
-        if self.holds_bodies_above(self.trusted_through) {
-            self.trusted_through = u64::MAX;
-            self.trust_waits_for_bodies = false;
+        if self.trust_waits_for_bodies && self.holds_bodies_above(self.trusted_through) {
+            self.trust_again();
+            self.write_state(out);
+            return;
+        }
+        self.trust_in_own_view(out);
+    }
+
+    /// Trusted again in the view it restarted in: normal in it, with its log, and
+    /// holding (as durable, canonical bodies) every op of that log through the op its
+    /// primary answered a RequestViews of this incarnation with. Whatever it
+    /// acknowledged in this view before the restart is at or below that op (a view's
+    /// log only grows while the view lasts), and whatever it acknowledged in older
+    /// views and this view kept is too, so it holds all it may have lost. Without
+    /// this, only a newer view made it trusted, and an idle group may never change view:
+    /// its votes could never drop an op the others lack, and one more failure could
+    /// leave the group without a primary (an outside review of issue 24).
+    fn trust_in_own_view(&mut self, out: &mut Vec<Output>) {
+        let Some(rejoin) = self.rejoin.as_ref() else {
+            return;
+        };
+        let Some((view, primary_op)) = rejoin.primary_op else {
+            return;
+        };
+        if view != self.view
+            || self.log_view != self.view
+            || self.status() != Status::Normal
+            || !self.may_trust_in(view)
+            || self.op < primary_op
+        {
+            return;
+        }
+        let from = self.trusted_through.max(self.commit_min);
+        let holds = (from.saturating_add(1)..=primary_op).all(|op| {
+            self.journal
+                .get(&op)
+                .is_some_and(|e| e.body.is_some() && e.durable && e.canonical)
+        });
+        if holds {
+            self.trust_again();
             self.write_state(out);
         }
+    }
+
+    /// The journal is trusted again: nothing more to learn from the peers.
+    pub(super) fn trust_again(&mut self) {
+        self.trusted_through = u64::MAX;
+        self.trust_waits_for_bodies = false;
+        self.rejoin = None;
+    }
+
+    /// Whether it lost its disk and has not regained trust since.
+    pub(super) fn views_lost(&self) -> bool {
+        self.rejoin.as_ref().is_some_and(|r| r.views_lost)
     }
 
     /// Whether joining `view` makes this replica's journal trustworthy again: always,
@@ -352,13 +400,20 @@ impl<S: StateMachine> Replica<S> {
     pub(super) fn may_trust_in(&self, view: u64) -> bool {
         self.rejoin
             .as_ref()
-            .is_none_or(|r| r.trust_from.is_some_and(|from| view >= from))
+            .is_none_or(|r| !r.views_lost || r.trust_from.is_some_and(|from| view >= from))
     }
 
-    /// Asks every peer for its view, while a replica that lost its disk has not heard
-    /// from a quorum.
+    /// Asks every peer for its view, while a replica restarted untrusted has not heard
+    /// what it needs: a quorum, if it lost its disk; its primary's op, if not.
     pub(super) fn ask_views(&self, out: &mut Vec<Output>) {
-        if let Some(rejoin) = self.rejoin.as_ref().filter(|r| r.trust_from.is_none()) {
+        let asks = |r: &&Rejoin| {
+            if r.views_lost {
+                r.trust_from.is_none()
+            } else {
+                r.primary_op.is_none_or(|(view, _)| view < self.view)
+            }
+        };
+        if let Some(rejoin) = self.rejoin.as_deref().filter(asks) {
             self.send_to_others(
                 Message::RequestViews {
                     from: self.config.replica,
@@ -372,17 +427,28 @@ impl<S: StateMachine> Replica<S> {
     pub(super) fn on_views(
         &mut self,
         view: u64,
+        primary_op: Option<u64>,
         from: ReplicaId,
         nonce: u64,
         out: &mut Vec<Output>,
     ) {
         let quorum = self.config.quorum();
+        let answered_as_primary = from == self.primary_of(view);
         let Some(rejoin) = self.rejoin.as_mut() else {
             return;
         };
-        if rejoin.trust_from.is_some() || rejoin.nonce != nonce {
-            // Trusted already, or an answer to another incarnation's request (sent
-            // before the disk was lost, and as old as that).
+        if rejoin.nonce != nonce {
+            // An answer to another incarnation's request (sent before the restart, and
+            // as old as that).
+            return;
+        }
+        if let Some(op) = primary_op.filter(|_| answered_as_primary) {
+            if rejoin.primary_op.is_none_or(|(known, _)| known < view) {
+                rejoin.primary_op = Some((view, op));
+            }
+        }
+        if !rejoin.views_lost || rejoin.trust_from.is_some() {
+            self.trust_in_own_view(out);
             return;
         }
         rejoin.views.insert(from, view);

@@ -933,6 +933,7 @@ fn a_snapshot_install_keeps_the_journal_above_its_fallback_checkpoint() {
 }
 
 mod issue_24;
+mod trust;
 
 /// A new primary whose commit point lags ops the views before it committed (the commit
 /// messages were lost) must not refuse a session it has not applied yet as unknown: the

@@ -25,10 +25,11 @@ impl<S: StateMachine> Replica<S> {
         self.config.quiesce
             && !self.watching
             && self.is_idle()
-            // A replica that lost its disk asks its peers for their views on its retry
-            // timer until a quorum answers: quiet before, it never asked again and
-            // stayed untrusted for ever (an outside review of issue 24).
-            && self.rejoin.as_ref().is_none_or(|r| r.trust_from.is_some())
+            // A replica restarted untrusted asks its peers for their views on its retry
+            // timer until it knows what it needs: quiet before, it never asked again
+            // and stayed untrusted for ever (an outside review of issue 24). One that
+            // kept its views stays awake until it trusts its journal again.
+            && self.rejoin.as_ref().is_none_or(|r| r.views_lost && r.trust_from.is_some())
             && if self.is_primary() {
                 self.idle_heartbeats >= QUIET_AFTER_HEARTBEATS
             } else {

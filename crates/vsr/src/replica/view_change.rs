@@ -166,7 +166,7 @@ impl<S: StateMachine> Replica<S> {
         if self.durable.view != self.view {
             return;
         }
-        if self.rejoin.is_some() {
+        if self.views_lost() {
             // It lost its disk: not even the log view its vote would name is its own,
             // so counted, its vote could make a quorum that lacks what it acknowledged
             // before. It abstains until it is normal in a newer view. (A journal
@@ -607,8 +607,7 @@ impl<S: StateMachine> Replica<S> {
         self.log_view = self.view;
         // Its journal is now this view's log, built from trusted votes.
         if self.may_trust_in(self.view) {
-            self.trusted_through = u64::MAX;
-            self.rejoin = None;
+            self.trust_again();
         }
         self.start_view_sent = false;
         self.prepare_oks = Lazy::from(
@@ -683,7 +682,7 @@ impl<S: StateMachine> Replica<S> {
         // (0), and the StartView it asks for once they answer may name the view it is
         // in (kept to `view > log_view`, it stayed untrusted for ever in a group that
         // never changed view: an outside review of issue 24).
-        let newer = view > self.log_view || self.rejoin.is_some();
+        let newer = view > self.log_view || self.views_lost();
         let regains_trust = (newer && self.may_trust_in(view)).then_some(self.trusted_through);
         if regains_trust.is_some() {
             self.rejoin = None;

@@ -30,6 +30,7 @@ fn a_rejoining_replica_counts_only_answers_to_its_own_request() {
     for from in [0, 2] {
         let stale = Message::Views {
             view: 0,
+            primary_op: None,
             from,
             nonce: nonce ^ 1,
         };
@@ -39,6 +40,7 @@ fn a_rejoining_replica_counts_only_answers_to_its_own_request() {
     for from in [0, 2] {
         let fresh = Message::Views {
             view: 0,
+            primary_op: None,
             from,
             nonce,
         };
@@ -390,7 +392,7 @@ fn an_untrusted_journal_of_an_older_log_view_never_acknowledged_a_newer_views_op
     )
     .unwrap();
     assert!(
-        replica.rejoin.is_none(),
+        !replica.views_lost(),
         "untrusted from op 0, but its views are its own: not a lost disk"
     );
     let own = ViewChangeVote {
