@@ -478,6 +478,119 @@ async fn produce_partitions(
     }
 }
 
+/// Waits until every member reports itself caught up and each group's commit point
+/// (op and checksum) is the same on all of them.
+async fn until_commit_points_agree(members: &[Member]) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let mut points = Vec::new();
+        let mut caught_up = true;
+        for member in members {
+            points.push(common::commit_points(member.http_addr()).await);
+            caught_up &= common::http_get(member.http_addr(), "/health")
+                .await
+                .contains("\"caught_up\":true");
+        }
+        if caught_up && points[0].len() == 2 && points.iter().all(|p| *p == points[0]) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "commit points never agreed: {points:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Waits until `member`'s `/metrics` says `value` for the gauge `name`.
+async fn until_metric(member: &Member, name: &str, value: u64) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let now = common::metric(member.http_addr(), name).await;
+        if now == value {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{name} stayed {now}, not {value}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A damaged batch in a member's log counts in `braid_partitions_awaiting_repair` for
+/// as long as no peer's copy has mended it (with every peer stopped, nothing can),
+/// and once a peer is back it is repaired: the gauge falls to 0 and the member's log
+/// is the peer's, batch for batch. A repair that never finishes is visible.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_damaged_batch_counts_as_awaiting_repair_until_a_peer_mends_it() {
+    let mut members = start_cluster(3, FsyncSetting::Always);
+    let admin = Client::connect(members[0].addr()).await.unwrap();
+    admin.create_stream("s").await.unwrap();
+    // Small segments: the damage lies in a sealed one, which only the scrub reads.
+    let settings = braid_proto::client::TopicSettings {
+        partitions: 1,
+        segment_bytes: 2_048,
+        max_batch_bytes: 1_024,
+        ..braid_proto::client::TopicSettings::default()
+    };
+    admin.create_topic("s", "t", settings).await.unwrap();
+    let primary = usize::from(primary_of(members[0].addr(), 0).await);
+    let client = Client::connect(members[primary].addr()).await.unwrap();
+    produce_range(&client, 0..40).await;
+    until_commit_points_agree(&members).await;
+    drop(client);
+    members[1].stop();
+    members[2].stop();
+    // One bit of the third batch of member 0's log, in its first (sealed) segment,
+    // while it runs.
+    let batches = stored_batches(&members[0].config.data_dir);
+    let at = batches[..2].iter().map(Vec::len).sum::<usize>() + batches[2].len() / 2;
+    let topics = members[0].config.data_dir.join("partitions");
+    let topic = std::fs::read_dir(&topics)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.is_dir())
+        .unwrap();
+    let segment = topic.join("0").join(format!("{:020}.log", 0));
+    assert!(std::fs::metadata(&segment).unwrap().len() <= 2_048 + 1_024);
+    flip_bit(&segment, at as u64);
+    until_metric(&members[0], "braid_partitions_awaiting_repair", 1).await;
+    members[1].start();
+    until_metric(&members[0], "braid_partitions_awaiting_repair", 0).await;
+    assert!(
+        common::metric(
+            members[0].http_addr(),
+            "braid_partition_damage_repaired_total"
+        )
+        .await
+            >= 1
+    );
+    members[0].stop();
+    members[1].stop();
+    assert!(
+        stored_batches(&members[0].config.data_dir) == stored_batches(&members[1].config.data_dir),
+        "the repaired log differs from the peer's"
+    );
+}
+
+/// Flips one bit of the byte at `at` of `path` in place (the file may be open).
+fn flip_bit(path: &std::path::Path, at: u64) {
+    use std::io::{Read, Seek, SeekFrom, Write};
+    let mut file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .unwrap();
+    let mut byte = [0u8];
+    file.seek(SeekFrom::Start(at)).unwrap();
+    file.read_exact(&mut byte).unwrap();
+    byte[0] ^= 0x10;
+    file.seek(SeekFrom::Start(at)).unwrap();
+    file.write_all(&byte).unwrap();
+    file.sync_all().unwrap();
+}
+
 /// Every batch of the single partition directory under `data_dir`, as stored.
 fn stored_batches(data_dir: &std::path::Path) -> Vec<Vec<u8>> {
     let topics = data_dir.join("partitions");
@@ -529,27 +642,7 @@ async fn a_member_behind_every_journal_copies_the_log_from_a_peer() {
     produce_range(&client, 0..2_600).await;
     members[behind].start();
     until_transferred(&members[behind]).await;
-    // Every member reports itself caught up, and each group's commit point (op and
-    // checksum) is the same on all three.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-    loop {
-        let mut points = Vec::new();
-        let mut caught_up = true;
-        for member in &members {
-            points.push(common::commit_points(member.http_addr()).await);
-            caught_up &= common::http_get(member.http_addr(), "/health")
-                .await
-                .contains("\"caught_up\":true");
-        }
-        if caught_up && points[0].len() == 2 && points.iter().all(|p| *p == points[0]) {
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "commit points never agreed: {points:?}"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    }
+    until_commit_points_agree(&members).await;
     let mut led = 0;
     for member in &members {
         led += common::metric(member.http_addr(), "braid_vsr_groups_led").await;

@@ -21,6 +21,8 @@ pub(crate) struct ShardMetrics {
     pub(crate) fsyncs_requested: AtomicU64,
     pub(crate) state_transfers: AtomicU64,
     pub(crate) batches_repaired: AtomicU64,
+    /// A gauge, stored by the shard each tick.
+    pub(crate) partitions_awaiting_repair: AtomicU64,
     pub(crate) files_slept: AtomicU64,
     pub(crate) files_woken: AtomicU64,
     pub(crate) repair_prepares_requested: AtomicU64,
@@ -62,6 +64,7 @@ impl Default for ShardMetrics {
             fsyncs_requested: AtomicU64::new(0),
             state_transfers: AtomicU64::new(0),
             batches_repaired: AtomicU64::new(0),
+            partitions_awaiting_repair: AtomicU64::new(0),
             files_slept: AtomicU64::new(0),
             files_woken: AtomicU64::new(0),
             repair_prepares_requested: AtomicU64::new(0),
@@ -291,6 +294,12 @@ pub(crate) fn render(
         "counter",
         "Damaged batches of a partition log (found by the scrub of committed batches, or by a read for a peer) written over with a peer's copy.",
         sum(&|s| &s.batches_repaired),
+    );
+    metric(
+        "braid_partitions_awaiting_repair",
+        "gauge",
+        "Partitions whose log holds a damaged batch no peer's copy has mended yet (nothing is served past it meanwhile). Above 0 for more than a minute, a repair is stuck: every peer's copy is damaged or gone; the log says at which offset.",
+        sum(&|s| &s.partitions_awaiting_repair),
     );
     metric(
         "braid_partition_files_slept_total",

@@ -361,6 +361,12 @@ impl PartitionGroups {
         std::mem::take(&mut self.batches_repaired)
     }
 
+    /// Partitions whose log holds damage a peer's copy has not mended yet (for the
+    /// metrics: above 0 for long, a repair is stuck).
+    pub(crate) fn awaiting_repair(&self) -> u64 {
+        self.repairs.len() as u64
+    }
+
     /// Runs journal syncs under `fsync = always` on `link`'s syncer from now on (for
     /// partitions added after this call).
     pub(crate) fn sync_through(&mut self, link: SyncLink) {

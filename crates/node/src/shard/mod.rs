@@ -618,6 +618,10 @@ impl Shard {
         add(&self.metrics().state_transfers, transfers);
         let repaired = self.groups.take_batches_repaired();
         add(&self.metrics().batches_repaired, repaired);
+        self.metrics().partitions_awaiting_repair.store(
+            self.groups.awaiting_repair(),
+            std::sync::atomic::Ordering::Relaxed,
+        );
         let (slept, woken) = self.groups.take_sleep_counts();
         add(&self.metrics().files_slept, slept);
         add(&self.metrics().files_woken, woken);

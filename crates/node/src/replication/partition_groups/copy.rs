@@ -17,6 +17,9 @@ const CHUNK_BYTES: u32 = 1 << 20;
 const FETCH_TICKS: u64 = 50;
 /// How often (ticks) the shard looks for partitions that must be copied.
 const SCAN_TICKS: u64 = 10;
+/// Asks for a damaged batch's repair between two warnings that it is still not done
+/// (one ask per [`FETCH_TICKS`]: about a minute).
+const REPAIR_ATTEMPTS_PER_WARNING: u64 = 120;
 /// Bytes of committed batches the shard checks per tick for damage at rest, over its
 /// partitions in turn (a few MiB a second: a small share of one core's CRC32C).
 const SCRUB_BYTES_PER_TICK: u32 = 64 << 10;
@@ -66,6 +69,19 @@ impl PartitionGroups {
                 continue;
             }
             let attempt = self.repairs.get(&group).map_or(0, |(_, a)| a + 1);
+            if attempt > 0 && attempt.is_multiple_of(REPAIR_ATTEMPTS_PER_WARNING) {
+                // Every peer asked in turn, again and again: their copies are damaged
+                // too, or gone, or they refuse the range. Nothing is served past the
+                // damage meanwhile, but an operator must hear of it
+                // (`braid_partitions_awaiting_repair` says how many).
+                tracing::warn!(
+                    group,
+                    offset = from,
+                    attempts = attempt,
+                    "a damaged batch is still not repaired: no peer's copy has mended it; \
+                     compare the peers' logs at this offset"
+                );
+            }
             if let Some(peer) = self.peer_in_turn(attempt) {
                 self.bus
                     .send(peer, wire::log_fetch_frame(group, from, to, None));
