@@ -363,6 +363,21 @@ async fn a_topic_created_after_a_rejoin_elects_primaries_with_another_member_dow
 /// the member refused to start, "names no group", for good.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_member_whose_states_table_lost_a_slots_group_starts_and_catches_up() {
+    member_with_damaged_states_catches_up(false).await;
+}
+
+/// An outside review of issue 24 deleted a member's states tables: its groups started
+/// at view 0 with trusted journals, as if they had never voted. Each group with files
+/// now restarts as a replica that lost its disk, and the member catches up and votes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_whose_states_tables_are_gone_starts_and_catches_up() {
+    member_with_damaged_states_catches_up(true).await;
+}
+
+/// A member's states tables damaged while it is stopped (every slot zeroed in both
+/// copies, or, `gone`, both copies deleted): it starts, catches up, and makes a view
+/// with the other backup once the primary dies, with every batch its peer holds.
+async fn member_with_damaged_states_catches_up(gone: bool) {
     let (mut members, primary, client) = one_partition_cluster(FsyncSetting::Never).await;
     produce_range(&client, 0..100).await;
     let damaged = (primary + 1) % 3;
@@ -374,8 +389,14 @@ async fn a_member_whose_states_table_lost_a_slots_group_starts_and_catches_up() 
     let mut zeroed = 0;
     for entry in std::fs::read_dir(&replication).unwrap() {
         let path = entry.unwrap().path();
+        let is_table = path.extension().is_some_and(|e| e == "0" || e == "1");
+        if gone && is_table {
+            std::fs::remove_file(&path).unwrap();
+            zeroed += 1;
+            continue;
+        }
         let mut bytes = std::fs::read(&path).unwrap();
-        if bytes.len() > 128 {
+        if is_table && bytes.len() > 128 {
             bytes[128..].fill(0);
             std::fs::write(&path, &bytes).unwrap();
             zeroed += 1;

@@ -46,4 +46,5 @@ pub use config::{
 pub use error::NodeError;
 pub use identity::{IdentityError, DATA_DIR_FORMAT};
 pub use node::{Node, StartError};
+pub use replication::shard_count::ShardCountError;
 pub use tls::TlsError;

@@ -48,6 +48,9 @@ pub enum StartError {
     /// The data directory is another cluster's, another member's or in another format.
     #[error(transparent)]
     DataDir(#[from] crate::identity::IdentityError),
+    /// The data directory was made with another shard count.
+    #[error(transparent)]
+    ShardCount(#[from] crate::ShardCountError),
     /// The bootstrap admin could not be created.
     #[error("bootstrap admin: {0}")]
     Bootstrap(#[from] crate::admin_bootstrap::BootstrapError),
@@ -106,6 +109,11 @@ impl Node {
             node = identity.node_id,
             "data directory claimed"
         );
+        // Before anything opens: a partition opened by a shard whose states table
+        // never held its state would forget its views.
+        let replication = config.data_dir.join("replication");
+        braid_storage::create_dir_durable(&replication)?;
+        crate::replication::shard_count::check(&replication, config.shards, clustered)?;
         let meta = open_metadata(&config, &identity, topic_id_floor, lost.metadata)?;
         crate::identity::mark_initialized(&config.data_dir, &identity)?;
         let bus_start = match &config.cluster {
@@ -288,6 +296,14 @@ impl Node {
         if let Some(err) = failure {
             node.stop_shards();
             return Err(err);
+        }
+        // Every shard made its states table: from now on one gone whole is damage.
+        if let Err(err) = crate::replication::shard_count::record(
+            &node.shared.config.data_dir.join("replication"),
+            shards,
+        ) {
+            node.stop_shards();
+            return Err(err.into());
         }
         let token = node.shared.config.http_token()?;
         node.http = Some(HttpServer::start(http, Arc::clone(&node.shared), token)?);

@@ -93,16 +93,24 @@ fn a_cluster_member_without_a_secret_is_refused_before_it_claims_its_directory()
 /// Issue 24, finding 13: a node whose `partitions/` directory, metadata journal or
 /// metadata states were lost started as an empty node without a word. Each is now
 /// refused by name, and the directory restored is served again.
+/// Issue 24: a directory that once held data knows it. (An outside review deleted a
+/// single node's partition states table, `replication/shard-N.*`, and it started as if
+/// its partitions had never voted.)
 #[test]
 fn a_started_directory_that_lost_its_metadata_or_partitions_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     Node::start(config(dir.path())).unwrap().shutdown();
     let identity = std::fs::read_to_string(dir.path().join("identity")).unwrap();
     assert!(identity.contains("initialized = true"), "{identity}");
-    for gone in ["partitions", "metadata/group-0.journal", "metadata/shard-0"] {
+    for gone in [
+        "partitions",
+        "metadata/group-0.journal",
+        "metadata/shard-0",
+        "replication/shard-0",
+    ] {
         let aside = tempfile::tempdir().unwrap();
-        let moved: Vec<String> = if gone == "metadata/shard-0" {
-            vec!["metadata/shard-0.0".into(), "metadata/shard-0.1".into()]
+        let moved: Vec<String> = if gone.ends_with("/shard-0") {
+            vec![format!("{gone}.0"), format!("{gone}.1")]
         } else {
             vec![gone.into()]
         };
@@ -186,4 +194,28 @@ fn a_cluster_member_refuses_an_empty_directory_unless_told_new_or_rejoining() {
         .unwrap()
         .shutdown();
     }
+}
+
+/// A partition belongs to the shard its key hashes to among `shards`: started with
+/// another count, a shard would open partitions whose states its table never held, and
+/// their replicas would forget the views they voted in. The count a directory was made
+/// with is kept, and another one is refused, naming it.
+#[test]
+fn a_directory_started_with_another_shard_count_is_refused_naming_its_own() {
+    let dir = tempfile::tempdir().unwrap();
+    let two = NodeConfig {
+        shards: 2,
+        ..config(dir.path())
+    };
+    Node::start(two.clone()).unwrap().shutdown();
+    for shards in [1, 3] {
+        let refused = Node::start(NodeConfig {
+            shards,
+            ..two.clone()
+        })
+        .unwrap_err();
+        assert!(matches!(refused, StartError::ShardCount(_)), "{refused}");
+        assert!(refused.to_string().contains("--shards 2"), "{refused}");
+    }
+    Node::start(two).unwrap().shutdown();
 }

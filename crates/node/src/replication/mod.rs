@@ -14,6 +14,7 @@ pub(crate) mod outbox;
 pub(crate) mod partition_groups;
 pub(crate) mod partition_journal;
 pub(crate) mod partition_machine;
+pub(crate) mod shard_count;
 pub(crate) mod shard_host;
 pub(crate) mod shared_path;
 pub(crate) mod states;

@@ -41,6 +41,8 @@ mod frames;
 mod hand_off;
 mod lone;
 mod sleep;
+#[cfg(test)]
+mod tests;
 
 use super::outbox::Outbox;
 
@@ -429,6 +431,23 @@ impl PartitionGroups {
                 "{} is gone or cut short while this node's states table holds the group's \
                  state (the partition's files were lost or damaged)",
                 journal_path.display()
+            );
+            if self.members == 1 {
+                return Err(HostError::Damaged { group, reason });
+            }
+            tracing::warn!(group, %reason, "the group restarts as a replica that lost its disk");
+            self.host.restart_as_lost(group)?;
+        } else if journal_path.exists() && self.host.state_lost_with_its_table(group) {
+            // Its files exist, so it wrote a state, in a table that was missing whole at
+            // this start (an outside review of issue 24 deleted every states table of a
+            // node and it started, its groups at view 0 with trusted journals: a member
+            // that forgot the views it voted in). A lone replica refuses the partition;
+            // a member restarts the group as one that lost its disk.
+            let reason = format!(
+                "{} exists but the states table holding its group's durable state was \
+                 missing at start ({} made anew): the state is lost",
+                journal_path.display(),
+                self.host.states_files()
             );
             if self.members == 1 {
                 return Err(HostError::Damaged { group, reason });

@@ -460,6 +460,19 @@ impl<S: StateMachine, J: Journal> ShardHost<S, J> {
         self.states.unattributable().is_some() && !self.has_state(group)
     }
 
+    /// Whether `group` has no state because the shard's states table was missing
+    /// whole at open and made anew (both copies deleted, say): made at the shard's
+    /// first open, before any group of it, the table is older than every group's
+    /// files, so a group whose files exist had its state there, and it is lost.
+    pub(crate) fn state_lost_with_its_table(&self, group: u64) -> bool {
+        self.states.was_created() && !self.has_state(group)
+    }
+
+    /// The states table's files, for an error that names them.
+    pub(crate) fn states_files(&self) -> String {
+        self.states.files()
+    }
+
     /// Whether `group` ever wrote a durable state here (its slot in the states table,
     /// proven or damaged): its files existed, and finding none is loss, not a new
     /// group.

@@ -696,7 +696,8 @@ impl GroupStates {
         self.dirty.insert(index);
     }
 
-    fn files(&self) -> String {
+    /// The two copies' paths, for an error that names them.
+    pub(crate) fn files(&self) -> String {
         format!(
             "{} and {}",
             self.paths[0].display(),

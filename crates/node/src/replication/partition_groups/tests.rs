@@ -1,0 +1,67 @@
+//! Opening a partition's group whose durable state went with its shard's states table.
+
+#![allow(clippy::unwrap_used)]
+
+use super::*;
+use crate::replication::meta_group::Timing;
+
+const KEY: PartitionKey = PartitionKey {
+    topic_id: 1,
+    partition: 0,
+};
+
+fn open(states: &Path, members: u8) -> PartitionGroups {
+    let timing = Timing::from_heartbeat_timeout_ms(1_000);
+    PartitionGroups::open(states, 0, 0, members, timing, 7).unwrap()
+}
+
+/// An outside review of issue 24 deleted every states table of a node: it started,
+/// its groups at view 0 with trusted journals, as if they had never voted (a member of a
+/// cluster forgetting its views can help a stale view commit over a newer one). A group
+/// whose files exist while its table was made anew at this open had its state there:
+/// a member restarts it as a replica that lost its disk (durably, so the next start
+/// does too), and a single node refuses the partition, naming the table.
+#[test]
+fn a_group_whose_states_table_is_gone_restarts_as_lost_or_is_refused() {
+    for members in [3, 1] {
+        let dir = tempfile::tempdir().unwrap();
+        let states = dir.path().join("replication");
+        let data = dir.path().join("partitions").join("1").join("0");
+        let group = group_of(KEY);
+        {
+            let mut groups = open(&states, members);
+            groups.add(KEY, &data, LogConfig::default(), 0).unwrap();
+            groups.recover_opened().unwrap();
+            for _ in 0..20 {
+                groups.tick();
+            }
+            assert!(
+                groups.host.has_state(group),
+                "{members}: a state was written"
+            );
+        }
+        for copy in [0, 1] {
+            std::fs::remove_file(states.join(format!("shard-0.{copy}"))).unwrap();
+        }
+        let mut groups = open(&states, members);
+        let added = groups.add(KEY, &data, LogConfig::default(), 0);
+        if members == 1 {
+            let err = added.unwrap_err();
+            assert!(matches!(err, HostError::Damaged { .. }), "{err}");
+            assert!(err.to_string().contains("shard-0.0"), "{err}");
+            continue;
+        }
+        added.unwrap();
+        let replica = groups.host.replica(group).unwrap();
+        assert!(
+            !replica.journal_trusted(),
+            "restarted as one that lost its disk"
+        );
+        drop(groups);
+        // The next start finds the table, and the group's state says so still.
+        let mut groups = open(&states, members);
+        groups.add(KEY, &data, LogConfig::default(), 0).unwrap();
+        let replica = groups.host.replica(group).unwrap();
+        assert!(!replica.journal_trusted(), "still lost after a restart");
+    }
+}
