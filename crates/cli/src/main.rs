@@ -9,8 +9,8 @@ use anyhow::{bail, Context, Result};
 use braid_client::{Client, Consumer, ConsumerConfig, Producer, ProducerConfig, StartFrom};
 use braid_node::{FsyncSetting, Node, NodeConfig};
 use braid_proto::client::{
-    TopicSettings, FSYNC_ALWAYS, FSYNC_DEFAULT, FSYNC_INTERVAL, FSYNC_INTERVAL_MS_MAX, FSYNC_NEVER,
-    RETENTION_BYTES_MAX, RETENTION_FOREVER, RETENTION_MS_MAX,
+    ErrorCode, TopicSettings, FSYNC_ALWAYS, FSYNC_DEFAULT, FSYNC_INTERVAL, FSYNC_INTERVAL_MS_MAX,
+    FSYNC_NEVER, RETENTION_BYTES_MAX, RETENTION_FOREVER, RETENTION_MS_MAX,
 };
 use clap::{Parser, Subcommand, ValueEnum};
 use serde_json::json;
@@ -858,6 +858,28 @@ async fn consume(client: &Client, as_json: bool, args: ConsumeArgs) -> Result<()
         }
     }
     stdout.lock().flush()?;
+    if !args.follow {
+        // Read to where each partition ended at start; a partition refused for damage
+        // (a single node) ends where its log does, which may be short of what it
+        // acknowledged: a read there says so, and so must this command.
+        let at_end: Vec<(u32, u64)> = consumer
+            .positions()
+            .iter()
+            .filter(|(p, o)| **o >= ends.get(p).copied().unwrap_or(0))
+            .map(|(p, o)| (*p, *o))
+            .collect();
+        for (partition, offset) in at_end {
+            if let Err(err) = client
+                .fetch(&args.stream, &args.topic, partition, offset, 1, 0)
+                .await
+            {
+                if err.code() == Some(ErrorCode::StorageError) {
+                    consumer.close().await?;
+                    bail!("partition {partition} at offset {offset}: {err}");
+                }
+            }
+        }
+    }
     consumer.close().await?;
     Ok(())
 }

@@ -431,3 +431,68 @@ fn a_cli_error_is_one_line_even_with_rust_backtrace_set() {
         "{stderr}"
     );
 }
+
+/// An outside review of issue 24: a single node whose newest segment was deleted
+/// refuses the partition, but `braid consume` (without `--follow`) read the 175 records
+/// its log still held, stopped at the log's end as if that were the partition's, and
+/// exited 0, while 25 acknowledged records were gone. It now reads what is intact and
+/// fails at the end, naming the refusal; `ListOffsets` latest is refused too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn consuming_a_refused_partition_to_its_end_fails_instead_of_stopping_short() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start_with(dir.path(), 1, "error", Stdio::null());
+    let client = Client::connect(server.client).await.unwrap();
+    client.create_stream("s").await.unwrap();
+    let settings = TopicSettings {
+        partitions: 1,
+        fsync: braid_proto::client::FSYNC_ALWAYS,
+        segment_bytes: 8_192,
+        max_batch_bytes: 4_096,
+        ..TopicSettings::default()
+    };
+    client.create_topic("s", "t", settings).await.unwrap();
+    let producer = Producer::new(&client, "s", "t", ProducerConfig::default())
+        .await
+        .unwrap();
+    for i in 0..200u32 {
+        let value = format!("value-{i}-{}", "z".repeat(60));
+        producer.send(None, value.as_bytes()).await.unwrap();
+    }
+    drop(producer);
+    drop(client);
+    assert!(server.terminate().success());
+    let partition = dir.path().join("partitions").join("0").join("0");
+    let mut segments: Vec<_> = std::fs::read_dir(&partition)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "log"))
+        .collect();
+    segments.sort();
+    assert!(segments.len() >= 2, "{segments:?}");
+    std::fs::remove_file(segments.last().unwrap()).unwrap();
+    let server = Server::start_with(dir.path(), 1, "off", Stdio::null());
+    let client = Client::connect(server.client).await.unwrap();
+    let latest = client
+        .list_offset("s", "t", 0, braid_proto::client::OffsetSpec::Latest)
+        .await
+        .unwrap_err();
+    assert_eq!(
+        latest.code(),
+        Some(braid_proto::client::ErrorCode::StorageError)
+    );
+    let output = Command::new(BRAID)
+        .args(["consume", "s", "t"])
+        .env("BRAID_ADDR", server.client.to_string())
+        .env("BRAID_LOG", "off")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let read = stdout.lines().count();
+    assert!(
+        !output.status.success(),
+        "read {read} records and succeeded"
+    );
+    assert!((1..200).contains(&read), "{read} records read");
+    assert!(stderr.contains("refused"), "{stderr}");
+}

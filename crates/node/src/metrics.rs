@@ -292,7 +292,7 @@ pub(crate) fn render(
     metric(
         "braid_partition_damage_repaired_total",
         "counter",
-        "Damaged batches of a partition log (found by the scrub of committed batches, or by a read for a peer) written over with a peer's copy.",
+        "Damaged batches of a partition log (found by the scrub of committed batches, by a read for a peer, or by a start: an op whose journal record or batch the open found damaged) written over with a peer's copy.",
         sum(&|s| &s.batches_repaired),
     );
     metric(

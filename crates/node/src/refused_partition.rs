@@ -83,9 +83,16 @@ impl RefusedPartition {
         read_for_fetch(shared, partition, log, offset, max_bytes)
     }
 
-    /// The offset `spec` names in what the log holds.
+    /// The offset `spec` names in what the log holds; the latest is refused: where
+    /// the log ends is not where the partition's acknowledged records end (the damage
+    /// may have taken the newest), and a reader told "the end" there would stop short
+    /// of them without a word (an outside review of issue 24: a deleted newest
+    /// segment, and `braid consume` printed 175 of 200 records and exited 0).
     pub(crate) fn list_offset(&mut self, spec: OffsetSpec) -> Result<Option<u64>, NodeError> {
         let refusal = self.refusal();
+        if spec == OffsetSpec::Latest {
+            return Err(refusal);
+        }
         let (log, partition) = self.log.as_mut().ok_or(refusal)?;
         partition.list_offset(log, spec)
     }

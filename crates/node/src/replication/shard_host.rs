@@ -375,6 +375,8 @@ pub(crate) struct ShardHost<S, J: Journal = JournalFile> {
     changed: BTreeSet<u64>,
     /// Repairs asked of peers since [`ShardHost::take_repairs`].
     repairs: Repairs,
+    /// Per group, the ops its open reported damaged, until each is written again.
+    damaged_ops: BTreeMap<u64, BTreeSet<u64>>,
 }
 
 /// Repairs this shard's replicas asked of their peers (for `/metrics`).
@@ -384,6 +386,8 @@ pub(crate) struct Repairs {
     pub(crate) prepares: u64,
     /// Snapshots asked for (an op nobody's journal still holds).
     pub(crate) snapshots: u64,
+    /// Ops an open found damaged, written again from a peer's copy.
+    pub(crate) damage_rewritten: u64,
 }
 
 impl<S: StateMachine, J: Journal> ShardHost<S, J> {
@@ -416,6 +420,7 @@ impl<S: StateMachine, J: Journal> ShardHost<S, J> {
             reopen: Vec::new(),
             changed: BTreeSet::new(),
             repairs: Repairs::default(),
+            damaged_ops: BTreeMap::new(),
         })
     }
 
@@ -575,6 +580,15 @@ impl<S: StateMachine, J: Journal> ShardHost<S, J> {
                 self.dir.display()
             )));
         }
+        let damaged_ops: BTreeSet<u64> = opened
+            .slots
+            .iter()
+            .filter(|(_, slot)| matches!(slot, JournalSlot::Damaged))
+            .map(|(op, _)| *op)
+            .collect();
+        if !damaged_ops.is_empty() {
+            self.damaged_ops.insert(group, damaged_ops);
+        }
         let fresh =
             !state_lost && durable.is_none() && checkpoint.is_none() && opened.slots.is_empty();
         let replica = if state_lost {
@@ -653,6 +667,7 @@ impl<S: StateMachine, J: Journal> ShardHost<S, J> {
     /// durable state (gone with the next states write).
     pub(crate) fn remove_group(&mut self, group: u64) {
         self.changed.remove(&group);
+        self.damaged_ops.remove(&group);
         self.node.remove(group);
         self.files.remove(&group);
         self.states.remove(group);
@@ -774,6 +789,7 @@ impl<S: StateMachine, J: Journal> ShardHost<S, J> {
     /// from them ([`ShardHost::take_reopen`]); its durable state stays.
     pub(crate) fn drop_for_reopen(&mut self, group: u64, reason: String) {
         self.node.remove(group);
+        self.damaged_ops.remove(&group);
         self.files.remove(&group);
         self.changed.insert(group);
         self.reopen.push((group, reason));

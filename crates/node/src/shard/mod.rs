@@ -633,6 +633,7 @@ impl Shard {
             repairs.snapshots += meta_repairs.snapshots;
         }
         add(&self.metrics().repair_prepares_requested, repairs.prepares);
+        add(&self.metrics().batches_repaired, repairs.damage_rewritten);
         add(
             &self.metrics().repair_snapshots_requested,
             repairs.snapshots,

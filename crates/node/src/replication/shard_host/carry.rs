@@ -117,6 +117,14 @@ impl<S: StateMachine, J: Journal> ShardHost<S, J> {
                     .journal
                     .write_prepare(&prepare)?;
                 touched.push(group);
+                if let Some(ops) = self.damaged_ops.get_mut(&group) {
+                    if ops.remove(&prepare.header.op) {
+                        self.repairs.damage_rewritten += 1;
+                    }
+                    if ops.is_empty() {
+                        self.damaged_ops.remove(&group);
+                    }
+                }
             }
             Output::WriteHeader(header) => {
                 awake_files(&mut self.files, &mut self.sleep, group)?
