@@ -492,7 +492,7 @@ impl JournalFile {
     /// # Errors
     /// IO errors, or a file that is not a journal.
     pub(crate) fn open(path: &Path, group: u64) -> Result<(Self, Recovered), JournalError> {
-        Self::open_marking(path, group, false, || Ok(()))
+        Self::open_marking(path, group, false, false, || Ok(()))
     }
 
     /// The journal's file.

@@ -68,6 +68,7 @@ impl JournalFile {
         path: SharedPath,
         group: u64,
         asleep: &JournalAsleep,
+        reported_unsynced: bool,
         before_cut: impl FnOnce() -> Result<(), JournalError>,
     ) -> Result<Self, JournalError> {
         let file = path.get();
@@ -85,7 +86,8 @@ impl JournalFile {
         if len != asleep.len {
             return Err(changed(format!("{len} bytes where it had {}", asleep.len)));
         }
-        let (mut journal, _) = Self::open_marking_at(path, group, false, before_cut)?;
+        let (mut journal, _) =
+            Self::open_marking_at(path, group, false, reported_unsynced, before_cut)?;
         if (journal.len, journal.fingerprint()) != (asleep.len, asleep.fingerprint) {
             return Err(changed("its records read back otherwise".into()));
         }

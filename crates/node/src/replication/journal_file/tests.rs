@@ -393,6 +393,48 @@ fn damage_to_the_last_synced_record_is_damage_never_absence() {
     assert_eq!(slot_ops(&recovered), vec![1, 2, 3]);
 }
 
+/// A journal whose records are reported before they are synced (a partition under
+/// `fsync = never`) has no marker saying what was reported: a member's open that cuts
+/// any tail of it calls `before_cut` first and says the tail may hide reported ops
+/// (the shell simulator's seed 365891: a bit flipped in such a journal's last record
+/// was cut as a torn tail, a kill -9 came before the group's distrust was written, and
+/// the member restarted trusted without ops it had acknowledged). A single node's open
+/// cuts it as before (it has no peer; `never` documents the loss).
+#[test]
+fn a_cut_tail_of_a_journal_reported_unsynced_may_hide_reported_records() {
+    let ops = chain(3, 1);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("j");
+    {
+        let (mut journal, _) = JournalFile::open(&path, GROUP).unwrap();
+        for op in &ops {
+            journal.write_prepare(op).unwrap();
+        }
+        drop(journal.take_unsynced());
+    }
+    let mut bytes = std::fs::read(&path).unwrap();
+    let last = bytes.len() - 3;
+    bytes[last] ^= 0x10;
+    for (lone, reported_unsynced, may_hide) in [
+        (false, true, true),
+        (false, false, false),
+        (true, true, false),
+    ] {
+        std::fs::write(&path, &bytes).unwrap();
+        let mut marked = false;
+        let (_, recovered) =
+            JournalFile::open_marking(&path, GROUP, lone, reported_unsynced, || {
+                marked = true;
+                Ok(())
+            })
+            .unwrap();
+        let context = format!("lone {lone}, reported unsynced {reported_unsynced}");
+        assert_eq!(slot_ops(&recovered), vec![1, 2], "{context}");
+        assert_eq!(recovered.tail_may_hide, may_hide, "{context}");
+        assert_eq!(marked, may_hide, "{context}: marked before the cut");
+    }
+}
+
 /// Damage over the journal's magic (a flipped bit, a zeroed page) is damage like any
 /// other, when records follow it: every op is reported damaged (repaired from peers),
 /// and the file is rewritten whole. A file that is no journal is still refused (found

@@ -72,8 +72,14 @@ impl PartitionJournal {
         };
         let shared =
             || SharedPath::new(Arc::clone(log.shared_dir()), FileName::Fixed(JOURNAL_FILE));
-        let (index, found) = match JournalFile::open_marking_at(shared(), group, !repairable, mark)
-        {
+        let reported_unsynced = log.config().fsync != braid_storage::FsyncPolicy::Always;
+        let (index, found) = match JournalFile::open_marking_at(
+            shared(),
+            group,
+            !repairable,
+            reported_unsynced,
+            mark,
+        ) {
             Err(JournalError::NotAJournal { .. }) if repairable => {
                 // Damaged past knowing (a zeroed small file, say: the shell simulator's
                 // seed 768) in a member of a cluster: lost, as if deleted; its peers
@@ -98,7 +104,7 @@ impl PartitionJournal {
                 // both lost, the member restarted trusted with nothing, and its vote
                 // dropped committed ops).
                 journal_lost = true;
-                JournalFile::open_marking_at(shared(), group, false, || Ok(()))?
+                JournalFile::open_marking_at(shared(), group, false, reported_unsynced, || Ok(()))?
             }
             opened => opened?,
         };

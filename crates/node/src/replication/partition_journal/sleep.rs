@@ -132,7 +132,10 @@ impl PartitionJournal {
         let path = SharedPath::new(Arc::clone(&dir), FileName::Fixed(JOURNAL_FILE));
         // Damage the open cuts may hide reported ops: the mark is made first, as at a
         // restart, so the group's restart distrusts the journal.
-        let index = JournalFile::wake(path, group, &index, || open::mark_untrusted(&dir))?;
+        let reported_unsynced = log.config().fsync != braid_storage::FsyncPolicy::Always;
+        let index = JournalFile::wake(path, group, &index, reported_unsynced, || {
+            open::mark_untrusted(&dir)
+        })?;
         Ok(Self {
             index,
             log,

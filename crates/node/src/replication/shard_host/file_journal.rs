@@ -71,7 +71,7 @@ fn open_group_journal(
         Ok(())
     };
     let (journal, recovered, remade) =
-        match JournalFile::open_marking(path, group, !repairable, mark_once) {
+        match JournalFile::open_marking(path, group, !repairable, false, mark_once) {
             Err(JournalError::NotAJournal { .. }) if repairable => {
                 mark_once()?;
                 let mut aside = path.as_os_str().to_owned();
