@@ -624,6 +624,15 @@ impl JournalFile {
         matches!(self.entries.get(&op), Some(Entry::Damaged(_)))
     }
 
+    /// Whether `op` is held whole or as damaged: an entry that stands for a body that
+    /// may have been reported written.
+    pub(crate) fn holds_body_or_damage(&self, op: u64) -> bool {
+        matches!(
+            self.entries.get(&op),
+            Some(Entry::Prepare(_) | Entry::Damaged(_))
+        )
+    }
+
     /// The ops held above `op`, damaged ones too.
     pub(crate) fn ops_above(&self, op: u64) -> impl Iterator<Item = u64> + '_ {
         self.entries.range(op + 1..).map(|(o, _)| *o)

@@ -502,6 +502,18 @@ impl PartitionJournal {
             }
             // The shared body goes to the log as it is, bar its offset and epoch.
             let appended = self.log.append_shared(&prepare.body, now_ms)?;
+            if self.index.holds_body_or_damage(prepare.header.op) {
+                // The entry the record replaces holds the op's body (kept whole past a
+                // hole) or stands for a lost one (damaged): either may have been
+                // reported. The batch is durable before a record naming it can be (a
+                // header journal's sync that does not wait for the log's, or its
+                // compaction): a record durable without its batch reads as an op never
+                // written, and a view change may drop it (the shell simulator's seed
+                // 369042 with damage at rest: ops kept whole past a damaged batch went
+                // to the log on its repair, a power loss took the batches but not the
+                // records, and the member voted it never had ops it had acknowledged).
+                self.log.sync()?;
+            }
             self.index
                 .write_external(&prepare.header, appended.base_offset)?;
             self.tip_log_end = Some(appended.last_offset + 1);

@@ -290,7 +290,10 @@ fn seeds_that_found_faults_at_four_times_the_faults_pass() {
     // view change gave their offsets again (365891). A new primary committed its own
     // node's register op again, and that late answer numbered the node's session from
     // 1 again: the next batch was answered with an old request's offsets, 2 records
-    // acknowledged at 44..=46 and never stored (366298).
+    // acknowledged at 44..=46 and never stored (366298). Ops kept whole past a
+    // damaged batch went back into the log at its repair, a sync of the header journal
+    // that did not wait for the log's made their new records durable, a power loss
+    // took the batches, and the member voted it never had them (369042).
     let everything = Variant {
         misdirected: true,
         latent: true,
@@ -298,7 +301,7 @@ fn seeds_that_found_faults_at_four_times_the_faults_pass() {
         ..variant
     };
     for seed in [
-        315500, 322172, 328385, 330755, 333206, 335808, 337454, 339187, 365891, 366298,
+        315500, 322172, 328385, 330755, 333206, 335808, 337454, 339187, 365891, 366298, 369042,
     ] {
         if let Err(failure) = run_seed(seed, everything) {
             panic!("{failure}");

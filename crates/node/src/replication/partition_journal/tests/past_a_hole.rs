@@ -217,3 +217,63 @@ fn a_batch_kept_whole_right_after_the_tip_goes_into_the_log_at_open() {
         peer.index.entry(8).and_then(|(_, base)| base)
     );
 }
+
+/// The shell simulator's seed 369042 (everything at once): a member's open found op
+/// 11's batch damaged and kept the intact ones after it whole. Op 11 was repaired, and
+/// it and the kept ops went back into the log; in the same turn a view's header was
+/// written, and the sync that made it durable ahead of the member's state (one that
+/// does not wait for the log's) made the records naming the new batches durable too.
+/// A power loss took the batches: the next open read the ops as written but never
+/// synced, so never reported, and the member voted that it never had five committed
+/// ops, which a view change dropped (offset 36 acknowledged twice). A batch that
+/// replaces a whole or damaged entry is durable before its record: after any crash
+/// from that sync on, each such op is held whole (in the log or the journal) or
+/// damaged, never a header alone.
+#[test]
+fn ops_that_go_back_into_the_log_are_never_read_as_unwritten_after_a_crash() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("p");
+    let ops = chain(7, 1, "a");
+    hook::start_tracing();
+    {
+        // As an open that found op 3's batch damaged leaves the journal: ops 4 to 6
+        // kept whole, the log ending at op 2's batch.
+        let (mut journal, _) = open(&dir);
+        for p in &ops[..2] {
+            journal.write_prepare(p, 0).unwrap();
+        }
+        journal.sync().unwrap();
+        journal.index.write_damaged(3).unwrap();
+        for p in &ops[3..6] {
+            journal.index.write_prepare(p).unwrap();
+        }
+        journal.index.sync().unwrap();
+    }
+    let synced_at;
+    {
+        let (mut journal, recovered) = open(&dir);
+        assert_eq!(damaged(&recovered), vec![3]);
+        assert_eq!(journal.tip(), 2);
+        journal.sync_off_thread();
+        // A peer's copy of op 3: it and the kept ops go into the log. Op 7 comes as a
+        // view's header, made durable in the turn.
+        journal.write_prepare(&ops[2], 0).unwrap();
+        assert_eq!(journal.tip(), 6);
+        journal.write_header(&ops[6].header).unwrap();
+        assert!(journal.sync().unwrap().is_empty(), "reported off the shard");
+        synced_at = hook::trace_len();
+    }
+    let checked =
+        each_crash_state_after(root.path(), synced_at, member_config(), |cut, recovered| {
+            for op in 3..=6 {
+                match slot_of(&recovered, op) {
+                    Some(JournalSlot::Damaged) => {}
+                    Some(JournalSlot::Prepare(p)) => {
+                        assert_eq!(p, ops[op as usize - 1], "{cut}: op {op}");
+                    }
+                    other => panic!("{cut}: op {op}, written before, reads as {other:?}"),
+                }
+            }
+        });
+    assert!(checked >= 1, "{checked} crash states");
+}
