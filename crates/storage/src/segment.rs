@@ -619,13 +619,24 @@ pub(crate) fn read_batches(
             break;
         }
         let at_entry = from_index && position == u64::from(entry.position);
-        let header = reader.header(position).map_err(|e| match e {
-            ReadFault::Io(err) => LogError::io("read", path())(err),
-            ReadFault::Bad(_) if at_entry => index_entry_fault(dir, segment, entry),
-            ReadFault::Bad(c) => segment.corrupt(dir, position, c),
-        })?;
+        let header = match reader.header(position) {
+            Ok(header) => header,
+            // The intact batches before damage are served; a read from the damaged
+            // one finds it and names it. (Failing the whole read, a single node
+            // served nothing from a segment with one bad length field, though every
+            // batch before it was whole: an outside review of issue 24.)
+            Err(ReadFault::Bad(_)) if read.batch_count > 0 => break,
+            Err(ReadFault::Io(err)) => return Err(LogError::io("read", path())(err)),
+            Err(ReadFault::Bad(_)) if at_entry => {
+                return Err(index_entry_fault(dir, segment, entry))
+            }
+            Err(ReadFault::Bad(c)) => return Err(segment.corrupt(dir, position, c)),
+        };
         if header.base_offset != expected as i64 && at_entry {
             return Err(index_entry_fault(dir, segment, entry));
+        }
+        if header.base_offset != expected as i64 && read.batch_count > 0 {
+            break;
         }
         if header.base_offset != expected as i64 {
             let corruption = Corruption::UnexpectedOffset {

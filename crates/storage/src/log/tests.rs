@@ -583,6 +583,58 @@ fn corruption_in_a_sealed_segment_is_reported_on_read() {
     }
 }
 
+/// One flipped bit in the length field of a batch in a sealed segment: the read from
+/// the segment's start serves every batch before it, where it once failed whole (an
+/// outside review of issue 24); a read from the damaged batch names it.
+#[test]
+fn a_bad_length_field_in_a_sealed_segment_leaves_the_batches_before_it_readable() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut log = PartitionLog::open(dir.path(), small_config(), 0).unwrap();
+    let mut appended = Vec::new();
+    for i in 0..30 {
+        appended.push(
+            log.append(batch_of(&records(3, i, 60, i as u8)), 0)
+                .unwrap(),
+        );
+    }
+    log.close().unwrap();
+    let first = log_files(dir.path())[0].clone();
+    let size = std::fs::metadata(&first).unwrap().len();
+    // Where each batch of the first segment starts.
+    let mut positions = vec![0u64];
+    for a in &appended {
+        positions.push(positions.last().unwrap() + u64::from(a.bytes));
+    }
+    positions.retain(|p| *p < size);
+    assert!(
+        positions.len() > 5,
+        "{} batches in the first segment",
+        positions.len()
+    );
+    let (damaged_at, damaged_base) = (positions[3], appended[3].base_offset);
+    let mut bytes = std::fs::read(&first).unwrap();
+    // The batch length field: bytes 8..12 of its header.
+    bytes[damaged_at as usize + 10] ^= 0x01;
+    std::fs::write(&first, bytes).unwrap();
+    let mut log = PartitionLog::open(dir.path(), small_config(), 0).unwrap();
+    let mut read = log.read(0, 1 << 20, u64::MAX).unwrap();
+    // Stopped before it, or taken and then found by its CRC.
+    let stopped = read.keep_verified();
+    assert!(stopped.is_none_or(|at| at == damaged_base), "{stopped:?}");
+    let offsets: Vec<u64> = decode(&read).iter().map(|r| r.0).collect();
+    assert_eq!(offsets, (0..damaged_base).collect::<Vec<_>>());
+    match log.read(damaged_base, 1 << 20, u64::MAX) {
+        Err(LogError::Corrupt { path, position, .. }) => {
+            assert_eq!((path, position), (first, damaged_at));
+        }
+        Ok(mut read) => {
+            assert_eq!(read.keep_verified(), Some(damaged_base));
+            assert!(read.is_empty());
+        }
+        Err(other) => panic!("{other}"),
+    }
+}
+
 #[test]
 fn group_commit_shares_one_fsync_among_waiting_appends() {
     let dir = tempfile::tempdir().unwrap();
