@@ -439,6 +439,21 @@ fn a_cli_error_is_one_line_even_with_rust_backtrace_set() {
 /// fails at the end, naming the refusal; `ListOffsets` latest is refused too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn consuming_a_refused_partition_to_its_end_fails_instead_of_stopping_short() {
+    consume_after_losing_a_segment(|segments| segments.len() - 1).await;
+}
+
+/// The same review: a segment deleted from the middle of a single node's partition made
+/// it serve nothing at all, though every segment before the gap was whole. It serves
+/// the records before the gap and fails there, naming the refusal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_partition_missing_a_middle_segment_serves_the_records_before_it() {
+    consume_after_losing_a_segment(|segments| segments.len() / 2).await;
+}
+
+/// Fills a single node's partition of small segments, deletes the one `which` picks
+/// with the node stopped, restarts it: `braid consume` prints exactly the records
+/// before the lost segment, then fails naming the refusal.
+async fn consume_after_losing_a_segment(which: fn(&[std::path::PathBuf]) -> usize) {
     let dir = tempfile::tempdir().unwrap();
     let server = Server::start_with(dir.path(), 1, "error", Stdio::null());
     let client = Client::connect(server.client).await.unwrap();
@@ -454,7 +469,7 @@ async fn consuming_a_refused_partition_to_its_end_fails_instead_of_stopping_shor
     let producer = Producer::new(&client, "s", "t", ProducerConfig::default())
         .await
         .unwrap();
-    for i in 0..200u32 {
+    for i in 0..300u32 {
         let value = format!("value-{i}-{}", "z".repeat(60));
         producer.send(None, value.as_bytes()).await.unwrap();
     }
@@ -468,8 +483,11 @@ async fn consuming_a_refused_partition_to_its_end_fails_instead_of_stopping_shor
         .filter(|p| p.extension().is_some_and(|e| e == "log"))
         .collect();
     segments.sort();
-    assert!(segments.len() >= 2, "{segments:?}");
-    std::fs::remove_file(segments.last().unwrap()).unwrap();
+    assert!(segments.len() >= 3, "{segments:?}");
+    let lost = &segments[which(&segments)];
+    let lost_base: usize = lost.file_stem().unwrap().to_str().unwrap().parse().unwrap();
+    assert!(lost_base > 0, "{lost:?}");
+    std::fs::remove_file(lost).unwrap();
     let server = Server::start_with(dir.path(), 1, "off", Stdio::null());
     let client = Client::connect(server.client).await.unwrap();
     let latest = client
@@ -493,6 +511,6 @@ async fn consuming_a_refused_partition_to_its_end_fails_instead_of_stopping_shor
         !output.status.success(),
         "read {read} records and succeeded"
     );
-    assert!((1..200).contains(&read), "{read} records read");
+    assert_eq!(read, lost_base, "the records before the lost segment");
     assert!(stderr.contains("refused"), "{stderr}");
 }

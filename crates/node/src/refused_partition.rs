@@ -2,11 +2,13 @@
 //! the damaged partition, not the whole node, refuses writes and reads past the
 //! damage, naming it, while the other partitions serve).
 //!
-//! Its replication group does not start. Its log is opened as the damage left it
-//! (strict recovery: nothing is cut) and serves what it holds, each batch checked as
-//! every read is, up to where the log ends; a produce, and a read from there on (where
-//! the damage may have taken acknowledged records), get `StorageError` with the
-//! reason found at open. A log that does not open at all serves nothing. Restoring the
+//! Its replication group does not start. Its log is opened to be read up to its first
+//! damage, cutting nothing ([`RecoveryMode::ReadToDamage`]: damage in its newest
+//! segment, or a segment missing from its middle, ends it in memory only), and serves
+//! what it holds before it, each batch checked as every read is; a produce, and a read
+//! from there on (where the damage may have taken acknowledged records), get
+//! `StorageError` with the reason found at open. A log whose first segments are gone
+//! serves nothing. Restoring the
 //! partition, or `recovery = "truncate-at-damage"`, is the way out
 //! (`docs/operations.md`).
 
@@ -32,7 +34,7 @@ impl RefusedPartition {
     /// for `reason`.
     pub(crate) fn open(dir: &std::path::Path, tag: i32, config: LogConfig, reason: String) -> Self {
         let config = LogConfig {
-            recovery: RecoveryMode::Strict,
+            recovery: RecoveryMode::ReadToDamage,
             ..config
         };
         // A directory that is gone stays gone: opening a log would make an empty one.

@@ -28,6 +28,11 @@ pub enum RecoveryMode {
     /// Cut the segment at the damaged batch and open, reporting what was dropped. For an
     /// operator who decided the suffix is lost (or that replicas will restore it).
     TruncateAtDamage,
+    /// Open to read what lies before the first damage, cutting nothing: the log ends,
+    /// in memory only, at damage in its newest segment or at a segment missing from its
+    /// middle, and it takes no writes. For a partition refused on a single node, which
+    /// serves the records it holds intact and keeps the rest for an operator to restore.
+    ReadToDamage,
 }
 
 /// Settings of one partition log.

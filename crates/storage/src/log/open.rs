@@ -45,8 +45,11 @@ impl PartitionLog {
         let config = config.into();
         config.validate()?;
         let dir = dir.into();
-        // The partition directory and any parent it needed survive a power cut.
-        crate::dirs::create_dir_durable(&dir).map_err(LogError::io("create", &dir))?;
+        let read_only = config.recovery == RecoveryMode::ReadToDamage;
+        if !read_only {
+            // The partition directory and any parent it needed survive a power cut.
+            crate::dirs::create_dir_durable(&dir).map_err(LogError::io("create", &dir))?;
+        }
         let (mut bases, clean) = scan_dir(&dir)?;
         let stored = crate::log_start::load(&dir, tag).map_err(LogError::io(
             "read",
@@ -65,7 +68,7 @@ impl PartitionLog {
         };
         if let Some(start) = lost_from {
             let to = first.unwrap_or(start);
-            if config.recovery == RecoveryMode::Strict {
+            if config.recovery != RecoveryMode::TruncateAtDamage {
                 return Err(LogError::Corrupt {
                     path: log_path(&dir, start),
                     position: 0,
@@ -82,6 +85,12 @@ impl PartitionLog {
                 super::delete_segment_files(&dir, base).and_then(|()| sync_dir(&dir))?;
             }
         }
+        if bases.is_empty() && read_only {
+            return Err(LogError::io("open", &dir)(std::io::Error::new(
+                std::io::ErrorKind::NotFound,
+                "the log has no segment to read",
+            )));
+        }
         if bases.is_empty() {
             let start = lost_from.unwrap_or(0);
             let path = log_path(&dir, start);
@@ -89,7 +98,7 @@ impl PartitionLog {
             sync_dir(&dir)?;
             bases.push(start);
         }
-        if stored != crate::log_start::Stored::Start(bases[0]) {
+        if stored != crate::log_start::Stored::Start(bases[0]) && !read_only {
             // A log from before the file was kept, or a retention cut short by a crash
             // after it stored the start above the segment it was deleting.
             crate::log_start::store(&dir, bases[0], tag).map_err(LogError::io(
@@ -113,7 +122,9 @@ impl PartitionLog {
             segment_base: newest.base_offset,
             position: newest.size_bytes,
         };
-        if RecoveryPoint::load(&log.dir, log.tag) != Some(end) {
+        if read_only {
+            log.poisoned = Some("opened to read up to its first damage".to_owned());
+        } else if RecoveryPoint::load(&log.dir, log.tag) != Some(end) {
             end.store(&log.dir, log.tag, false).map_err(LogError::io(
                 "write",
                 log.dir.join(crate::recovery_point::RECOVERY_POINT_FILE),
@@ -145,6 +156,15 @@ impl PartitionLog {
             let gap = self.missing_segment(end, next);
             if self.config.recovery == RecoveryMode::Strict {
                 return Err(gap);
+            }
+            if self.config.recovery == RecoveryMode::ReadToDamage {
+                // The log ends at the gap, in memory: the segments after it stay (a
+                // read never goes past the end).
+                tracing::warn!(%gap, "the log is read up to where its segments stop following each other");
+                self.next_offset = end;
+                self.durable_offset = end;
+                self.recovery.damage_cut_at = Some(end);
+                break;
             }
             tracing::warn!(%gap, "cutting the log where its segments stop following each other");
             self.truncate(end)?;
@@ -294,6 +314,15 @@ impl PartitionLog {
                 self.tag,
             )
             .map_err(LogError::io("read", &path))?;
+            if self.config.recovery == RecoveryMode::ReadToDamage {
+                // Read up to the damage; the file keeps everything.
+                self.recovery.damage_cut_at = Some(position);
+                segment.size_bytes = position;
+                segment.end_offset = Some(builder.next_offset);
+                segment.max_timestamp = builder.max_timestamp;
+                segment.index = Some(builder.index);
+                return Ok(());
+            }
             if synced == Some(true) || (intact_after.is_some() && synced.is_none()) {
                 if self.config.recovery == RecoveryMode::Strict {
                     return Err(LogError::Corrupt {

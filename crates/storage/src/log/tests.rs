@@ -552,6 +552,18 @@ fn corruption_in_the_middle_names_file_and_position() {
     );
     assert_eq!(std::fs::read(&file).unwrap(), bytes, "nothing was cut");
 
+    // Opened to be read up to the damage: batches 0 and 1, nothing cut, no write.
+    let reading = LogConfig {
+        recovery: RecoveryMode::ReadToDamage,
+        ..small_config()
+    };
+    let mut log = PartitionLog::open(dir.path(), reading, 0).unwrap();
+    assert_eq!(log.next_offset(), 4);
+    assert_eq!(read_all(&mut log).len(), 4);
+    assert!(log.append(batch_of(&records(1, 9, 10, 9)), 0).is_err());
+    drop(log);
+    assert_eq!(std::fs::read(&file).unwrap(), bytes, "nothing was cut");
+
     // An operator may choose to cut at the damage.
     let config = LogConfig {
         recovery: RecoveryMode::TruncateAtDamage,

@@ -135,3 +135,39 @@ fn retention_moves_the_start_and_the_next_open_takes_it() {
     assert_eq!((log.start_offset(), log.next_offset()), (start, end));
     assert_eq!(log.recovery().damage_cut_at, None);
 }
+
+/// A log opened to be read up to its damage (a partition refused on a single node)
+/// ends at the gap in memory, serves every record before it, takes no write, and cuts
+/// nothing: a strict open afterwards finds the same gap.
+#[test]
+fn a_read_to_damage_open_serves_up_to_the_gap_and_cuts_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let (bases, _) = segmented(dir.path(), small_config());
+    std::fs::remove_file(crate::files::log_path(dir.path(), bases[1])).unwrap();
+    let files_before = log_files(dir.path());
+    let reading = LogConfig {
+        recovery: RecoveryMode::ReadToDamage,
+        ..small_config()
+    };
+    let mut log = PartitionLog::open(dir.path(), reading, 0).unwrap();
+    assert_eq!(log.next_offset(), bases[1], "ends at the gap");
+    assert_eq!(log.recovery().damage_cut_at, Some(bases[1]));
+    let mut read = Vec::new();
+    let mut at = 0;
+    while at < log.next_offset() {
+        let records = decode(&log.read(at, 1 << 20, u64::MAX).unwrap());
+        at = records.last().unwrap().0 + 1;
+        read.extend(records);
+    }
+    assert_eq!(read.len() as u64, bases[1], "every record before the gap");
+    assert!(log.append(batch_of(&records(1, 9, 10, 9)), 0).is_err());
+    drop(log);
+    assert_eq!(log_files(dir.path()), files_before, "nothing cut");
+    assert!(matches!(
+        PartitionLog::open(dir.path(), small_config(), 0),
+        Err(LogError::Corrupt {
+            corruption: crate::Corruption::MissingSegment { .. },
+            ..
+        })
+    ));
+}
