@@ -233,14 +233,14 @@ pub(crate) fn load_index(
     let path = log_path(dir, base);
     let mut walk = Walk::new(file, &path, position, segment.size_bytes, None);
     let mut first = resume;
-    loop {
+    let damaged_at = loop {
         let step = walk.next_step().map_err(LogError::io("read", &path))?;
         match step {
-            Step::End => break,
+            Step::End => break None,
             Step::Bad {
                 position,
                 corruption,
-            } => return Err(segment.corrupt(dir, position, corruption)),
+            } => break Some((position, corruption)),
             Step::Batch {
                 position: at,
                 header,
@@ -258,11 +258,29 @@ pub(crate) fn load_index(
                     }
                     continue;
                 }
-                builder
-                    .add(position, &header)
-                    .map_err(|c| segment.corrupt(dir, position, c))?;
+                if let Err(corruption) = builder.add(position, &header) {
+                    break Some((position, corruption));
+                }
             }
         }
+    };
+    if let Some((position, corruption)) = damaged_at {
+        if !sealed {
+            // The newest segment: its open walks and checks it, and cuts or refuses.
+            return Err(segment.corrupt(dir, position, corruption));
+        }
+        // Damage in a sealed segment: the index holds the batches before it, which reads
+        // serve; where the segment ends is unknown until a read finds the damaged batch
+        // (naming its byte) and a repair mends it, and the index is loaded again then.
+        // (Refused whole, a single node served nothing of a segment whose last batch
+        // had one flipped bit in its length, and named a byte past the damage: an
+        // outside review of issue 24.) Nothing is written: the index files stay as
+        // they were.
+        tracing::warn!(path = %path.display(), position, "a log segment is damaged from this byte: it is read up to it");
+        segment.end_offset = None;
+        segment.max_timestamp = MaxTimestamp::Unknown;
+        segment.index = Some(builder.index);
+        return Ok(false);
     }
     if sealed {
         if let MaxTimestamp::At {

@@ -99,16 +99,9 @@ impl PartitionLog {
                 }
                 _ => {}
             }
-            if segment.end_offset != Some(next_base) {
-                return Err(LogError::Corrupt {
-                    path: log_path(&self.dir, segment.base_offset),
-                    position: segment.size_bytes,
-                    corruption: crate::Corruption::UnexpectedOffset {
-                        expected: segment.end_offset.unwrap_or(segment.base_offset),
-                        found: next_base as i64,
-                    },
-                });
-            }
+            // No end known (`None`): the load met damage, and its index holds the
+            // batches before it, which reads serve; a read that reaches the damage
+            // names it.
             // Loaded again while still cached (a failed rebuild leaves its largest
             // timestamp unknown): moved to the back, never queued twice, or the trim
             // below would drop the index just loaded, and a lookup in it would find
