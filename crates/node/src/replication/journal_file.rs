@@ -195,8 +195,12 @@ pub(crate) struct JournalFile {
     /// Whether the file's CRCs are sealed with `group`; a file written before seals
     /// is not until it is rewritten.
     sealed: bool,
-    /// Head copies written: the next goes to copy `head_writes % 2`.
+    /// Head copies written: the next goes to copy `head_writes % 2`, unless one is
+    /// still in flight.
     head_writes: u64,
+    /// The file's length at the last head write while no finished sync covers it
+    /// (see [`JournalFile::write_head`]).
+    head_pending: Option<u64>,
     poisoned: bool,
 }
 
@@ -765,6 +769,7 @@ impl JournalFile {
             self.poisoned = true;
             return Err(io(&self.path())(err));
         }
+        self.head_pending = None;
         if self.len > COMPACT_BYTES {
             if let Err(err) = self.compact(mark) {
                 self.poisoned = true;
@@ -784,6 +789,7 @@ impl JournalFile {
                     self.poisoned = true;
                     return Err(io(&self.path())(err));
                 }
+                self.head_pending = None;
             }
         } else if synced_len > self.durable_marked_len {
             // A state write rests on these records (a truncation, a view's headers):
@@ -797,6 +803,7 @@ impl JournalFile {
                 self.poisoned = true;
                 return Err(io(&self.path())(err));
             }
+            self.head_pending = None;
         }
         Ok(std::mem::take(&mut self.unsynced))
     }
@@ -831,29 +838,6 @@ impl JournalFile {
         }
     }
 
-    /// Writes the head in place (durable with the sync that makes the marker it
-    /// copies durable).
-    ///
-    /// # Errors
-    /// The write failed (the journal is poisoned).
-    fn write_head(&mut self) -> Result<(), JournalError> {
-        if !self.headed {
-            return Ok(());
-        }
-        if self.poisoned {
-            return Err(JournalError::Poisoned(self.path()));
-        }
-        let file = self.handle()?;
-        let copy = self.head().encode_copy(self.seal());
-        let at = MAGIC.len() + Head::copy_at(self.head_writes);
-        if let Err(err) = disk::write_at(&file, &self.path(), &copy, at as u64) {
-            self.poisoned = true;
-            return Err(io(&self.path())(err));
-        }
-        self.head_writes += 1;
-        Ok(())
-    }
-
     /// What a sync that starts now covers: every record written so far.
     pub(crate) fn synced_len_if_synced_now(&self) -> SyncedLen {
         SyncedLen {
@@ -869,6 +853,14 @@ impl JournalFile {
     /// # Errors
     /// The marker's write failed (the journal is poisoned).
     pub(crate) fn note_synced(&mut self, synced: SyncedLen) -> Result<(), JournalError> {
+        if synced.generation == self.generation
+            && self
+                .head_pending
+                .is_some_and(|written_at| synced.len >= written_at)
+        {
+            // That sync began after the head's last write: it made that copy durable.
+            self.head_pending = None;
+        }
         if synced.generation == self.generation
             && synced.len > self.marked_len
             && synced.len <= self.len
@@ -936,6 +928,7 @@ impl JournalFile {
         self.len = bytes.len() as u64;
         self.marked_len = marked_len;
         self.durable_marked_len = image_len;
+        self.head_pending = None;
         self.generation += 1;
         self.headed = true;
         self.sealed = true;

@@ -220,6 +220,7 @@ impl JournalFile {
             } else {
                 0
             },
+            head_pending: None,
             poisoned: false,
         };
         let mut journal = journal;

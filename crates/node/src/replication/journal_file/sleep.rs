@@ -38,6 +38,7 @@ impl JournalFile {
             self.poisoned = true;
             return Err(io(&self.path())(err));
         }
+        self.head_pending = None;
         Ok(())
     }
 
