@@ -57,14 +57,14 @@ fn run(variant: Variant, default_count: u64) {
 /// `BRAID_SHELL_SIM_SEEDS` and `BRAID_SHELL_SIM_JOBS` choose others
 /// (`scripts/sim-soak.sh --shell`).
 ///
-/// CI runs 350 seeds, 200 with damage at rest, 120 with damage to sleeping files too,
-/// and 70 of five members at four times the faults (in the test profile, about 6
+/// CI runs 250 seeds, 150 with damage at rest, 90 with damage to sleeping files too,
+/// and 50 of five members at four times the faults (in the test profile, about 5
 /// minutes of 2 cores together, since a third of the seeds run retention and every
 /// seed puts idle files to sleep; each seed is 3,000 to 6,000 ticks of faults and
 /// about 250 to converge); the soaks run thousands (`scripts/sim-soak.sh`).
 #[test]
 fn the_shell_keeps_every_acknowledged_record_and_the_same_log_on_every_member() {
-    run(Variant::plain(false), 350);
+    run(Variant::plain(false), 250);
 }
 
 /// As above with five members (two may fail at once) and four times the crashes,
@@ -77,7 +77,7 @@ fn five_members_at_four_times_the_faults_keep_every_acknowledged_record() {
             fault_scale: 4,
             ..Variant::plain(false)
         },
-        70,
+        50,
     );
 }
 
@@ -90,7 +90,7 @@ fn five_members_at_four_times_the_faults_keep_every_acknowledged_record() {
 /// (24, 110, 113, 137, 354, 362, 474, 609, 747, 798), each fixed.)
 #[test]
 fn damage_at_rest_on_one_member_is_repaired_and_never_served() {
-    run(Variant::plain(true), 200);
+    run(Variant::plain(true), 150);
 }
 
 /// As above, and the damaged member's files of sleeping partitions damaged, or one of
@@ -110,7 +110,7 @@ fn damage_to_sleeping_files_is_repaired_while_the_member_runs() {
             asleep: true,
             ..Variant::plain(true)
         },
-        120,
+        90,
     );
 }
 
