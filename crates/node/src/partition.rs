@@ -184,13 +184,17 @@ impl Partition {
         // read that starts at it is refused, naming it.
         if let Some(damaged) = read.keep_verified() {
             if read.is_empty() {
+                // Named by file and byte, as a damaged batch found at open is.
+                let place = match read.end_in_file(log.dir()) {
+                    Some((file, byte)) => format!("{} at byte {byte}", file.display()),
+                    None => log.dir().display().to_string(),
+                };
                 return Err(NodeError::new(
                     ErrorCode::StorageError,
                     format!(
-                        "the batch at offset {damaged} in {} is damaged (its CRC does not \
-                         check); a cluster member repairs it from a peer, a single node \
-                         needs it restored (docs/operations.md, 'Recovery and damage')",
-                        log.dir().display()
+                        "the batch at offset {damaged} in {place} is damaged (its CRC does \
+                         not check); a cluster member repairs it from a peer, a single \
+                         node needs it restored (docs/operations.md, 'Recovery and damage')"
                     ),
                 ));
             }

@@ -4,7 +4,7 @@
 //! handles and bounds how many are open.
 
 use std::fs::File;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use braid_proto::batch::BatchHeader;
 
@@ -513,6 +513,10 @@ pub struct LogRead {
     pub batch_count: u32,
     /// The tag of the log read, which its stored batches carry.
     pub(crate) tag: i32,
+    /// The base offset of the segment read and the byte of its file where the returned
+    /// bytes start (to name a damaged batch found after them by file and byte); `None`
+    /// for a read that came from no segment.
+    in_file: Option<(u64, u64)>,
 }
 
 impl LogRead {
@@ -537,7 +541,16 @@ impl LogRead {
             next_offset,
             batch_count: 0,
             tag: 0,
+            in_file: None,
         }
+    }
+
+    /// The segment file (by its base offset) and the byte of it where the returned bytes
+    /// end: after [`LogRead::keep_verified`] found damage, where the damaged batch
+    /// starts. `None` for a read that came from no segment.
+    pub fn end_in_file(&self, dir: &Path) -> Option<(PathBuf, u64)> {
+        let (base, start) = self.in_file?;
+        Some((log_path(dir, base), start + (self.end - self.start) as u64))
     }
 
     /// The read, of a log tagged `tag`.
@@ -687,6 +700,7 @@ pub(crate) fn read_batches(
         read.batch_count += 1;
         read.next_offset = expected;
     }
+    read.in_file = Some((segment.base_offset, start.unwrap_or(position)));
     if let Some(first) = start {
         // `position` is the end of the last batch taken, and the buffer covers it.
         read.start = (first - reader.buf_start) as usize;
@@ -731,7 +745,22 @@ impl Reader<'_> {
             || log_path(self.dir, self.base),
             &mut self.buf[self.valid..want],
             have,
-        )?;
+        )
+        .map_err(|err| {
+            if err.kind() != std::io::ErrorKind::UnexpectedEof {
+                return err;
+            }
+            // The file is shorter than the log holds it to be: cut while open. (Said
+            // so, and where: "failed to fill whole buffer" named no byte, an outside
+            // review of issue 24.)
+            std::io::Error::new(
+                err.kind(),
+                format!(
+                    "the file ends before byte {end}, which the log holds (cut short \
+                     since it was opened)"
+                ),
+            )
+        })?;
         self.valid = want;
         Ok(())
     }

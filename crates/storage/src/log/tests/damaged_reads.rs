@@ -23,14 +23,45 @@ fn corruption_in_a_sealed_segment_is_reported_on_read() {
     let damaged = read.keep_verified().expect("the damaged batch is found");
     let records = decode(&read);
     assert_eq!(records.last().map_or(0, |r| r.0 + 1), damaged);
+    // The damaged batch is named by file and byte: where the batches kept end.
+    let at = read.bytes().len() as u64;
+    assert!(at <= 300);
+    assert_eq!(read.end_in_file(dir.path()), Some((first.clone(), at)));
     match log.read(damaged, 1 << 20, u64::MAX) {
         Err(LogError::Corrupt { path, .. }) => assert_eq!(&path, first),
         Ok(mut read) => {
             assert_eq!(read.keep_verified(), Some(damaged));
             assert!(read.is_empty());
+            assert_eq!(read.end_in_file(dir.path()), Some((first.clone(), at)));
         }
         Err(other) => panic!("{other}"),
     }
+}
+
+/// A sealed segment cut short while the log is open (its size in memory is the old
+/// one): a read there fails naming the file and the byte the log holds it to reach,
+/// where it said only "failed to fill whole buffer" (an outside review of issue 24).
+#[test]
+fn a_segment_cut_short_while_open_is_named_with_the_byte_it_lacks() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut log = PartitionLog::open(dir.path(), small_config(), 0).unwrap();
+    for i in 0..30 {
+        log.append(batch_of(&records(3, i, 60, i as u8)), 0)
+            .unwrap();
+    }
+    log.close().unwrap();
+    let mut log = PartitionLog::open(dir.path(), small_config(), 0).unwrap();
+    let first = log_files(dir.path())[0].clone();
+    let size = std::fs::metadata(&first).unwrap().len();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&first)
+        .unwrap()
+        .set_len(size - 40)
+        .unwrap();
+    let err = log.read(0, 1 << 20, u64::MAX).unwrap_err().to_string();
+    assert!(err.contains(&first.display().to_string()), "{err}");
+    assert!(err.contains(&format!("ends before byte {size}")), "{err}");
 }
 
 /// One flipped bit in the length field of a batch in a sealed segment: the read from
