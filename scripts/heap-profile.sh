@@ -9,6 +9,10 @@
 #
 #   scripts/heap-profile.sh [BRAID_BINARY] [PARTITIONS]    # about a minute for 10,000
 #
+# With RESTART=1, member 0 first runs plain, is stopped (SIGINT) once every member has
+# caught up, and restarts under heaptrack: the profile is then of a member that opened
+# its partitions from disk.
+#
 # Needs heaptrack (and heaptrack_print) and python3.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -30,7 +34,7 @@ for id in 0 1 2; do
 	args=(server --data-dir "$root/node-$id" --client-addr "127.0.0.1:$((base + id))"
 		--http-addr "127.0.0.1:$((base + 10 + id))" --cluster-id local --node-id "$id"
 		--cluster-secret-file "$root/secret" "${members[@]}" --fsync never --init)
-	if [ "$id" = 0 ]; then
+	if [ "$id" = 0 ] && [ "${RESTART:-0}" != 1 ]; then
 		heaptrack -o "$root/member-0" "$braid" "${args[@]}" >"$root/node-$id.out" 2>&1 &
 	else
 		"$braid" "${args[@]}" >"$root/node-$id.out" 2>&1 &
@@ -45,6 +49,15 @@ until all ready; do sleep 0.5; done
 "$braid" --addr "127.0.0.1:$base" stream create s >/dev/null
 "$braid" --addr "127.0.0.1:$base" topic create s t --partitions "$partitions" >/dev/null
 until all caught_up; do sleep 1; done
+if [ "${RESTART:-0}" = 1 ]; then
+	pkill -INT -f "$braid server --data-dir $root/node-0"
+	while pgrep -f "$braid server --data-dir $root/node-0" >/dev/null; do sleep 0.2; done
+	args=(server --data-dir "$root/node-0" --client-addr "127.0.0.1:$base"
+		--http-addr "127.0.0.1:$((base + 10))" --cluster-id local --node-id 0
+		--cluster-secret-file "$root/secret" "${members[@]}" --fsync never)
+	heaptrack -o "$root/member-0" "$braid" "${args[@]}" >>"$root/node-0.out" 2>&1 &
+	until all ready && all caught_up; do sleep 1; done
+fi
 sleep 30
 pid=$(pgrep -f "$braid server --data-dir $root/node-0" | tail -1) # the last: heaptrack started it
 echo "member 0 idle with $partitions partitions: $(awk '/VmRSS/ {print $2, $3}' "/proc/$pid/status") resident"

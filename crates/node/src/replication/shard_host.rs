@@ -700,15 +700,25 @@ impl<S: StateMachine, J: Journal> ShardHost<S, J> {
         let used = std::mem::take(&mut self.sleep.used);
         let idle: Vec<u64> = self
             .files
-            .iter()
-            .filter(|(group, files)| {
-                !used.contains(group)
-                    && matches!(files, GroupFiles::Awake(files) if files.journal.can_sleep())
-            })
-            .map(|(group, _)| *group)
+            .keys()
+            .filter(|group| !used.contains(group))
+            .copied()
             .collect();
+        Ok(self.sleep_now(&idle))
+    }
+
+    /// Puts to sleep the files of `groups` that are awake and whose journal
+    /// [`Journal::can_sleep`], used lately or not: a start puts the partitions it
+    /// opened to sleep at once, so that it never holds every one awake together (what
+    /// they held freed between the ones that stay would stay resident, fragments).
+    /// Returns how many went to sleep.
+    pub(crate) fn sleep_now(&mut self, groups: &[u64]) -> usize {
         let mut slept = 0;
-        for group in &idle {
+        for group in groups {
+            if !matches!(self.files.get(group), Some(GroupFiles::Awake(files)) if files.journal.can_sleep())
+            {
+                continue;
+            }
             let Some(GroupFiles::Awake(awake)) = self.files.remove(group) else {
                 continue;
             };
@@ -736,7 +746,7 @@ impl<S: StateMachine, J: Journal> ShardHost<S, J> {
             slept += 1;
         }
         self.sleep.slept += slept as u64;
-        Ok(slept)
+        slept
     }
 
     /// Files put to sleep and woken since the host started.

@@ -497,8 +497,12 @@ impl Run {
         });
         member.syncs = Some(Syncs { syncer, done });
         member.published.clear();
+        let mut found = Vec::new();
         for p in 0..partitions {
             let dir = partition_dir(&member.dir, p);
+            if dir.exists() {
+                found.push(key(p));
+            }
             match groups.add(key(p), &dir, log_config, now_ms) {
                 Ok(mark) => {
                     member.published.insert(p, mark);
@@ -510,6 +514,8 @@ impl Run {
                 }
             }
         }
+        // As the node's start: what it found on disk goes to sleep at once.
+        groups.sleep_opened(found);
         member.groups = Some(groups);
         member.meta = Some(meta);
         member.restart_at = None;

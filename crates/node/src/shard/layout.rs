@@ -201,6 +201,7 @@ impl Shard {
                 self.open_partition(*key, topic)?;
             }
             self.settle_opened(&chunk)?;
+            self.groups.sleep_opened(chunk.iter().map(|(key, _)| *key));
         } else if !plan.created.is_empty() {
             let chunk: Vec<_> = (0..count).map_while(|_| plan.created.pop()).collect();
             // New partitions: their directories' syncs, several per partition and each

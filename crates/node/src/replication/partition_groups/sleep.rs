@@ -51,6 +51,16 @@ impl PartitionGroups {
         }
     }
 
+    /// Puts the files of partitions just opened from disk to sleep at once (those with
+    /// nothing in flight): a start opens thousands, and holding them all awake until the
+    /// first pass left what they held freed in fragments between what stays, resident
+    /// (10,000 idle partitions: 2.35 to 2.39 KB per partition per member after a restart,
+    /// 2.19 to 2.24 KB with this; 2.0 KB before the restart).
+    pub(crate) fn sleep_opened(&mut self, keys: impl IntoIterator<Item = PartitionKey>) {
+        let groups: Vec<u64> = keys.into_iter().map(group_of).collect();
+        self.host.sleep_now(&groups);
+    }
+
     /// Puts idle partitions' files to sleep every `ticks` ticks (at least 1).
     #[cfg(test)]
     pub(crate) fn set_sleep_ticks(&mut self, ticks: u64) {

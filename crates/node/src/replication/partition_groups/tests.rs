@@ -1,4 +1,5 @@
-//! Opening a partition's group whose durable state went with its shard's states table.
+//! Opening partitions' groups from disk: one whose durable state went with its shard's
+//! states table, and what a start found put to sleep at once.
 
 #![allow(clippy::unwrap_used)]
 
@@ -63,5 +64,51 @@ fn a_group_whose_states_table_is_gone_restarts_as_lost_or_is_refused() {
         groups.add(KEY, &data, LogConfig::default(), 0).unwrap();
         let replica = groups.host.replica(group).unwrap();
         assert!(!replica.journal_trusted(), "still lost after a restart");
+    }
+}
+
+/// A start opens every partition it finds; holding them all awake until the first
+/// sleep pass left what they held freed in fragments, resident (see
+/// `PartitionGroups::sleep_opened`). What a start found goes to sleep as soon as it is
+/// open, and its first use wakes it as it was.
+#[test]
+fn partitions_a_start_finds_sleep_at_once_and_wake_as_they_were() {
+    for members in [1, 3] {
+        let dir = tempfile::tempdir().unwrap();
+        let states = dir.path().join("replication");
+        let data = dir.path().join("partitions").join("1").join("0");
+        let group = group_of(KEY);
+        let opened_at = {
+            let mut groups = open(&states, members);
+            groups.add(KEY, &data, LogConfig::default(), 0).unwrap();
+            groups.recover_opened().unwrap();
+            for _ in 0..20 {
+                groups.tick();
+            }
+            let at = groups.log_start(KEY).unwrap();
+            groups.close();
+            at
+        };
+        let mut groups = open(&states, members);
+        groups.add(KEY, &data, LogConfig::default(), 0).unwrap();
+        groups.recover_opened().unwrap();
+        assert!(
+            groups.host.journal(group).is_some(),
+            "{members}: open, awake"
+        );
+        groups.sleep_opened([KEY]);
+        assert!(groups.host.journal(group).is_none(), "{members}: asleep");
+        assert!(groups.host.journal_asleep(group).is_some(), "{members}");
+        assert_eq!(groups.sleep_counts(), (1, 0), "{members}");
+        assert_eq!(
+            groups.log_start(KEY),
+            Some(opened_at),
+            "{members}: read asleep"
+        );
+        // A use wakes it, checked to be as it was left.
+        assert!(groups.log(KEY).is_some(), "{members}: woken");
+        assert_eq!(groups.sleep_counts(), (1, 1), "{members}");
+        assert!(groups.take_reopen().is_empty(), "{members}: found as left");
+        assert!(groups.host.replica(group).is_some(), "{members}");
     }
 }
