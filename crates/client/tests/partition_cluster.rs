@@ -249,9 +249,7 @@ async fn one_partition_cluster(fsync: FsyncSetting) -> (Vec<Member>, usize, Clie
     let members = start_cluster(3, fsync);
     let admin = Client::connect(members[0].addr()).await.unwrap();
     common::create_topic(&admin, "s", "t", 1).await;
-    let primary = usize::from(primary_of(members[0].addr(), 0).await);
-    let client = Client::connect(members[primary].addr()).await.unwrap();
-    (members, primary, client)
+    with_its_primary(members).await
 }
 
 async fn produce_range(client: &Client, range: std::ops::Range<u32>) {
@@ -545,19 +543,8 @@ async fn until_metric(member: &Member, name: &str, value: u64) {
 /// is the peer's, batch for batch. A repair that never finishes is visible.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_damaged_batch_counts_as_awaiting_repair_until_a_peer_mends_it() {
-    let mut members = start_cluster(3, FsyncSetting::Always);
-    let admin = Client::connect(members[0].addr()).await.unwrap();
-    admin.create_stream("s").await.unwrap();
     // Small segments: the damage lies in a sealed one, which only the scrub reads.
-    let settings = braid_proto::client::TopicSettings {
-        partitions: 1,
-        segment_bytes: 2_048,
-        max_batch_bytes: 1_024,
-        ..braid_proto::client::TopicSettings::default()
-    };
-    admin.create_topic("s", "t", settings).await.unwrap();
-    let primary = usize::from(primary_of(members[0].addr(), 0).await);
-    let client = Client::connect(members[primary].addr()).await.unwrap();
+    let (mut members, _, client) = small_segments_cluster().await;
     produce_range(&client, 0..40).await;
     until_commit_points_agree(&members).await;
     drop(client);
@@ -567,13 +554,7 @@ async fn a_damaged_batch_counts_as_awaiting_repair_until_a_peer_mends_it() {
     // while it runs.
     let batches = stored_batches(&members[0].config.data_dir);
     let at = batches[..2].iter().map(Vec::len).sum::<usize>() + batches[2].len() / 2;
-    let topics = members[0].config.data_dir.join("partitions");
-    let topic = std::fs::read_dir(&topics)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .find(|p| p.is_dir())
-        .unwrap();
-    let segment = topic.join("0").join(format!("{:020}.log", 0));
+    let segment = partition_dir(&members[0].config.data_dir).join(format!("{:020}.log", 0));
     assert!(std::fs::metadata(&segment).unwrap().len() <= 2_048 + 1_024);
     flip_bit(&segment, at as u64);
     until_metric(&members[0], "braid_partitions_awaiting_repair", 1).await;
@@ -603,18 +584,7 @@ async fn a_damaged_batch_counts_as_awaiting_repair_until_a_peer_mends_it() {
 /// issue 24.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sealed_segment_cut_short_is_grown_back_from_a_peer() {
-    let mut members = start_cluster(3, FsyncSetting::Always);
-    let admin = Client::connect(members[0].addr()).await.unwrap();
-    admin.create_stream("s").await.unwrap();
-    let settings = braid_proto::client::TopicSettings {
-        partitions: 1,
-        segment_bytes: 2_048,
-        max_batch_bytes: 1_024,
-        ..braid_proto::client::TopicSettings::default()
-    };
-    admin.create_topic("s", "t", settings).await.unwrap();
-    let primary = usize::from(primary_of(members[0].addr(), 0).await);
-    let client = Client::connect(members[primary].addr()).await.unwrap();
+    let (mut members, primary, client) = small_segments_cluster().await;
     produce_range(&client, 0..120).await;
     until_commit_points_agree(&members).await;
     let damaged = (primary + 1) % 3;
@@ -629,13 +599,7 @@ async fn a_sealed_segment_cut_short_is_grown_back_from_a_peer() {
     until_commit_points_agree(&members).await;
     members[damaged].stop();
     produce_range(&client, 160..180).await;
-    let topics = members[damaged].config.data_dir.join("partitions");
-    let topic = std::fs::read_dir(&topics)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .find(|p| p.is_dir())
-        .unwrap();
-    let mut segments: Vec<_> = std::fs::read_dir(topic.join("0"))
+    let mut segments: Vec<_> = std::fs::read_dir(partition_dir(&members[damaged].config.data_dir))
         .unwrap()
         .map(|e| e.unwrap().path())
         .filter(|p| p.extension().is_some_and(|e| e == "log"))
@@ -688,13 +652,7 @@ async fn damage_found_at_a_start_is_counted_once_repaired() {
     until_commit_points_agree(&members).await;
     let damaged = (primary + 1) % 3;
     members[damaged].stop();
-    let topics = members[damaged].config.data_dir.join("partitions");
-    let topic = std::fs::read_dir(&topics)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .find(|p| p.is_dir())
-        .unwrap();
-    let journal = topic.join("0").join("vsr.journal");
+    let journal = partition_dir(&members[damaged].config.data_dir).join("vsr.journal");
     let len = std::fs::metadata(&journal).unwrap().len();
     flip_bit(&journal, len / 2);
     members[damaged].start();
@@ -725,13 +683,44 @@ fn flip_bit(path: &std::path::Path, at: u64) {
 }
 
 /// Every batch of the single partition directory under `data_dir`, as stored.
-fn stored_batches(data_dir: &std::path::Path) -> Vec<Vec<u8>> {
-    let topics = data_dir.join("partitions");
-    let topic = std::fs::read_dir(&topics)
+/// Three members (fsync `always`) with one topic of one partition in 2 KiB segments,
+/// its primary, and a client connected to it.
+async fn small_segments_cluster() -> (Vec<Member>, usize, Client) {
+    let members = start_cluster(3, FsyncSetting::Always);
+    let admin = Client::connect(members[0].addr()).await.unwrap();
+    admin.create_stream("s").await.unwrap();
+    let settings = braid_proto::client::TopicSettings {
+        partitions: 1,
+        segment_bytes: 2_048,
+        max_batch_bytes: 1_024,
+        ..braid_proto::client::TopicSettings::default()
+    };
+    admin.create_topic("s", "t", settings).await.unwrap();
+    with_its_primary(members).await
+}
+
+/// The members with partition 0's primary and a client connected to it.
+async fn with_its_primary(members: Vec<Member>) -> (Vec<Member>, usize, Client) {
+    let primary = usize::from(primary_of(members[0].addr(), 0).await);
+    let client = Client::connect(members[primary].addr()).await.unwrap();
+    (members, primary, client)
+}
+
+/// Partition 0's directory of the one topic in `data_dir`.
+fn partition_dir(data_dir: &std::path::Path) -> std::path::PathBuf {
+    topic_dir(data_dir).join("0")
+}
+
+fn topic_dir(data_dir: &std::path::Path) -> std::path::PathBuf {
+    std::fs::read_dir(data_dir.join("partitions"))
         .unwrap()
         .map(|e| e.unwrap().path())
         .find(|p| p.is_dir())
-        .unwrap();
+        .unwrap()
+}
+
+fn stored_batches(data_dir: &std::path::Path) -> Vec<Vec<u8>> {
+    let topic = topic_dir(data_dir);
     // Named by the topic's id; its partition 0's batches carry their tag.
     let topic_id: u32 = topic
         .file_name()
