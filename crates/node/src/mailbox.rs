@@ -286,6 +286,19 @@ impl NodeShared {
         }
     }
 
+    /// The refusal of a read of offsets `from` to `to` of a partition, committed, that
+    /// this member's log is copying from a peer (`NotLeader`: retriable, as a backup's).
+    pub(crate) fn copying(&self, from: u64, to: u64) -> crate::error::NodeError {
+        crate::error::NodeError::new(
+            braid_proto::client::ErrorCode::NotLeader,
+            format!(
+                "node {} does not serve offsets {from} to {to} of this partition yet: its \
+                 log is copying them from a peer; retry",
+                self.cluster.node_id
+            ),
+        )
+    }
+
     /// The door (a poisoned lock is taken as it is: its counts stay whole, each
     /// change being one step).
     pub(crate) fn door(&self) -> std::sync::MutexGuard<'_, crate::door::Door> {

@@ -785,6 +785,9 @@ pub(crate) fn read_for_fetch(
     offset: u64,
     max_bytes: u32,
 ) -> Result<FetchOutcome, NodeError> {
+    if let Some((from, to)) = partition.lacking(log, offset) {
+        return Err(shared.copying(from, to));
+    }
     let buffer = shared.read_buffers.take();
     partition
         .read(log, offset, max_bytes, buffer)

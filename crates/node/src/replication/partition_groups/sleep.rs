@@ -81,6 +81,15 @@ impl PartitionGroups {
         }
     }
 
+    /// Whether a copy from a peer (repair or state transfer) is rebuilding the
+    /// partition's log (files asleep: never).
+    #[cfg(test)]
+    pub(crate) fn copying(&self, key: PartitionKey) -> bool {
+        self.host
+            .journal(group_of(key))
+            .is_some_and(|journal| journal.behind().is_some())
+    }
+
     /// Files put to sleep and woken since the shard started.
     #[cfg(test)]
     pub(crate) fn sleep_counts(&self) -> (u64, u64) {

@@ -55,6 +55,7 @@ impl Run {
             };
             for p in 0..self.shape.partitions {
                 let mark = published.get(&p).copied().unwrap_or(0);
+                let copying = groups.copying(key(p));
                 let Some(log) = groups.log(key(p)) else {
                     continue;
                 };
@@ -67,7 +68,24 @@ impl Run {
                 // Below its start, retention deleted the records (and reads are refused).
                 let checked = checked.max(log.start_offset());
                 let (batches, stopped) = read_batches(log, checked, mark);
+                // A log that a copy from a peer rebuilds ends below the mark: the node
+                // refuses reads there (`NotLeader`, as a backup's), never answers them
+                // with nothing.
+                let read_end = batches
+                    .last()
+                    .and_then(|(base, bytes)| {
+                        RecordBatch::check_stored(bytes, tag)
+                            .ok()
+                            .map(|(b, _)| b.header().last_offset() as u64 + 1)
+                            .or(Some(*base))
+                    })
+                    .unwrap_or(checked);
+                let refused_while_copying =
+                    copying && (log.next_offset()..mark).contains(&read_end);
                 match stopped {
+                    Some(Stop::Missing(_)) if refused_while_copying => {
+                        self.outcome.reads_refused += 1;
+                    }
                     Some(Stop::Missing(err)) => {
                         problem.get_or_insert(format!(
                             "member {m} partition {p} promises records below {mark}: {err}"
@@ -80,17 +98,8 @@ impl Run {
                 }
                 let values = values_of(&batches);
                 // What is served ends at the damage, if the read stopped there.
-                let served = batches
-                    .last()
-                    .and_then(|(base, bytes)| {
-                        RecordBatch::check_stored(bytes, tag)
-                            .ok()
-                            .map(|(b, _)| b.header().last_offset() as u64 + 1)
-                            .or(Some(*base))
-                    })
-                    .unwrap_or(checked)
-                    .min(mark);
-                let served = if matches!(stopped, Some(Stop::Damaged(_))) {
+                let served = read_end.min(mark);
+                let served = if matches!(stopped, Some(Stop::Damaged(_))) || refused_while_copying {
                     served
                 } else {
                     mark

@@ -296,7 +296,10 @@ fn seeds_that_found_faults_at_four_times_the_faults_pass() {
     // acknowledged at 44..=46 and never stored (366298). Ops kept whole past a
     // damaged batch went back into the log at its repair, a sync of the header journal
     // that did not wait for the log's made their new records durable, a power loss
-    // took the batches, and the member voted it never had them (369042).
+    // took the batches, and the member voted it never had them (369042). A copy that
+    // cut a member's log back to its segment's start (damage on the way to the cut)
+    // left it below the high watermark until the copy was done, and a read there was
+    // answered with nothing instead of refused (384674).
     let everything = Variant {
         misdirected: true,
         latent: true,
@@ -305,6 +308,7 @@ fn seeds_that_found_faults_at_four_times_the_faults_pass() {
     };
     for seed in [
         315500, 322172, 328385, 330755, 333206, 335808, 337454, 339187, 365891, 366298, 369042,
+        384674,
     ] {
         if let Err(failure) = run_seed(seed, everything) {
             panic!("{failure}");
