@@ -202,6 +202,46 @@ async fn a_damaged_partition_of_a_single_node_is_refused_alone() {
     }
 }
 
+/// An outside review of issue 24: after a restart, no partition of a single node ever
+/// slept again (each restarted group writes a state with a new log view, and its
+/// journal then waited for a sync that nothing made), so every segment stayed open and
+/// a segment deleted under an idle partition went unnoticed. Restarted, the idle
+/// partitions' files sleep as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_single_nodes_idle_partitions_sleep_again() {
+    let mut node = TestNode::start(FsyncSetting::Always);
+    let client = Client::connect(node.addr()).await.unwrap();
+    let partitions = 8;
+    common::create_topic(&client, "s", "t", partitions).await;
+    for partition in 0..partitions {
+        client
+            .produce("s", "t", partition, &keyless(4))
+            .await
+            .unwrap();
+    }
+    drop(client);
+    node.restart();
+    let client = Client::connect(node.addr()).await.unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while common::metric(node.http_addr(), "braid_partition_files_slept_total").await
+        < u64::from(partitions)
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the restarted partitions' files never slept"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    // Woken by a read, each serves what it held.
+    for partition in 0..partitions {
+        let fetched = client
+            .fetch("s", "t", partition, 0, 1 << 20, 0)
+            .await
+            .unwrap();
+        assert_eq!(fetched.high_watermark, 4, "partition {partition}");
+    }
+}
+
 /// An outside review (2026-12-06): a single node whose idle partition's files (closed
 /// while it slept) were found changed at its next use stopped every partition of that
 /// shard until a restart. Now that partition alone is opened again from its files, as a
