@@ -16,6 +16,11 @@ pub struct OpenLogLru<K> {
 }
 
 impl<K: Hash + Eq + Clone> OpenLogLru<K> {
+    /// How many logs it keeps open at most.
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
     /// An empty set that keeps at most `capacity` logs open (at least one).
     pub fn new(capacity: usize) -> Self {
         Self {

@@ -47,7 +47,12 @@ impl Shard {
     pub(crate) fn apply_layout(&mut self, layout: Arc<Layout>) -> Result<(), ShardError> {
         let update = LayoutUpdate::Whole(layout);
         let mut plan = self.plan_layout(&update);
-        while !self.open_some(&mut plan, OPENED_TOGETHER)? {}
+        // No more at once than the open-log budget: a start held 256 partitions' files
+        // open per shard whatever the budget, and a node sized by it (descriptors at
+        // least twice the budget, docs/operations.md) failed to start with "Too many
+        // open files" (an outside review of issue 24, 300 partitions, a budget of 20).
+        let together = OPENED_TOGETHER.min(self.lru.capacity());
+        while !self.open_some(&mut plan, together)? {}
         let gone = self.finish_layout(update, plan.opens);
         for key in gone {
             self.drop_partition(key);
