@@ -222,16 +222,7 @@ async fn a_restarted_single_nodes_idle_partitions_sleep_again() {
     drop(client);
     node.restart();
     let client = Client::connect(node.addr()).await.unwrap();
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-    while common::metric(node.http_addr(), "braid_partition_files_slept_total").await
-        < u64::from(partitions)
-    {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the restarted partitions' files never slept"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-    }
+    until_files_slept(&node, partitions).await;
     // Woken by a read, each serves what it held.
     for partition in 0..partitions {
         let fetched = client
@@ -262,16 +253,7 @@ async fn a_sleeping_partition_whose_files_changed_is_refused_alone_while_the_nod
         }
     }
     // Idle, every partition's files go to sleep (a pass a second).
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-    while common::metric(node.http_addr(), "braid_partition_files_slept_total").await
-        < u64::from(partitions)
-    {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the files never slept"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-    }
+    until_files_slept(&node, partitions).await;
     let damaged = node.dir.path().join("partitions").join("0").join("0");
     std::fs::remove_file(damaged.join("vsr.journal")).unwrap();
     // Its next use finds the change: the produce in flight is sent elsewhere
@@ -318,4 +300,18 @@ async fn a_sleeping_partition_whose_files_changed_is_refused_alone_while_the_nod
         common::metric(node.http_addr(), "braid_partitions_refused").await,
         1
     );
+}
+
+/// Waits (at most 20 s) until the node has put partitions' files to sleep `count` times.
+async fn until_files_slept(node: &TestNode, count: u32) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while common::metric(node.http_addr(), "braid_partition_files_slept_total").await
+        < u64::from(count)
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the files never slept"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
 }
