@@ -16,6 +16,25 @@ fn open(states: &Path, members: u8) -> PartitionGroups {
     PartitionGroups::open(states, 0, 0, members, timing, 7).unwrap()
 }
 
+/// A temporary directory with the states tables' directory and a partition's in it.
+fn dirs() -> (tempfile::TempDir, std::path::PathBuf, std::path::PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let states = dir.path().join("replication");
+    let data = dir.path().join("partitions").join("1").join("0");
+    (dir, states, data)
+}
+
+/// The groups with partition `KEY` added at `data`, recovered and ticked 20 times.
+fn opened_and_ticked(states: &Path, data: &Path, members: u8) -> PartitionGroups {
+    let mut groups = open(states, members);
+    groups.add(KEY, data, LogConfig::default(), 0).unwrap();
+    groups.recover_opened().unwrap();
+    for _ in 0..20 {
+        groups.tick();
+    }
+    groups
+}
+
 /// An outside review of issue 24 deleted every states table of a node: it started,
 /// its groups at view 0 with trusted journals, as if they had never voted (a member of a
 /// cluster forgetting its views can help a stale view commit over a newer one). A group
@@ -25,17 +44,10 @@ fn open(states: &Path, members: u8) -> PartitionGroups {
 #[test]
 fn a_group_whose_states_table_is_gone_restarts_as_lost_or_is_refused() {
     for members in [3, 1] {
-        let dir = tempfile::tempdir().unwrap();
-        let states = dir.path().join("replication");
-        let data = dir.path().join("partitions").join("1").join("0");
+        let (_dir, states, data) = dirs();
         let group = group_of(KEY);
         {
-            let mut groups = open(&states, members);
-            groups.add(KEY, &data, LogConfig::default(), 0).unwrap();
-            groups.recover_opened().unwrap();
-            for _ in 0..20 {
-                groups.tick();
-            }
+            let groups = opened_and_ticked(&states, &data, members);
             assert!(
                 groups.host.has_state(group),
                 "{members}: a state was written"
@@ -74,17 +86,10 @@ fn a_group_whose_states_table_is_gone_restarts_as_lost_or_is_refused() {
 #[test]
 fn partitions_a_start_finds_sleep_at_once_and_wake_as_they_were() {
     for members in [1, 3] {
-        let dir = tempfile::tempdir().unwrap();
-        let states = dir.path().join("replication");
-        let data = dir.path().join("partitions").join("1").join("0");
+        let (_dir, states, data) = dirs();
         let group = group_of(KEY);
         let opened_at = {
-            let mut groups = open(&states, members);
-            groups.add(KEY, &data, LogConfig::default(), 0).unwrap();
-            groups.recover_opened().unwrap();
-            for _ in 0..20 {
-                groups.tick();
-            }
+            let mut groups = opened_and_ticked(&states, &data, members);
             let at = groups.log_start(KEY).unwrap();
             groups.close();
             at
