@@ -304,7 +304,7 @@ pub(crate) fn render(
     metric(
         "braid_partition_files_slept_total",
         "counter",
-        "Times an idle partition's journal and log were closed and let go from memory (after 10 to 20 seconds unused; reopened by the next use).",
+        "Times an idle partition's journal and log were closed and let go from memory (after 1 to 2 seconds unused; reopened by the next use).",
         sum(&|s| &s.files_slept),
     );
     metric(

@@ -55,7 +55,7 @@ const PIPELINE_MAX: u64 = 16;
 /// by them) can be rare.
 const CHECKPOINT_INTERVAL: u64 = 1_024;
 /// How often (ticks) the files of partitions unused since the last look go to sleep:
-/// an idle partition's journal and log leave memory after 10 to 20 seconds, and the
+/// an idle partition's journal and log leave memory after 1 to 2 seconds, and the
 /// close that puts them to sleep (a sync and a clean-shutdown marker) comes at most
 /// once per idle spell.
 const SLEEP_TICKS: u64 = 100;
