@@ -59,9 +59,10 @@ impl JournalFile {
     /// Opens the file at `path` again as group `group`'s journal that went to sleep as
     /// `asleep`.
     /// A file that is gone or of another length is refused before anything is
-    /// written; one whose records read back otherwise (damage at rest: the open may
-    /// cut or rewrite it, marking the journal untrusted first through `before_cut`
-    /// as a restart would) is refused after. Either way the holder restarts.
+    /// written; one whose records read back otherwise (damage at rest: a member's open
+    /// may cut or rewrite it, marking the journal untrusted first through `before_cut`
+    /// as a restart would; a `lone` replica's changes nothing, as its start does) is
+    /// refused after. Either way the holder restarts.
     ///
     /// # Errors
     /// [`JournalError::NotAsLeft`], or IO errors.
@@ -69,6 +70,7 @@ impl JournalFile {
         path: SharedPath,
         group: u64,
         asleep: &JournalAsleep,
+        lone: bool,
         reported_unsynced: bool,
         before_cut: impl FnOnce() -> Result<(), JournalError>,
     ) -> Result<Self, JournalError> {
@@ -87,10 +89,15 @@ impl JournalFile {
         if len != asleep.len {
             return Err(changed(format!("{len} bytes where it had {}", asleep.len)));
         }
-        let (mut journal, _) =
-            Self::open_marking_at(path, group, false, reported_unsynced, before_cut)?;
+        let (mut journal, found) =
+            Self::open_marking_at(path, group, lone, reported_unsynced, before_cut)?;
         if (journal.len, journal.fingerprint()) != (asleep.len, asleep.fingerprint) {
             return Err(changed("its records read back otherwise".into()));
+        }
+        if let Some(at) = found.damaged_at.filter(|_| lone) {
+            // Damage whose records read back as they were (an older copy of a record,
+            // say): a lone replica's start refuses it all the same, so its wake does.
+            return Err(changed(format!("it is damaged at byte {at}")));
         }
         journal.marked_len = asleep.marked_len;
         journal.durable_marked_len = asleep.durable_marked_len;

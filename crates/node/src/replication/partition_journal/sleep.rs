@@ -131,9 +131,14 @@ impl PartitionJournal {
         )?;
         let path = SharedPath::new(Arc::clone(&dir), FileName::Fixed(JOURNAL_FILE));
         // Damage the open cuts may hide reported ops: the mark is made first, as at a
-        // restart, so the group's restart distrusts the journal.
+        // restart, so the group's restart distrusts the journal. A lone replica's open
+        // changes nothing it finds damaged, as at its start, so that the start that
+        // follows names the same file and byte (an outside review of issue 24: a bit
+        // flipped in a sleeping partition's `vsr.journal` was rewritten away at the
+        // wake, and the refusal then named only "op 1").
+        let lone = log.config().recovery != braid_storage::RecoveryMode::TruncateAtDamage;
         let reported_unsynced = log.config().fsync != braid_storage::FsyncPolicy::Always;
-        let index = JournalFile::wake(path, group, &index, reported_unsynced, || {
+        let index = JournalFile::wake(path, group, &index, lone, reported_unsynced, || {
             open::mark_untrusted(&dir)
         })?;
         Ok(Self {

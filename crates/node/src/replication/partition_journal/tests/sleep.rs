@@ -127,6 +127,40 @@ fn files_changed_while_asleep_are_refused_not_repaired_or_made_anew() {
     }
 }
 
+/// A lone replica's journal damaged while it slept is refused at the wake and left as
+/// the damage left it, so that the start that follows names the file and byte. (An
+/// outside review of issue 24: the wake's open rewrote it as a member's would, and the
+/// single node's refusal then named only "op 1 ... damaged or lost".)
+#[test]
+fn a_lone_replicas_journal_damaged_asleep_is_left_as_found_and_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let journal = written(dir.path(), config());
+    let asleep = journal.sleep().unwrap();
+    let path = dir.path().join(JOURNAL_FILE);
+    let mut bytes = std::fs::read(&path).unwrap();
+    let at = bytes.len() / 2;
+    bytes[at] ^= 0x10;
+    std::fs::write(&path, &bytes).unwrap();
+    let woken = PartitionJournal::wake(GROUP, asleep, 0).map(|_| ());
+    assert!(
+        matches!(
+            woken,
+            Err(PartitionJournalError::Journal(
+                JournalError::NotAsLeft { .. }
+            ))
+        ),
+        "{woken:?}"
+    );
+    assert_eq!(std::fs::read(&path).unwrap(), bytes, "left as found");
+    let (_, recovered) = PartitionJournal::open(dir.path(), GROUP, TAG, config(), 0).unwrap();
+    let damage = recovered.damage.unwrap();
+    assert!(
+        damage.contains("vsr.journal is damaged at byte"),
+        "{damage}"
+    );
+    assert_eq!(std::fs::read(&path).unwrap(), bytes, "left as found");
+}
+
 /// A sleeping partition is woken for retention only when retention would delete a
 /// segment: by size at once, by age when its oldest segment expires, never while the
 /// journal still holds the oldest segment's ops (an idle partition under the default
