@@ -258,18 +258,7 @@ async fn a_sleeping_partition_whose_files_changed_is_refused_alone_while_the_nod
     std::fs::remove_file(damaged.join("vsr.journal")).unwrap();
     // Its next use finds the change: the produce in flight is sent elsewhere
     // (`NotLeader`), and the partition, opened again, is refused naming it.
-    let mut refused = None;
-    for _ in 0..50 {
-        match client.produce("s", "t", 0, &keyless(1)).await {
-            Ok(stored) => panic!("a produce to the changed partition was stored at {stored:?}"),
-            Err(err) if err.to_string().contains("vsr.journal") => {
-                refused = Some(err);
-                break;
-            }
-            Err(_) => tokio::time::sleep(std::time::Duration::from_millis(100)).await,
-        }
-    }
-    let refused = refused.expect("the changed partition is refused, naming its journal");
+    let refused = refused_produce(&client, 0, "vsr.journal").await;
     assert!(
         refused.to_string().contains("docs/operations.md"),
         "{refused}"
@@ -300,6 +289,121 @@ async fn a_sleeping_partition_whose_files_changed_is_refused_alone_while_the_nod
         common::metric(node.http_addr(), "braid_partitions_refused").await,
         1
     );
+}
+
+/// An outside review of issue 24: a single node that met a damaged batch in use (a read
+/// stopped before it) went on taking writes into that partition, acknowledged past the
+/// damage where no read could reach them, until a restart refused it. The first read
+/// or scrub that meets the damage refuses the partition, naming the segment file, as a
+/// start would; it serves what lies before the damage, and the others go on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn damage_a_single_node_meets_in_use_refuses_the_partition_at_once() {
+    let mut node = TestNode::start(FsyncSetting::Always);
+    let client = Client::connect(node.addr()).await.unwrap();
+    common::create_topic(&client, "s", "t", 2).await;
+    for _ in 0..3 {
+        for partition in 0..2 {
+            client
+                .produce("s", "t", partition, &keyless(4))
+                .await
+                .unwrap();
+        }
+    }
+    // A bit flipped in the second of three batches, under the running node.
+    let dir = node.dir.path().join("partitions").join("0").join("0");
+    let segment = dir.join(format!("{:020}.log", 0));
+    let mut bytes = std::fs::read(&segment).unwrap();
+    let len = bytes.len();
+    bytes[len / 2] ^= 0x08;
+    std::fs::write(&segment, bytes).unwrap();
+    // A read (or the scrub, first) meets it: what lies before is served.
+    if let Ok(fetched) = client.fetch("s", "t", 0, 0, 1 << 20, 0).await {
+        let mut records = std::collections::VecDeque::new();
+        braid_client::decode_records(0, 0, &fetched.batches, &mut records).unwrap();
+        let offsets: Vec<u64> = records.iter().map(|r| r.offset).collect();
+        assert_eq!(offsets, vec![0, 1, 2, 3]);
+    }
+    let refused = refused_produce(&client, 0, "00000000000000000000.log").await;
+    assert!(refused.to_string().contains("offset 4"), "{refused}");
+    assert!(
+        refused.to_string().contains("docs/operations.md"),
+        "{refused}"
+    );
+    let before = client.fetch("s", "t", 0, 0, 1 << 20, 0).await.unwrap();
+    let mut records = std::collections::VecDeque::new();
+    braid_client::decode_records(0, 0, &before.batches, &mut records).unwrap();
+    assert_eq!(records.len(), 4);
+    let at_damage = client.fetch("s", "t", 0, 4, 1 << 20, 0).await.unwrap_err();
+    assert!(at_damage.to_string().contains("damaged"), "{at_damage}");
+    let stored = client.produce("s", "t", 1, &keyless(1)).await.unwrap();
+    assert_eq!(stored.0, 12);
+    assert_eq!(
+        common::metric(node.http_addr(), "braid_partitions_refused").await,
+        1
+    );
+    // Nothing was written into it after the damage, and a start refuses it too.
+    assert_eq!(std::fs::read(&segment).unwrap().len(), len);
+    drop(client);
+    node.restart();
+    let client = Client::connect(node.addr()).await.unwrap();
+    refused_produce(&client, 0, "00000000000000000000.log").await;
+    assert_eq!(
+        client.produce("s", "t", 1, &keyless(1)).await.unwrap().0,
+        13
+    );
+}
+
+/// An outside review of issue 24: a segment deleted under a running single node's
+/// awake partition took produces through its open handle, acknowledged into a file no
+/// directory named, and the next start refused the partition. The scrub's next look
+/// finds the file gone and the partition is opened again from its files: refused,
+/// naming the segment, while the others take writes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_segment_deleted_under_a_running_single_node_refuses_its_partition() {
+    let node = TestNode::start(FsyncSetting::Always);
+    let client = Client::connect(node.addr()).await.unwrap();
+    common::create_topic(&client, "s", "t", 2).await;
+    for partition in 0..2 {
+        client
+            .produce("s", "t", partition, &keyless(4))
+            .await
+            .unwrap();
+    }
+    let segment = node
+        .dir
+        .path()
+        .join("partitions")
+        .join("0")
+        .join("0")
+        .join(format!("{:020}.log", 0));
+    std::fs::remove_file(&segment).unwrap();
+    // The scrub looks at each of the shard's partitions in turn, one per 10 ms tick.
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    refused_produce(&client, 0, "00000000000000000000.log").await;
+    assert!(!segment.exists(), "nothing made anew");
+    assert_eq!(client.produce("s", "t", 1, &keyless(1)).await.unwrap().0, 4);
+    assert_eq!(
+        common::metric(node.http_addr(), "braid_partitions_refused").await,
+        1
+    );
+}
+
+/// Produces to partition `partition` until it is refused with an error naming `named`
+/// (at most 5 s: a produce in flight when the partition was dropped is answered
+/// `NotLeader`); a produce stored meanwhile fails the test.
+async fn refused_produce(
+    client: &Client,
+    partition: u32,
+    named: &str,
+) -> braid_client::ClientError {
+    for _ in 0..50 {
+        match client.produce("s", "t", partition, &keyless(1)).await {
+            Ok(stored) => panic!("a produce to the damaged partition was stored at {stored:?}"),
+            Err(err) if err.to_string().contains(named) => return err,
+            Err(_) => tokio::time::sleep(std::time::Duration::from_millis(100)).await,
+        }
+    }
+    panic!("the damaged partition is never refused naming {named}");
 }
 
 /// Waits (at most 20 s) until the node has put partitions' files to sleep `count` times.

@@ -33,6 +33,14 @@ struct Waiters {
     woken: VecDeque<WaitingFetch>,
 }
 
+/// A read of committed batches, and the damaged batch it met, if any: never served (the
+/// read stops before it, or is refused when it starts there).
+#[derive(Debug)]
+pub(crate) struct CheckedRead {
+    pub(crate) read: Result<LogRead, NodeError>,
+    pub(crate) damaged: Option<u64>,
+}
+
 /// A partition owned by this shard.
 pub(crate) struct Partition {
     high_watermark: u64,
@@ -179,41 +187,57 @@ impl Partition {
     }
 
     /// Reads committed batches of `log` from `offset` into `buffer` (from the node's
-    /// pool; the read hands it back through [`LogRead::into_buffer`]).
+    /// pool; the read hands it back through [`LogRead::into_buffer`]), and names the
+    /// damaged batch it met, if any (the caller reports it to the partition's group).
     pub(crate) fn read(
         &self,
         log: &mut PartitionLog,
         offset: u64,
         max_bytes: u32,
         buffer: Vec<u8>,
-    ) -> Result<LogRead, NodeError> {
+    ) -> CheckedRead {
+        let unchecked = |read| CheckedRead {
+            read,
+            damaged: None,
+        };
         if offset > self.high_watermark && offset <= log.next_offset() {
             // Appended but not committed: nothing to read yet.
-            return Ok(LogRead::empty_with(offset, buffer));
+            return unchecked(Ok(LogRead::empty_with(offset, buffer)));
         }
-        let mut read = log.read_reusing(offset, max_bytes, self.high_watermark, buffer)?;
+        let mut read = match log.read_reusing(offset, max_bytes, self.high_watermark, buffer) {
+            Ok(read) => read,
+            Err(err) => return unchecked(Err(err.into())),
+        };
         // A damaged byte is never served: the read stops before the damage (a peer's
         // copy repairs it in a cluster, see `replication::partition_groups`), and a
         // read that starts at it is refused, naming it.
-        if let Some(damaged) = read.keep_verified() {
+        let damaged = read.keep_verified();
+        if let Some(damaged) = damaged {
             if read.is_empty() {
                 // Named by file and byte, as a damaged batch found at open is.
                 let place = match read.end_in_file(log.dir()) {
                     Some((file, byte)) => format!("{} at byte {byte}", file.display()),
                     None => log.dir().display().to_string(),
                 };
-                return Err(NodeError::new(
-                    ErrorCode::StorageError,
-                    format!(
-                        "the batch at offset {damaged} in {place} is damaged (its CRC does \
-                         not check); a cluster member repairs it from a peer, a single \
-                         node needs it restored (docs/operations.md, 'Recovery and damage')"
-                    ),
-                ));
+                return CheckedRead {
+                    read: Err(NodeError::new(
+                        ErrorCode::StorageError,
+                        format!(
+                            "the batch at offset {damaged} in {place} is damaged (its CRC \
+                             does not check); a cluster member repairs it from a peer, a \
+                             single node needs it restored (docs/operations.md, 'Recovery \
+                             and damage')"
+                        ),
+                    )),
+                    damaged: Some(damaged),
+                };
             }
             tracing::warn!(dir = %log.dir().display(), offset = damaged, "a read stopped before a damaged batch");
         }
-        Ok(read)
+        CheckedRead {
+            read: Ok(read),
+            damaged,
+        }
     }
 
     /// Parks a fetch until the next commit.
@@ -285,7 +309,10 @@ mod tests {
         assert_eq!(partition.lacking(&log, 0), None);
         assert_eq!(partition.lacking(&log, 4), None);
         assert_eq!(partition.lacking(&log, 12), None);
-        let read = partition.read(&mut log, 0, 1 << 20, Vec::new()).unwrap();
+        let read = partition
+            .read(&mut log, 0, 1 << 20, Vec::new())
+            .read
+            .unwrap();
         assert_eq!(read.next_offset, 5);
         // A log that holds everything lacks nothing.
         assert_eq!(Partition::new(5).lacking(&log, 5), None);

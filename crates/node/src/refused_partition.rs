@@ -82,7 +82,8 @@ impl RefusedPartition {
         if offset >= partition.high_watermark() && offset >= log.start_offset() {
             return Err(refusal);
         }
-        read_for_fetch(shared, partition, log, offset, max_bytes)
+        // Damage it meets is already why it is refused, or is named by the read.
+        read_for_fetch(shared, partition, log, offset, max_bytes).0
     }
 
     /// The offset `spec` names in what the log holds; the latest is refused: where

@@ -157,6 +157,36 @@ impl PartitionLog {
             .map_or(self.next_offset, |s| s.base_offset)
     }
 
+    /// Checks that the segment files the log holds open are still named by its
+    /// directory: one deleted under a running process (by hand, say) keeps taking
+    /// writes through its open handle, and they are gone at the next open.
+    ///
+    /// # Errors
+    /// [`LogError::NotAsClosed`] naming the deleted file, or an IO error of `fstat`.
+    pub fn check_linked(&self) -> Result<(), LogError> {
+        use std::os::unix::fs::MetadataExt;
+        let active = self
+            .segments
+            .last()
+            .map(|s| (s.base_offset, &self.active_file));
+        let sealed = self.reader.as_ref().map(|(base, file)| (*base, file));
+        let open = active
+            .and_then(|(base, file)| Some((base, file.as_ref()?)))
+            .into_iter()
+            .chain(sealed);
+        for (base, file) in open {
+            let path = log_path(&self.dir, base);
+            let meta = file.metadata().map_err(LogError::io("fstat", &path))?;
+            if meta.nlink() == 0 {
+                return Err(LogError::NotAsClosed {
+                    path: self.dir.to_path_buf(),
+                    reason: format!("{} was deleted while open", path.display()),
+                });
+            }
+        }
+        Ok(())
+    }
+
     /// The base offset of the segment that holds `offset` (a point the log can always
     /// be cut at, whatever the segment's batches hold).
     pub fn segment_base(&self, offset: u64) -> u64 {

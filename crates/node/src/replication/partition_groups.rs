@@ -35,8 +35,8 @@ use crate::mailbox::ProduceReply;
 
 mod copy;
 mod dropped;
-pub(crate) use dropped::stopped;
 use dropped::{fail_all, not_leader};
+pub(crate) use dropped::{stopped, Dropped};
 mod frames;
 mod hand_off;
 mod lone;
@@ -143,6 +143,9 @@ pub(crate) struct PartitionGroups {
     pending: Vec<u64>,
     /// Lone groups opened and not recovered yet ([`PartitionGroups::recover_opened`]).
     opened_lone: Vec<u64>,
+    /// Lone groups dropped for damage met in use, with why: refused, not opened again
+    /// ([`PartitionGroups::take_reopen`]).
+    refused_lone: HashMap<u64, String>,
     node: ReplicaId,
     members: u8,
     client_id: u64,
@@ -241,6 +244,7 @@ impl PartitionGroups {
             host,
             clients: HashMap::new(),
             opened_lone: Vec::new(),
+            refused_lone: HashMap::new(),
             pending: Vec::new(),
             node,
             members,

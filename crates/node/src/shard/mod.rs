@@ -319,18 +319,7 @@ impl Shard {
             Err(err) if self.groups.members() == 1 && err.is_damage() => {
                 // A lone node has no peer to repair it from: this partition alone is
                 // refused, and the node serves the others.
-                let reason = format!("partition {}/{}: {err}", topic.name, key.partition);
-                tracing::error!(
-                    topic = %topic.name,
-                    partition = key.partition,
-                    %reason,
-                    "a partition's files are damaged: it takes no writes and serves only \
-                     what its log holds; restore it or see docs/operations.md"
-                );
-                self.refused.insert(
-                    key,
-                    RefusedPartition::open(&dir, tag_of(key), log_config, reason),
-                );
+                self.refuse(key, topic, &err.to_string());
                 return Ok(());
             }
             Err(source) => {
@@ -350,6 +339,26 @@ impl Shard {
         }
         self.partitions.insert(key, partition);
         Ok(())
+    }
+
+    /// Refuses partition `key` of `topic`, whose files hold damage a lone node has no
+    /// peer to repair from (`damage`): it takes no writes and serves what its log
+    /// holds intact, while the node serves the others.
+    fn refuse(&mut self, key: PartitionKey, topic: &crate::layout::TopicRoute, damage: &str) {
+        let reason = format!("partition {}/{}: {damage}", topic.name, key.partition);
+        tracing::error!(
+            topic = %topic.name,
+            partition = key.partition,
+            %reason,
+            "a partition's files are damaged: it takes no writes and serves only what its \
+             log holds; restore it or see docs/operations.md"
+        );
+        let dir = key.dir(self.shared.data_dir());
+        let log_config = topic.log_config(&self.shared.config);
+        self.refused.insert(
+            key,
+            RefusedPartition::open(&dir, tag_of(key), log_config, reason),
+        );
     }
 
     /// Marks a partition used; releases the files of the least recently used one when
@@ -404,12 +413,14 @@ impl Shard {
             let fetches = partition.take_woken(budget);
             budget -= fetches.len().max(1).min(budget);
             let mut bytes = 0u64;
+            let mut damage = None;
             for fetch in fetches {
                 if fetch.reply.is_closed() {
                     continue; // its connection stopped waiting
                 }
-                let outcome =
+                let (outcome, damaged) =
                     read_for_fetch(&self.shared, partition, log, fetch.offset, fetch.max_bytes);
+                damage = damage.or(damaged);
                 if let Ok(found) = &outcome {
                     bytes += found.read.bytes().len() as u64;
                 }
@@ -421,6 +432,9 @@ impl Shard {
                 self.woken_queued.remove(&key);
             }
             add(&self.metrics().fetch_bytes, bytes);
+            if let Some(offset) = damage {
+                self.groups.damage_met(key, offset);
+            }
         }
     }
 
@@ -506,11 +520,15 @@ impl Shard {
                     });
                     return;
                 }
-                let outcome = read_for_fetch(&self.shared, partition, log, offset, max_bytes);
+                let (outcome, damaged) =
+                    read_for_fetch(&self.shared, partition, log, offset, max_bytes);
                 if let Ok(found) = &outcome {
                     add(&self.metrics().fetch_bytes, found.read.bytes().len() as u64);
                 }
                 let _ = reply.send(outcome);
+                if let Some(offset) = damaged {
+                    self.groups.damage_met(key, offset);
+                }
             }
             ShardRequest::ListOffsets { key, spec, reply } => {
                 if let Some(refused) = self.refused.get_mut(&key) {
@@ -777,23 +795,24 @@ async fn next_bundle_down(
     }
 }
 
-/// Reads committed batches for a fetch into a buffer from the node's pool.
+/// Reads committed batches for a fetch into a buffer from the node's pool. Returns the
+/// answer, and the damaged batch the read met, if any, for the partition's group.
 pub(crate) fn read_for_fetch(
     shared: &NodeShared,
     partition: &Partition,
     log: &mut PartitionLog,
     offset: u64,
     max_bytes: u32,
-) -> Result<FetchOutcome, NodeError> {
+) -> (Result<FetchOutcome, NodeError>, Option<u64>) {
     if let Some((from, to)) = partition.lacking(log, offset) {
-        return Err(shared.copying(from, to));
+        return (Err(shared.copying(from, to)), None);
     }
     let buffer = shared.read_buffers.take();
-    partition
-        .read(log, offset, max_bytes, buffer)
-        .map(|read| FetchOutcome {
-            high_watermark: partition.high_watermark(),
-            start_offset: log.start_offset(),
-            read,
-        })
+    let checked = partition.read(log, offset, max_bytes, buffer);
+    let outcome = checked.read.map(|read| FetchOutcome {
+        high_watermark: partition.high_watermark(),
+        start_offset: log.start_offset(),
+        read,
+    });
+    (outcome, checked.damaged)
 }

@@ -28,7 +28,7 @@ impl PartitionGroups {
     /// Checks the next stretch of one partition's committed log for damage at rest,
     /// and asks a peer for its copy of every damaged batch found and not yet repaired
     /// (again, of the next peer, when an answer is overdue). A lone replica has no peer:
-    /// its reads stop before the damage, with an error naming it.
+    /// the partition is refused, and its reads stop before the damage, naming it.
     pub(super) fn scrub_and_repair(&mut self) {
         if let Some(group) = self.host.group_from(self.scrub_next) {
             // A group whose files sleep is woken for it, not counted a use: data at
@@ -39,9 +39,13 @@ impl PartitionGroups {
                 return;
             }
             if let Some(journal) = self.host.journal_mut(group) {
-                if let Err(err) = journal.scrub(SCRUB_BYTES_PER_TICK) {
+                match journal.scrub(SCRUB_BYTES_PER_TICK) {
                     // A file of its log gone under it: opened again from its files.
-                    self.host.drop_for_reopen(group, err.to_string());
+                    Err(err) => self.host.drop_for_reopen(group, err.to_string()),
+                    Ok(Some(damaged)) if self.members <= 1 => {
+                        self.refuse_damaged(group, damaged);
+                    }
+                    Ok(_) => {}
                 }
             }
             self.scrub_next = group.wrapping_add(1);

@@ -22,14 +22,19 @@ impl PartitionGroups {
         self.host.remove_group(group);
     }
 
-    /// The partitions whose files were found changed when woken since the last call,
-    /// with why: their groups were dropped (the shard's others go on), and the caller
-    /// opens each again with [`PartitionGroups::add`], as a start does. Produces in
-    /// flight for them are answered `NotLeader`, so that the producer asks again.
-    pub(crate) fn take_reopen(&mut self) -> Vec<(PartitionKey, String)> {
+    /// The partitions dropped since the last call, with why: their files were found
+    /// changed when woken (the caller opens each again with [`PartitionGroups::add`],
+    /// as a start does), or a lone replica met damage in use (the caller refuses it).
+    /// The shard's other groups go on. Produces in flight for them are answered
+    /// `NotLeader`, so that the producer asks again.
+    pub(crate) fn take_reopen(&mut self) -> Vec<(PartitionKey, Dropped)> {
         let reopen = self.host.take_reopen();
         let mut keys = Vec::with_capacity(reopen.len());
         for (group, reason) in reopen {
+            let dropped = match self.refused_lone.remove(&group) {
+                Some(reason) => Dropped::Refuse(reason),
+                None => Dropped::Reopen(reason),
+            };
             // The session stays, and its numbering: the group's replicated state
             // still holds it. (A new client registered again with the same id and
             // attempt, was given the old session back, and numbered from 1 again: the
@@ -43,10 +48,46 @@ impl PartitionGroups {
             self.copies.remove(&group);
             self.repairs.remove(&group);
             if let Some(key) = key_of(group) {
-                keys.push((key, reason));
+                keys.push((key, dropped));
             }
         }
         keys
+    }
+
+    /// A read met a damaged batch at `offset` of `key`'s committed log: a member asks a
+    /// peer for its copy now, not when the scrub comes round to it; a lone replica,
+    /// with no peer, refuses the partition.
+    pub(crate) fn damage_met(&mut self, key: PartitionKey, offset: u64) {
+        let group = group_of(key);
+        if self.members == 1 {
+            self.refuse_damaged(group, offset);
+        } else if let Some(journal) = self.host.journal_mut(group) {
+            journal.note_damage(offset);
+        }
+    }
+
+    /// A lone replica met a damaged batch of `group`'s committed log in use: the
+    /// partition is refused as its start would refuse it, taking no more writes. (It
+    /// took them: acknowledged past the damage, they were records no read could reach,
+    /// until a restart refused the partition: an outside review of issue 24.)
+    pub(super) fn refuse_damaged(&mut self, group: u64, offset: u64) {
+        let Some(journal) = self.host.journal_mut(group) else {
+            return;
+        };
+        let log = journal.log();
+        let place = if (log.start_offset()..log.next_offset()).contains(&offset) {
+            let segment = format!("{:020}.log", log.segment_base(offset));
+            log.dir().join(segment).display().to_string()
+        } else {
+            format!("the log in {}", log.dir().display())
+        };
+        let reason = format!(
+            "the batch at offset {offset} in {place} is damaged (its CRC does not check), \
+             and a lone replica has no peer to repair it from (see \"Damage a replica \
+             finds in its replication files\" in docs/operations.md)"
+        );
+        self.refused_lone.insert(group, reason.clone());
+        self.host.drop_for_reopen(group, reason);
     }
 
     /// Stops the shard's groups for `reason` (a partition that cannot be opened again).
@@ -73,6 +114,18 @@ impl PartitionGroups {
         }
         self.failed = Some(reason);
     }
+}
+
+/// A group dropped from the shard while the node runs, and what becomes of it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Dropped {
+    /// Its files changed under it: opened again from them, as a start opens them (a
+    /// member repairs what changed from its peers; a lone replica refuses damage).
+    Reopen(String),
+    /// A lone replica met damage in its committed log in use, which it has no peer to
+    /// repair from: refused as its start refuses it, without opening the files again
+    /// (an open reads the batches its journal names, not every batch).
+    Refuse(String),
 }
 
 /// Fails every produce `client` holds with `err`.

@@ -65,6 +65,11 @@ impl PartitionJournal {
     /// the running log, say): no peer's copy written in place repairs that, so the
     /// holder opens the partition again from its files, as a start does.
     pub(crate) fn scrub(&mut self, budget: u32) -> Result<Option<u64>, PartitionJournalError> {
+        // A segment deleted under the running process (by hand) takes writes through
+        // its open handle that the next open cannot find: found here, the group is
+        // opened again from its files (an outside review of issue 24 saw produces
+        // acknowledged into such a file, and the next start refused the partition).
+        self.log.check_linked()?;
         self.forget_damage_cut();
         if self.damage_to_repair().is_some() || self.behind.is_some() {
             return Ok(None);
@@ -134,7 +139,10 @@ impl PartitionJournal {
             self.damaged_at = None;
             self.damage_expired_below = None;
         }
-        if self.damaged_at.is_none() {
+        let lone = self.log.config().recovery != braid_storage::RecoveryMode::TruncateAtDamage;
+        if lone {
+            // No peer to repair from: the caller refuses the partition, naming it.
+        } else if self.damaged_at.is_none() {
             tracing::warn!(
                 dir = %self.log.dir().display(),
                 offset,

@@ -36,7 +36,7 @@ impl Run {
         for (key, reason) in reopen {
             if self.trace {
                 eprintln!(
-                    "t{} m{m} opens p{} again: {reason}",
+                    "t{} m{m} opens p{} again: {reason:?}",
                     self.tick, key.partition
                 );
             }
