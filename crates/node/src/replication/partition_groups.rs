@@ -59,6 +59,9 @@ const CHECKPOINT_INTERVAL: u64 = 1_024;
 /// close that puts them to sleep (a sync and a clean-shutdown marker) comes at most
 /// once per idle spell.
 const SLEEP_TICKS: u64 = 100;
+/// Ticks between two wakes of sleeping partitions for the scrub's look (10 a second per
+/// shard: a shard of 10,000 idle partitions checks each every 17 minutes or so).
+const SCRUB_WAKE_TICKS: u64 = 10;
 
 /// The group id of a partition: the high bit set (group 0 is the metadata), then the
 /// topic id and the partition.
@@ -163,6 +166,11 @@ pub(crate) struct PartitionGroups {
     repairs: HashMap<u64, (u64, u64)>,
     /// The group the scrub of committed batches checks next (the next above, in turn).
     scrub_next: u64,
+    /// The tick from which the scrub may wake the next sleeping group for a look.
+    scrub_wake_due: u64,
+    /// [`SCRUB_WAKE_TICKS`], but for simulator runs that look at sleeping files more
+    /// often.
+    scrub_wake_ticks: u64,
     /// Damaged batches repaired from peers' copies (for the metrics).
     batches_repaired: u64,
     failed: Option<String>,
@@ -258,6 +266,8 @@ impl PartitionGroups {
             transfers_done: 0,
             repairs: HashMap::new(),
             scrub_next: 0,
+            scrub_wake_due: 0,
+            scrub_wake_ticks: SCRUB_WAKE_TICKS,
             batches_repaired: 0,
             failed: None,
             checkpoint_interval: CHECKPOINT_INTERVAL,

@@ -103,6 +103,10 @@ pub(crate) struct Shape {
     /// wakes them for every kind of use (a write, a read, a repair, a copy served,
     /// the scrub, a view change).
     pub(crate) sleep_ticks: u64,
+    /// Ticks between the scrub's wakes of sleeping partitions for a look: the node's
+    /// 10 in half the seeds, 1 (every tick, so that damage at rest is met often) in
+    /// the rest.
+    pub(crate) scrub_wake_ticks: u64,
     /// Chance per tick, per 10,000, that the damaged member's files of a partition
     /// that sleeps are damaged or one of them removed while it runs (seeds with damage
     /// to sleeping files, [`Variant::asleep`]): its next use finds them changed and
@@ -145,6 +149,7 @@ impl Shape {
             retention: false,
             fsync_never: false,
             sleep_ticks: 100,
+            scrub_wake_ticks: 1,
             asleep_damage_per_10k: 0,
         }
     }
@@ -305,6 +310,11 @@ impl Run {
             .unwrap_or(
                 [3, 10, 40, 100][Prng::new(seed.rotate_left(29) ^ 0x51ee).below(4) as usize],
             );
+        shape.scrub_wake_ticks = if Prng::new(seed.rotate_left(37) ^ 0x5c7b).chance(50) {
+            10
+        } else {
+            1
+        };
         if variant.damage && variant.asleep {
             shape.asleep_damage_per_10k = 8;
         }
@@ -488,6 +498,7 @@ impl Run {
         groups.keep_sent();
         groups.set_checkpoint_interval(interval);
         groups.set_sleep_ticks(self.shape.sleep_ticks);
+        groups.set_scrub_wake_ticks(self.shape.scrub_wake_ticks);
         // As the node: every partition journal's syncs run off the shard's turn.
         let syncer = std::sync::Arc::new(braid_storage::Syncer::held());
         let (done_tx, done) = tokio::sync::mpsc::unbounded_channel();

@@ -30,10 +30,21 @@ impl PartitionGroups {
     /// (again, of the next peer, when an answer is overdue). A lone replica has no peer:
     /// the partition is refused, and its reads stop before the damage, naming it.
     pub(super) fn scrub_and_repair(&mut self) {
-        if let Some(group) = self.host.group_from(self.scrub_next) {
+        let look = self.host.group_from(self.scrub_next).filter(|group| {
             // A group whose files sleep is woken for it, not counted a use: data at
             // rest is checked whether or not anyone reads it, and the files sleep
-            // again at the next look (unchanged, which costs no write).
+            // again at the next pass (unchanged, which costs no write). At most one
+            // such wake every `scrub_wake_ticks`: the scrub waits at a sleeping group
+            // until then. (One a tick held about a hundred partitions of each shard
+            // awake, files open, and every partition of a shard with fewer than a
+            // hundred: an outside review of issue 24.)
+            let asleep = self.host.journal(*group).is_none();
+            !asleep || self.now >= self.scrub_wake_due
+        });
+        if let Some(group) = look {
+            if self.host.journal(group).is_none() {
+                self.scrub_wake_due = self.now + self.scrub_wake_ticks;
+            }
             if let Err(err) = self.host.wake_for_a_look(group) {
                 self.fail(err);
                 return;

@@ -67,6 +67,13 @@ impl PartitionGroups {
         self.sleep_ticks = ticks.max(1);
     }
 
+    /// Ticks between two wakes of sleeping groups for the scrub's look (a simulator
+    /// run's: 1 looks at one every tick, as the node did before the wait).
+    #[cfg(test)]
+    pub(crate) fn set_scrub_wake_ticks(&mut self, ticks: u64) {
+        self.scrub_wake_ticks = ticks.max(1);
+    }
+
     /// Whole scrub passes over a partition's log since its journal was opened, and
     /// whether a damaged batch found waits for repair (the simulator's convergence).
     #[cfg(test)]
