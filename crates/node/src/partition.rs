@@ -33,12 +33,23 @@ struct Waiters {
     woken: VecDeque<WaitingFetch>,
 }
 
-/// A read of committed batches, and the damaged batch it met, if any: never served (the
-/// read stops before it, or is refused when it starts there).
+/// A read of committed batches, and the damage it met, if any: never served (the read
+/// stops before it, or is refused when it starts there).
 #[derive(Debug)]
 pub(crate) struct CheckedRead {
     pub(crate) read: Result<LogRead, NodeError>,
-    pub(crate) damaged: Option<u64>,
+    pub(crate) damage: Option<ReadDamage>,
+}
+
+/// Damage in a partition's committed log that a read met.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ReadDamage {
+    /// A batch that does not check, at its base offset (a member repairs it from a
+    /// peer's copy).
+    Batch(u64),
+    /// The log cannot be read from this offset on (a segment cut short, a header that
+    /// does not parse): a member's scrub finds the batch for the repair.
+    From(u64),
 }
 
 /// A partition owned by this shard.
@@ -196,17 +207,32 @@ impl Partition {
         max_bytes: u32,
         buffer: Vec<u8>,
     ) -> CheckedRead {
-        let unchecked = |read| CheckedRead {
-            read,
-            damaged: None,
-        };
         if offset > self.high_watermark && offset <= log.next_offset() {
             // Appended but not committed: nothing to read yet.
-            return unchecked(Ok(LogRead::empty_with(offset, buffer)));
+            return CheckedRead {
+                read: Ok(LogRead::empty_with(offset, buffer)),
+                damage: None,
+            };
         }
         let mut read = match log.read_reusing(offset, max_bytes, self.high_watermark, buffer) {
             Ok(read) => read,
-            Err(err) => return unchecked(Err(err.into())),
+            Err(err) => {
+                // Bytes that do not parse, or a file shorter than the log holds it to
+                // be (cut under the running process); not a failing disk.
+                let damage = match &err {
+                    LogError::Corrupt { .. } => Some(ReadDamage::From(offset)),
+                    LogError::Io { source, .. }
+                        if source.kind() == std::io::ErrorKind::UnexpectedEof =>
+                    {
+                        Some(ReadDamage::From(offset))
+                    }
+                    _ => None,
+                };
+                return CheckedRead {
+                    read: Err(err.into()),
+                    damage,
+                };
+            }
         };
         // A damaged byte is never served: the read stops before the damage (a peer's
         // copy repairs it in a cluster, see `replication::partition_groups`), and a
@@ -229,14 +255,14 @@ impl Partition {
                              and damage')"
                         ),
                     )),
-                    damaged: Some(damaged),
+                    damage: Some(ReadDamage::Batch(damaged)),
                 };
             }
             tracing::warn!(dir = %log.dir().display(), offset = damaged, "a read stopped before a damaged batch");
         }
         CheckedRead {
             read: Ok(read),
-            damaged,
+            damage: damaged.map(ReadDamage::Batch),
         }
     }
 
@@ -316,5 +342,59 @@ mod tests {
         assert_eq!(read.next_offset, 5);
         // A log that holds everything lacks nothing.
         assert_eq!(Partition::new(5).lacking(&log, 5), None);
+    }
+
+    /// What a read meets is reported for the partition's group (a single node refuses
+    /// the partition, a member repairs it): a batch that does not check at its base
+    /// offset, and a log that cannot be read from an offset (a sealed segment cut
+    /// short: an outside review of issue 24 saw a single node take writes after it).
+    #[test]
+    fn damage_a_read_meets_is_named_for_the_group() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = braid_storage::LogConfig {
+            segment_bytes_max: braid_storage::SEGMENT_BYTES_MIN,
+            ..braid_storage::LogConfig::default()
+        };
+        let mut log = PartitionLog::open(dir.path(), config, 0).unwrap();
+        for batch in 0..6u8 {
+            let mut builder = braid_proto::BatchBuilder::new(1_000);
+            builder.push(None, Some(&[batch; 300]), &[], 1_000);
+            let batch = braid_proto::ValidatedBatch::new(builder.finish()).unwrap();
+            log.append(batch, 0).unwrap();
+        }
+        log.sync().unwrap();
+        let partition = Partition::new(6);
+        let whole = partition.read(&mut log, 0, 1 << 20, Vec::new());
+        assert_eq!(whole.damage, None);
+        assert!(whole.read.unwrap().next_offset > 0);
+        // The first segment (sealed) cut short inside its last batch.
+        let first = dir.path().join(format!("{:020}.log", 0));
+        let len = std::fs::metadata(&first).unwrap().len();
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&first)
+            .unwrap();
+        file.set_len(len - 10).unwrap();
+        let second = (1..6)
+            .map(|o| log.segment_base(o))
+            .find(|b| *b > 0)
+            .unwrap();
+        let last_in_first = second - 1;
+        let cut = partition.read(&mut log, last_in_first, 1 << 20, Vec::new());
+        assert!(cut.read.is_err(), "{:?}", cut.read);
+        assert_eq!(cut.damage, Some(ReadDamage::From(last_in_first)));
+        // A batch whose bytes do not check: the read stops before it, naming it.
+        let newest = dir.path().join(format!("{:020}.log", log.segment_base(5)));
+        let mut bytes = std::fs::read(&newest).unwrap();
+        let at = bytes.len() - 20;
+        bytes[at] ^= 0x04;
+        std::fs::write(&newest, bytes).unwrap();
+        let from = log.segment_base(5);
+        let flipped = partition.read(&mut log, from, 1 << 20, Vec::new());
+        assert!(
+            matches!(flipped.damage, Some(ReadDamage::Batch(offset)) if offset >= from),
+            "{:?}",
+            flipped.damage
+        );
     }
 }

@@ -341,6 +341,19 @@ impl Shard {
         Ok(())
     }
 
+    /// Wakes the files of partition `key` for a read; files found changed since they
+    /// went to sleep drop its group, and the partition is opened again (or refused) at
+    /// once, so that the read is answered from what that finds. Returns whether it was.
+    /// (The read was answered `PartitionNotFound`, "not on this node", which a consumer
+    /// takes for a partition that does not exist: an outside review of issue 24.)
+    fn reopened_at_wake(&mut self, key: PartitionKey) -> bool {
+        let changed = self.partitions.contains_key(&key) && self.groups.log(key).is_none();
+        if changed {
+            self.reopen_changed_files();
+        }
+        changed
+    }
+
     /// Refuses partition `key` of `topic`, whose files hold damage a lone node has no
     /// peer to repair from (`damage`): it takes no writes and serves what its log
     /// holds intact, while the node serves the others.
@@ -432,8 +445,8 @@ impl Shard {
                 self.woken_queued.remove(&key);
             }
             add(&self.metrics().fetch_bytes, bytes);
-            if let Some(offset) = damage {
-                self.groups.damage_met(key, offset);
+            if let Some(damage) = damage {
+                self.groups.damage_met(key, damage);
             }
         }
     }
@@ -503,6 +516,12 @@ impl Shard {
                         return;
                     }
                 }
+                if self.reopened_at_wake(key) {
+                    if let Some(refused) = self.refused.get_mut(&key) {
+                        let _ = reply.send(refused.fetch(&self.shared, offset, max_bytes));
+                        return;
+                    }
+                }
                 let (Some(partition), Some(log)) =
                     (self.partitions.get_mut(&key), self.groups.log(key))
                 else {
@@ -526,11 +545,12 @@ impl Shard {
                     add(&self.metrics().fetch_bytes, found.read.bytes().len() as u64);
                 }
                 let _ = reply.send(outcome);
-                if let Some(offset) = damaged {
-                    self.groups.damage_met(key, offset);
+                if let Some(damage) = damaged {
+                    self.groups.damage_met(key, damage);
                 }
             }
             ShardRequest::ListOffsets { key, spec, reply } => {
+                self.reopened_at_wake(key);
                 if let Some(refused) = self.refused.get_mut(&key) {
                     let _ = reply.send(refused.list_offset(spec));
                     return;
@@ -796,14 +816,17 @@ async fn next_bundle_down(
 }
 
 /// Reads committed batches for a fetch into a buffer from the node's pool. Returns the
-/// answer, and the damaged batch the read met, if any, for the partition's group.
+/// answer, and the damage the read met, if any, for the partition's group.
 pub(crate) fn read_for_fetch(
     shared: &NodeShared,
     partition: &Partition,
     log: &mut PartitionLog,
     offset: u64,
     max_bytes: u32,
-) -> (Result<FetchOutcome, NodeError>, Option<u64>) {
+) -> (
+    Result<FetchOutcome, NodeError>,
+    Option<crate::partition::ReadDamage>,
+) {
     if let Some((from, to)) = partition.lacking(log, offset) {
         return (Err(shared.copying(from, to)), None);
     }
@@ -814,5 +837,5 @@ pub(crate) fn read_for_fetch(
         start_offset: log.start_offset(),
         read,
     });
-    (outcome, checked.damaged)
+    (outcome, checked.damage)
 }

@@ -7,6 +7,7 @@ use braid_proto::client::ErrorCode;
 use super::{group_of, key_of, GroupClient, PartitionGroups};
 use crate::error::NodeError;
 use crate::layout::PartitionKey;
+use crate::partition::ReadDamage;
 use crate::replication::shard_host::HostError;
 
 impl PartitionGroups {
@@ -54,15 +55,22 @@ impl PartitionGroups {
         keys
     }
 
-    /// A read met a damaged batch at `offset` of `key`'s committed log: a member asks a
-    /// peer for its copy now, not when the scrub comes round to it; a lone replica,
-    /// with no peer, refuses the partition.
-    pub(crate) fn damage_met(&mut self, key: PartitionKey, offset: u64) {
+    /// A read met damage in `key`'s committed log: a member asks a peer for its copy
+    /// of a damaged batch now, not when the scrub comes round to it (the scrub finds
+    /// the batch of a log unreadable from an offset); a lone replica, with no peer,
+    /// refuses the partition.
+    pub(crate) fn damage_met(&mut self, key: PartitionKey, damage: ReadDamage) {
         let group = group_of(key);
-        if self.members == 1 {
-            self.refuse_damaged(group, offset);
-        } else if let Some(journal) = self.host.journal_mut(group) {
-            journal.note_damage(offset);
+        match damage {
+            ReadDamage::Batch(offset) | ReadDamage::From(offset) if self.members == 1 => {
+                self.refuse_damaged(group, offset);
+            }
+            ReadDamage::Batch(offset) => {
+                if let Some(journal) = self.host.journal_mut(group) {
+                    journal.note_damage(offset);
+                }
+            }
+            ReadDamage::From(_) => {}
         }
     }
 
@@ -82,9 +90,10 @@ impl PartitionGroups {
             format!("the log in {}", log.dir().display())
         };
         let reason = format!(
-            "the batch at offset {offset} in {place} is damaged (its CRC does not check), \
-             and a lone replica has no peer to repair it from (see \"Damage a replica \
-             finds in its replication files\" in docs/operations.md)"
+            "the batch at offset {offset} in {place} is damaged (it does not read back \
+             whole, or its CRC does not check), and a lone replica has no peer to repair \
+             it from (see \"Damage a replica finds in its replication files\" in \
+             docs/operations.md)"
         );
         self.refused_lone.insert(group, reason.clone());
         self.host.drop_for_reopen(group, reason);
