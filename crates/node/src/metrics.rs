@@ -25,6 +25,7 @@ pub(crate) struct ShardMetrics {
     pub(crate) partitions_awaiting_repair: AtomicU64,
     pub(crate) files_slept: AtomicU64,
     pub(crate) files_woken: AtomicU64,
+    pub(crate) opens_without_descriptors: AtomicU64,
     pub(crate) repair_prepares_requested: AtomicU64,
     pub(crate) repair_snapshots_requested: AtomicU64,
     pub(crate) frames_refused: AtomicU64,
@@ -67,6 +68,7 @@ impl Default for ShardMetrics {
             partitions_awaiting_repair: AtomicU64::new(0),
             files_slept: AtomicU64::new(0),
             files_woken: AtomicU64::new(0),
+            opens_without_descriptors: AtomicU64::new(0),
             repair_prepares_requested: AtomicU64::new(0),
             repair_snapshots_requested: AtomicU64::new(0),
             frames_refused: AtomicU64::new(0),
@@ -312,6 +314,12 @@ pub(crate) fn render(
         "counter",
         "Times a partition's sleeping journal and log were opened again (a write, a read, the scrub, a peer's copy), each checked to be as it was left.",
         sum(&|s| &s.files_woken),
+    );
+    metric(
+        "braid_partition_opens_without_descriptors_total",
+        "counter",
+        "Times a partition's files could not be opened (woken or opened again) for want of a file descriptor (EMFILE, ENFILE): that partition answers Busy and is opened again every 250 ms until it can be, while the others serve. Above 0, raise the descriptor limit (`ulimit -n`) or lower open_logs_per_shard.",
+        sum(&|s| &s.opens_without_descriptors),
     );
     metric(
         "braid_disk_unreadable_sectors_total",

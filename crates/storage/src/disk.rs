@@ -90,6 +90,13 @@ fn read_raw(
     file.read_exact_at(buf, offset)
 }
 
+/// Whether `err` is the process (EMFILE) or the system (ENFILE) out of file
+/// descriptors: an open refused for want of one, which changed no file and succeeds
+/// again once descriptors are free. Not the disk failing: no write was lost.
+pub fn is_out_of_descriptors(err: &std::io::Error) -> bool {
+    matches!(err.raw_os_error(), Some(libc::EMFILE | libc::ENFILE))
+}
+
 /// Whether `err` is the disk failing to read what it holds.
 fn is_unreadable(err: &std::io::Error) -> bool {
     err.raw_os_error() == Some(libc::EIO)

@@ -443,7 +443,12 @@ pub(crate) fn gone_or_cut_short(path: &Path) -> bool {
     }
     // Short: whole only as a journal of the first format, whose magic alone is a
     // whole, empty one.
-    disk::read(path).map_or(true, |bytes| !bytes.starts_with(MAGIC_HEADLESS))
+    // A read refused a descriptor says nothing of the file: the open that follows
+    // fails the same way, and is tried again.
+    disk::read(path).map_or_else(
+        |err| !disk::is_out_of_descriptors(&err),
+        |bytes| !bytes.starts_with(MAGIC_HEADLESS),
+    )
 }
 
 /// The file beside `journal` whose presence says an open found the journal untrusted

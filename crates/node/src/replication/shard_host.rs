@@ -199,9 +199,26 @@ pub(crate) enum HostError {
     /// from its files ([`ShardHost::take_reopen`]), as a start opens it.
     #[error("group {group}: its files changed while asleep: {reason}")]
     WakeRefused { group: u64, reason: String },
+    /// A group's files, asleep, could not be opened for want of a file descriptor:
+    /// nothing was found changed in them ([`HostError::is_out_of_descriptors`]).
+    #[error(
+        "group {group}: its files could not be opened: {reason} (raise the descriptor \
+         limit, `ulimit -n`: see \"File descriptors and memory\" in docs/operations.md)"
+    )]
+    WakeWithoutDescriptors { group: u64, reason: String },
 }
 
 impl HostError {
+    /// Whether an open failed for want of a file descriptor (EMFILE, ENFILE): nothing
+    /// on disk changed, and the same open succeeds once descriptors are free. The
+    /// group alone is dropped and opened again from its files when it can be (see
+    /// [`ShardHost::found_changed`]): a shard's other groups never stop for it. (They
+    /// did: a wake refused for want of a descriptor dropped its group, and the open
+    /// that followed, refused too, stopped every group of the shard until a restart.)
+    pub(crate) fn is_out_of_descriptors(&self) -> bool {
+        matches!(self, Self::WakeWithoutDescriptors { .. }) || caused_by_out_of_descriptors(self)
+    }
+
     /// Whether a group's files were found changed under the running process: at a
     /// wake ([`HostError::WakeRefused`]), or damage met in use (a batch that does not
     /// check, a segment gone). Not a failed disk operation: the group alone is opened
@@ -313,9 +330,13 @@ fn wake_files<'a, J: Journal>(
         } = *asleep;
         // On an error the group's files are gone from the host: the group is opened
         // again from them (see `ShardHost::take_reopen`).
-        let journal = J::wake(group, journal).map_err(|err| HostError::WakeRefused {
-            group,
-            reason: err.to_string(),
+        let journal = J::wake(group, journal).map_err(|err| {
+            let reason = err.to_string();
+            if err.is_out_of_descriptors() {
+                HostError::WakeWithoutDescriptors { group, reason }
+            } else {
+                HostError::WakeRefused { group, reason }
+            }
         })?;
         sleep.woken += 1;
         files.insert(
@@ -330,6 +351,22 @@ fn wake_files<'a, J: Journal>(
         .get_mut(&group)
         .and_then(GroupFiles::awake)
         .ok_or(HostError::UnknownGroup(group))
+}
+
+/// Whether `err`, or an error that caused it, is an IO error for want of a file
+/// descriptor ([`braid_storage::disk::is_out_of_descriptors`]).
+pub(crate) fn caused_by_out_of_descriptors(err: &(dyn std::error::Error + 'static)) -> bool {
+    let mut next = Some(err);
+    while let Some(err) = next {
+        if err
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(braid_storage::disk::is_out_of_descriptors)
+        {
+            return true;
+        }
+        next = err.source();
+    }
+    false
 }
 
 /// The host's bookkeeping of sleeping files.
@@ -476,6 +513,11 @@ impl<S: StateMachine, J: Journal> ShardHost<S, J> {
     /// The states table's files, for an error that names them.
     pub(crate) fn states_files(&self) -> String {
         self.states.files()
+    }
+
+    /// Whether the host holds `group` (its replica and files, awake or asleep).
+    pub(crate) fn holds(&self, group: u64) -> bool {
+        self.files.contains_key(&group)
     }
 
     /// Whether `group` ever wrote a durable state here (its slot in the states table,
@@ -783,12 +825,13 @@ impl<S: StateMachine, J: Journal> ShardHost<S, J> {
         Ok(())
     }
 
-    /// An error of `group`'s that [`HostError::is_found_changed`] drops the group, to
-    /// be opened again (its replica goes; its durable state stays, for the open that
-    /// follows): one partition's damage never stops the shard's other groups. Any
-    /// other error is returned.
+    /// An error of `group`'s that [`HostError::is_found_changed`] or
+    /// [`HostError::is_out_of_descriptors`] drops the group, to be opened again (its
+    /// replica goes; its durable state stays, for the open that follows): one
+    /// partition's damage, or an open refused a descriptor, never stops the shard's
+    /// other groups. Any other error is returned.
     pub(crate) fn found_changed(&mut self, group: u64, err: HostError) -> Result<(), HostError> {
-        if err.is_found_changed() {
+        if err.is_found_changed() || err.is_out_of_descriptors() {
             self.drop_for_reopen(group, err.to_string());
             return Ok(());
         }

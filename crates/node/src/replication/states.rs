@@ -331,6 +331,11 @@ pub(crate) struct GroupStates {
     sums: Sums,
     /// Where a whole copy is written before it is renamed into place.
     tmp: PathBuf,
+    /// Each copy's file, kept open between writes: a write opens nothing, so that a
+    /// process out of file descriptors still writes its states (it opened each copy on
+    /// every write, one more way EMFILE stopped every group of a shard), and spends two
+    /// syscalls less. Closed when [`GroupStates::install`] renames a new copy over it.
+    open: [Option<std::fs::File>; 2],
     /// The boot this process runs in: the stamp of every state it stages.
     boot: BootId,
     /// The states as of the last write, and those staged since.
@@ -376,6 +381,7 @@ impl GroupStates {
             paths: [0, 1].map(|i| dir.join(format!("shard-{shard}.{i}"))),
             sums: Sums::of_table(&table_name(dir, shard)),
             tmp: dir.join(format!("shard-{shard}.tmp")),
+            open: [None, None],
             boot,
             states: BTreeMap::new(),
             owners: Vec::new(),
@@ -458,6 +464,8 @@ impl GroupStates {
     /// Puts the whole table in place as both copies: each written, synced and renamed
     /// over the copy, then the directory synced.
     fn install(&mut self) -> Result<(), StatesError> {
+        // Each copy is replaced by a new file: what was open is not it.
+        self.open = [None, None];
         let seq = self.seq + 1;
         let count = self.owners.len() as u32;
         let mut bytes = encode_header(count, self.sums).to_vec();
@@ -935,7 +943,10 @@ impl GroupStates {
         let count = self.owners.len() as u32;
         for (copy, slots) in slots.into_iter().enumerate() {
             let path = &self.paths[copy];
-            let (file, created) = disk::open_or_create(path).map_err(io(path))?;
+            let (file, created) = match self.open[copy].take() {
+                Some(file) => (file, false),
+                None => disk::open_or_create(path).map_err(io(path))?,
+            };
             if self.headers[copy] != Some(count) {
                 disk::write_at(&file, path, &encode_header(count, self.sums), 0)
                     .map_err(io(path))?;
@@ -948,6 +959,7 @@ impl GroupStates {
                 disk::sync_dir(&self.dir).map_err(io(&self.dir))?;
             }
             self.headers[copy] = Some(count);
+            self.open[copy] = Some(file);
         }
         self.seq += 1;
         for index in std::mem::take(&mut self.dirty) {

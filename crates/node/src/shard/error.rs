@@ -37,6 +37,21 @@ pub(crate) enum ShardError {
     Bus(String),
 }
 
+impl ShardError {
+    /// Whether a file could not be opened for want of a descriptor (EMFILE, ENFILE):
+    /// nothing on disk changed, and the same open succeeds once descriptors are free.
+    pub(crate) fn is_out_of_descriptors(&self) -> bool {
+        match self {
+            Self::Groups(source)
+            | Self::OpenPartition { source, .. }
+            | Self::Recover(source)
+            | Self::Release { source, .. } => source.is_out_of_descriptors(),
+            Self::DirSync(source) => braid_storage::disk::is_out_of_descriptors(source),
+            Self::Bus(_) => false,
+        }
+    }
+}
+
 impl From<ShardError> for crate::error::NodeError {
     /// What a client whose change waited on the shard is told: the disk (or the bus)
     /// failed under it, naming what.

@@ -58,6 +58,9 @@ pub(crate) struct Shard {
     partitions: HashMap<PartitionKey, Partition>,
     /// A lone node's partitions whose files hold damage: refused alone, at open.
     refused: HashMap<PartitionKey, RefusedPartition>,
+    /// Partitions whose files could not be opened for want of a file descriptor,
+    /// opened again when their wait is over.
+    reopen_waiting: HashMap<PartitionKey, reopen::WaitingReopen>,
     groups: PartitionGroups,
     lru: OpenLogLru<PartitionKey>,
     /// Partitions under `fsync = interval` with appends not yet synced.
@@ -109,6 +112,7 @@ impl Shard {
             layout: Rc::new(RefCell::new(Arc::new(Layout::default()))),
             partitions: HashMap::new(),
             refused: HashMap::new(),
+            reopen_waiting: HashMap::new(),
             groups,
             lru: OpenLogLru::new(capacity),
             dirty: HashSet::new(),
@@ -460,6 +464,10 @@ impl Shard {
                     let _ = reply.send(Err(refused.refusal()));
                     return;
                 }
+                if let Some(busy) = self.waiting_for_descriptors(key) {
+                    let _ = reply.send(Err(busy));
+                    return;
+                }
                 self.touch(key);
                 let Some(partition) = self.partitions.get(&key) else {
                     let _ = reply.send(Err(NodeError::new(
@@ -507,6 +515,10 @@ impl Shard {
                     let _ = reply.send(refused.fetch(&self.shared, offset, max_bytes));
                     return;
                 }
+                if let Some(busy) = self.waiting_for_descriptors(key) {
+                    let _ = reply.send(Err(busy));
+                    return;
+                }
                 self.touch(key);
                 if let Role::Backup(primary) = self.role(key) {
                     if self.partitions.contains_key(&key) {
@@ -519,6 +531,10 @@ impl Shard {
                 if self.reopened_at_wake(key) {
                     if let Some(refused) = self.refused.get_mut(&key) {
                         let _ = reply.send(refused.fetch(&self.shared, offset, max_bytes));
+                        return;
+                    }
+                    if let Some(busy) = self.waiting_for_descriptors(key) {
+                        let _ = reply.send(Err(busy));
                         return;
                     }
                 }
@@ -553,6 +569,10 @@ impl Shard {
                 self.reopened_at_wake(key);
                 if let Some(refused) = self.refused.get_mut(&key) {
                     let _ = reply.send(refused.list_offset(spec));
+                    return;
+                }
+                if let Some(busy) = self.waiting_for_descriptors(key) {
+                    let _ = reply.send(Err(busy));
                     return;
                 }
                 self.touch(key);
@@ -664,6 +684,7 @@ impl Shard {
         add(&self.metrics().files_slept, slept);
         add(&self.metrics().files_woken, woken);
         self.ticks += 1;
+        self.retry_waiting_reopens(now);
         let mut repairs = self.groups.take_repairs();
         if let Some(meta) = self.meta.as_mut() {
             let meta_repairs = meta.take_repairs();

@@ -55,6 +55,18 @@ impl PartitionGroups {
         keys
     }
 
+    /// Drops `key`'s group if it was added by an open that then failed (refused a file
+    /// descriptor half way): its durable state stays, for the next open, which the
+    /// caller schedules. It comes back from [`PartitionGroups::take_reopen`].
+    pub(crate) fn drop_half_opened(&mut self, key: PartitionKey) {
+        let group = group_of(key);
+        self.opened_lone.retain(|g| *g != group);
+        if self.host.holds(group) {
+            self.host
+                .drop_for_reopen(group, "an open refused a file descriptor".into());
+        }
+    }
+
     /// A read met damage in `key`'s committed log: a member asks a peer for its copy
     /// of a damaged batch now, not when the scrub comes round to it (the scrub finds
     /// the batch of a log unreadable from an offset); a lone replica, with no peer,
