@@ -419,3 +419,98 @@ async fn until_files_slept(node: &TestNode, count: u32) {
         tokio::time::sleep(std::time::Duration::from_millis(200)).await;
     }
 }
+
+/// Copies directory `from` (files only, one level deep, as a partition's is) to `to`.
+fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        if entry.file_type().unwrap().is_file() {
+            std::fs::copy(entry.path(), to.join(entry.file_name())).unwrap();
+        }
+    }
+}
+
+/// An outside review of issue 24: a single node whose partition directory, or only its
+/// `vsr.journal`, was restored from a backup older than its last acknowledged write
+/// served the older records without a word, cut the newer ones from the log, and
+/// acknowledged their offsets again for other records. The states table, kept apart,
+/// says what was committed: a partition whose files hold less is refused, naming it,
+/// and no offset is given twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn files_restored_from_an_older_backup_are_refused_not_served_short() {
+    let mut node = TestNode::start(FsyncSetting::Always);
+    let client = Client::connect(node.addr()).await.unwrap();
+    common::create_topic(&client, "s", "t", 3).await;
+    for partition in 0..3 {
+        for _ in 0..5 {
+            client
+                .produce("s", "t", partition, &keyless(1))
+                .await
+                .unwrap();
+        }
+    }
+    drop(client);
+    node.node.take().unwrap().shutdown();
+    let partitions = node.dir.path().join("partitions").join("0");
+    let backup = node.dir.path().join("backup");
+    for partition in 0..2 {
+        copy_dir(
+            &partitions.join(partition.to_string()),
+            &backup.join(partition.to_string()),
+        );
+    }
+    node.node = Some(Node::start(common::config(node.dir.path(), FsyncSetting::Always)).unwrap());
+    let client = Client::connect(node.addr()).await.unwrap();
+    for partition in 0..3 {
+        for _ in 0..5 {
+            client
+                .produce("s", "t", partition, &keyless(1))
+                .await
+                .unwrap();
+        }
+    }
+    drop(client);
+    node.node.take().unwrap().shutdown();
+    // Partition 0: its whole directory as it was; partition 1: its journal alone.
+    let logged = log_bytes(&partitions.join("1"));
+    std::fs::remove_dir_all(partitions.join("0")).unwrap();
+    copy_dir(&backup.join("0"), &partitions.join("0"));
+    std::fs::copy(
+        backup.join("1").join("vsr.journal"),
+        partitions.join("1").join("vsr.journal"),
+    )
+    .unwrap();
+    node.node = Some(Node::start(common::config(node.dir.path(), FsyncSetting::Always)).unwrap());
+    for _ in 0..2 {
+        node.restart();
+        let client = Client::connect(node.addr()).await.unwrap();
+        for partition in 0..2 {
+            let refused = client
+                .produce("s", "t", partition, &keyless(1))
+                .await
+                .unwrap_err();
+            assert!(
+                refused
+                    .to_string()
+                    .contains("older than what this node acknowledged"),
+                "partition {partition}: {refused}"
+            );
+        }
+        // The untouched partition goes on at offset 10 (then 11).
+        let stored = client.produce("s", "t", 2, &keyless(1)).await.unwrap();
+        assert!(stored.0 >= 10, "{stored:?}");
+    }
+    // Partition 1's log still holds all ten acknowledged batches: nothing was cut.
+    assert_eq!(log_bytes(&partitions.join("1")), logged);
+}
+
+/// The bytes of the segment files in a partition's directory.
+fn log_bytes(dir: &std::path::Path) -> u64 {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "log"))
+        .map(|p| std::fs::metadata(p).unwrap().len())
+        .sum()
+}

@@ -35,6 +35,8 @@ pub enum DiskOp {
     DirSync,
     /// A read of stored bytes.
     Read,
+    /// An open of a file that exists (refused only for want of a descriptor).
+    Open,
 }
 
 /// The unit a read is retried in after the disk could not read a range: a sector of
@@ -140,7 +142,7 @@ fn read_sectors(
 /// # Errors
 /// The file cannot be opened or read.
 pub fn read(path: &Path) -> std::io::Result<Vec<u8>> {
-    let file = File::open(path)?;
+    let file = open(OpenOptions::new().read(true), path)?;
     let len = file.metadata()?.len();
     let mut bytes = vec![0u8; usize::try_from(len).map_err(std::io::Error::other)?];
     read_exact_at(&file, path, &mut bytes, 0)?;
@@ -153,6 +155,27 @@ pub fn write_at(file: &File, path: &Path, bytes: &[u8], offset: u64) -> std::io:
     file.write_all_at(bytes, offset)?;
     hook::wrote(path, offset, bytes);
     Ok(())
+}
+
+/// Opens the file at `path` as `options` say. Every open of a file that exists comes
+/// here, so that a test's disk can refuse it a descriptor (EMFILE), as a process at its
+/// limit is refused.
+///
+/// # Errors
+/// The open failed.
+pub fn open(options: &OpenOptions, path: &Path) -> std::io::Result<File> {
+    hook::opening(path)?;
+    options.open(path)
+}
+
+/// Lists directory `dir` (which holds a descriptor while it is read, refused as
+/// [`open`] is).
+///
+/// # Errors
+/// The directory cannot be opened.
+pub fn read_dir(dir: &Path) -> std::io::Result<std::fs::ReadDir> {
+    hook::opening(dir)?;
+    std::fs::read_dir(dir)
 }
 
 /// `options` making a file only its owner may read or write (0600): the data directory
@@ -214,7 +237,7 @@ pub fn create_new(path: &Path) -> std::io::Result<File> {
 
 /// Opens the file at `path` for writing, creating it if needed; says whether it did.
 pub fn open_or_create(path: &Path) -> std::io::Result<(File, bool)> {
-    match OpenOptions::new().write(true).open(path) {
+    match open(OpenOptions::new().write(true), path) {
         Ok(file) => Ok((file, false)),
         Err(err) if err.kind() == std::io::ErrorKind::NotFound => {
             hook::before(DiskOp::Create, path)?;
@@ -277,7 +300,7 @@ pub fn sync_dir(dir: &Path) -> std::io::Result<()> {
         return Ok(());
     }
     hook::before(DiskOp::DirSync, dir)?;
-    File::open(dir)?.sync_all()?;
+    open(OpenOptions::new().read(true), dir)?.sync_all()?;
     hook::dir_synced(dir);
     Ok(())
 }
@@ -353,6 +376,10 @@ mod hook {
         Ok(())
     }
     #[inline(always)]
+    pub(super) fn opening(_: &Path) -> std::io::Result<()> {
+        Ok(())
+    }
+    #[inline(always)]
     pub(super) fn wrote(_: &Path, _: u64, _: &[u8]) {}
     #[inline(always)]
     pub(super) fn synced(_: &Path) {}
@@ -423,6 +450,10 @@ pub mod hook {
         /// write touches them, the file is cut below them, removed or replaced: latent
         /// sector errors.
         pub unreadable: Vec<Unreadable>,
+        /// Every open or creation of a file under this directory (a directory's sync
+        /// opens it) fails with EMFILE, as for a process out of file descriptors;
+        /// not counted in `seen`, so that a plan's numbering stays as it was.
+        pub no_descriptors_under: Option<PathBuf>,
     }
 
     /// A range of a file that cannot be read (see [`Plan::unreadable`]).
@@ -509,7 +540,42 @@ pub mod hook {
         PLAN.with(|p| p.borrow().as_ref().map_or(0, |plan| plan.trace.len()))
     }
 
+    /// Sets (or with `None`, ends) the directory under which every open and creation
+    /// fails with EMFILE in this thread's plan ([`Plan::no_descriptors_under`]).
+    pub fn set_no_descriptors_under(dir: Option<PathBuf>) {
+        PLAN.with(|p| {
+            if let Some(plan) = p.borrow_mut().as_mut() {
+                plan.no_descriptors_under = dir;
+            }
+        });
+    }
+
+    /// An open of `path` refused a descriptor, if the plan says so.
+    pub(super) fn opening(path: &Path) -> std::io::Result<()> {
+        let refused = PLAN.with(|p| {
+            let mut plan = p.borrow_mut();
+            let Some(plan) = plan.as_mut() else {
+                return false;
+            };
+            let refused = plan
+                .no_descriptors_under
+                .as_ref()
+                .is_some_and(|dir| path.starts_with(dir));
+            if refused {
+                plan.failed.push((DiskOp::Open, path.to_owned()));
+            }
+            refused
+        });
+        if refused {
+            return Err(std::io::Error::from_raw_os_error(libc::EMFILE));
+        }
+        Ok(())
+    }
+
     pub(super) fn before(op: DiskOp, path: &Path) -> std::io::Result<()> {
+        if matches!(op, DiskOp::Create | DiskOp::DirSync) {
+            opening(path)?;
+        }
         PLAN.with(|p| {
             let mut plan = p.borrow_mut();
             let Some(plan) = plan.as_mut() else {

@@ -763,7 +763,7 @@ impl PartitionLog {
         // Only once everything is synced: a marker the next open trusts.
         let marker = self.dir.join(CLEAN_MARKER);
         crate::disk::write_file(&marker, &[])
-            .and_then(|()| File::open(&marker))
+            .and_then(|()| crate::disk::open(OpenOptions::new().read(true), &marker))
             .and_then(|f| crate::disk::sync_data(&f, &marker))
             .map_err(LogError::io("create", &marker))?;
         sync_dir(&self.dir)
@@ -874,10 +874,7 @@ impl PartitionLog {
             }
         }
         let path = log_path(&self.dir, base);
-        let file = OpenOptions::new()
-            .read(true)
-            .write(active)
-            .open(&path)
+        let file = crate::disk::open(OpenOptions::new().read(true).write(active), &path)
             .map_err(LogError::io("open", &path))?;
         let file = Arc::new(file);
         if active {

@@ -432,7 +432,7 @@ pub(crate) fn truncate_index_files(dir: &Path, segment: &Segment) -> Result<(), 
         ),
     ];
     for (path, len) in cuts {
-        match std::fs::OpenOptions::new().write(true).open(&path) {
+        match crate::disk::open(std::fs::OpenOptions::new().write(true), &path) {
             Ok(file) => crate::disk::set_len(&file, &path, len as u64)
                 .map_err(LogError::io("truncate", &path))?,
             Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}

@@ -117,7 +117,7 @@ impl TwoCopies {
         let tmp = self.with_suffix("tmp");
         let fail = |err| (tmp.clone(), err);
         disk::write_file(&tmp, bytes).map_err(fail)?;
-        let file = std::fs::File::open(&tmp).map_err(fail)?;
+        let file = disk::open(std::fs::OpenOptions::new().read(true), &tmp).map_err(fail)?;
         disk::sync_data(&file, &tmp).map_err(fail)?;
         let first = self.path(0);
         disk::rename(&tmp, &first).map_err(|err| (first.clone(), err))?;

@@ -514,11 +514,8 @@ impl JournalFile {
         if let Some(file) = &self.file {
             return Ok(std::sync::Arc::clone(file));
         }
-        let file = File::options()
-            .read(true)
-            .write(true)
-            .open(self.path())
-            .map_err(io(&self.path()))?;
+        let path = self.path();
+        let file = disk::open(File::options().read(true).write(true), &path).map_err(io(&path))?;
         let file = std::sync::Arc::new(file);
         self.file = Some(std::sync::Arc::clone(&file));
         Ok(file)
@@ -920,11 +917,7 @@ impl JournalFile {
         };
         bytes[MAGIC.len()..RECORDS_START].copy_from_slice(&head.encode(seal));
         disk::write_file(&tmp, &bytes).map_err(io(&tmp))?;
-        let file = File::options()
-            .read(true)
-            .write(true)
-            .open(&tmp)
-            .map_err(io(&tmp))?;
+        let file = disk::open(File::options().read(true).write(true), &tmp).map_err(io(&tmp))?;
         disk::sync_data(&file, &tmp).map_err(io(&tmp))?;
         disk::rename(&tmp, &self.path()).map_err(io(&self.path()))?;
         let dir = self.path.dir();

@@ -489,8 +489,14 @@ impl PartitionGroups {
             log_config.recovery = braid_storage::RecoveryMode::TruncateAtDamage;
         }
         let log_config = self.shared_log_config(log_config);
+        let floor = (self.members == 1)
+            .then(|| {
+                let synced = log_config.fsync == braid_storage::FsyncPolicy::Always;
+                self.host.acknowledged_floor(group, synced)
+            })
+            .flatten();
         let (mut journal, recovered) =
-            PartitionJournal::open(dir, group, tag_of(key), log_config, now_ms)?;
+            PartitionJournal::open_above(dir, group, tag_of(key), log_config, now_ms, floor)?;
         if self.sync.is_some() {
             journal.sync_off_thread();
         }
@@ -864,8 +870,10 @@ impl PartitionGroups {
         let job = match journal.start_sync() {
             Ok(Some(job)) => job,
             Ok(None) => return,
+            // Its journal's file could not be opened again (a descriptor refused):
+            // that group alone is dropped and opened again.
             Err(err) => {
-                self.fail(err.into());
+                self.fail_group(group, err.into());
                 return;
             }
         };

@@ -73,6 +73,22 @@ pub(crate) enum PartitionJournalError {
     /// start sees the same).
     #[error("{path} is gone or cut short while the partition log holds batches, and a lone replica has no peer to repair it from (see \"Damage a replica finds in its replication files\" in docs/operations.md)")]
     JournalLost { path: std::path::PathBuf },
+    /// A lone replica's journal ends below the op its durable state says it committed:
+    /// the partition's files are older than what it acknowledged (refused before the
+    /// open cuts anything, so the next start sees the same).
+    #[error(
+        "{path} holds ops through {held}, while this node committed and acknowledged ops \
+         through {committed} of this partition (its states table says so): the \
+         partition's files are older than what this node acknowledged (restored from an \
+         older backup, or a file replaced), and serving them would give acknowledged \
+         offsets to other records (see \"Damage a replica finds in its replication \
+         files\" in docs/operations.md)"
+    )]
+    OlderThanAcknowledged {
+        path: std::path::PathBuf,
+        held: u64,
+        committed: u64,
+    },
     /// The log does not end where the journal says the tip's batch ends: appending
     /// would store the batch at offsets the other replicas give other records.
     #[error(

@@ -249,6 +249,7 @@ impl HostError {
             Self::Damaged { .. }
                 | Self::Partition(
                     PartitionJournalError::JournalLost { .. }
+                        | PartitionJournalError::OlderThanAcknowledged { .. }
                         | PartitionJournalError::Log(braid_storage::LogError::Corrupt { .. })
                         | PartitionJournalError::Journal(
                             JournalError::NotAJournal { .. } | JournalError::DurableTailLost { .. }
@@ -515,6 +516,20 @@ impl<S: StateMachine, J: Journal> ShardHost<S, J> {
         self.states.files()
     }
 
+    /// An op through which lone replica `group` committed and acknowledged, as its
+    /// durable state says: exactly after a clean stop, a little behind after a crash
+    /// (a running replica persists its commit every half checkpoint interval). Only
+    /// where no crash can leave its journal below it: after a clean stop, or under
+    /// `fsync = always` (`synced`). Its files holding less are older
+    /// than what it acknowledged (an outside review of issue 24 restored an older
+    /// `vsr.journal`: the node cut 60 acknowledged, intact batches from the log and
+    /// acknowledged offset 2200 again, without a word).
+    pub(crate) fn acknowledged_floor(&self, group: u64, synced: bool) -> Option<u64> {
+        let state = self.states.get(group)?;
+        let exact = synced || self.states.stamp(group) == Some(super::boot::Stamp::Synced);
+        exact.then_some(state.commit)
+    }
+
     /// Whether the host holds `group` (its replica and files, awake or asleep).
     pub(crate) fn holds(&self, group: u64) -> bool {
         self.files.contains_key(&group)
@@ -719,6 +734,22 @@ impl<S: StateMachine, J: Journal> ShardHost<S, J> {
     /// whose files sleep are not among them: their files were closed when they went
     /// to sleep.
     pub(crate) fn take_journals(&mut self) -> Vec<(u64, J)> {
+        // A lone replica's state says what it committed exactly at a clean stop (a
+        // running one persists its commit only now and then, a hint): the next start
+        // refuses files that hold less, restored from an older backup, before it
+        // could give their offsets again (see `add_group_with`).
+        for replica in self.node.replicas() {
+            let group = replica.config().group;
+            if replica.config().replica_count != 1 {
+                continue;
+            }
+            if let Some(mut state) = self.states.get(group) {
+                if replica.commit_min() > state.commit {
+                    state.commit = replica.commit_min();
+                    self.states.stage(group, state);
+                }
+            }
+        }
         self.node = Node::new();
         std::mem::take(&mut self.files)
             .into_iter()
@@ -772,9 +803,14 @@ impl<S: StateMachine, J: Journal> ShardHost<S, J> {
                 Ok(journal) => journal,
                 Err(err) => {
                     // Its files could not be closed as left (one removed under it, a
-                    // failed sync): the journal is gone, and the group is opened again
-                    // from its files, alone.
-                    self.drop_for_reopen(*group, format!("closing its idle files: {err}"));
+                    // failed sync, an open refused a descriptor): the journal is gone,
+                    // and the group is opened again from its files, alone.
+                    let reason = format!("closing its idle files: {err}");
+                    if err.is_out_of_descriptors() {
+                        self.drop_unchanged(*group, reason);
+                    } else {
+                        self.drop_for_reopen(*group, reason);
+                    }
                     continue;
                 }
             };
@@ -831,11 +867,30 @@ impl<S: StateMachine, J: Journal> ShardHost<S, J> {
     /// partition's damage, or an open refused a descriptor, never stops the shard's
     /// other groups. Any other error is returned.
     pub(crate) fn found_changed(&mut self, group: u64, err: HostError) -> Result<(), HostError> {
-        if err.is_found_changed() || err.is_out_of_descriptors() {
+        if err.is_found_changed() {
             self.drop_for_reopen(group, err.to_string());
             return Ok(());
         }
+        if err.is_out_of_descriptors() {
+            self.drop_unchanged(group, err.to_string());
+            return Ok(());
+        }
         Err(err)
+    }
+
+    /// Drops `group` after an open of its files was refused a descriptor (`reason`),
+    /// to be opened again from them ([`ShardHost::take_reopen`]): nothing in them
+    /// changed, so this boot's stamp still vouches for its journal, as for a group that
+    /// was never dropped. (Reopened as if its files had changed, a member under
+    /// `fsync = never` restarted the group untrusted each time, and three of them left
+    /// a group in view changes for ever: the shell simulator's seeds with members out of
+    /// descriptors.)
+    pub(crate) fn drop_unchanged(&mut self, group: u64, reason: String) {
+        let changed = self.changed.contains(&group);
+        self.drop_for_reopen(group, reason);
+        if !changed {
+            self.changed.remove(&group);
+        }
     }
 
     /// Drops `group`, whose files changed under it (`reason`), to be opened again

@@ -73,6 +73,9 @@ pub(crate) struct Outcome {
     pub(crate) files_woken: u64,
     /// Partitions opened again because their files changed while asleep.
     pub(crate) reopened: u64,
+    /// Times a member ran out of file descriptors, and opens refused one meanwhile.
+    pub(crate) descriptors_out: u64,
+    pub(crate) opens_refused: u64,
     pub(crate) ticks_to_converge: u64,
     /// Records in each member's log at the end (the same in all).
     pub(crate) records_stored: u64,
@@ -115,6 +118,9 @@ struct Member {
     /// Partition -> the high watermark the node's shard would serve: the one `add`
     /// returned, raised only by the moves the groups report (as `Shard` does).
     published: BTreeMap<u32, u64>,
+    /// Partition -> the tick of the next try to open it again: its open was refused a
+    /// file descriptor (as `Shard` retries it every 250 ms).
+    reopen_waiting: BTreeMap<u32, u64>,
 }
 
 /// A member's sync thread, as the simulator runs it.
@@ -170,6 +176,10 @@ pub(crate) struct Run {
     proposals: metadata::Proposals,
     /// Draws for damage to sleeping files, apart from the seed's others.
     asleep_draws: Prng,
+    /// Draws for members running out of file descriptors, apart from the others.
+    descriptor_draws: Prng,
+    /// The member out of file descriptors, and the tick it has them again.
+    descriptors_out: Option<(u8, u64)>,
     /// Damage to sleeping files drawn and not done yet (none slept).
     asleep_damage_due: bool,
     /// (member, partition) -> the scrub's whole passes when its sleeping files were
@@ -216,6 +226,9 @@ impl Run {
         };
         if variant.damage && variant.asleep {
             shape.asleep_damage_per_10k = 8;
+        }
+        if variant.descriptors {
+            shape.descriptors_out_per_10k = 30;
         }
         if !variant.damage {
             shape.damage_percent = 0;
@@ -275,6 +288,7 @@ impl Run {
                 started: false,
                 restart_at: None,
                 published: BTreeMap::new(),
+                reopen_waiting: BTreeMap::new(),
             });
         }
         let mut run = Self {
@@ -301,6 +315,8 @@ impl Run {
             served: served::Checked::default(),
             proposals: metadata::Proposals::default(),
             asleep_draws: Prng::new(seed.rotate_left(43) ^ 0xda7a),
+            descriptor_draws: Prng::new(seed.rotate_left(47) ^ 0xfd),
+            descriptors_out: None,
             asleep_damage_due: false,
             scrub_floor: BTreeMap::new(),
         };
@@ -407,6 +423,7 @@ impl Run {
         });
         member.syncs = Some(Syncs { syncer, done });
         member.published.clear();
+        member.reopen_waiting.clear();
         let mut found = Vec::new();
         for p in 0..partitions {
             let dir = partition_dir(&member.dir, p);
@@ -476,6 +493,7 @@ impl Run {
         hook::install(hook::Plan {
             tracing: true,
             unreadable: plan.unreadable,
+            no_descriptors_under: plan.no_descriptors_under,
             ..hook::Plan::default()
         });
         for event in &plan.trace {
@@ -653,6 +671,8 @@ impl Run {
                 self.boot(m);
             }
         }
+        // Boots above and the checks below have every descriptor they ask for.
+        self.refuse_descriptors(faults);
         let due: Vec<Packet> = {
             let (due, later) = std::mem::take(&mut self.network)
                 .into_iter()
@@ -688,6 +708,12 @@ impl Run {
                                 braid_storage::LogError::Corrupt { .. },
                             )))
                             | None => {}
+                            // Refused a descriptor: the node warns, and its next pass
+                            // tries again.
+                            Some(Err(err))
+                                if crate::replication::shard_host::caused_by_out_of_descriptors(
+                                    &err,
+                                ) => {}
                             Some(Err(err)) => {
                                 self.failure.get_or_insert(format!(
                                     "member {m} partition {p}: retention: {err}"
@@ -711,6 +737,7 @@ impl Run {
         if faults {
             self.propose_stream();
         }
+        hook::set_no_descriptors_under(None);
         self.take_answers();
         if self.tick.is_multiple_of(SERVE_CHECK_TICKS) {
             self.check_served();

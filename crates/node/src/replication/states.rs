@@ -351,6 +351,10 @@ pub(crate) struct GroupStates {
     /// Groups staged since the last write, in the order staged.
     staged: Vec<u64>,
     staged_set: BTreeSet<u64>,
+    /// Each group staged since the last write: its entry before (`None`: it had
+    /// none), so that a group dropped in the turn that staged it can be unstaged
+    /// ([`GroupStates::unstage`]).
+    before_staged: BTreeMap<u64, Option<Entry>>,
     /// The slot count each copy's header holds (`None`: to be written).
     headers: [Option<u32>; 2],
     /// The sequence number of the last write.
@@ -390,6 +394,7 @@ impl GroupStates {
             dirty: BTreeSet::new(),
             staged: Vec::new(),
             staged_set: BTreeSet::new(),
+            before_staged: BTreeMap::new(),
             headers: [None, None],
             seq: 0,
             damaged: BTreeSet::new(),
@@ -475,7 +480,7 @@ impl GroupStates {
         let tmp = &self.tmp;
         for path in &self.paths {
             disk::write_file(tmp, &bytes).map_err(io(tmp))?;
-            let file = std::fs::File::open(tmp).map_err(io(tmp))?;
+            let file = disk::open(std::fs::OpenOptions::new().read(true), tmp).map_err(io(tmp))?;
             disk::sync_data(&file, tmp).map_err(io(tmp))?;
             disk::rename(tmp, path).map_err(io(path))?;
         }
@@ -799,13 +804,34 @@ impl GroupStates {
     /// written by the next [`GroupStates::write_staged`].
     pub(crate) fn stage(&mut self, group: u64, state: DurableState) {
         let stamp = Stamp::Boot(self.boot);
-        self.states.insert(group, Entry { state, stamp });
+        let before = self.states.insert(group, Entry { state, stamp });
+        self.before_staged.entry(group).or_insert(before);
         self.damaged.remove(&group);
         let slot = self.slot_for(group);
         self.dirty.insert(slot);
         if self.staged_set.insert(group) {
             self.staged.push(group);
         }
+    }
+
+    /// Takes back what was staged for `group` since the last write, as if its turn had
+    /// not run (a group dropped in the turn that staged it: what it staged may rest on
+    /// journal writes that will not be synced, as after a crash of that group alone).
+    pub(crate) fn unstage(&mut self, group: u64) {
+        let Some(before) = self.before_staged.remove(&group) else {
+            return;
+        };
+        match before {
+            Some(entry) => {
+                self.states.insert(group, entry);
+            }
+            None => {
+                self.states.remove(&group);
+            }
+        }
+        // Its slot, still dirty, is written as it was: the same bytes again.
+        self.staged_set.remove(&group);
+        self.staged.retain(|g| *g != group);
     }
 
     /// Stages `state` for `group` and writes what is staged now, synced: for a state
@@ -929,6 +955,8 @@ impl GroupStates {
             self.poisoned = true;
             return Err(err);
         }
+        // Durable now: nothing written can be taken back.
+        self.before_staged.clear();
         Ok(())
     }
 

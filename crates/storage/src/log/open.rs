@@ -215,8 +215,12 @@ impl PartitionLog {
         let segments = segments_of(&dir, bases, now_ms)?;
         let mut log = Self::found(std::sync::Arc::clone(&dir), config, tag, segments, clean);
         let active = log.segments.len() - 1;
-        log.ensure_index(active)
-            .map_err(|err| changed(format!("its newest segment's index: {err}")))?;
+        log.ensure_index(active).map_err(|err| match err {
+            // Refused a descriptor: nothing found changed, and the same open succeeds
+            // later (taken for a change, it was reported as damage).
+            LogError::Io { ref source, .. } if crate::disk::is_out_of_descriptors(source) => err,
+            err => changed(format!("its newest segment's index: {err}")),
+        })?;
         let newest = &log.segments[active];
         log.next_offset = newest.end_offset.unwrap_or(newest.base_offset);
         log.durable_offset = log.next_offset;
@@ -389,7 +393,7 @@ fn scan_dir(dir: &Path) -> Result<(Vec<u64>, bool), LogError> {
     let mut logs = Vec::new();
     let mut indexes = Vec::new();
     let mut clean = false;
-    let entries = std::fs::read_dir(dir).map_err(LogError::io("list", dir))?;
+    let entries = crate::disk::read_dir(dir).map_err(LogError::io("list", dir))?;
     for entry in entries {
         let entry = entry.map_err(LogError::io("list", dir))?;
         let name = entry.file_name();

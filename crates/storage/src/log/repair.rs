@@ -218,9 +218,7 @@ impl PartitionLog {
                 break;
             }
         }
-        let writable = OpenOptions::new()
-            .write(true)
-            .open(&path)
+        let writable = crate::disk::open(OpenOptions::new().write(true), &path)
             .map_err(LogError::io("open", path.clone()))?;
         let replacement = &batches[first..first + taken];
         crate::disk::write_at(&writable, &path, replacement, position)

@@ -19,6 +19,24 @@ impl PartitionJournal {
         config: impl Into<Arc<LogConfig>>,
         now_ms: u64,
     ) -> Result<(Self, Recovered), PartitionJournalError> {
+        Self::open_above(dir, group, tag, config, now_ms, None)
+    }
+
+    /// As [`PartitionJournal::open`], for a lone replica that committed and
+    /// acknowledged ops through `committed` (its durable state's exact commit): a
+    /// journal that ends below it is refused before anything is cut.
+    ///
+    /// # Errors
+    /// As [`PartitionJournal::open`], and
+    /// [`PartitionJournalError::OlderThanAcknowledged`].
+    pub(crate) fn open_above(
+        dir: &Path,
+        group: u64,
+        tag: i32,
+        config: impl Into<Arc<LogConfig>>,
+        now_ms: u64,
+        committed: Option<u64>,
+    ) -> Result<(Self, Recovered), PartitionJournalError> {
         let config = config.into();
         let log = PartitionLog::open_tagged(dir, tag, Arc::clone(&config), now_ms)?;
         let journal_path = dir.join(JOURNAL_FILE);
@@ -109,6 +127,22 @@ impl PartitionJournal {
             opened => opened?,
         };
         let (pruned, pruned_log_end) = index.pruned();
+        if let Some(committed) = committed {
+            let held = found
+                .slots
+                .iter()
+                .map(|(op, _)| *op)
+                .max()
+                .unwrap_or(0)
+                .max(pruned);
+            if held < committed {
+                return Err(PartitionJournalError::OlderThanAcknowledged {
+                    path: journal_path,
+                    held,
+                    committed,
+                });
+            }
+        }
         let len_opened = index.len();
         if journal_lost {
             tracing::warn!(

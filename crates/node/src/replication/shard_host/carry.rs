@@ -49,14 +49,31 @@ impl<S: StateMachine, J: Journal> ShardHost<S, J> {
             touched.sort_unstable();
             touched.dedup();
             for group in touched {
-                if let Some(files) = self.files.get_mut(&group).and_then(GroupFiles::awake) {
-                    for (op, checksum) in files.journal.sync()? {
-                        written.push((group, Input::JournalWritten { op, checksum }));
+                let Some(files) = self.files.get_mut(&group).and_then(GroupFiles::awake) else {
+                    continue;
+                };
+                match files.journal.sync() {
+                    Ok(synced) => {
+                        for (op, checksum) in synced {
+                            written.push((group, Input::JournalWritten { op, checksum }));
+                        }
+                        if files.journal.has_unsynced() && !effects.unsynced.contains(&group) {
+                            effects.unsynced.push(group);
+                        }
                     }
-                    if files.journal.has_unsynced() && !effects.unsynced.contains(&group) {
-                        effects.unsynced.push(group);
+                    // Its journal's file could not be opened again (a descriptor
+                    // refused): dropped alone, as above.
+                    Err(err) => {
+                        self.found_changed(group, err)?;
+                        dropped.insert(group);
                     }
                 }
+            }
+            // A group dropped in this turn writes nothing it staged: its state may
+            // rest on journal writes that were not synced (a new log view over a
+            // truncation), as for a crash of that group alone.
+            for group in &dropped {
+                self.states.unstage(*group);
             }
             for (group, state) in self.states.write_staged()? {
                 written.push((group, Input::StateWritten(state)));

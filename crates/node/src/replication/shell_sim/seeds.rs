@@ -23,6 +23,9 @@ pub(crate) struct Variant {
     /// With damage: the damaged member's files of a sleeping partition are damaged,
     /// or one removed, while it runs ([`super::Shape::asleep_damage_per_10k`]).
     pub(crate) asleep: bool,
+    /// One member at a time runs out of file descriptors for a while: every open and
+    /// creation of its partitions' files is refused EMFILE ([`super::Shape::descriptors_out_per_10k`]).
+    pub(crate) descriptors: bool,
 }
 
 impl Variant {
@@ -35,6 +38,7 @@ impl Variant {
             misdirected: false,
             latent: false,
             asleep: false,
+            descriptors: false,
         }
     }
 }
@@ -98,6 +102,8 @@ pub(crate) fn run_seeds(
                         all.1.files_slept += outcome.files_slept;
                         all.1.files_woken += outcome.files_woken;
                         all.1.reopened += outcome.reopened;
+                        all.1.descriptors_out += outcome.descriptors_out;
+                        all.1.opens_refused += outcome.opens_refused;
                         all.1.records_stored += outcome.records_stored;
                         all.1.streams_acknowledged += outcome.streams_acknowledged;
                         all.1.streams_stored += outcome.streams_stored;

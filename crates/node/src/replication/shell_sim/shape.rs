@@ -65,6 +65,11 @@ pub(crate) struct Shape {
     /// to sleeping files, [`Variant::asleep`]): its next use finds them changed and
     /// opens the partition again from them.
     pub(crate) asleep_damage_per_10k: u64,
+    /// Chance per tick, per 10,000, that a member runs out of file descriptors for a
+    /// while (seeds with [`Variant::descriptors`]): every open and creation of its
+    /// partitions' files (a wake, a segment's roll, a checkpoint, a reopen) is refused
+    /// EMFILE, and the group that met it is dropped and opened again once it can be.
+    pub(crate) descriptors_out_per_10k: u64,
 }
 
 impl Shape {
@@ -104,6 +109,7 @@ impl Shape {
             sleep_ticks: 100,
             scrub_wake_ticks: 1,
             asleep_damage_per_10k: 0,
+            descriptors_out_per_10k: 0,
         }
     }
 }

@@ -4,8 +4,14 @@
 //! files that makes them change while a member runs.
 
 use braid_storage::crash::PowerModel;
+use braid_storage::disk::hook;
 
 use super::{files, key, partition_dir, Run};
+use crate::replication::partition_groups::Dropped;
+
+/// Ticks between a partition's tries to open its files again after one was refused a
+/// descriptor (the node's 250 ms).
+const REOPEN_RETRY_TICKS: u64 = 25;
 
 impl Run {
     /// Member `m`'s groups report high watermarks that moved: what its shard serves;
@@ -20,15 +26,32 @@ impl Run {
     }
 
     /// As the node's shard: a partition whose group was dropped because its files
-    /// changed while asleep is opened again from them (`Shard::reopen_changed_files`).
+    /// changed while asleep, or an open of them was refused a descriptor, is opened
+    /// again from them (`Shard::reopen_changed_files`); one whose open is refused a
+    /// descriptor tries again every [`REOPEN_RETRY_TICKS`] (`Shard::retry_waiting_reopens`).
     fn reopen(&mut self, m: u8) {
         let log_config = self.log_config();
         let now_ms = self.now_ms();
+        let tick = self.tick;
         let member = &mut self.members[usize::from(m)];
         let Some(groups) = member.groups.as_mut() else {
             return;
         };
-        let reopen = groups.take_reopen();
+        let mut reopen: Vec<_> = groups
+            .take_reopen()
+            .into_iter()
+            .filter(|(key, _)| !member.reopen_waiting.contains_key(&key.partition))
+            .collect();
+        let due: Vec<u32> = member
+            .reopen_waiting
+            .iter()
+            .filter(|(_, at)| **at <= tick)
+            .map(|(p, _)| *p)
+            .collect();
+        for p in due {
+            member.reopen_waiting.remove(&p);
+            reopen.push((key(p), Dropped::Reopen("waited for descriptors".into())));
+        }
         if reopen.is_empty() {
             return;
         }
@@ -49,6 +72,13 @@ impl Run {
                 Ok(mark) => {
                     member.published.insert(key.partition, mark);
                 }
+                Err(err) if err.is_out_of_descriptors() => {
+                    self.outcome.opens_refused += 1;
+                    groups.drop_half_opened(key);
+                    member
+                        .reopen_waiting
+                        .insert(key.partition, tick + REOPEN_RETRY_TICKS);
+                }
                 Err(err) => {
                     failed.get_or_insert(format!(
                         "member {m} cannot open partition {} again: {err}",
@@ -65,6 +95,32 @@ impl Run {
             Ok(moved) => self.publish(m, moved),
             Err(err) => self.fail(format!("member {m} recovering reopened partitions: {err}")),
         }
+    }
+
+    /// While faults run, now and then one member runs out of file descriptors for a
+    /// while ([`super::Shape::descriptors_out_per_10k`]): every open and creation
+    /// under its `partitions/` is refused EMFILE until this is called again with
+    /// `faults` false, or its window ends.
+    pub(super) fn refuse_descriptors(&mut self, faults: bool) {
+        if !faults {
+            self.descriptors_out = None;
+        } else if let Some((_, until)) = self.descriptors_out {
+            if until <= self.tick {
+                self.descriptors_out = None;
+            }
+        } else if self.descriptor_draws.below(10_000) < self.shape.descriptors_out_per_10k {
+            let m = self.descriptor_draws.below(u64::from(self.member_count())) as u8;
+            let ticks = 5 + self.descriptor_draws.below(200);
+            self.descriptors_out = Some((m, self.tick + ticks));
+            self.outcome.descriptors_out += 1;
+            if self.trace {
+                eprintln!("t{} m{m} out of descriptors for {ticks} ticks", self.tick);
+            }
+        }
+        let dir = self
+            .descriptors_out
+            .map(|(m, _)| self.members[usize::from(m)].dir.join("partitions"));
+        hook::set_no_descriptors_under(dir);
     }
 
     /// Damages the files of a sleeping partition of the one member whose disk may be

@@ -12,7 +12,8 @@ fn env_u64(name: &str, default: u64) -> u64 {
 /// often), `BRAID_SHELL_SIM_MISDIRECTED=1` (with damage, misdirected writes too),
 /// `BRAID_SHELL_SIM_LATENT=1` (with damage, latent read errors too),
 /// `BRAID_SHELL_SIM_ASLEEP_DAMAGE=1` (with damage, damage to sleeping files while the
-/// member runs too).
+/// member runs too), `BRAID_SHELL_SIM_DESCRIPTORS=1` (a member out of file descriptors
+/// for a while, now and then).
 fn from_env(variant: Variant) -> Variant {
     let members = env_u64("BRAID_SHELL_SIM_MEMBERS", u64::from(variant.members));
     Variant {
@@ -22,6 +23,8 @@ fn from_env(variant: Variant) -> Variant {
             || std::env::var_os("BRAID_SHELL_SIM_MISDIRECTED").is_some(),
         latent: variant.latent || std::env::var_os("BRAID_SHELL_SIM_LATENT").is_some(),
         asleep: variant.asleep || std::env::var_os("BRAID_SHELL_SIM_ASLEEP_DAMAGE").is_some(),
+        descriptors: variant.descriptors
+            || std::env::var_os("BRAID_SHELL_SIM_DESCRIPTORS").is_some(),
         ..variant
     }
 }
@@ -111,6 +114,25 @@ fn damage_to_sleeping_files_is_repaired_while_the_member_runs() {
             ..Variant::plain(true)
         },
         90,
+    );
+}
+
+/// As the first, and now and then one member out of file descriptors for a while
+/// (every open and creation of its partitions' files refused EMFILE): the group that
+/// met it alone is dropped and opened again once it can be, nothing acknowledged is
+/// lost, and every member converges to the same logs. Not in CI yet: about one seed
+/// in eight leaves a group in view changes for ever (a group reopened after a refused
+/// open may restart untrusted, as after a crash, and two such members with the third
+/// behind never elect a primary); `BRAID_SHELL_SIM_DESCRIPTORS=1` runs it in any soak.
+#[test]
+#[ignore = "one seed in eight never converges: reopened groups restart untrusted (see the comment)"]
+fn a_member_out_of_file_descriptors_keeps_every_acknowledged_record() {
+    run(
+        Variant {
+            descriptors: true,
+            ..Variant::plain(false)
+        },
+        40,
     );
 }
 
