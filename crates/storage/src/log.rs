@@ -794,10 +794,20 @@ impl PartitionLog {
     /// Passes `result` through, poisoning the log if it is an error: after a failed
     /// step that changed the disk, what reached it is unknown, and a retried sync may
     /// report a success it has not earned. Reads go on; writes wait for a reopen.
+    ///
+    /// An open refused a descriptor (EMFILE, ENFILE) poisons nothing: no sync ran, so
+    /// none can have dropped what it failed to write, and the step is tried again once
+    /// descriptors are free. (Poisoned, a node out of descriptors refused every write
+    /// of the partitions whose index it could not reopen, until a restart: an outside
+    /// review of issue 24.)
     fn poisoning<T>(&mut self, what: &str, result: Result<T, LogError>) -> Result<T, LogError> {
-        if let Err(err) = &result {
-            self.poisoned
-                .get_or_insert_with(|| format!("{what}: {err}"));
+        match &result {
+            Err(LogError::Io { source, .. }) if crate::disk::is_out_of_descriptors(source) => {}
+            Err(err) => {
+                self.poisoned
+                    .get_or_insert_with(|| format!("{what}: {err}"));
+            }
+            Ok(_) => {}
         }
         result
     }

@@ -934,7 +934,9 @@ impl PartitionGroups {
                     Err(err) => self.fail(err),
                 }
             }
-            Err(err) => self.fail(err.into()),
+            // A failed sync stops the shard's groups; a sync marker whose journal file
+            // could not be opened again (a descriptor refused) drops that group alone.
+            Err(err) => self.fail_group(group, err.into()),
         }
         // The sync's marker waits for a sync of its own before its ops are reported.
         if self

@@ -283,7 +283,7 @@ impl PartitionGroups {
                     match self.host.sync_journal(self.now, group) {
                         Ok(effects) => self.carry(effects, moved),
                         Err(HostError::UnknownGroup(_)) => {}
-                        Err(err) => self.fail(err),
+                        Err(err) => self.fail_group(group, err),
                     }
                 }
             }
