@@ -23,6 +23,10 @@
 #   BRAID_SHELL_SIM_RETENTION=1 scripts/sim-soak.sh --shell...
 #                                                retention by size in every seed (a
 #                                                third of the seeds run it anyway)
+#   BRAID_SHELL_SIM_DESCRIPTORS=1 scripts/sim-soak.sh --shell...
+#                                                now and then one member out of file
+#                                                descriptors for a while (EMFILE on
+#                                                every open of its partitions' files)
 #   scripts/sim-soak.sh --shell-asleep [SEEDS] [FROM]
 #                                                as --shell-damage, and damage to
 #                                                sleeping partitions' files while the

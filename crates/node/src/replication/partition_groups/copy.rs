@@ -52,6 +52,10 @@ impl PartitionGroups {
             if let Some(journal) = self.host.journal_mut(group) {
                 match journal.scrub(SCRUB_BYTES_PER_TICK) {
                     // A file of its log gone under it: opened again from its files.
+                    // A file it reads refused a descriptor: nothing is known of the
+                    // bytes, and the next pass looks again.
+                    Err(err)
+                        if crate::replication::shard_host::caused_by_out_of_descriptors(&err) => {}
                     Err(err) => self.host.drop_for_reopen(group, err.to_string()),
                     Ok(Some(damaged)) if self.members <= 1 => {
                         self.refuse_damaged(group, damaged);

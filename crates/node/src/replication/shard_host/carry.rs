@@ -76,7 +76,12 @@ impl<S: StateMachine, J: Journal> ShardHost<S, J> {
                 self.states.unstage(*group);
             }
             for (group, state) in self.states.write_staged()? {
-                written.push((group, Input::StateWritten(state)));
+                // A state staged outside a turn for a group not held (one that an
+                // open restarted as lost, then failed to open: it waits to be opened
+                // again) is durable, and told to no replica.
+                if self.files.contains_key(&group) {
+                    written.push((group, Input::StateWritten(state)));
+                }
             }
             effects.sends.extend(held);
             if !dropped.is_empty() {

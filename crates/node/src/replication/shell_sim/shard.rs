@@ -121,6 +121,28 @@ impl Run {
             .descriptors_out
             .map(|(m, _)| self.members[usize::from(m)].dir.join("partitions"));
         hook::set_no_descriptors_under(dir);
+        if faults && self.shape.descriptors_out_per_10k > 0 {
+            self.release_files();
+        }
+    }
+
+    /// As the node's shard past its budget of open logs (`Shard::touch`): now and
+    /// then a partition whose files are awake lets its handles go, to be opened again
+    /// by its next use (a write, a sync, a read), which a member out of descriptors
+    /// may refuse.
+    fn release_files(&mut self) {
+        if !self.descriptor_draws.chance(5) {
+            return;
+        }
+        let m = self.descriptor_draws.below(u64::from(self.member_count())) as usize;
+        let p = self
+            .descriptor_draws
+            .below(u64::from(self.shape.partitions)) as u32;
+        if let Some(groups) = self.members[m].groups.as_mut() {
+            // A failure (an index that could not be written) is logged by the node and
+            // changes nothing: the files stay open.
+            let _ = groups.release_files(key(p));
+        }
     }
 
     /// Damages the files of a sleeping partition of the one member whose disk may be
