@@ -514,3 +514,41 @@ fn log_bytes(dir: &std::path::Path) -> u64 {
         .map(|p| std::fs::metadata(p).unwrap().len())
         .sum()
 }
+
+/// An outside review of issue 24: both checkpoint copies of a single node's partition
+/// deleted (or damaged) while its files slept went unnoticed, and the node took writes
+/// into a partition its next start refused. Its wake finds them, as its start would:
+/// the partition is refused at once, naming them, and the others serve.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sleeping_partitions_lost_checkpoint_copies_are_found_at_its_wake() {
+    let node = TestNode::start(FsyncSetting::Always);
+    let client = Client::connect(node.addr()).await.unwrap();
+    let partitions = 4;
+    common::create_topic(&client, "s", "t", partitions).await;
+    for partition in 0..partitions {
+        client
+            .produce("s", "t", partition, &keyless(4))
+            .await
+            .unwrap();
+    }
+    until_files_slept(&node, partitions).await;
+    let dir = node.dir.path().join("partitions").join("0").join("0");
+    let mut removed = 0;
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.to_string_lossy().contains(".checkpoint.") {
+            std::fs::remove_file(path).unwrap();
+            removed += 1;
+        }
+    }
+    assert!(removed > 0, "no checkpoint copy in {}", dir.display());
+    let refused = refused_produce(&client, 0, "checkpoint").await;
+    assert!(refused.to_string().contains("gone"), "{refused}");
+    for partition in 1..partitions {
+        let stored = client
+            .produce("s", "t", partition, &keyless(1))
+            .await
+            .unwrap();
+        assert_eq!(stored.0, 4, "partition {partition}");
+    }
+}

@@ -145,6 +145,34 @@ impl CheckpointStore {
         Ok((store, newest))
     }
 
+    /// Checks that the copies read back as this store left them: the newest intact
+    /// one of the generation it last wrote. (A lone replica's wake checks it: both
+    /// copies damaged or deleted while its files slept went unnoticed, and the node
+    /// took writes into a partition its next start refused: an outside review of
+    /// issue 24.)
+    ///
+    /// # Errors
+    /// [`CheckpointError::Damaged`] saying what it found, or IO.
+    pub(crate) fn check_as_left(&self) -> Result<(), CheckpointError> {
+        let newest = self
+            .copies
+            .newest(decode)
+            .map_err(|(path, source)| CheckpointError::Io { path, source })?;
+        let base = self.copies.base().display().to_string();
+        match newest {
+            Newest::Found(generation, _) if generation == self.generation => Ok(()),
+            Newest::Found(generation, _) => Err(CheckpointError::Damaged(format!(
+                "the newest intact copy of {base} is of generation {generation}, where \
+                 generation {} was written",
+                self.generation
+            ))),
+            Newest::Absent => Err(CheckpointError::Damaged(format!(
+                "both copies ({base}.0 and .1) are gone"
+            ))),
+            Newest::Damaged(reason) => Err(CheckpointError::Damaged(reason)),
+        }
+    }
+
     /// Starts the copies again empty after both were found damaged ([`Self::open`]'s
     /// [`CheckpointError::Damaged`]): for a replica whose peers hold the state (it
     /// restarts as one that lost it, and installs a peer's checkpoint). Copy 0 is

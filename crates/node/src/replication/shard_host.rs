@@ -329,6 +329,20 @@ fn wake_files<'a, J: Journal>(
             journal,
             checkpoints,
         } = *asleep;
+        // A lone replica has no peer to take a checkpoint from: copies changed while
+        // asleep are found now, as its start would find them, not after it took
+        // writes that start then refuses. (A member's next checkpoint writes over a
+        // damaged copy, and a restart takes a peer's.)
+        if sleep.lone {
+            checkpoints.check_as_left().map_err(|err| {
+                let reason = format!("checkpoint: {err}");
+                if HostError::from(err).is_out_of_descriptors() {
+                    HostError::WakeWithoutDescriptors { group, reason }
+                } else {
+                    HostError::WakeRefused { group, reason }
+                }
+            })?;
+        }
         // On an error the group's files are gone from the host: the group is opened
         // again from them (see `ShardHost::take_reopen`).
         let journal = J::wake(group, journal).map_err(|err| {
@@ -378,6 +392,9 @@ struct SleepCounts {
     /// Files put to sleep and woken since the host started (for `/metrics`).
     slept: u64,
     woken: u64,
+    /// The host's groups are lone replicas (a single node): a wake also checks the
+    /// checkpoint copies, which no peer could restore.
+    lone: bool,
 }
 
 /// A shard's replicas with their disks.
@@ -578,6 +595,7 @@ impl<S: StateMachine, J: Journal> ShardHost<S, J> {
         let start = |reason: String| HostError::Start { group, reason };
         let damaged = |reason: String| HostError::Damaged { group, reason };
         let lone = config.replica_count == 1;
+        self.sleep.lone = lone;
         if let Some(damage) = opened.damage.as_ref().filter(|_| lone) {
             // A lone replica's journal holds acknowledged ops no peer can repair.
             // Refused before anything is written (the checkpoint's copy below may cut
