@@ -34,6 +34,8 @@ use super::journal_file::{clear_untrusted_mark, JournalError, JournalFile};
 use super::partition_journal::PartitionJournalError;
 use super::shared_path::{FileName, SharedPath};
 use super::states::{GroupStates, StatesError};
+pub(crate) use error::{caused_by_out_of_descriptors, HostError};
+use files::{awake_files, wake_files, AsleepFiles, AwakeFiles, GroupFiles, SleepCounts};
 
 /// A group's journal as the host drives it.
 pub(crate) trait Journal {
@@ -170,95 +172,6 @@ impl Journal for JournalFile {
     }
 }
 
-/// Why the shard's groups cannot go on. Every one stops them: after a failed write,
-/// what reached the disk is unknown until a restart reads it.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub(crate) enum HostError {
-    #[error(transparent)]
-    Journal(#[from] JournalError),
-    #[error(transparent)]
-    States(#[from] StatesError),
-    #[error(transparent)]
-    Checkpoint(#[from] CheckpointError),
-    #[error(transparent)]
-    Partition(#[from] PartitionJournalError),
-    #[error("group {group}: {reason}")]
-    Start { group: u64, reason: String },
-    /// A lone replica's files hold damage it has no peer to repair from: its group
-    /// does not start (a partition's is refused alone, the rest of the node serves).
-    #[error(
-        "group {group}: {reason}, and a lone replica has no peer to repair it from (see \
-         \"Damage a replica finds in its replication files\" in docs/operations.md)"
-    )]
-    Damaged { group: u64, reason: String },
-    #[error("no group {0} on this shard")]
-    UnknownGroup(u64),
-    /// A group's files, asleep, were not as left when woken (damage at rest, a file
-    /// removed): the group alone is dropped from the host and must be opened again
-    /// from its files ([`ShardHost::take_reopen`]), as a start opens it.
-    #[error("group {group}: its files changed while asleep: {reason}")]
-    WakeRefused { group: u64, reason: String },
-    /// A group's files, asleep, could not be opened for want of a file descriptor:
-    /// nothing was found changed in them ([`HostError::is_out_of_descriptors`]).
-    #[error(
-        "group {group}: its files could not be opened: {reason} (raise the descriptor \
-         limit, `ulimit -n`: see \"File descriptors and memory\" in docs/operations.md)"
-    )]
-    WakeWithoutDescriptors { group: u64, reason: String },
-}
-
-impl HostError {
-    /// Whether an open failed for want of a file descriptor (EMFILE, ENFILE): nothing
-    /// on disk changed, and the same open succeeds once descriptors are free. The
-    /// group alone is dropped and opened again from its files when it can be (see
-    /// [`ShardHost::found_changed`]): a shard's other groups never stop for it. (They
-    /// did: a wake refused for want of a descriptor dropped its group, and the open
-    /// that followed, refused too, stopped every group of the shard until a restart.)
-    pub(crate) fn is_out_of_descriptors(&self) -> bool {
-        matches!(self, Self::WakeWithoutDescriptors { .. }) || caused_by_out_of_descriptors(self)
-    }
-
-    /// Whether a group's files were found changed under the running process: at a
-    /// wake ([`HostError::WakeRefused`]), or damage met in use (a batch that does not
-    /// check, a segment gone). Not a failed disk operation: the group alone is opened
-    /// again from its files, as a start opens it, and the shard's others go on.
-    pub(crate) fn is_found_changed(&self) -> bool {
-        use braid_storage::LogError;
-        let gone = |source: &std::io::Error| source.kind() == std::io::ErrorKind::NotFound;
-        match self {
-            Self::WakeRefused { .. }
-            | Self::Partition(PartitionJournalError::Log(
-                LogError::Corrupt { .. } | LogError::NotAsClosed { .. },
-            )) => true,
-            // A file it had (its journal, a segment) gone when opened again by name.
-            Self::Partition(PartitionJournalError::Log(LogError::Io { source, .. }))
-            | Self::Partition(PartitionJournalError::Journal(JournalError::Io {
-                source, ..
-            })) => gone(source),
-            _ => false,
-        }
-    }
-
-    /// Whether a lone replica found damage in its files at open (a damaged or lost
-    /// journal, log or checkpoint, or its durable state): its group alone is refused,
-    /// not the node. Anything else (a failed disk operation, say) stops the shard.
-    pub(crate) fn is_damage(&self) -> bool {
-        matches!(
-            self,
-            Self::Damaged { .. }
-                | Self::Partition(
-                    PartitionJournalError::JournalLost { .. }
-                        | PartitionJournalError::OlderThanAcknowledged { .. }
-                        | PartitionJournalError::Log(braid_storage::LogError::Corrupt { .. })
-                        | PartitionJournalError::Journal(
-                            JournalError::NotAJournal { .. } | JournalError::DurableTailLost { .. }
-                        )
-                )
-        )
-    }
-}
-
 /// What a turn asks of the caller.
 #[derive(Debug, Default)]
 pub(crate) struct Effects {
@@ -270,131 +183,6 @@ pub(crate) struct Effects {
     pub(crate) applied: Vec<(u64, u64, Result<Vec<u8>, braid_vsr::Refusal>)>,
     /// Groups whose journal writes wait for a sync the caller runs elsewhere.
     pub(crate) unsynced: Vec<u64>,
-}
-
-/// One group's files: in use, or asleep while the group is idle (see
-/// [`ShardHost::sleep_idle`]). Each boxed: a B-tree leaf has room for eleven values,
-/// and a partition's journal is large (a heap profile of 10,000 idle partitions found
-/// 1.7 KB per group when they were held inline).
-#[derive(Debug)]
-enum GroupFiles<J: Journal> {
-    Awake(Box<AwakeFiles<J>>),
-    Asleep(Box<AsleepFiles<J>>),
-}
-
-#[derive(Debug)]
-struct AwakeFiles<J> {
-    journal: J,
-    checkpoints: CheckpointStore,
-}
-
-#[derive(Debug)]
-struct AsleepFiles<J: Journal> {
-    journal: J::Asleep,
-    checkpoints: CheckpointStore,
-}
-
-impl<J: Journal> GroupFiles<J> {
-    fn awake(&mut self) -> Option<&mut AwakeFiles<J>> {
-        match self {
-            Self::Awake(files) => Some(files),
-            Self::Asleep(_) => None,
-        }
-    }
-}
-
-/// `group`'s files, woken if they sleep (and counted used since the last
-/// [`ShardHost::sleep_idle`]). A free function over the host's fields, so that a turn
-/// can hold them beside the states table.
-fn awake_files<'a, J: Journal>(
-    files: &'a mut BTreeMap<u64, GroupFiles<J>>,
-    sleep: &mut SleepCounts,
-    group: u64,
-) -> Result<&'a mut AwakeFiles<J>, HostError> {
-    sleep.used.insert(group);
-    wake_files(files, sleep, group)
-}
-
-/// As [`awake_files`], not counted a use.
-fn wake_files<'a, J: Journal>(
-    files: &'a mut BTreeMap<u64, GroupFiles<J>>,
-    sleep: &mut SleepCounts,
-    group: u64,
-) -> Result<&'a mut AwakeFiles<J>, HostError> {
-    if let Some(GroupFiles::Asleep(_)) = files.get(&group) {
-        let Some(GroupFiles::Asleep(asleep)) = files.remove(&group) else {
-            return Err(HostError::UnknownGroup(group));
-        };
-        let AsleepFiles {
-            journal,
-            checkpoints,
-        } = *asleep;
-        // A lone replica has no peer to take a checkpoint from: copies changed while
-        // asleep are found now, as its start would find them, not after it took
-        // writes that start then refuses. (A member's next checkpoint writes over a
-        // damaged copy, and a restart takes a peer's.)
-        if sleep.lone {
-            checkpoints.check_as_left().map_err(|err| {
-                let reason = format!("checkpoint: {err}");
-                if HostError::from(err).is_out_of_descriptors() {
-                    HostError::WakeWithoutDescriptors { group, reason }
-                } else {
-                    HostError::WakeRefused { group, reason }
-                }
-            })?;
-        }
-        // On an error the group's files are gone from the host: the group is opened
-        // again from them (see `ShardHost::take_reopen`).
-        let journal = J::wake(group, journal).map_err(|err| {
-            let reason = err.to_string();
-            if err.is_out_of_descriptors() {
-                HostError::WakeWithoutDescriptors { group, reason }
-            } else {
-                HostError::WakeRefused { group, reason }
-            }
-        })?;
-        sleep.woken += 1;
-        files.insert(
-            group,
-            GroupFiles::Awake(Box::new(AwakeFiles {
-                journal,
-                checkpoints,
-            })),
-        );
-    }
-    files
-        .get_mut(&group)
-        .and_then(GroupFiles::awake)
-        .ok_or(HostError::UnknownGroup(group))
-}
-
-/// Whether `err`, or an error that caused it, is an IO error for want of a file
-/// descriptor ([`braid_storage::disk::is_out_of_descriptors`]).
-pub(crate) fn caused_by_out_of_descriptors(err: &(dyn std::error::Error + 'static)) -> bool {
-    let mut next = Some(err);
-    while let Some(err) = next {
-        if err
-            .downcast_ref::<std::io::Error>()
-            .is_some_and(braid_storage::disk::is_out_of_descriptors)
-        {
-            return true;
-        }
-        next = err.source();
-    }
-    false
-}
-
-/// The host's bookkeeping of sleeping files.
-#[derive(Debug, Default)]
-struct SleepCounts {
-    /// Groups whose files were used since the last [`ShardHost::sleep_idle`].
-    used: BTreeSet<u64>,
-    /// Files put to sleep and woken since the host started (for `/metrics`).
-    slept: u64,
-    woken: u64,
-    /// The host's groups are lone replicas (a single node): a wake also checks the
-    /// checkpoint copies, which no peer could restore.
-    lone: bool,
 }
 
 /// A shard's replicas with their disks.
@@ -1110,6 +898,8 @@ impl<S: StateMachine, J: Journal> ShardHost<S, J> {
 }
 
 mod carry;
+mod error;
 mod file_journal;
+mod files;
 #[cfg(test)]
 mod tests;

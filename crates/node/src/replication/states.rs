@@ -718,39 +718,6 @@ impl GroupStates {
         )
     }
 
-    fn warn_of_copies(&self, copies: &[CopyRead; 2]) {
-        for (path, copy) in self.paths.iter().zip(copies) {
-            if let Err(reason) = &copy.count {
-                tracing::warn!(
-                    path = %path.display(),
-                    reason = %reason,
-                    "replica states: copy without an intact header; the other copy's \
-                     slots are used and this copy is written again"
-                );
-            }
-        }
-    }
-
-    fn warn_of_slots(&self, damaged_at: &[Vec<u64>; 2]) {
-        for (path, offsets) in self.paths.iter().zip(damaged_at) {
-            for &offset in offsets.iter().take(WARNINGS_PER_COPY_MAX) {
-                tracing::warn!(
-                    path = %path.display(),
-                    offset,
-                    "replica states: damaged slot; the other copy's is used if intact, \
-                     and written back"
-                );
-            }
-            if offsets.len() > WARNINGS_PER_COPY_MAX {
-                tracing::warn!(
-                    path = %path.display(),
-                    slots = offsets.len(),
-                    "replica states: damaged slots in this copy"
-                );
-            }
-        }
-    }
-
     /// A slot damaged in both copies and naming no group, if open found one: some
     /// group's state is lost, and which is unknown. A lone replica refuses to start
     /// with it; a member of a cluster restarts every group of the shard that has
@@ -1022,3 +989,4 @@ mod codec;
 mod legacy;
 #[cfg(test)]
 mod tests;
+mod warnings;
