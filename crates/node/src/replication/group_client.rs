@@ -7,14 +7,22 @@
 //! The requests a primary takes are prepared at once and stored with their batch (the
 //! log is the journal), so a request is numbered when it is handed to the replica and
 //! never handed again: a produce that is not answered is failed, retriable, and its
-//! retry is a new request (issue 26's sessions make that retry idempotent).
+//! retry is a new request. A produce that names a client session (its batch header's
+//! producer id and base sequence) is judged against the partition's slice entries
+//! before it is handed over (`partition_machine::slices`): a retry of the session's
+//! last request is answered its offsets, a request already prepared waits for its
+//! entry, and an older one or a gap is refused, so no session's request is stored
+//! twice. Requests prepared by an earlier primary are in the log but not yet in the
+//! state, so none is judged before the state holds every op of the log the view
+//! started with ([`Tenure`]).
 
 use std::collections::{BTreeMap, VecDeque};
 
-use braid_proto::client::ErrorCode;
+use braid_proto::client::{ErrorCode, ErrorDetail};
 use braid_vsr::{Reply, Request};
 
 use super::meta_client::register_request;
+use super::partition_machine::slices::{Admission, SessionTag, Slices};
 use super::partition_machine::Applied;
 use crate::error::NodeError;
 
@@ -28,6 +36,42 @@ struct InFlight<T> {
     sent_at: u64,
 }
 
+/// A produce waiting to be handed to the replica.
+#[derive(Debug)]
+struct Queued<T> {
+    body: bytes::Bytes,
+    token: T,
+    /// The client session's request it is, if its batch names one.
+    tag: Option<SessionTag>,
+}
+
+/// Where the primary stands as a turn hands it requests.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct PrimaryAt {
+    /// It prepares requests now (its view is on disk).
+    pub(crate) takes: bool,
+    /// Requests its pipeline has room for.
+    pub(crate) room: u64,
+    pub(crate) view: u64,
+    /// Its log's top op.
+    pub(crate) op: u64,
+    /// The ops its state holds (applied).
+    pub(crate) commit_min: u64,
+}
+
+/// What this node, as primary of one view, prepared of client sessions' requests.
+#[derive(Debug, Default)]
+struct Tenure {
+    view: u64,
+    /// The log's top when this node first handed requests in the view: ops up to it
+    /// may be an earlier primary's, prepared and not yet applied, so no session's
+    /// request is judged before the state holds them.
+    floor: u64,
+    /// Session -> the highest of its requests handed to the replica in this view (one
+    /// given up as lost too: it may still commit).
+    prepared: BTreeMap<u64, u32>,
+}
+
 /// This node's session with one group, and its produces.
 #[derive(Debug)]
 pub(crate) struct GroupClient<T> {
@@ -37,8 +81,9 @@ pub(crate) struct GroupClient<T> {
     /// When the register in flight was sent, if one is.
     registering: Option<u64>,
     next_request: u64,
-    queued: VecDeque<(bytes::Bytes, T)>,
+    queued: VecDeque<Queued<T>>,
     in_flight: BTreeMap<u64, InFlight<T>>,
+    tenure: Tenure,
 }
 
 impl<T> Default for GroupClient<T> {
@@ -50,14 +95,16 @@ impl<T> Default for GroupClient<T> {
             next_request: 0,
             queued: VecDeque::new(),
             in_flight: BTreeMap::new(),
+            tenure: Tenure::default(),
         }
     }
 }
 
 impl<T> GroupClient<T> {
-    /// Queues a batch's body for the next requests.
-    pub(crate) fn queue(&mut self, body: bytes::Bytes, token: T) {
-        self.queued.push_back((body, token));
+    /// Queues a batch's body for the next requests; `tag` is the client session's
+    /// request it is, if any.
+    pub(crate) fn queue(&mut self, body: bytes::Bytes, token: T, tag: Option<SessionTag>) {
+        self.queued.push_back(Queued { body, token, tag });
     }
 
     /// Whether produces wait to be handed to the replica.
@@ -74,7 +121,7 @@ impl<T> GroupClient<T> {
     /// register in flight is forgotten.
     pub(crate) fn drain(&mut self) -> Vec<T> {
         self.registering = None;
-        let queued = self.queued.drain(..).map(|(_, token)| token);
+        let queued = self.queued.drain(..).map(|queued| queued.token);
         let in_flight = std::mem::take(&mut self.in_flight)
             .into_values()
             .map(|flight| flight.token);
@@ -83,25 +130,77 @@ impl<T> GroupClient<T> {
 
     /// The requests to hand the replica at tick `now`: without a session, a register
     /// (once, while produces wait); with one, queued batches, numbered in order, while
-    /// the primary `takes` requests and its pipeline has `room`.
+    /// the primary takes requests and its pipeline has room. A client session's
+    /// request is judged against the partition's entries (`slices`) first: the
+    /// produces answered without one (a retry's offsets, a refusal) come back beside
+    /// the requests, and a request that must wait (for an earlier primary's ops to be
+    /// applied, or for its own earlier copy) holds the queue behind it.
     pub(crate) fn requests(
         &mut self,
         client_id: u64,
         now: u64,
-        takes: bool,
-        mut room: u64,
-    ) -> Vec<Request> {
+        at: PrimaryAt,
+        slices: &Slices,
+    ) -> (Vec<Request>, Vec<(T, ProduceAnswer)>) {
         let mut out = Vec::new();
+        let mut answered = Vec::new();
         if self.session == 0 {
             if self.registering.is_none() && !self.queued.is_empty() {
                 self.registering = Some(now);
                 self.register_attempt += 1;
                 out.push(register_request(client_id, self.register_attempt));
             }
-            return out;
+            return (out, answered);
         }
-        while takes && room > 0 {
-            let Some((body, token)) = self.queued.pop_front() else {
+        if self.tenure.view != at.view {
+            self.tenure = Tenure {
+                view: at.view,
+                floor: at.op,
+                prepared: BTreeMap::new(),
+            };
+        }
+        let mut room = at.room;
+        while at.takes && room > 0 {
+            let Some(front) = self.queued.front() else {
+                break;
+            };
+            if let Some(tag) = front.tag {
+                if at.commit_min < self.tenure.floor {
+                    break;
+                }
+                let prepared = self.tenure.prepared.get(&tag.session).copied();
+                let answer = match slices.admit(tag, prepared) {
+                    Admission::New => None,
+                    Admission::InFlight => break,
+                    Admission::Stored { base, last } => Some(Ok((base, last))),
+                    Admission::Older { last } => Some(Err(NodeError::new(
+                        ErrorCode::DuplicateRequest,
+                        format!(
+                            "request {} of session {} was stored before; the partition keeps \
+                             the offsets of its last request only ({last})",
+                            tag.request, tag.session
+                        ),
+                    )
+                    .with(ErrorDetail::LastRequest { request: last }))),
+                    Admission::Gap { expected } => Some(Err(NodeError::new(
+                        ErrorCode::RequestOutOfOrder,
+                        format!(
+                            "request {} of session {} skips a request: the partition takes \
+                             {expected} next",
+                            tag.request, tag.session
+                        ),
+                    )
+                    .with(ErrorDetail::ExpectedRequest { request: expected }))),
+                };
+                if let Some(answer) = answer {
+                    if let Some(queued) = self.queued.pop_front() {
+                        answered.push((queued.token, answer));
+                    }
+                    continue;
+                }
+                self.tenure.prepared.insert(tag.session, tag.request);
+            }
+            let Some(Queued { body, token, .. }) = self.queued.pop_front() else {
                 break;
             };
             room -= 1;
@@ -121,7 +220,7 @@ impl<T> GroupClient<T> {
                 body,
             });
         }
-        out
+        (out, answered)
     }
 
     /// A reply of the group to this node's client (the caller checked the client id):
@@ -206,6 +305,24 @@ mod tests {
 
     const CLIENT: u64 = 7;
 
+    fn at(takes: bool, room: u64) -> PrimaryAt {
+        PrimaryAt {
+            takes,
+            room,
+            view: 1,
+            op: 0,
+            commit_min: 0,
+        }
+    }
+
+    /// The requests of a turn in which no session's produce is answered.
+    fn send<T>(client: &mut GroupClient<T>, now: u64, takes: bool, room: u64) -> Vec<Request> {
+        let (requests, answered) =
+            client.requests(CLIENT, now, at(takes, room), &Slices::default());
+        assert!(answered.is_empty());
+        requests
+    }
+
     fn reply(session: u64, request: u64, result: Result<Vec<u8>, Refusal>) -> Reply {
         Reply {
             client: CLIENT,
@@ -232,26 +349,23 @@ mod tests {
     #[test]
     fn a_session_comes_first_then_batches_in_order_within_the_pipeline() {
         let mut client = GroupClient::default();
-        assert!(
-            client.requests(CLIENT, 1, true, 16).is_empty(),
-            "nothing queued"
-        );
+        assert!(send(&mut client, 1, true, 16).is_empty(), "nothing queued");
         for token in 0..5u32 {
-            client.queue(bytes::Bytes::from(vec![token as u8]), token);
+            client.queue(bytes::Bytes::from(vec![token as u8]), token, None);
         }
-        let register = client.requests(CLIENT, 1, true, 16);
+        let register = send(&mut client, 1, true, 16);
         assert_eq!(register.len(), 1);
         assert_eq!(register[0].session, 0, "a register");
         assert!(
-            client.requests(CLIENT, 2, true, 16).is_empty(),
+            send(&mut client, 2, true, 16).is_empty(),
             "one register at once"
         );
         assert_eq!(client.answer(&registered(40, 1)).map(|(t, _)| t), None);
         assert!(
-            client.requests(CLIENT, 3, false, 16).is_empty(),
+            send(&mut client, 3, false, 16).is_empty(),
             "the primary takes none"
         );
-        let first = client.requests(CLIENT, 3, true, 2);
+        let first = send(&mut client, 3, true, 2);
         assert_eq!(
             first
                 .iter()
@@ -260,7 +374,7 @@ mod tests {
             vec![(40, 1), (40, 2)],
             "numbered in order, as many as the pipeline has room for"
         );
-        let rest = client.requests(CLIENT, 4, true, 16);
+        let rest = send(&mut client, 4, true, 16);
         assert_eq!(
             rest.iter().map(|r| r.request).collect::<Vec<_>>(),
             [3, 4, 5]
@@ -272,11 +386,11 @@ mod tests {
     #[test]
     fn answers_reach_their_produce_and_a_refusal_registers_again() {
         let mut client = GroupClient::default();
-        client.queue(bytes::Bytes::from_static(b"a"), 'a');
-        client.queue(bytes::Bytes::from_static(b"b"), 'b');
-        client.requests(CLIENT, 1, true, 16);
+        client.queue(bytes::Bytes::from_static(b"a"), 'a', None);
+        client.queue(bytes::Bytes::from_static(b"b"), 'b', None);
+        send(&mut client, 1, true, 16);
         client.answer(&registered(9, 1));
-        client.requests(CLIENT, 2, true, 16);
+        send(&mut client, 2, true, 16);
         assert_eq!(
             client.answer(&reply(9, 2, stored(5, 7))),
             Some(('b', Ok((5, 7))))
@@ -296,8 +410,8 @@ mod tests {
             .unwrap();
         assert_eq!(token, 'a');
         assert_eq!(answer.unwrap_err().code, ErrorCode::NotLeader);
-        client.queue(bytes::Bytes::from_static(b"c"), 'c');
-        let again = client.requests(CLIENT, 3, true, 16);
+        client.queue(bytes::Bytes::from_static(b"c"), 'c', None);
+        let again = send(&mut client, 3, true, 16);
         assert_eq!(again.len(), 1);
         assert_eq!(
             again[0].session, 0,
@@ -305,7 +419,7 @@ mod tests {
         );
         // A result that names no offsets is an error, not made-up offsets.
         client.answer(&registered(10, 2));
-        client.requests(CLIENT, 4, true, 16);
+        send(&mut client, 4, true, 16);
         let (_, answer) = client
             .answer(&reply(10, 1, Ok(Applied::NotABatch.encode())))
             .unwrap();
@@ -322,16 +436,16 @@ mod tests {
     fn a_late_register_answer_never_numbers_the_session_again() {
         let mut client = GroupClient::default();
         for token in 0..3u8 {
-            client.queue(bytes::Bytes::from(vec![token]), token);
+            client.queue(bytes::Bytes::from(vec![token]), token, None);
         }
-        client.requests(CLIENT, 1, true, 16);
+        send(&mut client, 1, true, 16);
         client.answer(&registered(40, 1));
-        let sent = client.requests(CLIENT, 2, true, 2);
+        let sent = send(&mut client, 2, true, 2);
         assert_eq!(sent.iter().map(|r| r.request).collect::<Vec<_>>(), [1, 2]);
         for late in [registered(40, 1), registered(41, 1), registered(40, 0)] {
             assert_eq!(client.answer(&late), None);
         }
-        let next = client.requests(CLIENT, 3, true, 16);
+        let next = send(&mut client, 3, true, 16);
         assert_eq!(
             next.iter()
                 .map(|r| (r.session, r.request))
@@ -344,16 +458,16 @@ mod tests {
     #[test]
     fn overdue_registers_are_sent_again_and_lost_requests_given_up() {
         let mut client = GroupClient::default();
-        client.queue(bytes::Bytes::from_static(b"a"), 1u8);
-        client.requests(CLIENT, 10, true, 16);
+        client.queue(bytes::Bytes::from_static(b"a"), 1u8, None);
+        send(&mut client, 10, true, 16);
         let (resend, lost) = client.overdue(CLIENT, 11, 9, 0);
         assert!(resend.is_none() && lost.is_empty(), "not due yet");
         let (resend, _) = client.overdue(CLIENT, 20, 10, 0);
         assert_eq!(resend.map(|r| r.session), Some(0));
         client.answer(&registered(3, 1));
-        client.requests(CLIENT, 21, true, 16);
-        client.queue(bytes::Bytes::from_static(b"b"), 2u8);
-        client.requests(CLIENT, 30, true, 16);
+        send(&mut client, 21, true, 16);
+        client.queue(bytes::Bytes::from_static(b"b"), 2u8, None);
+        send(&mut client, 30, true, 16);
         let (_, lost) = client.overdue(CLIENT, 40, 0, 21);
         assert_eq!(
             lost,
@@ -362,5 +476,127 @@ mod tests {
         );
         assert_eq!(client.drain(), vec![2]);
         assert!(client.is_idle());
+    }
+
+    fn tag(session: u64, request: u32) -> Option<SessionTag> {
+        Some(SessionTag { session, request })
+    }
+
+    /// A registered client with this node's session 3.
+    fn registered_client() -> GroupClient<char> {
+        let mut client = GroupClient::default();
+        client.queue(bytes::Bytes::from_static(b"x"), 'x', None);
+        send(&mut client, 1, true, 16);
+        client.answer(&registered(3, 1));
+        send(&mut client, 2, true, 16);
+        client
+    }
+
+    #[test]
+    fn a_sessions_retry_is_answered_from_its_entry_never_prepared_twice() {
+        let mut client = registered_client();
+        let mut slices = Slices::default();
+        let view = |commit_min| PrimaryAt {
+            commit_min,
+            op: 1,
+            ..at(true, 16)
+        };
+        client.queue(bytes::Bytes::from_static(b"a"), 'a', tag(50, 0));
+        client.queue(bytes::Bytes::from_static(b"A"), 'A', tag(50, 0));
+        client.queue(bytes::Bytes::from_static(b"z"), 'z', None);
+        let (sent, answered) = client.requests(CLIENT, 3, view(1), &slices);
+        assert_eq!(sent.len(), 1, "the first copy goes, the retry waits for it");
+        assert!(answered.is_empty());
+        let (sent, _) = client.requests(CLIENT, 4, view(1), &slices);
+        assert!(
+            sent.is_empty(),
+            "still in flight: the queue waits behind it"
+        );
+        slices.applied(
+            SessionTag {
+                session: 50,
+                request: 0,
+            },
+            10,
+            11,
+        );
+        let (sent, answered) = client.requests(CLIENT, 5, view(2), &slices);
+        assert_eq!(answered.len(), 1);
+        assert_eq!(answered[0].0, 'A');
+        assert_eq!(
+            answered[0].1.as_ref().ok(),
+            Some(&(10, 11)),
+            "the original offsets"
+        );
+        assert_eq!(sent.len(), 1, "the untagged produce behind it goes on");
+        client.queue(bytes::Bytes::from_static(b"c"), 'c', tag(50, 2));
+        client.queue(bytes::Bytes::from_static(b"b"), 'b', tag(50, 1));
+        let (sent, answered) = client.requests(CLIENT, 6, view(3), &slices);
+        let gap = answered[0].1.as_ref().unwrap_err();
+        assert_eq!(gap.code, ErrorCode::RequestOutOfOrder);
+        assert_eq!(
+            gap.details,
+            vec![ErrorDetail::ExpectedRequest { request: 1 }]
+        );
+        assert_eq!(sent.len(), 1, "request 1 goes");
+        slices.applied(
+            SessionTag {
+                session: 50,
+                request: 1,
+            },
+            12,
+            12,
+        );
+        client.queue(bytes::Bytes::from_static(b"a"), 'a', tag(50, 0));
+        let (_, answered) = client.requests(CLIENT, 7, view(4), &slices);
+        let older = answered[0].1.as_ref().unwrap_err();
+        assert_eq!(older.code, ErrorCode::DuplicateRequest);
+        assert_eq!(older.details, vec![ErrorDetail::LastRequest { request: 1 }]);
+    }
+
+    /// A new view's log may hold an earlier primary's prepares of a session's
+    /// requests that the state has not applied: nothing of a session is judged until
+    /// it has, and a given-up request still counts as prepared.
+    #[test]
+    fn a_new_view_judges_no_session_before_the_state_holds_its_log() {
+        let mut client = registered_client();
+        let mut slices = Slices::default();
+        let view = |view, op, commit_min| PrimaryAt {
+            view,
+            op,
+            commit_min,
+            ..at(true, 16)
+        };
+        client.queue(bytes::Bytes::from_static(b"a"), 'a', tag(50, 0));
+        let (sent, answered) = client.requests(CLIENT, 3, view(2, 8, 5), &slices);
+        assert!(
+            sent.is_empty() && answered.is_empty(),
+            "ops 6..=8 unapplied"
+        );
+        // The earlier primary's op 7 was request 0 of session 50.
+        slices.applied(
+            SessionTag {
+                session: 50,
+                request: 0,
+            },
+            4,
+            4,
+        );
+        let (sent, answered) = client.requests(CLIENT, 4, view(2, 8, 8), &slices);
+        assert!(sent.is_empty());
+        assert_eq!(answered[0].1.as_ref().ok(), Some(&(4, 4)));
+        client.queue(bytes::Bytes::from_static(b"b"), 'b', tag(50, 1));
+        let (sent, _) = client.requests(CLIENT, 5, view(2, 8, 8), &slices);
+        assert_eq!(sent.len(), 1);
+        let (_, lost) = client.overdue(CLIENT, 100, 0, 5);
+        assert!(lost.contains(&'b'), "given up, and maybe still to commit");
+        client.queue(bytes::Bytes::from_static(b"b"), 'B', tag(50, 1));
+        let (sent, answered) = client.requests(CLIENT, 101, view(2, 9, 8), &slices);
+        assert!(sent.is_empty() && answered.is_empty(), "waits for its copy");
+        // The next view: its log's top is the floor again.
+        let (sent, _) = client.requests(CLIENT, 102, view(3, 9, 8), &slices);
+        assert!(sent.is_empty(), "op 9 not applied yet");
+        let (sent, _) = client.requests(CLIENT, 103, view(3, 9, 9), &slices);
+        assert_eq!(sent.len(), 1, "op 9 was not request 1: it goes now");
     }
 }

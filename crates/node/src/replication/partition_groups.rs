@@ -23,9 +23,11 @@ use braid_proto::ValidatedBatch;
 use braid_storage::{LogConfig, PartitionLog};
 use braid_vsr::{Config, Input, Message, ReplicaId, Reply, Request, Status};
 
+use super::group_client::PrimaryAt;
 use super::meta_client::client_id;
 use super::meta_group::Timing;
 use super::partition_journal::{PartitionAsleep, PartitionJournal};
+use super::partition_machine::slices::{SessionTag, Tagged};
 use super::partition_machine::PartitionMachine;
 use super::shard_host::{Effects, HostError, Opened, ShardHost};
 use super::wire;
@@ -647,12 +649,32 @@ impl PartitionGroups {
             let _ = reply.send(Err(stopped(reason)));
             return;
         }
+        let tag = match SessionTag::of(batch.header()) {
+            Tagged::No => None,
+            Tagged::Yes(tag) => Some(tag),
+            Tagged::Invalid => {
+                let header = batch.header();
+                let _ = reply.send(Err(NodeError::new(
+                    ErrorCode::InvalidBatch,
+                    format!(
+                        "a batch names a session with producer id {} and base sequence {}: \
+                         both are -1 (no session), or a session id and a request number \
+                         from 0",
+                        header.producer_id, header.base_sequence
+                    ),
+                )));
+                return;
+            }
+        };
         let group = group_of(key);
         batch.set_base_offset(0);
         batch.set_partition_leader_epoch(0);
         // Shared from here on: the journal entry, the write and the sends hold it.
         let body = batch.into_bytes().freeze();
-        self.clients.entry(group).or_default().queue(body, reply);
+        self.clients
+            .entry(group)
+            .or_default()
+            .queue(body, reply, tag);
         if self.pending.last() != Some(&group) {
             self.pending.push(group);
         }
@@ -850,13 +872,27 @@ impl PartitionGroups {
         }
         // Only what the primary will prepare goes in (it drops a request while its view
         // is not on disk or its pipeline is full); the rest waits for a later turn.
-        let takes = replica.takes_requests();
-        let room = PIPELINE_MAX.saturating_sub(replica.op().saturating_sub(replica.commit_max()));
+        let at = PrimaryAt {
+            takes: replica.takes_requests(),
+            room: PIPELINE_MAX.saturating_sub(replica.op().saturating_sub(replica.commit_max())),
+            view: replica.view(),
+            op: replica.op(),
+            commit_min: replica.commit_min(),
+        };
         let Some(client) = self.clients.get_mut(&group) else {
             return;
         };
-        for request in client.requests(self.client_id, self.now, takes, room) {
+        let (requests, answered) = client.requests(
+            self.client_id,
+            self.now,
+            at,
+            replica.state().machine().slices(),
+        );
+        for request in requests {
             inputs.push((group, Input::Message(Message::Request(request))));
+        }
+        for (waiting, answer) in answered {
+            let _ = waiting.send(answer);
         }
     }
 

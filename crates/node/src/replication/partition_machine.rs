@@ -1,25 +1,37 @@
-//! A partition group's state machine: its offsets. The records are the journal itself
-//! (the partition log, see `partition_journal`); applying a committed batch only
-//! assigns it the next offsets, which are the offsets the log gave it, since the log
-//! holds the same batches in the same order.
+//! A partition group's state machine: its offsets and its client sessions' slice
+//! entries. The records are the journal itself (the partition log, see
+//! `partition_journal`); applying a committed batch assigns it the next offsets, which
+//! are the offsets the log gave it, since the log holds the same batches in the same
+//! order, and records it as its session's last request ([`slices`]).
 //!
 //! Pure: a prepare's body is read as a [`PartitionOp`], applied, and answered with an
 //! [`Applied`]; the state's encoding ([`PartitionMachine::snapshot`]) is versioned so it
-//! can grow (sessions' entries next) while older checkpoints stay readable.
+//! can grow while older checkpoints stay readable. The entries live in the state, so
+//! checkpoints, state transfer and the replay of the log above a checkpoint carry them:
+//! there is no second file that could drift from the log.
+
+pub(crate) mod slices;
 
 use braid_proto::BatchHeader;
 
-/// The offsets of a partition group.
+use slices::{SessionTag, Slices, Tagged};
+
+/// The offsets of a partition group and its sessions' last requests.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct PartitionMachine {
     next_offset: u64,
+    slices: Slices,
 }
 
 /// What a prepare's body asks of the partition.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum PartitionOp {
-    /// One whole batch frame of `records` records: stored at the next offsets.
-    Batch { records: u64 },
+    /// One whole batch frame of `records` records: stored at the next offsets, as
+    /// `session`'s request if it names one.
+    Batch {
+        records: u64,
+        session: Option<SessionTag>,
+    },
     /// Anything else (the journal keeps such a body aside; it takes no offsets).
     Unknown,
 }
@@ -37,6 +49,10 @@ impl PartitionOp {
         {
             Self::Batch {
                 records: u64::from(count as u32),
+                session: match SessionTag::of(&header) {
+                    Tagged::Yes(tag) => Some(tag),
+                    Tagged::No | Tagged::Invalid => None,
+                },
             }
         } else {
             Self::Unknown
@@ -48,7 +64,7 @@ impl PartitionOp {
 /// the log (the rest it keeps aside), so the two agree on every offset.
 pub(crate) fn batch_records(body: &[u8]) -> Option<u64> {
     match PartitionOp::of(body) {
-        PartitionOp::Batch { records } => Some(records),
+        PartitionOp::Batch { records, .. } => Some(records),
         PartitionOp::Unknown => None,
     }
 }
@@ -102,60 +118,81 @@ impl Applied {
     }
 }
 
-/// The version byte of the state's encoding: `1, next_offset: u64`. (The first
-/// encoding, eight bytes of `next_offset` alone, is still read.)
+/// The version byte of the first versioned encoding: `1, next_offset: u64`. (The
+/// first encoding, eight bytes of `next_offset` alone, is still read.)
 const STATE_V1: u8 = 1;
+/// The version byte of this encoding: `2, next_offset: u64`, then the slice entries
+/// ([`Slices::encode`]).
+const STATE_V2: u8 = 2;
 
 impl PartitionMachine {
     /// The offset the next committed batch takes: the high watermark.
     pub(crate) fn next_offset(&self) -> u64 {
         self.next_offset
     }
+
+    /// The client sessions' slice entries.
+    pub(crate) fn slices(&self) -> &Slices {
+        &self.slices
+    }
+
+    /// A batch of `records` takes the next offsets.
+    fn store(&mut self, records: u64, session: Option<SessionTag>) -> (u64, u64) {
+        let base = self.next_offset;
+        self.next_offset += records;
+        let last = self.next_offset - 1;
+        if let Some(tag) = session {
+            self.slices.applied(tag, base, last);
+        }
+        (base, last)
+    }
 }
 
 impl braid_vsr::StateMachine for PartitionMachine {
     fn apply(&mut self, _op: u64, input: &[u8]) -> Vec<u8> {
         match PartitionOp::of(input) {
-            PartitionOp::Batch { records } => {
-                let base = self.next_offset;
-                self.next_offset += records;
-                Applied::Stored {
-                    base,
-                    last: self.next_offset - 1,
-                }
-                .encode()
+            PartitionOp::Batch { records, session } => {
+                let (base, last) = self.store(records, session);
+                Applied::Stored { base, last }.encode()
             }
             PartitionOp::Unknown => Applied::NotABatch.encode(),
         }
     }
 
-    /// A batch committed but not run (a retry, an unknown session) is in the log all
-    /// the same, since the journal appended it when it was prepared: its records take
-    /// their offsets, so that every later batch's offsets are the ones it is stored at.
+    /// A batch committed but not run (a retry of this node's own request to the
+    /// group, an unknown session) is in the log all the same, since the journal
+    /// appended it when it was prepared: its records take their offsets, so that every
+    /// later batch's offsets are the ones it is stored at, and it is its client
+    /// session's request as much as if it had run.
     fn skipped(&mut self, _op: u64, input: &[u8]) {
-        if let PartitionOp::Batch { records } = PartitionOp::of(input) {
-            self.next_offset += records;
+        if let PartitionOp::Batch { records, session } = PartitionOp::of(input) {
+            self.store(records, session);
         }
     }
 
     fn snapshot(&self) -> Vec<u8> {
-        let mut out = vec![STATE_V1];
+        let mut out = vec![STATE_V2];
         out.extend_from_slice(&self.next_offset.to_be_bytes());
+        self.slices.encode(&mut out);
         out
     }
 
     fn restore(&mut self, snapshot: &[u8]) -> Result<(), String> {
-        let next_offset = match snapshot {
-            [STATE_V1, rest @ ..] if rest.len() == 8 => rest,
-            legacy if legacy.len() == 8 => legacy,
-            [version, ..] if snapshot.len() != 8 && *version != STATE_V1 => {
+        let (next_offset, slices) = match snapshot {
+            [STATE_V2, rest @ ..] if rest.len() >= 8 => {
+                let (next_offset, slices) = rest.split_at(8);
+                (next_offset, Slices::decode(slices)?)
+            }
+            [STATE_V1, rest @ ..] if rest.len() == 8 => (rest, Slices::default()),
+            legacy if legacy.len() == 8 => (legacy, Slices::default()),
+            [version, ..] if snapshot.len() != 8 && *version > STATE_V2 => {
                 return Err(format!(
                     "a partition state of version {version}, which this node does not read"
                 ))
             }
             _ => {
                 return Err(format!(
-                    "a partition state is 9 bytes (or 8 of the first version), not {}",
+                    "a partition state of {} bytes does not decode",
                     snapshot.len()
                 ))
             }
@@ -164,6 +201,7 @@ impl braid_vsr::StateMachine for PartitionMachine {
             .try_into()
             .map_err(|_| "a partition state's next offset is cut short".to_owned())?;
         self.next_offset = u64::from_be_bytes(bytes);
+        self.slices = slices;
         Ok(())
     }
 }
@@ -199,6 +237,45 @@ mod tests {
         assert!(restored.restore(b"short").is_err());
     }
 
+    /// A tagged batch becomes its session's last request here, whether it ran or was
+    /// skipped, and the entries ride the state through a snapshot.
+    #[test]
+    fn a_sessions_last_request_is_in_the_state() {
+        let tagged = |session: i64, request: i32, records: usize| {
+            let mut builder = braid_proto::BatchBuilder::new(0);
+            for _ in 0..records {
+                builder.push(None, Some(b"v"), &[], 0);
+            }
+            builder.producer(session, -1, request);
+            builder.finish()
+        };
+        let mut machine = PartitionMachine::default();
+        machine.apply(1, &tagged(7, 0, 2));
+        machine.apply(2, &tagged(9, 0, 1));
+        machine.skipped(3, &tagged(7, 1, 3));
+        let slice = |m: &PartitionMachine, s| m.slices().get(s).copied();
+        assert_eq!(
+            slice(&machine, 7),
+            Some(slices::Slice {
+                request: 1,
+                base: 3,
+                last: 5
+            })
+        );
+        assert_eq!(
+            slice(&machine, 9),
+            Some(slices::Slice {
+                request: 0,
+                base: 2,
+                last: 2
+            })
+        );
+        let mut restored = PartitionMachine::default();
+        restored.restore(&machine.snapshot()).unwrap();
+        assert_eq!(restored, machine);
+        assert_eq!(restored.slices().len(), 2);
+    }
+
     /// The state's encoding is versioned: this version's reads back, the first
     /// version's eight bytes are still read, and a later version or a cut state is
     /// refused with a reason, never taken for some other next offset.
@@ -207,16 +284,23 @@ mod tests {
         let mut machine = PartitionMachine::default();
         machine.restore(&[0, 0, 0, 0, 0, 0, 0x01, 0x00]).unwrap();
         assert_eq!(machine.next_offset(), 256, "the first version's 8 bytes");
+        let mut v1 = PartitionMachine::default();
+        v1.restore(&[STATE_V1, 0, 0, 0, 0, 0, 0, 0x01, 0x00])
+            .unwrap();
+        assert_eq!(v1, machine, "the first versioned encoding");
         let snapshot = machine.snapshot();
-        assert_eq!(snapshot, [STATE_V1, 0, 0, 0, 0, 0, 0, 0x01, 0x00]);
+        assert_eq!(
+            snapshot,
+            [STATE_V2, 0, 0, 0, 0, 0, 0, 0x01, 0x00, 0, 0, 0, 0]
+        );
         let mut restored = PartitionMachine::default();
         restored.restore(&snapshot).unwrap();
         assert_eq!(restored, machine);
         let newer = restored
-            .restore(&[2, 0, 0, 0, 0, 0, 0, 0, 0, 7])
+            .restore(&[3, 0, 0, 0, 0, 0, 0, 0, 0, 7])
             .unwrap_err();
-        assert!(newer.contains("version 2"), "{newer}");
-        for cut in [0, 1, 5, 7] {
+        assert!(newer.contains("version 3"), "{newer}");
+        for cut in [0, 1, 5, 7, 9, 12] {
             assert!(restored.restore(&snapshot[..cut]).is_err(), "cut at {cut}");
         }
         let mut long = snapshot.clone();

@@ -83,6 +83,59 @@ pub(crate) struct Outcome {
     /// member holds at the end (at least as many: an unanswered proposal may commit).
     pub(crate) streams_acknowledged: u64,
     pub(crate) streams_stored: u64,
+    /// Client sessions' requests sent again after a failure, those of them answered
+    /// with offsets, and those answered `DuplicateRequest` (stored before).
+    pub(crate) session_requests_resent: u64,
+    pub(crate) resent_requests_acknowledged: u64,
+    pub(crate) duplicates_refused: u64,
+}
+
+impl Outcome {
+    /// Adds another run's counts.
+    pub(crate) fn add(&mut self, other: &Self) {
+        let Self {
+            records_acknowledged,
+            produces_failed,
+            kills,
+            power_losses,
+            cuts,
+            frames_lost,
+            reads_refused,
+            damaged_files,
+            files_slept,
+            files_woken,
+            reopened,
+            descriptors_out,
+            opens_refused,
+            ticks_to_converge,
+            records_stored,
+            streams_acknowledged,
+            streams_stored,
+            session_requests_resent,
+            resent_requests_acknowledged,
+            duplicates_refused,
+        } = other;
+        self.records_acknowledged += records_acknowledged;
+        self.produces_failed += produces_failed;
+        self.kills += kills;
+        self.power_losses += power_losses;
+        self.cuts += cuts;
+        self.frames_lost += frames_lost;
+        self.reads_refused += reads_refused;
+        self.damaged_files += damaged_files;
+        self.files_slept += files_slept;
+        self.files_woken += files_woken;
+        self.reopened += reopened;
+        self.descriptors_out += descriptors_out;
+        self.opens_refused += opens_refused;
+        self.ticks_to_converge += ticks_to_converge;
+        self.records_stored += records_stored;
+        self.streams_acknowledged += streams_acknowledged;
+        self.streams_stored += streams_stored;
+        self.session_requests_resent += session_requests_resent;
+        self.resent_requests_acknowledged += resent_requests_acknowledged;
+        self.duplicates_refused += duplicates_refused;
+    }
 }
 
 /// Why a run failed.
@@ -142,6 +195,10 @@ struct Packet {
 struct Waiting {
     partition: u32,
     values: Vec<Vec<u8>>,
+    /// The client session and request number it is, if any.
+    tag: Option<(u64, u32)>,
+    /// Sent before, failed, and sent again.
+    resent: bool,
     answer: oneshot::Receiver<Result<(u64, u64), NodeError>>,
 }
 
@@ -176,6 +233,10 @@ pub(crate) struct Run {
     proposals: metadata::Proposals,
     /// Draws for damage to sleeping files, apart from the seed's others.
     asleep_draws: Prng,
+    /// Draws for the producers' sessions, apart from the others.
+    session_draws: Prng,
+    /// The client sessions' requests ([`producer`]).
+    sessions: producer::Sessions,
     /// Draws for members running out of file descriptors, apart from the others.
     descriptor_draws: Prng,
     /// The member out of file descriptors, and the tick it has them again.
@@ -315,6 +376,8 @@ impl Run {
             served: served::Checked::default(),
             proposals: metadata::Proposals::default(),
             asleep_draws: Prng::new(seed.rotate_left(43) ^ 0xda7a),
+            session_draws: Prng::new(seed.rotate_left(53) ^ 0x5e55),
+            sessions: producer::Sessions::default(),
             descriptor_draws: Prng::new(seed.rotate_left(47) ^ 0xfd),
             descriptors_out: None,
             asleep_damage_due: false,

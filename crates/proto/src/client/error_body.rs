@@ -6,6 +6,10 @@ use crate::wire::{WireError, WireReader, WireWrite};
 
 /// Tag of [`ErrorDetail::Leader`].
 const TAG_LEADER: u16 = 1;
+/// Tag of [`ErrorDetail::ExpectedRequest`].
+const TAG_EXPECTED_REQUEST: u16 = 2;
+/// Tag of [`ErrorDetail::LastRequest`].
+const TAG_LAST_REQUEST: u16 = 3;
 
 /// What an error says besides its code and message.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -18,6 +22,17 @@ pub enum ErrorDetail {
         node_id: u8,
         /// Its client address (`host:port`).
         client_addr: String,
+    },
+    /// `RequestOutOfOrder`: the request number the partition takes next from the
+    /// session.
+    ExpectedRequest {
+        /// That number.
+        request: u32,
+    },
+    /// `DuplicateRequest`: the session's last request the partition applied.
+    LastRequest {
+        /// Its number.
+        request: u32,
     },
 }
 
@@ -32,6 +47,14 @@ impl ErrorDetail {
                 value.put_u8_be(*node_id);
                 value.put_string(client_addr);
                 TAG_LEADER
+            }
+            Self::ExpectedRequest { request } => {
+                value.put_u32_be(*request);
+                TAG_EXPECTED_REQUEST
+            }
+            Self::LastRequest { request } => {
+                value.put_u32_be(*request);
+                TAG_LAST_REQUEST
             }
         };
         // A detail longer than its length field can say is not sent (none is: each is
@@ -51,6 +74,12 @@ impl ErrorDetail {
             TAG_LEADER => Self::Leader {
                 node_id: r.u8("leader_node_id")?,
                 client_addr: r.string("leader_client_addr")?.to_owned(),
+            },
+            TAG_EXPECTED_REQUEST => Self::ExpectedRequest {
+                request: r.u32("expected_request")?,
+            },
+            TAG_LAST_REQUEST => Self::LastRequest {
+                request: r.u32("last_request")?,
             },
             _ => return Ok(None),
         };
@@ -110,10 +139,15 @@ mod tests {
     #[test]
     fn a_body_round_trips_and_unknown_details_are_skipped() {
         let mut body = Vec::new();
-        ErrorBody::encode("node 1 does not lead it", &[leader()], &mut body);
+        let details = [
+            leader(),
+            ErrorDetail::ExpectedRequest { request: 7 },
+            ErrorDetail::LastRequest { request: u32::MAX },
+        ];
+        ErrorBody::encode("node 1 does not lead it", &details, &mut body);
         let decoded = ErrorBody::decode(&body).unwrap();
         assert_eq!(decoded.message, "node 1 does not lead it");
-        assert_eq!(decoded.details, vec![leader()]);
+        assert_eq!(decoded.details, details);
         // A newer node's detail (tag 900) between and after: skipped, the rest read.
         let mut newer = Vec::new();
         newer.put_string("m");

@@ -190,6 +190,14 @@ codes! {
         /// A keyed record's key hash lies outside the partition's hash range: the
         /// producer's layout is stale; refresh it and route again.
         KeyOutOfRange = 25,
+        /// A produce of a session repeats a request older than the last one the
+        /// partition applied for it: that request was stored, and its offsets are no
+        /// longer kept (a `LastRequest` detail names the last). Not retriable.
+        DuplicateRequest = 26,
+        /// A produce of a session skips a request number on its partition: an earlier
+        /// request is missing (an `ExpectedRequest` detail names the next number the
+        /// partition takes). Send the missing ones first.
+        RequestOutOfOrder = 27,
         /// No such consumer group.
         GroupNotFound = 30,
         /// The member is not (or no longer) in the group.

@@ -147,6 +147,35 @@ impl Run {
                     start + i as u64
                 ));
             }
+            // Nothing is stored twice: every value is produced once, and a session's
+            // request sent again is the same values, which must not be stored again.
+            let mut seen = std::collections::HashMap::new();
+            for (offset, value) in &values {
+                if let Some(value) = value {
+                    if let Some(earlier) = seen.insert(value.as_slice(), *offset) {
+                        return Err(format!(
+                            "partition {p}: {} is stored twice, at offsets {earlier} and {offset}",
+                            String::from_utf8_lossy(value)
+                        ));
+                    }
+                }
+            }
+            if from == 0 {
+                for (_, value) in self
+                    .sessions
+                    .stored_somewhere
+                    .iter()
+                    .filter(|(partition, _)| *partition == p)
+                {
+                    if !seen.contains_key(value.as_slice()) {
+                        return Err(format!(
+                            "partition {p}: {} was answered stored before (DuplicateRequest), \
+                             and no log holds it",
+                            String::from_utf8_lossy(value)
+                        ));
+                    }
+                }
+            }
             for ((_, offset), value) in self.acked.range((p, from)..(p + 1, 0)) {
                 match values.get(offset) {
                     Some(Some(held)) if held == value => {}

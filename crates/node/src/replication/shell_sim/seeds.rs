@@ -91,23 +91,7 @@ pub(crate) fn run_seeds(
                 match result {
                     Ok(outcome) => {
                         all.2 += 1;
-                        all.1.records_acknowledged += outcome.records_acknowledged;
-                        all.1.produces_failed += outcome.produces_failed;
-                        all.1.kills += outcome.kills;
-                        all.1.power_losses += outcome.power_losses;
-                        all.1.cuts += outcome.cuts;
-                        all.1.frames_lost += outcome.frames_lost;
-                        all.1.reads_refused += outcome.reads_refused;
-                        all.1.damaged_files += outcome.damaged_files;
-                        all.1.files_slept += outcome.files_slept;
-                        all.1.files_woken += outcome.files_woken;
-                        all.1.reopened += outcome.reopened;
-                        all.1.descriptors_out += outcome.descriptors_out;
-                        all.1.opens_refused += outcome.opens_refused;
-                        all.1.records_stored += outcome.records_stored;
-                        all.1.streams_acknowledged += outcome.streams_acknowledged;
-                        all.1.streams_stored += outcome.streams_stored;
-                        all.1.ticks_to_converge += outcome.ticks_to_converge;
+                        all.1.add(&outcome);
                     }
                     Err(failure) => all.0.push(failure),
                 }
