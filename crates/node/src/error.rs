@@ -41,6 +41,7 @@ impl From<crate::metadata::MetaError> for NodeError {
             MetaError::TopicExists { .. } => ErrorCode::TopicExists,
             MetaError::UserNotFound(_) => ErrorCode::UserNotFound,
             MetaError::UserExists(_) => ErrorCode::UserExists,
+            MetaError::SessionNotFound(_) => ErrorCode::SessionNotFound,
             _ => ErrorCode::InvalidArgument,
         };
         Self::new(code, err.to_string())

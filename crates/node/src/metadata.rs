@@ -11,7 +11,9 @@ use braid_proto::scram::ScramCredential;
 use braid_proto::wire::{WireError, WireReader, WireWrite};
 
 pub mod op;
+pub mod sessions;
 pub use op::MetaOp;
+pub use sessions::ClientSession;
 
 /// Most partitions a topic may be created with (the protocol's range, also checked
 /// when a CreateTopic request is decoded).
@@ -83,6 +85,10 @@ pub struct Metadata {
     pub streams: BTreeMap<String, StreamMeta>,
     /// Users by name, with their grants.
     pub users: BTreeMap<String, UserMeta>,
+    /// The op being applied (the last applied after it): what a session's id is.
+    applied_op: u64,
+    /// Client sessions by id, open or ended, until retired.
+    pub sessions: BTreeMap<u64, ClientSession>,
 }
 
 /// A part of the metadata an op changed, as the layout and the access table see it:
@@ -135,6 +141,9 @@ pub enum MetaError {
     /// The user exists.
     #[error("user {0:?} already exists")]
     UserExists(String),
+    /// No such client session (never registered, or retired).
+    #[error("client session {0} does not exist")]
+    SessionNotFound(u64),
     /// An argument is out of range.
     #[error("{0}")]
     Invalid(String),
@@ -186,6 +195,17 @@ impl Metadata {
     /// The [`MetaError`] that [`Metadata::apply`] would return.
     pub fn check(&self, op: &MetaOp) -> Result<(), MetaError> {
         op.check(self)
+    }
+
+    /// Starts applying metadata log op `op` (a batch of [`MetaOp`]s): a session
+    /// registered by it gets its number.
+    pub fn begin_op(&mut self, op: u64) {
+        self.applied_op = op;
+    }
+
+    /// The metadata log op applied last (or being applied).
+    pub fn applied_op(&self) -> u64 {
+        self.applied_op
     }
 
     /// Applies an op.
@@ -349,6 +369,8 @@ impl Metadata {
                 grant.encode_into(out);
             }
         }
+        // Sessions came after users; a snapshot without them has none.
+        sessions::encode(self.applied_op, &self.sessions, out);
     }
 
     /// Decodes a state written by [`Metadata::encode`].
@@ -362,6 +384,8 @@ impl Metadata {
             next_topic_id: r.u32("next_topic_id")?,
             streams: BTreeMap::new(),
             users: BTreeMap::new(),
+            applied_op: 0,
+            sessions: BTreeMap::new(),
         };
         for _ in 0..r.count("streams", 10)? {
             let name = r.string("stream")?.to_owned();
@@ -425,6 +449,9 @@ impl Metadata {
                 }
                 meta.users.insert(name, UserMeta { credential, grants });
             }
+        }
+        if r.remaining() > 0 {
+            (meta.applied_op, meta.sessions) = sessions::decode(&mut r)?;
         }
         r.finish()?;
         Ok(meta)

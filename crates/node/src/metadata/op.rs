@@ -13,6 +13,7 @@ use braid_proto::hash::equal_ranges;
 use braid_proto::scram::ScramCredential;
 use braid_proto::wire::{WireError, WireReader, WireWrite};
 
+pub use super::sessions::{EndSession, RegisterSession};
 use super::{
     check_credential, check_name, credential, put_credential, MetaError, Metadata, PartitionMeta,
     StreamMeta, TopicMeta, Touch, UserMeta, TOPIC_PARTITIONS_MAX,
@@ -117,6 +118,10 @@ meta_ops! {
     Revoke,
     /// Replace a user's credential.
     SetCredential,
+    /// Open a client session.
+    RegisterSession,
+    /// End a client session.
+    EndSession,
 }
 
 // Two ops with one code would read each other's records back: refused at compile time.

@@ -164,6 +164,7 @@ impl braid_vsr::StateMachine for MetadataMachine {
     fn apply(&mut self, op: u64, input: &[u8]) -> Vec<u8> {
         let mut out = Vec::new();
         out.put_u64_be(op);
+        self.state.begin_op(op);
         let mut r = WireReader::new(input);
         let mut outcomes = Vec::new();
         // A batch that does not decode whole applies nothing: one malformed outcome.
@@ -268,6 +269,9 @@ pub(crate) mod tests {
             )),
             name.clone()
                 .prop_map(|name| MetaOp::DeleteUser(op::DeleteUser { name })),
+            (500u32..700_000)
+                .prop_map(|timeout_ms| MetaOp::RegisterSession(op::RegisterSession { timeout_ms })),
+            (0u64..12).prop_map(|session| MetaOp::EndSession(op::EndSession { session })),
             (name.clone(), name.clone()).prop_map(|(user, stream)| MetaOp::Grant(op::Grant {
                 user,
                 grant: Grant {
@@ -322,10 +326,10 @@ pub(crate) mod tests {
                     prop_assert_eq!(&machine, &first);
                     restored = Some(machine);
                 }
-                let a = first.apply(i as u64, input);
-                prop_assert_eq!(&a, &second.apply(i as u64, input));
+                let a = first.apply(i as u64 + 1, input);
+                prop_assert_eq!(&a, &second.apply(i as u64 + 1, input));
                 if let Some(machine) = restored.as_mut() {
-                    prop_assert_eq!(&a, &machine.apply(i as u64, input));
+                    prop_assert_eq!(&a, &machine.apply(i as u64 + 1, input));
                 }
             }
             prop_assert_eq!(first.state(), second.state());

@@ -124,7 +124,16 @@ impl<T> MetaClient<T> {
             let request = register_request(self.client, self.register_attempt);
             (request, Vec::new(), Vec::new())
         } else {
-            let take = self.queued.len().min(BATCH_OPS_MAX);
+            // A session's id is the number of the op that registers it: one register
+            // per op.
+            let second_register = self
+                .queued
+                .iter()
+                .enumerate()
+                .filter(|(_, (op, _))| matches!(op, MetaOp::RegisterSession(_)))
+                .nth(1)
+                .map_or(usize::MAX, |(at, _)| at);
+            let take = self.queued.len().min(BATCH_OPS_MAX).min(second_register);
             let (ops, tokens): (Vec<_>, Vec<_>) = self.queued.drain(..take).unzip();
             let request = Request {
                 client: self.client,
@@ -290,6 +299,36 @@ mod tests {
             ErrorCode::StreamExists
         );
         assert_eq!(client.pending(), 0);
+    }
+
+    /// A session's id is its register's op number, so no batch holds two registers.
+    #[test]
+    fn a_batch_holds_at_most_one_session_register() {
+        let register = || MetaOp::RegisterSession(op::RegisterSession { timeout_ms: 5_000 });
+        let mut client = MetaClient::new(2, 0xabc, 10);
+        for (token, op) in [stream("a"), register(), stream("b"), register(), register()]
+            .into_iter()
+            .enumerate()
+        {
+            client.propose(op, token);
+        }
+        let first = request(client.poll(0));
+        client.on_reply(&reply_to(&first, 40, Ok(vec![])));
+        let mut machine = MetadataMachine::default();
+        let mut answered = Vec::new();
+        for op in 1..=3 {
+            let batch = request(client.poll(op));
+            let result = machine.apply(op, &batch.body);
+            for (at, token, outcome) in client.on_reply(&reply_to(&batch, 40, Ok(result))) {
+                assert!(outcome.is_ok(), "{outcome:?}");
+                answered.push((at, token));
+            }
+        }
+        assert_eq!(answered, [(1, 0), (1, 1), (1, 2), (2, 3), (3, 4)]);
+        assert_eq!(
+            machine.state().sessions.keys().copied().collect::<Vec<_>>(),
+            [1, 2, 3]
+        );
     }
 
     #[test]

@@ -198,6 +198,10 @@ codes! {
         /// request is missing (an `ExpectedRequest` detail names the next number the
         /// partition takes). Send the missing ones first.
         RequestOutOfOrder = 27,
+        /// No such client session: never registered, ended or retired. Register a new
+        /// one (a request whose answer was lost under the old one has an unknown
+        /// outcome: it may be stored).
+        SessionNotFound = 28,
         /// No such consumer group.
         GroupNotFound = 30,
         /// The member is not (or no longer) in the group.
