@@ -9,7 +9,8 @@
 //! four partitions of a topic and a consumer group member committing as it reads,
 //! each victim restarted and every group at one commit point again before the next.
 //! After each: every acknowledged record is read back at its partition and offset,
-//! records stored twice are counted, each group's commit point (op and checksum) is
+//! records stored twice are counted (and must be none: the producers hold client
+//! sessions), each group's commit point (op and checksum) is
 //! the same on every member, and after a clean stop each member's log of every
 //! partition is the same on disk, record by record.
 
@@ -65,6 +66,10 @@ async fn twenty_kills_of_the_primary_under_four_producers() {
         resumed[resumed.len() - 1],
         acked.len()
     );
+    assert_eq!(
+        twice, 0,
+        "records stored twice: the producers' sessions refuse resends"
+    );
     assert!(acked.len() > 1_000, "the producers made progress");
 }
 
@@ -116,6 +121,10 @@ async fn rolling_restart(signal: &str) {
         acked.len()
     );
     assert_eq!(failed, 0, "the SDK rides through a rolling restart");
+    assert_eq!(
+        twice, 0,
+        "records stored twice: the producers' sessions refuse resends"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -140,6 +149,10 @@ async fn sigkill_of_every_member_at_once_under_fsync_always_loses_nothing() {
     println!(
         "kill -9 of all three under fsync = always: {} acknowledged before the kill, all there; {failed} sends failed, {stored} stored, {twice} stored twice; {groups} groups agree, the same {on_disk} records in every member's log",
         acked.len()
+    );
+    assert_eq!(
+        twice, 0,
+        "records stored twice: the producers' sessions refuse resends"
     );
     assert!(!acked.is_empty());
 }
@@ -287,6 +300,10 @@ async fn twenty_four_kills_of_any_member_under_fsync_always_leave_every_log_equa
         read.records.len(),
         read.commits,
         read.commit_errors
+    );
+    assert_eq!(
+        stored.twice, 0,
+        "records stored twice: the producers' sessions refuse resends"
     );
     assert!(acked.len() > 1_000, "the producers made progress");
 }

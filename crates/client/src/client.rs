@@ -554,6 +554,9 @@ fn is_read(request: &Request<'_>) -> bool {
             | Request::DescribeGroup { .. }
             | Request::ListGroups { .. }
             | Request::ListUsers
+            // Not reads, but each may be sent twice: a second changes nothing.
+            | Request::SessionHeartbeat { .. }
+            | Request::EndSession { .. }
     )
 }
 

@@ -35,6 +35,7 @@ mod error;
 mod options;
 mod producer;
 mod routes;
+mod session;
 
 pub use client::{Client, MemberStatus};
 pub use connection::{default_addr, Fetched};

@@ -17,9 +17,14 @@
 //! a failover, a member reconnected), for up to [`ProducerConfig::retry_for`], and
 //! sends again, in order, every batch in flight that failed; the others in flight are
 //! answered as they come (a batch to a healthy primary is not sent twice). A batch
-//! sent again may have been stored already: until producer sessions exist it may
-//! then be stored twice, and [`Producer::retried_batches`] counts every batch sent
-//! again.
+//! sent again may have been stored already, so by default
+//! ([`ProducerConfig::idempotent`]) the producer holds a client session and numbers
+//! each batch per partition when it first sends it: a batch sent again keeps its
+//! number, and the partition answers a number it stored with the offsets it stored it
+//! at, storing nothing. A batch refused as out of order (a number the partition did not
+//! take yet: an earlier batch was refused for good) was not stored, and is numbered
+//! again from the number the partition expects. [`Producer::retried_batches`] counts
+//! every batch sent again.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -60,6 +65,13 @@ pub struct ProducerConfig {
     /// member names the new primary as soon as its view change is done, and the next
     /// attempt finds it.
     pub retry_backoff_max: Duration,
+    /// Hold a client session and number batches, so a batch sent again is never
+    /// stored twice. At most 8 batches are then in flight (what a partition
+    /// remembers of a session), whatever `max_in_flight` says.
+    pub idempotent: bool,
+    /// The session ends if no heartbeat reaches the cluster for this long (the
+    /// producer sends one every third of it).
+    pub session_timeout: Duration,
 }
 
 impl Default for ProducerConfig {
@@ -72,6 +84,8 @@ impl Default for ProducerConfig {
             // A second (as before) let a failover of 1.6 s resume at 2.55 s, the next
             // step of 50, 100, ... 800, 1000 ms.
             retry_backoff_max: Duration::from_millis(250),
+            idempotent: true,
+            session_timeout: Duration::from_secs(30),
         }
     }
 }
@@ -88,6 +102,8 @@ struct ClosedBatch {
     partition: u32,
     bytes: Vec<u8>,
     replies: Vec<RecordReply>,
+    /// Its number in the producer's session, once first sent.
+    request: Option<u32>,
 }
 
 struct State {
@@ -102,8 +118,26 @@ struct Shared {
     state: Mutex<State>,
     closed: mpsc::UnboundedSender<ClosedBatch>,
     config: ProducerConfig,
-    /// Batches sent again after a failure (each possibly stored twice).
+    /// Batches sent again after a failure.
     retried: Arc<std::sync::atomic::AtomicU64>,
+    /// The client session, ended when the last clone of the producer goes.
+    session: Option<u64>,
+    client: Client,
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        let (Some(session), Ok(runtime)) = (self.session, tokio::runtime::Handle::try_current())
+        else {
+            return;
+        };
+        let client = self.client.clone();
+        runtime.spawn(async move {
+            if let Err(err) = client.end_session(session).await {
+                tracing::debug!(session, %err, "ending the producer's session");
+            }
+        });
+    }
 }
 
 /// Produces records to one topic. Cheap to clone; clones share batches.
@@ -192,6 +226,11 @@ impl Producer {
     ) -> Result<Self, ClientError> {
         let info = client.describe_topic(stream, topic).await?;
         let ranges = Router::new(&info)?.ranges;
+        let session = if config.idempotent {
+            Some(client.register_session(config.session_timeout).await?)
+        } else {
+            None
+        };
         let (closed, batches) = mpsc::unbounded_channel();
         let retried = Arc::new(std::sync::atomic::AtomicU64::new(0));
         let shared = Arc::new(Shared {
@@ -204,6 +243,8 @@ impl Producer {
             closed,
             config,
             retried: Arc::clone(&retried),
+            session,
+            client: client.clone(),
         });
         let dispatcher = Dispatcher {
             client: client.clone(),
@@ -213,9 +254,14 @@ impl Producer {
             retried,
             in_flight: VecDeque::new(),
             backoff: RETRY_BACKOFF_MIN,
+            session,
+            next_request: HashMap::new(),
         };
         tokio::spawn(dispatcher.run(batches));
         tokio::spawn(linger(Arc::downgrade(&shared)));
+        if let Some(session) = session {
+            tokio::spawn(heartbeat(Arc::downgrade(&shared), session));
+        }
         Ok(Self { shared })
     }
 
@@ -291,16 +337,22 @@ impl Producer {
                 partition,
                 bytes: batch.builder.finish(),
                 replies: batch.replies,
+                request: None,
             });
         }
     }
 
     /// Batches sent again after a connection failure or a node's refusal to take them
-    /// then (each possibly stored twice until producer sessions exist).
+    /// then (without [`ProducerConfig::idempotent`], each possibly stored twice).
     pub fn retried_batches(&self) -> u64 {
         self.shared
             .retried
             .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// The client session the producer numbers its batches in, if idempotent.
+    pub fn session(&self) -> Option<u64> {
+        self.shared.session
     }
 
     /// Sends every open batch now.
@@ -337,6 +389,27 @@ async fn linger(shared: std::sync::Weak<Shared>) {
     }
 }
 
+/// Keeps the producer's session open while the producer lives.
+async fn heartbeat(shared: std::sync::Weak<Shared>, session: u64) {
+    loop {
+        let Some(every) = shared.upgrade().map(|s| s.config.session_timeout / 3) else {
+            return;
+        };
+        tokio::time::sleep(every.max(Duration::from_millis(10))).await;
+        let Some(client) = shared.upgrade().map(|s| s.client.clone()) else {
+            return;
+        };
+        match client.session_heartbeat(session).await {
+            Ok(_) => {}
+            Err(err) if err.code() == Some(ErrorCode::SessionNotFound) => {
+                tracing::warn!(session, "the producer's session has ended");
+                return;
+            }
+            Err(err) => tracing::debug!(session, %err, "a session heartbeat failed"),
+        }
+    }
+}
+
 /// A batch sent and not yet answered.
 struct InFlight {
     batch: ClosedBatch,
@@ -358,7 +431,15 @@ struct Dispatcher {
     in_flight: VecDeque<InFlight>,
     /// The pause before the next resend (doubles while failures follow each other).
     backoff: Duration,
+    /// The client session batches are numbered in, if idempotent.
+    session: Option<u64>,
+    /// Partition -> the number its next batch takes.
+    next_request: HashMap<u32, u32>,
 }
+
+/// Batches in flight at once with a session: as many requests of a session as a
+/// partition remembers, so every batch sent again is answered its offsets.
+const SESSION_IN_FLIGHT_MAX: usize = 8;
 
 /// The first pause before batches are sent again.
 const RETRY_BACKOFF_MIN: Duration = Duration::from_millis(50);
@@ -377,7 +458,10 @@ fn retriable(err: &ClientError, cluster: bool) -> bool {
     match err {
         ClientError::Io { .. } | ClientError::Closed => true,
         ClientError::Server { code, .. } => match code {
-            ErrorCode::ShuttingDown | ErrorCode::NotLeader | ErrorCode::Busy => true,
+            ErrorCode::ShuttingDown
+            | ErrorCode::NotLeader
+            | ErrorCode::Busy
+            | ErrorCode::RequestOutOfOrder => true,
             ErrorCode::StreamNotFound | ErrorCode::TopicNotFound | ErrorCode::PartitionNotFound => {
                 cluster
             }
@@ -391,8 +475,78 @@ fn retriable(err: &ClientError, cluster: bool) -> bool {
 /// it counts those still unanswered as failed (sent again, maybe stored twice).
 const SETTLE_FOR: Duration = Duration::from_secs(10);
 
+/// The request number a partition expects next, as a `RequestOutOfOrder` names it.
+fn expected_request(err: &ClientError) -> Option<u32> {
+    match err {
+        ClientError::Server {
+            code: ErrorCode::RequestOutOfOrder,
+            details,
+            ..
+        } => details.iter().find_map(|detail| match detail {
+            braid_proto::client::ErrorDetail::ExpectedRequest { request } => Some(*request),
+            _ => None,
+        }),
+        _ => None,
+    }
+}
+
 impl Dispatcher {
-    fn send(&self, batch: ClosedBatch) -> InFlight {
+    /// Numbers a batch sent for the first time (or again after it was refused out of
+    /// order, so not stored) in the producer's session.
+    fn number(&mut self, batch: &mut ClosedBatch) {
+        let Some(session) = self.session else {
+            return;
+        };
+        if batch.request.is_some() {
+            return;
+        }
+        let next = self.next_request.entry(batch.partition).or_insert(0);
+        let request = *next;
+        *next += 1;
+        match braid_proto::batch::set_producer(&mut batch.bytes, session as i64, request as i32) {
+            Ok(()) => batch.request = Some(request),
+            Err(err) => tracing::warn!(%err, "a batch too short to number"),
+        }
+    }
+
+    /// A batch refused for good took no number on its partition: if it was the last
+    /// numbered there, the next batch takes its number.
+    fn refused(&mut self, batch: &ClosedBatch) {
+        if let Some(request) = batch.request {
+            if let Some(next) = self.next_request.get_mut(&batch.partition) {
+                if *next == request + 1 {
+                    *next = request;
+                }
+            }
+        }
+    }
+
+    /// Batches about to be sent again, in order: those refused out of order (not
+    /// stored) are numbered again from where their partition expects, after any
+    /// batch before them that keeps its number.
+    fn renumber(&mut self, again: &mut VecDeque<(ClosedBatch, Option<u32>)>) {
+        let mut kept: HashMap<u32, u32> = HashMap::new();
+        for (batch, expected) in again.iter_mut() {
+            if let (Some(expected), Some(_)) = (*expected, batch.request) {
+                let from = kept
+                    .get(&batch.partition)
+                    .map_or(expected, |k| expected.max(k + 1));
+                batch.request = None;
+                self.next_request.insert(batch.partition, from);
+                self.number(batch);
+            }
+            if let Some(request) = batch.request {
+                kept.insert(batch.partition, request);
+            }
+        }
+        for (partition, last) in kept {
+            let next = self.next_request.entry(partition).or_insert(0);
+            *next = (*next).max(last + 1);
+        }
+    }
+
+    fn send(&mut self, mut batch: ClosedBatch) -> InFlight {
+        self.number(&mut batch);
         let request = braid_proto::client::Request::Produce {
             stream: &self.stream,
             topic: &self.topic,
@@ -405,7 +559,10 @@ impl Dispatcher {
     }
 
     async fn run(mut self, mut batches: mpsc::UnboundedReceiver<ClosedBatch>) {
-        let window = self.config.max_in_flight.max(1);
+        let mut window = self.config.max_in_flight.max(1);
+        if self.session.is_some() {
+            window = window.min(SESSION_IN_FLIGHT_MAX);
+        }
         let mut open = true;
         loop {
             let room = self.in_flight.len() < window;
@@ -437,6 +594,9 @@ impl Dispatcher {
                         self.backoff = RETRY_BACKOFF_MIN;
                     }
                     if let Some(done) = self.in_flight.pop_front() {
+                        if result.is_err() {
+                            self.refused(&done.batch);
+                        }
                         answer(done.batch, result);
                     }
                 }
@@ -452,18 +612,22 @@ impl Dispatcher {
     async fn recover(&mut self, mut err: ClientError) {
         let started = Instant::now();
         let cluster = self.client.is_cluster();
-        let mut again: VecDeque<ClosedBatch> = VecDeque::new();
+        let mut again: VecDeque<(ClosedBatch, Option<u32>)> = VecDeque::new();
         let mut sent = std::mem::take(&mut self.in_flight).into_iter();
         if let Some(front) = sent.next() {
-            again.push_back(front.batch);
+            again.push_back((front.batch, expected_request(&err)));
         }
         for flight in sent {
             match tokio::time::timeout(SETTLE_FOR, flight.answer).await {
                 Ok(Ok(response)) => {
-                    if again.iter().any(|b| b.partition == flight.batch.partition) {
+                    if again
+                        .iter()
+                        .any(|(b, _)| b.partition == flight.batch.partition)
+                        && self.session.is_none()
+                    {
                         // An earlier batch of this partition failed and this one was
                         // stored: only a primary that lost and regained the partition
-                        // between the two does that. Producer sessions will fence it.
+                        // between the two does that (a session's numbers refuse it).
                         tracing::warn!(
                             partition = flight.batch.partition,
                             "a batch was stored after an earlier one of its partition failed"
@@ -471,11 +635,18 @@ impl Dispatcher {
                     }
                     answer(flight.batch, Ok(response));
                 }
-                Ok(Err(failure)) if retriable(&failure, cluster) => again.push_back(flight.batch),
-                Ok(Err(failure)) => answer(flight.batch, Err(failure)),
-                Err(_) => again.push_back(flight.batch),
+                Ok(Err(failure)) if retriable(&failure, cluster) => {
+                    let expected = expected_request(&failure);
+                    again.push_back((flight.batch, expected));
+                }
+                Ok(Err(failure)) => {
+                    self.refused(&flight.batch);
+                    answer(flight.batch, Err(failure));
+                }
+                Err(_) => again.push_back((flight.batch, None)),
             }
         }
+        self.renumber(&mut again);
         // The pause grows across failures in a row (a member still naming a dead
         // primary answers NotLeader until the view change ends), and starts again
         // once a batch is answered.
@@ -483,7 +654,7 @@ impl Dispatcher {
         loop {
             if started.elapsed() >= self.config.retry_for {
                 tracing::warn!(%err, batches = again.len(), "giving up resending produce batches");
-                for batch in again {
+                for (batch, _) in again {
                     answer(batch, Err(err.clone()));
                 }
                 return;
@@ -498,7 +669,7 @@ impl Dispatcher {
                     self.retried
                         .fetch_add(again.len() as u64, std::sync::atomic::Ordering::Relaxed);
                     tracing::debug!(batches = again.len(), %err, "sending produce batches again");
-                    for batch in again {
+                    for (batch, _) in again {
                         let sent = self.send(batch);
                         self.in_flight.push_back(sent);
                     }

@@ -51,7 +51,10 @@ impl<'a> Target<'a> {
                 topic,
                 partition,
             },
-            Request::JoinGroup { .. }
+            Request::RegisterSession { .. }
+            | Request::EndSession { .. }
+            | Request::SessionHeartbeat { .. }
+            | Request::JoinGroup { .. }
             | Request::Heartbeat { .. }
             | Request::LeaveGroup { .. }
             | Request::CommitOffsets { .. }

@@ -51,7 +51,12 @@ impl Need<'_> {
 pub(crate) fn need_of<'a>(request: &Request<'a>) -> Need<'a> {
     match request {
         Request::Ping | Request::Authenticate { .. } => Need::Nothing,
-        Request::ListStreams | Request::ClusterInfo | Request::NodeStatus => Need::Authenticated,
+        Request::ListStreams
+        | Request::ClusterInfo
+        | Request::NodeStatus
+        | Request::RegisterSession { .. }
+        | Request::EndSession { .. }
+        | Request::SessionHeartbeat { .. } => Need::Authenticated,
         Request::CreateStream { .. } => Need::Node(STREAMS),
         Request::DeleteStream { name } => Need::DeleteStream(name),
         Request::CreateTopic { stream, .. } | Request::DeleteTopic { stream, .. } => {

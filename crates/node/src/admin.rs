@@ -58,14 +58,26 @@ pub(crate) enum AdminRequest {
         group: String,
     },
     ListUsers,
+    /// Open a client session; answered its id.
+    RegisterSession {
+        timeout_ms: u32,
+    },
+    /// Keep a client session open.
+    SessionHeartbeat {
+        session: u64,
+    },
 }
 
 impl AdminRequest {
-    /// A consumer-group call (answered only by the coordinator, in a cluster).
+    /// A consumer-group or client-session call (answered only by the coordinator, in
+    /// a cluster: it watches both).
     pub(crate) fn is_group_call(&self) -> bool {
         matches!(
             self,
-            Self::JoinGroup { .. }
+            Self::RegisterSession { .. }
+                | Self::SessionHeartbeat { .. }
+                | Self::Change(MetaOp::EndSession(_))
+                | Self::JoinGroup { .. }
                 | Self::Heartbeat { .. }
                 | Self::LeaveGroup { .. }
                 | Self::CommitOffsets { .. }
@@ -208,6 +220,13 @@ pub(crate) fn admin_request(request: &Request<'_>) -> Option<AdminRequest> {
             user: own(user),
             grant: grant.clone(),
         }),
+        Request::RegisterSession { timeout_ms } => AdminRequest::RegisterSession {
+            timeout_ms: *timeout_ms,
+        },
+        Request::EndSession { session } => change(op::EndSession { session: *session }),
+        Request::SessionHeartbeat { session } => {
+            AdminRequest::SessionHeartbeat { session: *session }
+        }
         _ => return None,
     })
 }

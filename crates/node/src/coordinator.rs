@@ -25,7 +25,20 @@ use crate::metadata::{op, MetaOp, TopicMeta};
 use crate::replication::machine::LayoutNews;
 use crate::replication::meta_group::{MetaGroup, Turn};
 
+mod sessions;
+
 type Reply = oneshot::Sender<Result<Response, NodeError>>;
+
+/// Who waits for a proposal's outcome.
+#[derive(Debug)]
+pub(crate) enum Waiter {
+    /// A client, answered `Empty` once it applied.
+    Plain(Reply),
+    /// A client registering a session, answered the session's id (the op's number).
+    Register { reply: Reply, timeout_ms: u32 },
+    /// The coordinator itself, ending a session that went quiet.
+    Expiry(u64),
+}
 
 // The protocol states the storage's segment sizes as its range.
 const _: () = assert!(
@@ -40,8 +53,10 @@ const SESSION_TIMEOUT_MS_MAX: u32 = 300_000;
 /// The metadata group and group coordinator, owned by shard 0.
 #[derive(Debug)]
 pub(crate) struct MetaService {
-    group: MetaGroup<Reply>,
+    group: MetaGroup<Waiter>,
     groups: GroupCoordinator,
+    /// When each client session was last heard from (on the coordinator).
+    liveness: crate::client_sessions::Liveness,
     /// The barrier that ends the catching up at start was sent to the shards.
     caught_up_barrier_sent: bool,
 }
@@ -169,10 +184,11 @@ fn topic_keys(topic: &TopicMeta) -> Vec<PartitionKey> {
 }
 
 impl MetaService {
-    pub(crate) fn new(group: MetaGroup<Reply>, limits: crate::groups::GroupLimits) -> Self {
+    pub(crate) fn new(group: MetaGroup<Waiter>, limits: crate::groups::GroupLimits) -> Self {
         Self {
             group,
             groups: GroupCoordinator::new(limits),
+            liveness: crate::client_sessions::Liveness::default(),
             caught_up_barrier_sent: false,
         }
     }
@@ -186,9 +202,11 @@ impl MetaService {
     /// has a primary, and its outcome is only logged).
     pub(crate) fn propose_at_start(&mut self, op: MetaOp) -> Option<Result<(), NodeError>> {
         let (reply, mut answer) = oneshot::channel();
-        let turn = self.group.propose(op, reply);
-        for (reply, outcome) in turn.answered {
-            let _ = reply.send(outcome.map(|()| Response::Empty));
+        let turn = self.group.propose(op, Waiter::Plain(reply));
+        for (waiter, outcome) in turn.answered {
+            if let Some((reply, answer)) = self.settle(waiter, outcome) {
+                let _ = reply.send(answer);
+            }
         }
         answer.try_recv().ok().map(|r| r.map(|_| ()))
     }
@@ -199,7 +217,7 @@ impl MetaService {
     }
 
     /// The metadata group (for the node's start and its observers).
-    pub(crate) fn group(&self) -> &MetaGroup<Reply> {
+    pub(crate) fn group(&self) -> &MetaGroup<Waiter> {
         &self.group
     }
 
@@ -225,6 +243,7 @@ impl MetaService {
         }
         let turn = self.group.tick();
         self.finish(shared, turn);
+        self.end_quiet_sessions(shared, now);
         let primary = self.group.primary().unwrap_or(crate::mailbox::NO_MEMBER);
         shared
             .coordinator
@@ -388,13 +407,17 @@ impl MetaService {
     }
 
     pub(crate) fn change(&mut self, shared: &Arc<NodeShared>, op: MetaOp, reply: Reply) {
-        let turn = self.group.propose(op, reply);
+        self.propose(shared, op, Waiter::Plain(reply));
+    }
+
+    fn propose(&mut self, shared: &Arc<NodeShared>, op: MetaOp, waiter: Waiter) {
+        let turn = self.group.propose(op, waiter);
         self.finish(shared, turn);
     }
 
     /// Publishes a changed layout to every shard, and sends the answers of a turn once
     /// every shard has the layout they may depend on.
-    fn finish(&mut self, shared: &Arc<NodeShared>, turn: Turn<Reply>) {
+    fn finish(&mut self, shared: &Arc<NodeShared>, turn: Turn<Waiter>) {
         let mut waits = Vec::new();
         let state = self.group.state();
         // Counted on shard 0, where the metadata service runs.
@@ -428,7 +451,12 @@ impl MetaService {
                 }
             }
         }
-        if turn.answered.is_empty() {
+        let answered: Vec<_> = turn
+            .answered
+            .into_iter()
+            .filter_map(|(waiter, outcome)| self.settle(waiter, outcome))
+            .collect();
+        if answered.is_empty() {
             return;
         }
         let mut barriers = Vec::new();
@@ -460,11 +488,11 @@ impl MetaService {
                     failure.get_or_insert(shutting_down());
                 }
             }
-            for (reply, outcome) in turn.answered {
+            for (reply, outcome) in answered {
                 let answer = match (&failure, outcome) {
                     (_, Err(err)) => Err(err),
-                    (Some(err), Ok(())) => Err(err.clone()),
-                    (None, Ok(())) => Ok(Response::Empty),
+                    (Some(err), Ok(_)) => Err(err.clone()),
+                    (None, Ok(response)) => Ok(response),
                 };
                 let _ = reply.send(answer);
             }
@@ -488,6 +516,12 @@ impl MetaService {
         }
         match request {
             AdminRequest::Change(op) => self.change(shared, op, reply),
+            AdminRequest::RegisterSession { timeout_ms } => {
+                self.register_session(shared, timeout_ms, reply);
+            }
+            AdminRequest::SessionHeartbeat { session } => {
+                let _ = reply.send(self.session_heartbeat(session));
+            }
             AdminRequest::CreateTopic {
                 stream,
                 topic,

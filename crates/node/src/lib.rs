@@ -17,6 +17,7 @@ mod access;
 mod admin;
 mod admin_bootstrap;
 mod buffers;
+mod client_sessions;
 pub mod config;
 mod connection;
 mod coordinator;

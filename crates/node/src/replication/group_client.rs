@@ -22,7 +22,7 @@ use braid_proto::client::{ErrorCode, ErrorDetail};
 use braid_vsr::{Reply, Request};
 
 use super::meta_client::register_request;
-use super::partition_machine::slices::{Admission, SessionTag, Slices};
+use super::partition_machine::slices::{Admission, SessionTag, Slices, SLICE_WINDOW};
 use super::partition_machine::Applied;
 use crate::error::NodeError;
 
@@ -177,7 +177,8 @@ impl<T> GroupClient<T> {
                         ErrorCode::DuplicateRequest,
                         format!(
                             "request {} of session {} was stored before; the partition keeps \
-                             the offsets of its last request only ({last})",
+                             the offsets of its last {SLICE_WINDOW} requests only (the last \
+                             is {last})",
                             tag.request, tag.session
                         ),
                     )
@@ -547,11 +548,25 @@ mod tests {
             12,
             12,
         );
+        let window = super::super::partition_machine::slices::SLICE_WINDOW as u32;
+        for request in 2..=window {
+            slices.applied(
+                SessionTag {
+                    session: 50,
+                    request,
+                },
+                13,
+                13,
+            );
+        }
         client.queue(bytes::Bytes::from_static(b"a"), 'a', tag(50, 0));
         let (_, answered) = client.requests(CLIENT, 7, view(4), &slices);
         let older = answered[0].1.as_ref().unwrap_err();
         assert_eq!(older.code, ErrorCode::DuplicateRequest);
-        assert_eq!(older.details, vec![ErrorDetail::LastRequest { request: 1 }]);
+        assert_eq!(
+            older.details,
+            vec![ErrorDetail::LastRequest { request: window }]
+        );
     }
 
     /// A new view's log may hold an earlier primary's prepares of a session's

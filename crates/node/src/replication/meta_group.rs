@@ -78,7 +78,8 @@ pub(crate) const CHECKPOINT_INTERVAL: u64 = 256;
 #[derive(Debug)]
 pub(crate) struct Turn<T> {
     /// Outcomes of this node's proposals.
-    pub(crate) answered: Vec<(T, Result<(), NodeError>)>,
+    /// Outcomes of this node's proposals: the op that applied each, or why not.
+    pub(crate) answered: Vec<(T, Result<u64, NodeError>)>,
     /// How committed ops changed the topic layout and the access table.
     pub(crate) layout: LayoutNews,
 }
@@ -409,7 +410,7 @@ impl<T> MetaGroup<T> {
         turn.answered.extend(
             ready
                 .into_iter()
-                .map(|(_, token, outcome)| (token, outcome)),
+                .map(|(op, token, outcome)| (token, outcome.map(|()| op))),
         );
     }
 
@@ -451,7 +452,7 @@ impl<T> MetaGroup<T> {
         turn.answered.extend(
             self.held
                 .drain(..)
-                .map(|(_, token, outcome)| (token, outcome)),
+                .map(|(op, token, outcome)| (token, outcome.map(|()| op))),
         );
         for token in self.client.drain() {
             turn.answered.push((token, Err(stopped(&reason))));
@@ -496,7 +497,9 @@ mod tests {
         assert_eq!(group.primary(), Some(0));
         for i in 0..3 {
             let turn = group.propose(stream(&format!("s{i}")), i);
-            assert_eq!(turn.answered, vec![(i, Ok(()))], "proposal {i}");
+            assert_eq!(turn.answered.len(), 1, "proposal {i}");
+            assert_eq!(turn.answered[0].0, i);
+            assert!(turn.answered[0].1.is_ok(), "proposal {i}");
             // Only what the op touched, not the whole layout (20,000 stream creates
             // each rebuilt and published everything).
             let touched = crate::metadata::Touch::Stream(format!("s{i}"));

@@ -248,6 +248,28 @@ pub fn set_base_offset(batch: &mut [u8], offset: i64) {
     batch[field::BASE_OFFSET..][..8].copy_from_slice(&offset.to_be_bytes());
 }
 
+/// Writes a session's request into an encoded batch (`producer_id` = session,
+/// `producer_epoch` = -1, `base_sequence` = request) and computes its CRC again, since
+/// the CRC covers these fields: a producer numbers a batch when it first sends it.
+///
+/// # Errors
+/// [`BatchError::Truncated`] if `batch` is shorter than a header.
+pub fn set_producer(batch: &mut [u8], session: i64, request: i32) -> Result<(), BatchError> {
+    if batch.len() < HEADER_BYTES {
+        return Err(BatchError::Truncated {
+            at: 0,
+            needed: HEADER_BYTES,
+            available: batch.len(),
+        });
+    }
+    batch[field::PRODUCER_ID..][..8].copy_from_slice(&session.to_be_bytes());
+    batch[field::PRODUCER_EPOCH..][..2].copy_from_slice(&(-1i16).to_be_bytes());
+    batch[field::BASE_SEQUENCE..][..4].copy_from_slice(&request.to_be_bytes());
+    let crc = crc32c::crc32c(&batch[field::ATTRIBUTES..]);
+    batch[field::CRC..][..4].copy_from_slice(&crc.to_be_bytes());
+    Ok(())
+}
+
 /// The tag a Braid log stores in the partition leader epoch field of each of its
 /// batches (and seeds its recovery point's CRC with): the partition's identity, so that
 /// a batch of another partition's log found in this one (a misdirected write: same

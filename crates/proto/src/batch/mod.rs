@@ -34,8 +34,8 @@ use bytes::BytesMut;
 
 pub use builder::BatchBuilder;
 pub use header::{
-    attribute, field, partition_tag, set_base_offset, set_partition_leader_epoch, BatchHeader,
-    Compression, HEADER_BYTES, MAGIC,
+    attribute, field, partition_tag, set_base_offset, set_partition_leader_epoch, set_producer,
+    BatchHeader, Compression, HEADER_BYTES, MAGIC,
 };
 pub use record::{parse_record, Header, HeaderIter, Headers, Record, RecordFault};
 

@@ -378,3 +378,24 @@ fn a_partition_tag_is_the_topic_high_and_the_partition_low() {
     assert_eq!(partition_tag(0, 0), 0);
     assert_eq!(partition_tag(0xffff, 0xffff), -1);
 }
+
+/// Numbering a built batch as a session's request keeps it valid: the CRC is computed
+/// again over the new fields.
+#[test]
+fn a_batch_numbered_after_it_was_built_still_validates() {
+    let mut builder = BatchBuilder::new(5);
+    builder.push(Some(b"k"), Some(b"v"), &[], 5);
+    let mut bytes = builder.finish();
+    set_producer(&mut bytes, 41, 7).unwrap();
+    let (batch, _) = RecordBatch::validate(&bytes).unwrap();
+    let header = batch.header();
+    assert_eq!(
+        (
+            header.producer_id,
+            header.producer_epoch,
+            header.base_sequence
+        ),
+        (41, -1, 7)
+    );
+    assert!(set_producer(&mut bytes[..10], 1, 1).is_err());
+}

@@ -152,6 +152,12 @@ codes! {
         ClusterInfo = 60,
         /// The answering member's replicas summed up and its bundle to each peer.
         NodeStatus = 61,
+        /// Open a client session (the coordinator answers its id).
+        RegisterSession = 70,
+        /// End a client session.
+        EndSession = 71,
+        /// Keep a client session open.
+        SessionHeartbeat = 72,
     }
 }
 

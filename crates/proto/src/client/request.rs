@@ -302,6 +302,21 @@ pub enum Request<'a> {
     ClusterInfo,
     /// See [`Command::NodeStatus`].
     NodeStatus,
+    /// See [`Command::RegisterSession`].
+    RegisterSession {
+        /// The session ends when no heartbeat comes for this long (ms).
+        timeout_ms: u32,
+    },
+    /// See [`Command::EndSession`].
+    EndSession {
+        /// The session.
+        session: u64,
+    },
+    /// See [`Command::SessionHeartbeat`].
+    SessionHeartbeat {
+        /// The session.
+        session: u64,
+    },
     /// See [`Command::GrantPermissions`].
     GrantPermissions {
         /// User name.
@@ -582,6 +597,9 @@ impl<'a> Request<'a> {
             Self::ListUsers => Command::ListUsers,
             Self::ClusterInfo => Command::ClusterInfo,
             Self::NodeStatus => Command::NodeStatus,
+            Self::RegisterSession { .. } => Command::RegisterSession,
+            Self::EndSession { .. } => Command::EndSession,
+            Self::SessionHeartbeat { .. } => Command::SessionHeartbeat,
             Self::GrantPermissions { .. } => Command::GrantPermissions,
             Self::RevokePermissions { .. } => Command::RevokePermissions,
             Self::CreateStream { .. } => Command::CreateStream,
@@ -618,6 +636,10 @@ impl<'a> Request<'a> {
             | Self::ListUsers
             | Self::ClusterInfo
             | Self::NodeStatus => {}
+            Self::RegisterSession { timeout_ms } => out.put_u32_be(*timeout_ms),
+            Self::EndSession { session } | Self::SessionHeartbeat { session } => {
+                out.put_u64_be(*session);
+            }
             Self::Authenticate { mechanism, message } => {
                 out.put_string(mechanism);
                 out.put_bytes(message);
@@ -762,6 +784,15 @@ impl<'a> Request<'a> {
             Command::ListUsers => Self::ListUsers,
             Command::ClusterInfo => Self::ClusterInfo,
             Command::NodeStatus => Self::NodeStatus,
+            Command::RegisterSession => Self::RegisterSession {
+                timeout_ms: r.u32("timeout_ms")?,
+            },
+            Command::EndSession => Self::EndSession {
+                session: r.u64("session")?,
+            },
+            Command::SessionHeartbeat => Self::SessionHeartbeat {
+                session: r.u64("session")?,
+            },
             Command::Authenticate => Self::Authenticate {
                 mechanism: r.string("mechanism")?,
                 message: r.bytes("message")?,

@@ -214,6 +214,14 @@ pub enum Response {
     Cluster(ClusterInfo),
     /// NodeStatus.
     Node(super::NodeStatus),
+    /// RegisterSession: the new session's id.
+    Session(u64),
+    /// SessionHeartbeat: every ended session at or below this id is retired (the
+    /// partitions forgot it); 0 while none is.
+    SessionAlive {
+        /// The retirement watermark.
+        retired_through: u64,
+    },
 }
 
 fn put_offsets(out: &mut Vec<u8>, offsets: &[PartitionOffsets]) {
@@ -304,6 +312,8 @@ impl Response {
     fn encode_body(&self, out: &mut Vec<u8>) {
         match self {
             Self::Empty => {}
+            Self::Session(session) => out.put_u64_be(*session),
+            Self::SessionAlive { retired_through } => out.put_u64_be(*retired_through),
             Self::Authenticated(message) => out.put_bytes(message),
             Self::Cluster(info) => {
                 out.put_string(&info.cluster_id);
@@ -458,7 +468,12 @@ impl Response {
             | Command::ChangePassword
             | Command::DeleteUser
             | Command::GrantPermissions
-            | Command::RevokePermissions => Self::Empty,
+            | Command::RevokePermissions
+            | Command::EndSession => Self::Empty,
+            Command::RegisterSession => Self::Session(r.u64("session")?),
+            Command::SessionHeartbeat => Self::SessionAlive {
+                retired_through: r.u64("retired_through")?,
+            },
             Command::Authenticate => Self::Authenticated(r.bytes("message")?.to_vec()),
             Command::ClusterInfo => {
                 let cluster_id = string(&mut r, "cluster_id")?;

@@ -178,6 +178,9 @@ fn requests_round_trip() {
         Request::ListUsers,
         Request::ClusterInfo,
         Request::NodeStatus,
+        Request::RegisterSession { timeout_ms: 10_000 },
+        Request::EndSession { session: 41 },
+        Request::SessionHeartbeat { session: u64::MAX },
         Request::GrantPermissions {
             user: "alice",
             grant: Grant {
@@ -234,6 +237,14 @@ fn responses_round_trip() {
             }),
         ),
         (Command::NodeStatus, Response::Node(node_status())),
+        (Command::RegisterSession, Response::Session(41)),
+        (Command::EndSession, Response::Empty),
+        (
+            Command::SessionHeartbeat,
+            Response::SessionAlive {
+                retired_through: 40,
+            },
+        ),
         (
             Command::ListUsers,
             Response::Users(vec![UserSummary {

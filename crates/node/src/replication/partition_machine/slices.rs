@@ -1,5 +1,7 @@
 //! Client sessions in a partition: for each session that produced here, its *slice
-//! entry*, the last request applied and the offsets it took. A produce names its
+//! entry*, the last requests applied (up to [`SLICE_WINDOW`], the newest last) and the
+//! offsets each took, so a producer that resends every batch it had in flight after a
+//! failover is answered each one's offsets. A produce names its
 //! session and request in the batch header (producer id = session, base sequence =
 //! request number, numbered from 0 per session and partition), and the primary asks
 //! [`Slices::admit`] before it prepares one, since the log is the journal: anything
@@ -8,6 +10,10 @@
 use std::collections::BTreeMap;
 
 use braid_proto::BatchHeader;
+
+/// Requests of a session whose offsets a partition keeps: as many as the SDK keeps in
+/// flight, so each of its resends is answered with offsets.
+pub(crate) const SLICE_WINDOW: usize = 8;
 
 /// A produce's session and request number, read from its batch header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -44,7 +50,7 @@ impl SessionTag {
     }
 }
 
-/// A session's last request applied in this partition and the offsets it took.
+/// A request of a session applied in this partition and the offsets it took.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Slice {
     pub(crate) request: u32,
@@ -57,30 +63,35 @@ pub(crate) struct Slice {
 pub(crate) enum Admission {
     /// The session's next request: prepare it.
     New,
-    /// The session's last request applied here (a retry): answer its offsets, store
-    /// nothing.
+    /// One of the session's last requests applied here (a retry): answer its
+    /// offsets, store nothing.
     Stored { base: u64, last: u64 },
     /// A request of the session that is prepared and not yet applied: wait for it,
     /// then answer from its entry.
     InFlight,
-    /// Older than the last request applied: stored before, its offsets no longer kept.
+    /// Older than the requests kept: stored before, its offsets no longer kept.
     Older { last: u32 },
     /// Past the next request number: an earlier request is missing.
     Gap { expected: u32 },
 }
 
-/// Every session's slice entry in one partition, by session id.
+/// Every session's slice entry in one partition, by session id: its last requests,
+/// oldest first, each number above the one before.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct Slices {
-    entries: BTreeMap<u64, Slice>,
+    entries: BTreeMap<u64, Vec<Slice>>,
 }
 
 impl Slices {
     /// What to do with `tag`, given the highest request of its session the primary has
     /// prepared and not yet applied (`prepared`, if any).
     pub(crate) fn admit(&self, tag: SessionTag, prepared: Option<u32>) -> Admission {
-        let applied = self.entries.get(&tag.session);
-        let applied_request = applied.map(|slice| slice.request);
+        let applied = self
+            .entries
+            .get(&tag.session)
+            .map(Vec::as_slice)
+            .unwrap_or_default();
+        let applied_request = applied.last().map(|slice| slice.request);
         let prepared = prepared.filter(|p| applied_request.is_none_or(|a| *p > a));
         let top = prepared.or(applied_request);
         let expected = top.map_or(Some(0), |top| top.checked_add(1));
@@ -89,14 +100,14 @@ impl Slices {
             Some(expected) if tag.request > expected => return Admission::Gap { expected },
             _ => {}
         }
-        match applied {
-            Some(slice) if tag.request == slice.request => Admission::Stored {
+        if let Some(slice) = applied.iter().find(|slice| slice.request == tag.request) {
+            return Admission::Stored {
                 base: slice.base,
                 last: slice.last,
-            },
-            Some(slice) if tag.request < slice.request => Admission::Older {
-                last: slice.request,
-            },
+            };
+        }
+        match applied_request {
+            Some(last) if tag.request < last => Admission::Older { last },
             // At or below a prepared request and above the last applied one.
             _ => Admission::InFlight,
         }
@@ -107,25 +118,27 @@ impl Slices {
     /// entry as it was: the primary admits none, so a committed one is a bug the
     /// shell simulator's end check names.
     pub(crate) fn applied(&mut self, tag: SessionTag, base: u64, last: u64) {
-        let slice = Slice {
+        let window = self.entries.entry(tag.session).or_default();
+        if window
+            .last()
+            .is_some_and(|slice| slice.request >= tag.request)
+        {
+            return;
+        }
+        if window.len() == SLICE_WINDOW {
+            window.remove(0);
+        }
+        window.push(Slice {
             request: tag.request,
             base,
             last,
-        };
-        self.entries
-            .entry(tag.session)
-            .and_modify(|entry| {
-                if tag.request > entry.request {
-                    *entry = slice;
-                }
-            })
-            .or_insert(slice);
+        });
     }
 
-    /// The entry of `session`, if it produced here.
+    /// The last request of `session` applied here, if it produced here.
     #[cfg(test)]
     pub(crate) fn get(&self, session: u64) -> Option<&Slice> {
-        self.entries.get(&session)
+        self.entries.get(&session).and_then(|window| window.last())
     }
 
     #[cfg(test)]
@@ -133,46 +146,33 @@ impl Slices {
         self.entries.len()
     }
 
-    /// Appends `count: u32`, then `session: u64, request: u32, base: u64, last: u64`
-    /// for each entry in session order.
+    /// Appends `count: u32`, then for each session in id order `session: u64, kept:
+    /// u8` (1 to [`SLICE_WINDOW`]) and its requests oldest first, each `request: u32,
+    /// base: u64, last: u64`.
     pub(crate) fn encode(&self, out: &mut Vec<u8>) {
         out.extend_from_slice(&(self.entries.len() as u32).to_be_bytes());
-        for (session, slice) in &self.entries {
+        for (session, window) in &self.entries {
             out.extend_from_slice(&session.to_be_bytes());
-            out.extend_from_slice(&slice.request.to_be_bytes());
-            out.extend_from_slice(&slice.base.to_be_bytes());
-            out.extend_from_slice(&slice.last.to_be_bytes());
+            out.push(window.len() as u8);
+            for slice in window {
+                out.extend_from_slice(&slice.request.to_be_bytes());
+                out.extend_from_slice(&slice.base.to_be_bytes());
+                out.extend_from_slice(&slice.last.to_be_bytes());
+            }
         }
     }
 
     /// Reads what [`Slices::encode`] wrote, filling `bytes` exactly.
     pub(crate) fn decode(bytes: &[u8]) -> Result<Self, String> {
-        const ENTRY: usize = 8 + 4 + 8 + 8;
-        let (count, rest) = bytes
-            .split_first_chunk::<4>()
-            .ok_or("a partition state's session count is cut short")?;
-        let count = u32::from_be_bytes(*count) as usize;
-        if rest.len() != count.saturating_mul(ENTRY) {
-            return Err(format!(
-                "a partition state names {count} sessions in {} bytes",
-                rest.len()
-            ));
-        }
+        let mut r = Reader(bytes);
+        let count = r.u32()?;
         let mut entries = BTreeMap::new();
-        for raw in rest.chunks_exact(ENTRY) {
-            let (session, raw) = raw.split_at(8);
-            let (request, raw) = raw.split_at(4);
-            let (base, last) = raw.split_at(8);
-            let session = u64::from_be_bytes(session.try_into().map_err(|_| "cut")?);
-            let slice = Slice {
-                request: u32::from_be_bytes(request.try_into().map_err(|_| "cut")?),
-                base: u64::from_be_bytes(base.try_into().map_err(|_| "cut")?),
-                last: u64::from_be_bytes(last.try_into().map_err(|_| "cut")?),
-            };
-            if session == 0 || slice.last < slice.base {
+        for _ in 0..count {
+            let session = r.u64()?;
+            let kept = usize::from(r.u8()?);
+            if session == 0 || !(1..=SLICE_WINDOW).contains(&kept) {
                 return Err(format!(
-                    "a partition state's session entry {session} at {}..={} is impossible",
-                    slice.base, slice.last
+                    "a partition state's session {session} keeps {kept} requests"
                 ));
             }
             if entries.last_key_value().is_some_and(|(s, _)| *s >= session) {
@@ -180,9 +180,58 @@ impl Slices {
                     "a partition state's session {session} is out of order"
                 ));
             }
-            entries.insert(session, slice);
+            let mut window: Vec<Slice> = Vec::with_capacity(kept);
+            for _ in 0..kept {
+                let slice = Slice {
+                    request: r.u32()?,
+                    base: r.u64()?,
+                    last: r.u64()?,
+                };
+                if slice.last < slice.base
+                    || window
+                        .last()
+                        .is_some_and(|before| before.request >= slice.request)
+                {
+                    return Err(format!(
+                        "a partition state's request {} of session {session} at {}..={} is \
+                         impossible",
+                        slice.request, slice.base, slice.last
+                    ));
+                }
+                window.push(slice);
+            }
+            entries.insert(session, window);
+        }
+        if !r.0.is_empty() {
+            return Err(format!(
+                "a partition state has {} bytes after its sessions",
+                r.0.len()
+            ));
         }
         Ok(Self { entries })
+    }
+}
+
+/// Big-endian fields read off the front of a slice, each refused when cut short.
+struct Reader<'a>(&'a [u8]);
+
+impl Reader<'_> {
+    fn take<const N: usize>(&mut self) -> Result<[u8; N], String> {
+        let (field, rest) = self
+            .0
+            .split_first_chunk::<N>()
+            .ok_or("a partition state's sessions are cut short")?;
+        self.0 = rest;
+        Ok(*field)
+    }
+    fn u8(&mut self) -> Result<u8, String> {
+        Ok(self.take::<1>()?[0])
+    }
+    fn u32(&mut self) -> Result<u32, String> {
+        self.take().map(u32::from_be_bytes)
+    }
+    fn u64(&mut self) -> Result<u64, String> {
+        self.take().map(u64::from_be_bytes)
     }
 }
 
@@ -210,7 +259,25 @@ mod tests {
             "a retry of the last gets its offsets"
         );
         slices.applied(tag(5, 1), 13, 13);
-        assert_eq!(slices.admit(tag(5, 0), None), Admission::Older { last: 1 });
+        assert_eq!(
+            slices.admit(tag(5, 0), None),
+            Admission::Stored { base: 10, last: 12 },
+            "an earlier request within the window"
+        );
+        for request in 2..=SLICE_WINDOW as u32 {
+            slices.applied(tag(5, request), 14, 14);
+        }
+        assert_eq!(
+            slices.admit(tag(5, 0), None),
+            Admission::Older {
+                last: SLICE_WINDOW as u32
+            },
+            "past the window"
+        );
+        assert_eq!(
+            slices.admit(tag(5, 1), None),
+            Admission::Stored { base: 13, last: 13 }
+        );
         assert_eq!(
             slices.admit(tag(6, 0), None),
             Admission::New,
@@ -284,12 +351,14 @@ mod tests {
         /// to exactly themselves (never a panic).
         #[test]
         fn entries_round_trip(
-            entries in proptest::collection::btree_map(1u64.., (proptest::prelude::any::<u32>(), 0u64..1 << 40, 0u64..1 << 20), 0..20),
+            entries in proptest::collection::btree_map(1u64.., proptest::collection::vec((proptest::prelude::any::<u32>(), 0u64..1 << 40, 0u64..1 << 20), 1..12), 0..20),
             junk in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..80),
         ) {
             let mut slices = Slices::default();
-            for (session, (request, base, count)) in &entries {
-                slices.applied(tag(*session, *request), *base, base + count);
+            for (session, requests) in &entries {
+                for (request, base, count) in requests {
+                    slices.applied(tag(*session, *request), *base, base + count);
+                }
             }
             let mut out = Vec::new();
             slices.encode(&mut out);

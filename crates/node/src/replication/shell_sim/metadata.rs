@@ -93,7 +93,7 @@ impl Run {
                 ));
             }
             match outcome {
-                Ok(()) => {
+                Ok(_) => {
                     self.proposals.acknowledged += 1;
                     self.proposals.acked.insert(stream_name(token));
                     if self.trace {
