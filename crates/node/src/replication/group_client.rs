@@ -68,8 +68,22 @@ struct Tenure {
     /// request is judged before the state holds them.
     floor: u64,
     /// Session -> the highest of its requests handed to the replica in this view (one
-    /// given up as lost too: it may still commit).
-    prepared: BTreeMap<u64, u32>,
+    /// given up as lost too: it may still commit), and the log's top after the turn
+    /// that handed it: once the state holds that op, the request is applied or was
+    /// never prepared (a replica may refuse a request it was handed), and its entry
+    /// says which.
+    prepared: BTreeMap<u64, (u32, Option<u64>)>,
+}
+
+impl Tenure {
+    /// The highest request of `session` that may still be prepared and unapplied.
+    fn pending(&self, session: u64, commit_min: u64) -> Option<u32> {
+        match self.prepared.get(&session) {
+            Some((request, Some(through))) if commit_min < *through => Some(*request),
+            Some((request, None)) => Some(*request),
+            _ => None,
+        }
+    }
 }
 
 /// This node's session with one group, and its produces.
@@ -168,7 +182,7 @@ impl<T> GroupClient<T> {
                 if at.commit_min < self.tenure.floor {
                     break;
                 }
-                let prepared = self.tenure.prepared.get(&tag.session).copied();
+                let prepared = self.tenure.pending(tag.session, at.commit_min);
                 let answer = match slices.admit(tag, prepared) {
                     Admission::New => None,
                     Admission::InFlight => break,
@@ -199,7 +213,9 @@ impl<T> GroupClient<T> {
                     }
                     continue;
                 }
-                self.tenure.prepared.insert(tag.session, tag.request);
+                self.tenure
+                    .prepared
+                    .insert(tag.session, (tag.request, None));
             }
             let Some(Queued { body, token, .. }) = self.queued.pop_front() else {
                 break;
@@ -222,6 +238,14 @@ impl<T> GroupClient<T> {
             });
         }
         (out, answered)
+    }
+
+    /// The turn that took this client's requests left the log's top at `op`: every
+    /// request it handed is prepared at or below it, or was refused.
+    pub(crate) fn handed_through(&mut self, op: u64) {
+        for (_, through) in self.tenure.prepared.values_mut() {
+            through.get_or_insert(op);
+        }
     }
 
     /// A reply of the group to this node's client (the caller checked the client id):
@@ -567,6 +591,29 @@ mod tests {
             older.details,
             vec![ErrorDetail::LastRequest { request: window }]
         );
+    }
+
+    /// A request the replica was handed and did not prepare holds its retries only
+    /// until the state holds the log's top after that turn.
+    #[test]
+    fn a_request_never_prepared_holds_no_retry_once_its_turn_is_applied() {
+        let mut client = registered_client();
+        let slices = Slices::default();
+        let view = |op, commit_min| PrimaryAt {
+            op,
+            commit_min,
+            ..at(true, 16)
+        };
+        client.queue(bytes::Bytes::from_static(b"a"), 'a', tag(50, 0));
+        let (sent, _) = client.requests(CLIENT, 3, view(1, 1), &slices);
+        assert_eq!(sent.len(), 1);
+        client.handed_through(2);
+        client.queue(bytes::Bytes::from_static(b"A"), 'A', tag(50, 0));
+        let (sent, answered) = client.requests(CLIENT, 4, view(2, 1), &slices);
+        assert!(sent.is_empty() && answered.is_empty(), "op 2 not applied yet");
+        // Op 2 applied and request 0 is in no entry: it was never prepared.
+        let (sent, _) = client.requests(CLIENT, 5, view(2, 2), &slices);
+        assert_eq!(sent.len(), 1, "the retry goes");
     }
 
     /// A new view's log may hold an earlier primary's prepares of a session's

@@ -697,13 +697,20 @@ impl PartitionGroups {
             groups.sort_unstable();
             groups.dedup();
             let mut inputs = Vec::new();
-            for group in groups {
-                self.collect(group, &mut inputs);
+            for group in &groups {
+                self.collect(*group, &mut inputs);
             }
             if inputs.is_empty() {
                 break;
             }
-            match self.host.step(self.now, inputs) {
+            let stepped = self.host.step(self.now, inputs);
+            for group in groups {
+                let top = self.host.replica(group).map(braid_vsr::Replica::op);
+                if let (Some(top), Some(client)) = (top, self.clients.get_mut(&group)) {
+                    client.handed_through(top);
+                }
+            }
+            match stepped {
                 Ok(effects) => self.carry(effects, moved),
                 Err(HostError::UnknownGroup(_)) => {}
                 Err(err) => self.fail(err),
