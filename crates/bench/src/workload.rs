@@ -85,6 +85,10 @@ pub struct Workload {
     pub warmup_seconds: u64,
     /// `fsync` policy of the topics the run creates.
     pub fsync: Fsync,
+    /// Each producer holds a client session and numbers its batches (what the SDK's
+    /// idempotent producer does), so the partitions judge every batch against its
+    /// session's entry before they store it.
+    pub sessions: bool,
 }
 
 /// A workload that cannot run, naming the value.
@@ -234,6 +238,7 @@ fn throughput_1kb() -> Workload {
         stop: Stop::Seconds(30),
         warmup_seconds: 5,
         fsync: Fsync::Never,
+        sessions: false,
     }
 }
 

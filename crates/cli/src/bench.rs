@@ -100,6 +100,10 @@ pub(crate) struct BenchArgs {
     /// fsync policy of the run's topics: never, always or interval:MS.
     #[arg(long, value_parser = parse_fsync)]
     fsync: Option<Fsync>,
+    /// Each producer holds a client session and numbers its batches, as the SDK's
+    /// idempotent producer does.
+    #[arg(long)]
+    sessions: bool,
 }
 
 fn parse_mode(value: &str) -> Result<Mode, String> {
@@ -184,6 +188,7 @@ impl BenchArgs {
         if let Some(fsync) = self.fsync {
             w.fsync = fsync;
         }
+        w.sessions |= self.sessions;
         w.validate()?;
         Ok(w)
     }

@@ -40,8 +40,20 @@ pub(super) async fn spawn_producers(
                 .map_err(client_error(format!("describing {topic}")))?;
             routers.push(Router::new(&info).map_err(client_error(format!("routing {topic}")))?);
         }
+        let session = if plan.workload.sessions {
+            Some(
+                client
+                    .register_session(Duration::from_secs(60))
+                    .await
+                    .map_err(client_error("registering a client session"))?,
+            )
+        } else {
+            None
+        };
         let producer = ProducerTask {
             id: p,
+            session,
+            next_request: Mutex::new(HashMap::new()),
             client,
             plan: plan.clone(),
             routers,
@@ -137,6 +149,10 @@ struct Pipeline {
 
 struct ProducerTask {
     id: u32,
+    /// The client session its batches are numbered in, if the workload has sessions.
+    session: Option<u64>,
+    /// (topic, partition) -> the number of its next batch in the session.
+    next_request: Mutex<HashMap<(usize, u32), i32>>,
     client: Client,
     plan: ProducerPlan,
     routers: Vec<Router>,
@@ -279,7 +295,15 @@ impl ProducerTask {
         let Ok(permit) = Arc::clone(&in_flight.permits).acquire_owned().await else {
             return;
         };
-        let bytes: Arc<[u8]> = batch.builder.finish().into();
+        let mut builder = batch.builder;
+        if let Some(session) = self.session {
+            if let Ok(mut next) = self.next_request.lock() {
+                let request = next.entry((topic, partition)).or_insert(0);
+                builder.producer(session as i64, -1, *request);
+                *request += 1;
+            }
+        }
+        let bytes: Arc<[u8]> = builder.finish().into();
         let request = Request::Produce {
             stream: &self.plan.names.stream,
             topic: &self.plan.names.topics[topic],

@@ -610,7 +610,10 @@ mod tests {
         client.handed_through(2);
         client.queue(bytes::Bytes::from_static(b"A"), 'A', tag(50, 0));
         let (sent, answered) = client.requests(CLIENT, 4, view(2, 1), &slices);
-        assert!(sent.is_empty() && answered.is_empty(), "op 2 not applied yet");
+        assert!(
+            sent.is_empty() && answered.is_empty(),
+            "op 2 not applied yet"
+        );
         // Op 2 applied and request 0 is in no entry: it was never prepared.
         let (sent, _) = client.requests(CLIENT, 5, view(2, 2), &slices);
         assert_eq!(sent.len(), 1, "the retry goes");
