@@ -27,6 +27,7 @@
 //! every batch sent again.
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -120,15 +121,16 @@ struct Shared {
     config: ProducerConfig,
     /// Batches sent again after a failure.
     retried: Arc<std::sync::atomic::AtomicU64>,
-    /// The client session, ended when the last clone of the producer goes.
-    session: Option<u64>,
+    /// The client session (0: none), ended when the last clone of the producer goes;
+    /// a new one replaces it if the cluster ended it (the heartbeat task registers it).
+    session: Arc<AtomicU64>,
     client: Client,
 }
 
 impl Drop for Shared {
     fn drop(&mut self) {
-        let (Some(session), Ok(runtime)) = (self.session, tokio::runtime::Handle::try_current())
-        else {
+        let session = self.session.load(Ordering::Relaxed);
+        let (true, Ok(runtime)) = (session != 0, tokio::runtime::Handle::try_current()) else {
             return;
         };
         let client = self.client.clone();
@@ -226,11 +228,11 @@ impl Producer {
     ) -> Result<Self, ClientError> {
         let info = client.describe_topic(stream, topic).await?;
         let ranges = Router::new(&info)?.ranges;
-        let session = if config.idempotent {
-            Some(client.register_session(config.session_timeout).await?)
+        let session = Arc::new(AtomicU64::new(if config.idempotent {
+            client.register_session(config.session_timeout).await?
         } else {
-            None
-        };
+            0
+        }));
         let (closed, batches) = mpsc::unbounded_channel();
         let retried = Arc::new(std::sync::atomic::AtomicU64::new(0));
         let shared = Arc::new(Shared {
@@ -243,7 +245,7 @@ impl Producer {
             closed,
             config,
             retried: Arc::clone(&retried),
-            session,
+            session: Arc::clone(&session),
             client: client.clone(),
         });
         let dispatcher = Dispatcher {
@@ -254,13 +256,14 @@ impl Producer {
             retried,
             in_flight: VecDeque::new(),
             backoff: RETRY_BACKOFF_MIN,
-            session,
+            session: Arc::clone(&session),
+            numbering: 0,
             next_request: HashMap::new(),
         };
         tokio::spawn(dispatcher.run(batches));
         tokio::spawn(linger(Arc::downgrade(&shared)));
-        if let Some(session) = session {
-            tokio::spawn(heartbeat(Arc::downgrade(&shared), session));
+        if config.idempotent {
+            tokio::spawn(heartbeat(Arc::downgrade(&shared)));
         }
         Ok(Self { shared })
     }
@@ -352,7 +355,7 @@ impl Producer {
 
     /// The client session the producer numbers its batches in, if idempotent.
     pub fn session(&self) -> Option<u64> {
-        self.shared.session
+        Some(self.shared.session.load(Ordering::Relaxed)).filter(|s| *s != 0)
     }
 
     /// Sends every open batch now.
@@ -389,23 +392,42 @@ async fn linger(shared: std::sync::Weak<Shared>) {
     }
 }
 
-/// Keeps the producer's session open while the producer lives.
-async fn heartbeat(shared: std::sync::Weak<Shared>, session: u64) {
+/// Keeps the producer's session open while the producer lives, and registers a new
+/// one if the cluster ended it (the producer was cut off for longer than its
+/// timeout): batches then go under the new one, numbered from 0 again, and a batch
+/// in flight under the old one is answered `SessionNotFound` (it may be stored).
+async fn heartbeat(shared: std::sync::Weak<Shared>) {
     loop {
         let Some(every) = shared.upgrade().map(|s| s.config.session_timeout / 3) else {
             return;
         };
         tokio::time::sleep(every.max(Duration::from_millis(10))).await;
-        let Some(client) = shared.upgrade().map(|s| s.client.clone()) else {
+        let Some((client, session, timeout)) = shared.upgrade().map(|s| {
+            (
+                s.client.clone(),
+                Arc::clone(&s.session),
+                s.config.session_timeout,
+            )
+        }) else {
             return;
         };
-        match client.session_heartbeat(session).await {
+        let current = session.load(Ordering::Relaxed);
+        match client.session_heartbeat(current).await {
             Ok(_) => {}
             Err(err) if err.code() == Some(ErrorCode::SessionNotFound) => {
-                tracing::warn!(session, "the producer's session has ended");
-                return;
+                match client.register_session(timeout).await {
+                    Ok(new) => {
+                        tracing::warn!(
+                            old = current,
+                            new,
+                            "the producer's session ended: a new one"
+                        );
+                        session.store(new, Ordering::Relaxed);
+                    }
+                    Err(err) => tracing::debug!(%err, "registering a new session"),
+                }
             }
-            Err(err) => tracing::debug!(session, %err, "a session heartbeat failed"),
+            Err(err) => tracing::debug!(session = current, %err, "a session heartbeat failed"),
         }
     }
 }
@@ -431,8 +453,10 @@ struct Dispatcher {
     in_flight: VecDeque<InFlight>,
     /// The pause before the next resend (doubles while failures follow each other).
     backoff: Duration,
-    /// The client session batches are numbered in, if idempotent.
-    session: Option<u64>,
+    /// The client session batches are numbered in (0: none, not idempotent).
+    session: Arc<AtomicU64>,
+    /// The session `next_request` counts in: a new one starts every partition at 0.
+    numbering: u64,
     /// Partition -> the number its next batch takes.
     next_request: HashMap<u32, u32>,
 }
@@ -494,11 +518,13 @@ impl Dispatcher {
     /// Numbers a batch sent for the first time (or again after it was refused out of
     /// order, so not stored) in the producer's session.
     fn number(&mut self, batch: &mut ClosedBatch) {
-        let Some(session) = self.session else {
+        let session = self.session.load(Ordering::Relaxed);
+        if session == 0 || batch.request.is_some() {
             return;
-        };
-        if batch.request.is_some() {
-            return;
+        }
+        if session != self.numbering {
+            self.numbering = session;
+            self.next_request.clear();
         }
         let next = self.next_request.entry(batch.partition).or_insert(0);
         let request = *next;
@@ -560,7 +586,7 @@ impl Dispatcher {
 
     async fn run(mut self, mut batches: mpsc::UnboundedReceiver<ClosedBatch>) {
         let mut window = self.config.max_in_flight.max(1);
-        if self.session.is_some() {
+        if self.config.idempotent {
             window = window.min(SESSION_IN_FLIGHT_MAX);
         }
         let mut open = true;
@@ -623,7 +649,7 @@ impl Dispatcher {
                     if again
                         .iter()
                         .any(|(b, _)| b.partition == flight.batch.partition)
-                        && self.session.is_none()
+                        && !self.config.idempotent
                     {
                         // An earlier batch of this partition failed and this one was
                         // stored: only a primary that lost and regained the partition

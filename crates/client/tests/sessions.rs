@@ -189,6 +189,26 @@ async fn a_session_lives_on_heartbeats_and_ends_when_told_or_quiet() {
         client.end_session(ended + 1_000).await.unwrap_err().code(),
         Some(ErrorCode::SessionNotFound)
     );
+    // A produce names a session the metadata holds open, or is refused before its
+    // partition sees it: an ended one for good, one newer than this member's
+    // metadata as busy (it may be registered and not yet applied here).
+    common::create_topic(&client, "s", "t", 1).await;
+    let refused = client
+        .produce("s", "t", 0, &tagged(ended, 0, "x", 1))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Some(ErrorCode::SessionNotFound));
+    let unknown = client
+        .produce("s", "t", 0, &tagged(1 << 40, 0, "x", 1))
+        .await
+        .unwrap_err();
+    assert_eq!(unknown.code(), Some(ErrorCode::Busy), "{unknown}");
+    assert!(client
+        .fetch("s", "t", 0, 0, 1 << 20, 0)
+        .await
+        .unwrap()
+        .batches
+        .is_empty());
 
     let kept = client
         .register_session(Duration::from_millis(1_000))
@@ -215,10 +235,27 @@ async fn the_producer_holds_a_session_and_numbers_each_partitions_batches() {
     let node = TestNode::start(FsyncSetting::Always);
     let client = Client::connect(node.addr()).await.unwrap();
     common::create_topic(&client, "s", "t", 2).await;
-    let producer = Producer::new(&client, "s", "t", ProducerConfig::default())
-        .await
-        .unwrap();
-    let session = producer.session().unwrap();
+    let config = ProducerConfig {
+        session_timeout: Duration::from_millis(1_500),
+        ..ProducerConfig::default()
+    };
+    let producer = Producer::new(&client, "s", "t", config).await.unwrap();
+    let first_session = producer.session().unwrap();
+    // The cluster ends the session (as if the producer had been cut off past its
+    // timeout): the producer registers a new one and numbers from 0 again.
+    client.end_session(first_session).await.unwrap();
+    let mut session = first_session;
+    for _ in 0..100 {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        session = producer.session().unwrap();
+        if session != first_session {
+            break;
+        }
+    }
+    assert!(
+        session > first_session,
+        "a new session replaced the ended one"
+    );
     let mut sends = Vec::new();
     for i in 0..200 {
         let key = format!("k{}", i % 7);

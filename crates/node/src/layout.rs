@@ -103,6 +103,11 @@ pub(crate) type StreamRoutes = HashMap<String, Arc<TopicRoute>>;
 pub(crate) struct Layout {
     pub(crate) streams: HashMap<String, StreamRoutes>,
     pub(crate) access: Access,
+    /// Client sessions the metadata holds: whether each has ended.
+    sessions: HashMap<u64, bool>,
+    /// The metadata op this layout was built at or after: a session id above it may
+    /// be registered and not yet known here.
+    metadata_op: u64,
 }
 
 /// What a layout changes by after committed ops: each part they touched, as the
@@ -114,13 +119,19 @@ pub(crate) struct LayoutChange {
     streams: Vec<(String, Option<StreamRoutes>)>,
     topics: Vec<(String, String, Option<Arc<TopicRoute>>)>,
     users: Vec<(String, Option<UserAccess>)>,
+    /// Each session touched: whether it has ended, or `None` (retired).
+    sessions: Vec<(u64, Option<bool>)>,
+    metadata_op: u64,
 }
 
 impl LayoutChange {
     /// The change that brings a layout of the metadata before the ops that made
     /// `touched` to `meta`.
     pub(crate) fn of(meta: &Metadata, touched: &BTreeSet<Touch>) -> Self {
-        let mut change = Self::default();
+        let mut change = Self {
+            metadata_op: meta.applied_op(),
+            ..Self::default()
+        };
         for touch in touched {
             match touch {
                 Touch::Stream(name) => {
@@ -143,6 +154,10 @@ impl LayoutChange {
                 Touch::User(name) => {
                     let access = meta.users.get(name).map(UserAccess::of);
                     change.users.push((name.clone(), access));
+                }
+                Touch::Session(id) => {
+                    let ended = meta.sessions.get(id).map(|s| s.ended_at.is_some());
+                    change.sessions.push((*id, ended));
                 }
             }
         }
@@ -197,6 +212,49 @@ impl Layout {
         Self {
             streams,
             access: Access::from_metadata(meta),
+            sessions: meta
+                .sessions
+                .iter()
+                .map(|(id, s)| (*id, s.ended_at.is_some()))
+                .collect(),
+            metadata_op: meta.applied_op(),
+        }
+    }
+
+    /// Why a produce of `tag`'s session is refused before it reaches its partition:
+    /// the session ended or is unknown (`SessionNotFound`), or is newer than what
+    /// this member's metadata has applied (`Busy`: it will know it in a moment).
+    pub(crate) fn session_refusal(
+        &self,
+        tag: crate::replication::partition_machine::slices::SessionTag,
+    ) -> Option<crate::error::NodeError> {
+        use crate::error::NodeError;
+        use braid_proto::client::ErrorCode;
+        match self.sessions.get(&tag.session) {
+            Some(false) => None,
+            Some(true) => Some(NodeError::new(
+                ErrorCode::SessionNotFound,
+                format!(
+                    "client session {} has ended: register a new one",
+                    tag.session
+                ),
+            )),
+            None if tag.session > self.metadata_op => Some(NodeError::new(
+                ErrorCode::Busy,
+                format!(
+                    "this member has not yet applied the registration of client session \
+                     {}; retry",
+                    tag.session
+                ),
+            )),
+            None => Some(NodeError::new(
+                ErrorCode::SessionNotFound,
+                format!(
+                    "client session {} does not exist (never registered, or retired): \
+                     register a new one",
+                    tag.session
+                ),
+            )),
         }
     }
 
@@ -275,6 +333,17 @@ impl Layout {
         for (user, access) in &change.users {
             self.access.set(user, access.clone());
         }
+        for (id, ended) in &change.sessions {
+            match ended {
+                Some(ended) => {
+                    self.sessions.insert(*id, *ended);
+                }
+                None => {
+                    self.sessions.remove(id);
+                }
+            }
+        }
+        self.metadata_op = self.metadata_op.max(change.metadata_op);
     }
 
     pub(crate) fn topic(&self, stream: &str, topic: &str) -> Option<&Arc<TopicRoute>> {

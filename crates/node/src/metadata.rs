@@ -107,6 +107,8 @@ pub enum Touch {
     },
     /// A user was created or deleted, or its credential or grants changed.
     User(String),
+    /// A client session was registered, ended or retired.
+    Session(u64),
 }
 
 /// Why an op was refused. Nothing changed.

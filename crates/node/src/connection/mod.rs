@@ -15,7 +15,6 @@ use braid_proto::client::{
     encode_error, encode_fetch_prefix, frame_length, split_request, Command, ErrorCode, FrameError,
     Request, Response, REQUEST_HEADER_BYTES,
 };
-use braid_proto::ValidatedBatch;
 use bytes::BytesMut;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
 use tokio::sync::{mpsc, oneshot, watch, Semaphore};
@@ -23,6 +22,7 @@ use tokio::sync::{mpsc, oneshot, watch, Semaphore};
 mod deadlines;
 mod guard;
 mod listing;
+mod produce;
 mod writer;
 
 use deadlines::Deadlines;
@@ -695,7 +695,7 @@ async fn handle_frame(env: &Env, mut frame: BytesMut) -> Flow {
             match route(env, stream, topic, partition) {
                 Ok((route, key)) => {
                     let batch = frame.split_off(start);
-                    produce(env, request_id, route, key, batch).await
+                    produce::produce(env, request_id, route, key, batch).await
                 }
                 Err(err) => Err(err),
             }
@@ -741,69 +741,6 @@ async fn handle_frame(env: &Env, mut frame: BytesMut) -> Flow {
         send_error(env, request_id, code, &err).await;
     }
     Flow::Continue
-}
-
-async fn produce(
-    env: &Env,
-    request_id: u64,
-    route: Arc<TopicRoute>,
-    key: PartitionKey,
-    batch: BytesMut,
-) -> Result<(), NodeError> {
-    if batch.len() > route.settings.max_batch_bytes as usize {
-        return Err(NodeError::new(
-            ErrorCode::BatchTooLarge,
-            format!(
-                "batch of {} bytes exceeds the topic's {}",
-                batch.len(),
-                route.settings.max_batch_bytes
-            ),
-        ));
-    }
-    // A key's records must all go to the one partition whose range holds its hash, or
-    // its order across splits and merges cannot hold: checked in the validation walk.
-    let (start, end) = route
-        .partition(key.partition)
-        .map_or((0, u16::MAX), |meta| (meta.hash_start, meta.hash_end));
-    let batch = ValidatedBatch::for_key_range(batch, start, end).map_err(|e| match e {
-        braid_proto::BatchError::KeyOutOfRange { .. } => NodeError::new(
-            ErrorCode::KeyOutOfRange,
-            format!(
-                "{e} {start}..={end} of partition {}: refresh the layout and route again",
-                key.partition
-            ),
-        ),
-        other => NodeError::new(ErrorCode::InvalidBatch, other.to_string()),
-    })?;
-    let (reply, wait) = oneshot::channel();
-    let owner = key.shard(env.shared.shards());
-    env.shared.inboxes[owner]
-        .send(ShardRequest::Produce { key, batch, reply })
-        .await
-        .map_err(|_| shutting_down())?;
-    let out = env.out.clone();
-    let metrics = Arc::clone(&env.metrics);
-    in_flight(env, async move {
-        let mut frame = Vec::new();
-        match wait.await {
-            Ok(Ok((base_offset, last_offset))) => Response::Produced {
-                base_offset,
-                last_offset,
-            }
-            .encode(request_id, Command::Produce, &mut frame),
-            Ok(Err(err)) => {
-                metrics.error(err.code);
-                frame = error_frame(request_id, Command::Produce as u16, &err);
-            }
-            Err(_) => {
-                let err = shutting_down();
-                frame = error_frame(request_id, Command::Produce as u16, &err);
-            }
-        }
-        let _ = out.send(Outgoing::Frame(frame)).await;
-    })
-    .await;
-    Ok(())
 }
 
 /// Sends a fetch to the partition's owner; the answer comes on the returned receiver

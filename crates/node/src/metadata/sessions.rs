@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use braid_proto::wire::{WireError, WireReader, WireWrite};
 
 use super::op::Change;
-use super::{MetaError, Metadata};
+use super::{MetaError, Metadata, Touch};
 
 /// The shortest heartbeat timeout a session may ask for.
 pub const SESSION_TIMEOUT_MIN_MS: u32 = 1_000;
@@ -94,6 +94,9 @@ impl Change for RegisterSession {
         }
         Ok(())
     }
+    fn touches(&self, meta: &Metadata) -> Vec<Touch> {
+        vec![Touch::Session(meta.applied_op)]
+    }
     fn apply(&self, meta: &mut Metadata) {
         meta.sessions.insert(
             meta.applied_op,
@@ -129,6 +132,9 @@ impl Change for EndSession {
         } else {
             Err(MetaError::SessionNotFound(self.session))
         }
+    }
+    fn touches(&self, _meta: &Metadata) -> Vec<Touch> {
+        vec![Touch::Session(self.session)]
     }
     fn apply(&self, meta: &mut Metadata) {
         let op = meta.applied_op;
