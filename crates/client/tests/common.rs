@@ -272,3 +272,15 @@ pub(crate) async fn read_partition(
         out.extend(records.into_iter().map(|r| r.value.unwrap_or_default()));
     }
 }
+
+/// Waits (at most 20 s) until the node has put partitions' files to sleep `count` times.
+pub(crate) async fn until_files_slept(node: &TestNode, count: u32) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while metric(node.http_addr(), "braid_partition_files_slept_total").await < u64::from(count) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the files never slept"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+}

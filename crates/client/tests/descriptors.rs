@@ -68,16 +68,7 @@ async fn a_node_out_of_descriptors_answers_busy_and_recovers_without_a_restart()
         acknowledged[partition as usize].push((stored.0, value));
     }
     // Idle, every partition's files go to sleep (a pass a second).
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-    while common::metric(node.http_addr(), "braid_partition_files_slept_total").await
-        < u64::from(partitions)
-    {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the files never slept"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-    }
+    common::until_files_slept(&node, partitions).await;
     tokio::time::sleep(std::time::Duration::from_millis(300)).await;
 
     // Room for a few partitions' files at most: the rest cannot wake.

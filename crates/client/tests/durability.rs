@@ -222,7 +222,7 @@ async fn a_restarted_single_nodes_idle_partitions_sleep_again() {
     drop(client);
     node.restart();
     let client = Client::connect(node.addr()).await.unwrap();
-    until_files_slept(&node, partitions).await;
+    common::until_files_slept(&node, partitions).await;
     // Woken by a read, each serves what it held.
     for partition in 0..partitions {
         let fetched = client
@@ -253,7 +253,7 @@ async fn a_sleeping_partition_whose_files_changed_is_refused_alone_while_the_nod
         }
     }
     // Idle, every partition's files go to sleep (a pass a second).
-    until_files_slept(&node, partitions).await;
+    common::until_files_slept(&node, partitions).await;
     let damaged = node.dir.path().join("partitions").join("0").join("0");
     std::fs::remove_file(damaged.join("vsr.journal")).unwrap();
     // Its next use finds the change: the produce in flight is sent elsewhere
@@ -405,21 +405,6 @@ async fn refused_produce(
     }
     panic!("the damaged partition is never refused naming {named}");
 }
-
-/// Waits (at most 20 s) until the node has put partitions' files to sleep `count` times.
-async fn until_files_slept(node: &TestNode, count: u32) {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-    while common::metric(node.http_addr(), "braid_partition_files_slept_total").await
-        < u64::from(count)
-    {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the files never slept"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-    }
-}
-
 /// Copies directory `from` (files only, one level deep, as a partition's is) to `to`.
 fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
     std::fs::create_dir_all(to).unwrap();
@@ -531,7 +516,7 @@ async fn a_sleeping_partitions_lost_checkpoint_copies_are_found_at_its_wake() {
             .await
             .unwrap();
     }
-    until_files_slept(&node, partitions).await;
+    common::until_files_slept(&node, partitions).await;
     let dir = node.dir.path().join("partitions").join("0").join("0");
     let mut removed = 0;
     for entry in std::fs::read_dir(&dir).unwrap() {
