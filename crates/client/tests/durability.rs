@@ -202,6 +202,23 @@ async fn a_damaged_partition_of_a_single_node_is_refused_alone() {
     }
 }
 
+/// A node whose topic `s/t` has `partitions` partitions, each given `rounds` batches
+/// of 4 keyless records, and a client of it.
+async fn node_with_records(partitions: u32, rounds: usize) -> (TestNode, Client) {
+    let node = TestNode::start(FsyncSetting::Always);
+    let client = Client::connect(node.addr()).await.unwrap();
+    common::create_topic(&client, "s", "t", partitions).await;
+    for _ in 0..rounds {
+        for partition in 0..partitions {
+            client
+                .produce("s", "t", partition, &keyless(4))
+                .await
+                .unwrap();
+        }
+    }
+    (node, client)
+}
+
 /// An outside review of issue 24: after a restart, no partition of a single node ever
 /// slept again (each restarted group writes a state with a new log view, and its
 /// journal then waited for a sync that nothing made), so every segment stayed open and
@@ -209,16 +226,8 @@ async fn a_damaged_partition_of_a_single_node_is_refused_alone() {
 /// partitions' files sleep as before.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_single_nodes_idle_partitions_sleep_again() {
-    let mut node = TestNode::start(FsyncSetting::Always);
-    let client = Client::connect(node.addr()).await.unwrap();
     let partitions = 8;
-    common::create_topic(&client, "s", "t", partitions).await;
-    for partition in 0..partitions {
-        client
-            .produce("s", "t", partition, &keyless(4))
-            .await
-            .unwrap();
-    }
+    let (mut node, client) = node_with_records(partitions, 1).await;
     drop(client);
     node.restart();
     let client = Client::connect(node.addr()).await.unwrap();
@@ -240,18 +249,8 @@ async fn a_restarted_single_nodes_idle_partitions_sleep_again() {
 /// every other partition goes on taking writes, with no restart.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sleeping_partition_whose_files_changed_is_refused_alone_while_the_node_runs() {
-    let node = TestNode::start(FsyncSetting::Always);
-    let client = Client::connect(node.addr()).await.unwrap();
     let partitions = 8;
-    common::create_topic(&client, "s", "t", partitions).await;
-    for _ in 0..3 {
-        for partition in 0..partitions {
-            client
-                .produce("s", "t", partition, &keyless(4))
-                .await
-                .unwrap();
-        }
-    }
+    let (node, client) = node_with_records(partitions, 3).await;
     // Idle, every partition's files go to sleep (a pass a second).
     common::until_files_slept(&node, partitions).await;
     let damaged = node.dir.path().join("partitions").join("0").join("0");
@@ -506,16 +505,8 @@ fn log_bytes(dir: &std::path::Path) -> u64 {
 /// the partition is refused at once, naming them, and the others serve.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sleeping_partitions_lost_checkpoint_copies_are_found_at_its_wake() {
-    let node = TestNode::start(FsyncSetting::Always);
-    let client = Client::connect(node.addr()).await.unwrap();
     let partitions = 4;
-    common::create_topic(&client, "s", "t", partitions).await;
-    for partition in 0..partitions {
-        client
-            .produce("s", "t", partition, &keyless(4))
-            .await
-            .unwrap();
-    }
+    let (node, client) = node_with_records(partitions, 1).await;
     common::until_files_slept(&node, partitions).await;
     let dir = node.dir.path().join("partitions").join("0").join("0");
     let mut removed = 0;
