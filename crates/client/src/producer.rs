@@ -257,8 +257,7 @@ impl Producer {
             in_flight: VecDeque::new(),
             backoff: RETRY_BACKOFF_MIN,
             session: Arc::clone(&session),
-            numbering: 0,
-            next_request: HashMap::new(),
+            numbering: Numbering::default(),
         };
         tokio::spawn(dispatcher.run(batches));
         tokio::spawn(linger(Arc::downgrade(&shared)));
@@ -455,10 +454,69 @@ struct Dispatcher {
     backoff: Duration,
     /// The client session batches are numbered in (0: none, not idempotent).
     session: Arc<AtomicU64>,
-    /// The session `next_request` counts in: a new one starts every partition at 0.
-    numbering: u64,
+    numbering: Numbering,
+}
+
+/// The numbers a producer's batches take in its session, per partition. A number is
+/// never taken back: a batch refused for good may have been stored all the same (a
+/// group that stopped after preparing it answers `StorageError`), and a later batch
+/// under its number would be answered that batch's offsets. The partition says what
+/// it expects instead: a batch refused `RequestOutOfOrder` (not stored) is numbered
+/// again from there.
+#[derive(Debug, Default)]
+struct Numbering {
+    /// The session the counts are in: a new one starts every partition at 0.
+    session: u64,
     /// Partition -> the number its next batch takes.
-    next_request: HashMap<u32, u32>,
+    next: HashMap<u32, u32>,
+}
+
+impl Numbering {
+    /// The number of `partition`'s next batch in `session`.
+    fn take(&mut self, session: u64, partition: u32) -> u32 {
+        if session != self.session {
+            self.session = session;
+            self.next.clear();
+        }
+        let next = self.next.entry(partition).or_insert(0);
+        let request = *next;
+        *next += 1;
+        request
+    }
+
+    /// Numbers again, in order, the batches about to be sent again that were refused
+    /// out of order (`expected`: the number their partition takes next), each after
+    /// any batch of its partition before it that keeps its number. Returns the new
+    /// numbers, `None` where a batch keeps its own.
+    fn renumber(
+        &mut self,
+        session: u64,
+        again: &[(u32, Option<u32>, Option<u32>)],
+    ) -> Vec<Option<u32>> {
+        let mut kept: HashMap<u32, u32> = HashMap::new();
+        let mut numbers = Vec::with_capacity(again.len());
+        for &(partition, request, expected) in again {
+            let mut new = None;
+            if let (Some(expected), Some(_)) = (expected, request) {
+                let from = kept
+                    .get(&partition)
+                    .map_or(expected, |k| expected.max(k + 1));
+                if session == self.session {
+                    self.next.insert(partition, from);
+                }
+                new = Some(self.take(session, partition));
+            }
+            if let Some(request) = new.or(request) {
+                kept.insert(partition, request);
+            }
+            numbers.push(new);
+        }
+        for (partition, last) in kept {
+            let next = self.next.entry(partition).or_insert(0);
+            *next = (*next).max(last + 1);
+        }
+        numbers
+    }
 }
 
 /// Batches in flight at once with a session: as many requests of a session as a
@@ -515,59 +573,32 @@ fn expected_request(err: &ClientError) -> Option<u32> {
 }
 
 impl Dispatcher {
-    /// Numbers a batch sent for the first time (or again after it was refused out of
-    /// order, so not stored) in the producer's session.
+    /// Numbers a batch sent for the first time in the producer's session.
     fn number(&mut self, batch: &mut ClosedBatch) {
         let session = self.session.load(Ordering::Relaxed);
         if session == 0 || batch.request.is_some() {
             return;
         }
-        if session != self.numbering {
-            self.numbering = session;
-            self.next_request.clear();
-        }
-        let next = self.next_request.entry(batch.partition).or_insert(0);
-        let request = *next;
-        *next += 1;
-        match braid_proto::batch::set_producer(&mut batch.bytes, session as i64, request as i32) {
-            Ok(()) => batch.request = Some(request),
-            Err(err) => tracing::warn!(%err, "a batch too short to number"),
-        }
-    }
-
-    /// A batch refused for good took no number on its partition: if it was the last
-    /// numbered there, the next batch takes its number.
-    fn refused(&mut self, batch: &ClosedBatch) {
-        if let Some(request) = batch.request {
-            if let Some(next) = self.next_request.get_mut(&batch.partition) {
-                if *next == request + 1 {
-                    *next = request;
-                }
-            }
-        }
+        let request = self.numbering.take(session, batch.partition);
+        stamp(batch, session, request);
     }
 
     /// Batches about to be sent again, in order: those refused out of order (not
-    /// stored) are numbered again from where their partition expects, after any
-    /// batch before them that keeps its number.
+    /// stored) are numbered again ([`Numbering::renumber`]).
     fn renumber(&mut self, again: &mut VecDeque<(ClosedBatch, Option<u32>)>) {
-        let mut kept: HashMap<u32, u32> = HashMap::new();
-        for (batch, expected) in again.iter_mut() {
-            if let (Some(expected), Some(_)) = (*expected, batch.request) {
-                let from = kept
-                    .get(&batch.partition)
-                    .map_or(expected, |k| expected.max(k + 1));
-                batch.request = None;
-                self.next_request.insert(batch.partition, from);
-                self.number(batch);
-            }
-            if let Some(request) = batch.request {
-                kept.insert(batch.partition, request);
-            }
+        let session = self.session.load(Ordering::Relaxed);
+        if session == 0 {
+            return;
         }
-        for (partition, last) in kept {
-            let next = self.next_request.entry(partition).or_insert(0);
-            *next = (*next).max(last + 1);
+        let asked: Vec<_> = again
+            .iter()
+            .map(|(batch, expected)| (batch.partition, batch.request, *expected))
+            .collect();
+        let numbers = self.numbering.renumber(session, &asked);
+        for ((batch, _), number) in again.iter_mut().zip(numbers) {
+            if let Some(request) = number {
+                stamp(batch, session, request);
+            }
         }
     }
 
@@ -620,9 +651,6 @@ impl Dispatcher {
                         self.backoff = RETRY_BACKOFF_MIN;
                     }
                     if let Some(done) = self.in_flight.pop_front() {
-                        if result.is_err() {
-                            self.refused(&done.batch);
-                        }
                         answer(done.batch, result);
                     }
                 }
@@ -665,10 +693,7 @@ impl Dispatcher {
                     let expected = expected_request(&failure);
                     again.push_back((flight.batch, expected));
                 }
-                Ok(Err(failure)) => {
-                    self.refused(&flight.batch);
-                    answer(flight.batch, Err(failure));
-                }
+                Ok(Err(failure)) => answer(flight.batch, Err(failure)),
                 Err(_) => again.push_back((flight.batch, None)),
             }
         }
@@ -707,6 +732,14 @@ impl Dispatcher {
     }
 }
 
+/// Writes `session` and `request` into `batch`.
+fn stamp(batch: &mut ClosedBatch, session: u64, request: u32) {
+    match braid_proto::batch::set_producer(&mut batch.bytes, session as i64, request as i32) {
+        Ok(()) => batch.request = Some(request),
+        Err(err) => tracing::warn!(%err, "a batch too short to number"),
+    }
+}
+
 /// Answers each record of `batch` with its offset, or the batch's error.
 fn answer(batch: ClosedBatch, result: Result<Response, ClientError>) {
     let result = match result {
@@ -726,6 +759,37 @@ fn answer(batch: ClosedBatch, result: Result<Response, ClientError>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn batches_are_numbered_per_partition_and_again_from_what_the_partition_expects() {
+        let mut numbering = Numbering::default();
+        assert_eq!(
+            [0, 0, 1, 2, 1].map(|p| numbering.take(7, p)),
+            [0, 1, 0, 0, 1]
+        );
+        // Partition 0 took 0, 1, 2: 1 was refused for good (no number comes back),
+        // 2 was refused out of order (the partition expects 1), and a batch numbered
+        // 3 that failed on a lost connection keeps its number.
+        assert_eq!(numbering.take(7, 0), 2);
+        let again = [
+            (0, Some(2), Some(1)),
+            (0, Some(3), None),
+            (1, Some(2), Some(2)),
+        ];
+        assert_eq!(
+            numbering.renumber(7, &again),
+            [Some(1), None, Some(2)],
+            "the first from 1; the second keeps 3; partition 1's from 2"
+        );
+        assert_eq!(numbering.take(7, 0), 4, "after the kept 3");
+        assert_eq!(numbering.take(7, 1), 3);
+        // Refused out of order behind a batch that keeps its number: after it.
+        let again = [(0, Some(5), None), (0, Some(6), Some(5))];
+        assert_eq!(numbering.renumber(7, &again), [None, Some(6)]);
+        // A new session numbers every partition from 0.
+        assert_eq!(numbering.take(9, 0), 0);
+        assert_eq!(numbering.take(9, 1), 0);
+    }
 
     #[test]
     fn keys_route_to_the_range_holding_their_hash() {
