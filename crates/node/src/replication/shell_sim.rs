@@ -88,6 +88,8 @@ pub(crate) struct Outcome {
     pub(crate) session_requests_resent: u64,
     pub(crate) resent_requests_acknowledged: u64,
     pub(crate) duplicates_refused: u64,
+    /// Client sessions registered through the metadata group and answered.
+    pub(crate) sessions_registered: u64,
 }
 
 impl Outcome {
@@ -114,6 +116,7 @@ impl Outcome {
             session_requests_resent,
             resent_requests_acknowledged,
             duplicates_refused,
+            sessions_registered,
         } = other;
         self.records_acknowledged += records_acknowledged;
         self.produces_failed += produces_failed;
@@ -135,6 +138,7 @@ impl Outcome {
         self.session_requests_resent += session_requests_resent;
         self.resent_requests_acknowledged += resent_requests_acknowledged;
         self.duplicates_refused += duplicates_refused;
+        self.sessions_registered += sessions_registered;
     }
 }
 
@@ -934,6 +938,7 @@ impl Run {
                 self.outcome.records_stored = after.records();
                 self.outcome.streams_acknowledged = self.proposals.acknowledged;
                 self.outcome.streams_stored = streams as u64;
+                self.outcome.sessions_registered = self.proposals.sessions.len() as u64;
                 return Ok(self.outcome);
             }
         }

@@ -3,8 +3,10 @@
 //! and states table in `metadata/`), opened as [`crate::node`] opens it: the data
 //! directory's identity claimed, what it lost found by [`identity::check_intact`], the
 //! identity marked initialized after the open. A client proposes streams through any
-//! member; every acknowledged one must be in every member's metadata at the end, and
-//! members that applied the same ops must hold the same metadata at every check.
+//! member, and now and then registers a client session; every acknowledged stream and
+//! session must be in every member's metadata at the end (each session under the id
+//! it was answered, no id answered twice), and members that applied the same ops
+//! must hold the same metadata at every check.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -16,6 +18,9 @@ use crate::replication::meta_group::{MetaGroup, MetaOpening, Turn};
 
 /// Chance per tick, in percent, that the client proposes a stream.
 const PROPOSE_PERCENT: u64 = 3;
+/// Chance, in percent, that a proposal registers a client session instead.
+const REGISTER_PERCENT: u64 = 20;
+const SESSION_TIMEOUT_MS: u32 = 10_000;
 
 /// The cluster name the members' identities carry.
 const CLUSTER: &str = "shell-sim";
@@ -28,6 +33,10 @@ pub(super) struct Proposals {
     waiting: BTreeMap<u64, u8>,
     /// Streams whose creation was acknowledged.
     acked: BTreeSet<String>,
+    /// Proposals that register a client session.
+    registers: BTreeSet<u64>,
+    /// Session id -> the proposal whose register was answered with it.
+    pub(super) sessions: BTreeMap<u64, u64>,
     pub(super) acknowledged: u64,
     pub(super) refused: u64,
 }
@@ -93,6 +102,13 @@ impl Run {
                 ));
             }
             match outcome {
+                Ok(session) if self.proposals.registers.contains(&token) => {
+                    if let Some(earlier) = self.proposals.sessions.insert(session, token) {
+                        self.fail(format!(
+                            "registers {earlier} and {token} were both answered session {session}"
+                        ));
+                    }
+                }
                 Ok(_) => {
                     self.proposals.acknowledged += 1;
                     self.proposals.acked.insert(stream_name(token));
@@ -109,23 +125,32 @@ impl Run {
         }
     }
 
-    /// With some chance, the client proposes a new stream through a member that is up.
+    /// With some chance, the client proposes a new stream, or registers a session,
+    /// through a member that is up.
     pub(super) fn propose_stream(&mut self) {
         if !self.prng.chance(PROPOSE_PERCENT) {
             return;
         }
         let m = self.prng.below(u64::from(self.member_count())) as u8;
         let token = self.proposals.next;
+        let register = self.session_draws.chance(REGISTER_PERCENT);
         let Some(group) = self.meta_mut(m) else {
             return;
         };
-        let turn = group.propose(
+        let op = if register {
+            MetaOp::RegisterSession(op::RegisterSession {
+                timeout_ms: SESSION_TIMEOUT_MS,
+            })
+        } else {
             MetaOp::CreateStream(op::CreateStream {
                 name: stream_name(token),
-            }),
-            token,
-        );
+            })
+        };
+        let turn = group.propose(op, token);
         self.proposals.next += 1;
+        if register {
+            self.proposals.registers.insert(token);
+        }
         self.proposals.waiting.insert(token, m);
         self.take_meta_turn(m, turn);
     }
@@ -202,6 +227,16 @@ impl Run {
         {
             return Err(format!(
                 "the acknowledged creation of {lost} is in no member's metadata"
+            ));
+        }
+        if let Some(lost) = self.proposals.sessions.keys().find(|id| {
+            first
+                .sessions
+                .get(id)
+                .is_none_or(|s| s.timeout_ms != SESSION_TIMEOUT_MS || s.ended_at.is_some())
+        }) {
+            return Err(format!(
+                "session {lost}, registered and answered, is not open in the members' metadata"
             ));
         }
         Ok(first.streams.len())
