@@ -74,6 +74,13 @@ async fn a_sessions_request_sent_again_is_answered_its_offsets_and_stored_once()
         (0, 2),
         "the same request again: its offsets, nothing stored"
     );
+    // The same number with other records is refused: nothing of it is stored, and it
+    // is never answered as if it were.
+    let reused = client
+        .produce("s", "t", 0, &tagged(session, 0, "z", 2))
+        .await
+        .unwrap_err();
+    assert_eq!(reused.code(), Some(ErrorCode::InvalidBatch), "{reused}");
     // Another session's request 0 is its own; the next of the first takes 1.
     assert_eq!(
         client

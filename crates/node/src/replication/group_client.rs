@@ -187,6 +187,15 @@ impl<T> GroupClient<T> {
                     Admission::New => None,
                     Admission::InFlight => break,
                     Admission::Stored { base, last } => Some(Ok((base, last))),
+                    Admission::Differs { stored } => Some(Err(NodeError::new(
+                        ErrorCode::InvalidBatch,
+                        format!(
+                            "request {} of session {} was stored with other records (batch \
+                             CRC {stored:08x}, this one {:08x}): a request number is never \
+                             reused",
+                            tag.request, tag.session, tag.crc
+                        ),
+                    ))),
                     Admission::Older { last } => Some(Err(NodeError::new(
                         ErrorCode::DuplicateRequest,
                         format!(
@@ -504,7 +513,11 @@ mod tests {
     }
 
     fn tag(session: u64, request: u32) -> Option<SessionTag> {
-        Some(SessionTag { session, request })
+        Some(SessionTag {
+            session,
+            request,
+            crc: 0,
+        })
     }
 
     /// A registered client with this node's session 3.
@@ -541,6 +554,7 @@ mod tests {
             SessionTag {
                 session: 50,
                 request: 0,
+                crc: 0,
             },
             10,
             11,
@@ -568,6 +582,7 @@ mod tests {
             SessionTag {
                 session: 50,
                 request: 1,
+                crc: 0,
             },
             12,
             12,
@@ -578,6 +593,7 @@ mod tests {
                 SessionTag {
                     session: 50,
                     request,
+                    crc: 0,
                 },
                 13,
                 13,
@@ -643,6 +659,7 @@ mod tests {
             SessionTag {
                 session: 50,
                 request: 0,
+                crc: 0,
             },
             4,
             4,

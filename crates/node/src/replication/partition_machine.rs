@@ -121,9 +121,12 @@ impl Applied {
 /// The version byte of the first versioned encoding: `1, next_offset: u64`. (The
 /// first encoding, eight bytes of `next_offset` alone, is still read.)
 const STATE_V1: u8 = 1;
-/// The version byte of this encoding: `2, next_offset: u64`, then the slice entries
-/// ([`Slices::encode`]).
+/// The version byte of the encoding whose slice entries had no CRC (2026-12-07,
+/// d0820f1 to fee86e2): still read.
 const STATE_V2: u8 = 2;
+/// The version byte of this encoding: `3, next_offset: u64`, then the slice entries
+/// ([`Slices::encode`]).
+const STATE_V3: u8 = 3;
 
 impl PartitionMachine {
     /// The offset the next committed batch takes: the high watermark.
@@ -171,7 +174,7 @@ impl braid_vsr::StateMachine for PartitionMachine {
     }
 
     fn snapshot(&self) -> Vec<u8> {
-        let mut out = vec![STATE_V2];
+        let mut out = vec![STATE_V3];
         out.extend_from_slice(&self.next_offset.to_be_bytes());
         self.slices.encode(&mut out);
         out
@@ -179,13 +182,13 @@ impl braid_vsr::StateMachine for PartitionMachine {
 
     fn restore(&mut self, snapshot: &[u8]) -> Result<(), String> {
         let (next_offset, slices) = match snapshot {
-            [STATE_V2, rest @ ..] if rest.len() >= 8 => {
+            [version @ (STATE_V2 | STATE_V3), rest @ ..] if rest.len() >= 8 => {
                 let (next_offset, slices) = rest.split_at(8);
-                (next_offset, Slices::decode(slices)?)
+                (next_offset, Slices::decode(slices, *version == STATE_V3)?)
             }
             [STATE_V1, rest @ ..] if rest.len() == 8 => (rest, Slices::default()),
             legacy if legacy.len() == 8 => (legacy, Slices::default()),
-            [version, ..] if snapshot.len() != 8 && *version > STATE_V2 => {
+            [version, ..] if snapshot.len() != 8 && *version > STATE_V3 => {
                 return Err(format!(
                     "a partition state of version {version}, which this node does not read"
                 ))
@@ -253,23 +256,13 @@ mod tests {
         machine.apply(1, &tagged(7, 0, 2));
         machine.apply(2, &tagged(9, 0, 1));
         machine.skipped(3, &tagged(7, 1, 3));
-        let slice = |m: &PartitionMachine, s| m.slices().get(s).copied();
-        assert_eq!(
-            slice(&machine, 7),
-            Some(slices::Slice {
-                request: 1,
-                base: 3,
-                last: 5
-            })
-        );
-        assert_eq!(
-            slice(&machine, 9),
-            Some(slices::Slice {
-                request: 0,
-                base: 2,
-                last: 2
-            })
-        );
+        let slice = |m: &PartitionMachine, s| {
+            m.slices()
+                .get(s)
+                .map(|slice| (slice.request, slice.base, slice.last, slice.crc.is_some()))
+        };
+        assert_eq!(slice(&machine, 7), Some((1, 3, 5, true)));
+        assert_eq!(slice(&machine, 9), Some((0, 2, 2, true)));
         let mut restored = PartitionMachine::default();
         restored.restore(&machine.snapshot()).unwrap();
         assert_eq!(restored, machine);
@@ -291,15 +284,19 @@ mod tests {
         let snapshot = machine.snapshot();
         assert_eq!(
             snapshot,
-            [STATE_V2, 0, 0, 0, 0, 0, 0, 0x01, 0x00, 0, 0, 0, 0]
+            [STATE_V3, 0, 0, 0, 0, 0, 0, 0x01, 0x00, 0, 0, 0, 0]
         );
+        let mut v2 = PartitionMachine::default();
+        v2.restore(&[STATE_V2, 0, 0, 0, 0, 0, 0, 0x01, 0x00, 0, 0, 0, 0])
+            .unwrap();
+        assert_eq!(v2, machine, "the encoding before entries kept a CRC");
         let mut restored = PartitionMachine::default();
         restored.restore(&snapshot).unwrap();
         assert_eq!(restored, machine);
         let newer = restored
-            .restore(&[3, 0, 0, 0, 0, 0, 0, 0, 0, 7])
+            .restore(&[4, 0, 0, 0, 0, 0, 0, 0, 0, 7])
             .unwrap_err();
-        assert!(newer.contains("version 3"), "{newer}");
+        assert!(newer.contains("version 4"), "{newer}");
         for cut in [0, 1, 5, 7, 9, 12] {
             assert!(restored.restore(&snapshot[..cut]).is_err(), "cut at {cut}");
         }

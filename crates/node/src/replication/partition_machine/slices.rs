@@ -22,6 +22,9 @@ pub(crate) struct SessionTag {
     pub(crate) session: u64,
     /// The request number within the session, on this partition.
     pub(crate) request: u32,
+    /// The batch's CRC (over its records and producer fields): a request sent again
+    /// must be the same batch.
+    pub(crate) crc: u32,
 }
 
 /// How a batch header names (or does not name) a session.
@@ -44,6 +47,7 @@ impl SessionTag {
             (session, request) if session > 0 && request >= 0 => Tagged::Yes(Self {
                 session: session as u64,
                 request: request as u32,
+                crc: header.crc,
             }),
             _ => Tagged::Invalid,
         }
@@ -56,6 +60,8 @@ pub(crate) struct Slice {
     pub(crate) request: u32,
     pub(crate) base: u64,
     pub(crate) last: u64,
+    /// The stored batch's CRC (`None` in entries written before it was kept).
+    pub(crate) crc: Option<u32>,
 }
 
 /// What the primary does with a session's produce.
@@ -66,6 +72,9 @@ pub(crate) enum Admission {
     /// One of the session's last requests applied here (a retry): answer its
     /// offsets, store nothing.
     Stored { base: u64, last: u64 },
+    /// One of the session's last requests applied here, but with other records (its
+    /// CRC `stored`): a request number reused, refused (the other batch was stored).
+    Differs { stored: u32 },
     /// A request of the session that is prepared and not yet applied: wait for it,
     /// then answer from its entry.
     InFlight,
@@ -101,9 +110,12 @@ impl Slices {
             _ => {}
         }
         if let Some(slice) = applied.iter().find(|slice| slice.request == tag.request) {
-            return Admission::Stored {
-                base: slice.base,
-                last: slice.last,
+            return match slice.crc {
+                Some(stored) if stored != tag.crc => Admission::Differs { stored },
+                _ => Admission::Stored {
+                    base: slice.base,
+                    last: slice.last,
+                },
             };
         }
         match applied_request {
@@ -132,6 +144,7 @@ impl Slices {
             request: tag.request,
             base,
             last,
+            crc: Some(tag.crc),
         });
     }
 
@@ -148,7 +161,7 @@ impl Slices {
 
     /// Appends `count: u32`, then for each session in id order `session: u64, kept:
     /// u8` (1 to [`SLICE_WINDOW`]) and its requests oldest first, each `request: u32,
-    /// base: u64, last: u64`.
+    /// base: u64, last: u64, crc: u32`.
     pub(crate) fn encode(&self, out: &mut Vec<u8>) {
         out.extend_from_slice(&(self.entries.len() as u32).to_be_bytes());
         for (session, window) in &self.entries {
@@ -158,12 +171,14 @@ impl Slices {
                 out.extend_from_slice(&slice.request.to_be_bytes());
                 out.extend_from_slice(&slice.base.to_be_bytes());
                 out.extend_from_slice(&slice.last.to_be_bytes());
+                out.extend_from_slice(&slice.crc.unwrap_or(0).to_be_bytes());
             }
         }
     }
 
-    /// Reads what [`Slices::encode`] wrote, filling `bytes` exactly.
-    pub(crate) fn decode(bytes: &[u8]) -> Result<Self, String> {
+    /// Reads what [`Slices::encode`] wrote, filling `bytes` exactly; `with_crc`:
+    /// false for the encoding before entries kept their batch's CRC.
+    pub(crate) fn decode(bytes: &[u8], with_crc: bool) -> Result<Self, String> {
         let mut r = Reader(bytes);
         let count = r.u32()?;
         let mut entries = BTreeMap::new();
@@ -186,6 +201,7 @@ impl Slices {
                     request: r.u32()?,
                     base: r.u64()?,
                     last: r.u64()?,
+                    crc: if with_crc { Some(r.u32()?) } else { None },
                 };
                 if slice.last < slice.base
                     || window
@@ -240,7 +256,11 @@ mod tests {
     use super::*;
 
     fn tag(session: u64, request: u32) -> SessionTag {
-        SessionTag { session, request }
+        SessionTag {
+            session,
+            request,
+            crc: 7,
+        }
     }
 
     #[test]
@@ -310,9 +330,27 @@ mod tests {
             Some(&Slice {
                 request: 4,
                 base: 1,
-                last: 1
+                last: 1,
+                crc: Some(7),
             }),
             "a second copy changes no entry"
+        );
+    }
+
+    /// A request number sent again with other records is refused: the batch stored
+    /// under it stays, and the new one is not taken for it.
+    #[test]
+    fn a_request_number_reused_for_other_records_is_refused() {
+        let mut slices = Slices::default();
+        slices.applied(tag(5, 0), 0, 0);
+        let other = SessionTag {
+            crc: 8,
+            ..tag(5, 0)
+        };
+        assert_eq!(slices.admit(other, None), Admission::Differs { stored: 7 });
+        assert_eq!(
+            slices.admit(tag(5, 0), None),
+            Admission::Stored { base: 0, last: 0 }
         );
     }
 
@@ -339,7 +377,14 @@ mod tests {
         };
         assert_eq!(SessionTag::of(&header(&builder)), Tagged::No);
         builder.producer(9, -1, 4);
-        assert_eq!(SessionTag::of(&header(&builder)), Tagged::Yes(tag(9, 4)));
+        let built = header(&builder);
+        assert_eq!(
+            SessionTag::of(&built),
+            Tagged::Yes(SessionTag {
+                crc: built.crc,
+                ..tag(9, 4)
+            })
+        );
         builder.producer(9, -1, -1);
         assert_eq!(SessionTag::of(&header(&builder)), Tagged::Invalid);
         builder.producer(0, -1, 0);
@@ -362,11 +407,11 @@ mod tests {
             }
             let mut out = Vec::new();
             slices.encode(&mut out);
-            proptest::prop_assert_eq!(Slices::decode(&out), Ok(slices.clone()));
+            proptest::prop_assert_eq!(Slices::decode(&out, true), Ok(slices.clone()));
             for cut in 0..out.len() {
-                proptest::prop_assert!(Slices::decode(&out[..cut]).is_err());
+                proptest::prop_assert!(Slices::decode(&out[..cut], true).is_err());
             }
-            if let Ok(read) = Slices::decode(&junk) {
+            if let Ok(read) = Slices::decode(&junk, true) {
                 let mut again = Vec::new();
                 read.encode(&mut again);
                 proptest::prop_assert_eq!(again, junk);
