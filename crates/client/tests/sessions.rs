@@ -131,6 +131,18 @@ async fn a_sessions_request_sent_again_is_answered_its_offsets_and_stored_once()
         .unwrap();
     assert_eq!(kept, (5, 5), "request 2 is within the last eight");
 
+    // Each resend answered from an entry is counted (shards add their counts at
+    // their next tick).
+    let mut answered = 0;
+    for _ in 0..50 {
+        answered = common::metric(node.http_addr(), "braid_produce_resends_answered_total").await;
+        if answered >= 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(answered, 2, "request 0 once, request 2 once");
+
     // A restart rebuilds the entries from the log and checkpoint.
     drop(client);
     node.restart();

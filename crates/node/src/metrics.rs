@@ -26,6 +26,7 @@ pub(crate) struct ShardMetrics {
     pub(crate) files_slept: AtomicU64,
     pub(crate) files_woken: AtomicU64,
     pub(crate) opens_without_descriptors: AtomicU64,
+    pub(crate) resends_answered: AtomicU64,
     pub(crate) repair_prepares_requested: AtomicU64,
     pub(crate) repair_snapshots_requested: AtomicU64,
     pub(crate) frames_refused: AtomicU64,
@@ -69,6 +70,7 @@ impl Default for ShardMetrics {
             files_slept: AtomicU64::new(0),
             files_woken: AtomicU64::new(0),
             opens_without_descriptors: AtomicU64::new(0),
+            resends_answered: AtomicU64::new(0),
             repair_prepares_requested: AtomicU64::new(0),
             repair_snapshots_requested: AtomicU64::new(0),
             frames_refused: AtomicU64::new(0),
@@ -320,6 +322,12 @@ pub(crate) fn render(
         "counter",
         "Times a partition's files could not be opened (woken or opened again) for want of a file descriptor (EMFILE, ENFILE): that partition answers Busy and is opened again every 250 ms until it can be, while the others serve. Above 0, raise the descriptor limit (`ulimit -n`) or lower open_logs_per_shard.",
         sum(&|s| &s.opens_without_descriptors),
+    );
+    metric(
+        "braid_produce_resends_answered_total",
+        "counter",
+        "Produces of a client session's request the partition had stored already (a producer's resend after a timeout, a lost connection or a failover), answered with the offsets it was stored at and not stored again.",
+        sum(&|s| &s.resends_answered),
     );
     metric(
         "braid_disk_unreadable_sectors_total",

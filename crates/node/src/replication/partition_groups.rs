@@ -161,6 +161,9 @@ pub(crate) struct PartitionGroups {
     sync: Option<SyncLink>,
     /// Sync jobs handed to the syncer since the last [`PartitionGroups::take_syncs_started`].
     syncs_started: u64,
+    /// Client sessions' requests answered from their entries (stored before) since the
+    /// last [`PartitionGroups::take_resends_answered`].
+    resends_answered: u64,
     /// Log copies (state transfers) with a fetch out: group -> (tick sent, attempt).
     copies: HashMap<u64, (u64, u64)>,
     /// State transfers finished since the last [`PartitionGroups::take_transfers_done`].
@@ -265,6 +268,7 @@ impl PartitionGroups {
             bus: Outbox::Nowhere,
             sync: None,
             syncs_started: 0,
+            resends_answered: 0,
             copies: HashMap::new(),
             transfers_done: 0,
             repairs: HashMap::new(),
@@ -321,6 +325,10 @@ impl PartitionGroups {
     /// Sync jobs handed to the syncer since the last call (for the metrics).
     pub(crate) fn take_syncs_started(&mut self) -> u64 {
         std::mem::take(&mut self.syncs_started)
+    }
+
+    pub(crate) fn take_resends_answered(&mut self) -> u64 {
+        std::mem::take(&mut self.resends_answered)
     }
 
     /// Every partition group's replica now (for the shard's board).
@@ -899,6 +907,7 @@ impl PartitionGroups {
             inputs.push((group, Input::Message(Message::Request(request))));
         }
         for (waiting, answer) in answered {
+            self.resends_answered += u64::from(answer.is_ok());
             let _ = waiting.send(answer);
         }
     }

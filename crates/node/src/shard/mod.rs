@@ -672,6 +672,8 @@ impl Shard {
         self.apply_moved(moved);
         let syncs = self.groups.take_syncs_started();
         add(&self.metrics().fsyncs_requested, syncs);
+        let resends = self.groups.take_resends_answered();
+        add(&self.metrics().resends_answered, resends);
         let transfers = self.groups.take_transfers_done();
         add(&self.metrics().state_transfers, transfers);
         let repaired = self.groups.take_batches_repaired();
