@@ -317,3 +317,72 @@ async fn the_producer_holds_a_session_and_numbers_each_partitions_batches() {
     }
     assert!(ended, "the session ended with its producer");
 }
+
+/// Ended sessions are retired in one batch: a walk proves every partition free of
+/// them (barriers forget the entries the partitions held), the metadata forgets them,
+/// an open session's heartbeat says through which op, and the open session's entries
+/// stay (its retry is still answered its offsets).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ended_sessions_are_retired_in_a_batch_and_forgotten() {
+    let node = TestNode::start(FsyncSetting::Always);
+    let client = Client::connect(node.addr()).await.unwrap();
+    common::create_topic(&client, "s", "t", 4).await;
+    let keeper = client
+        .register_session(Duration::from_secs(30))
+        .await
+        .unwrap();
+    let kept = tagged(keeper, 0, "k", 1);
+    let offsets = client.produce("s", "t", 0, &kept).await.unwrap();
+    let mut ended = Vec::new();
+    for i in 0..3 {
+        let session = client
+            .register_session(Duration::from_secs(30))
+            .await
+            .unwrap();
+        for partition in 0..4 {
+            let batch = tagged(session, 0, &format!("e{i}"), 2);
+            client.produce("s", "t", partition, &batch).await.unwrap();
+        }
+        ended.push(session);
+    }
+    assert_eq!(client.session_heartbeat(keeper).await.unwrap(), 0);
+    for session in &ended {
+        client.end_session(*session).await.unwrap();
+    }
+    // Registered after the ends, so the op before its id is the last end.
+    let probe = client
+        .register_session(Duration::from_secs(30))
+        .await
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let retired = loop {
+        let retired = client.session_heartbeat(keeper).await.unwrap();
+        if retired >= probe - 1 {
+            break retired;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "not retired in 30 s (through {retired})"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(retired, probe - 1, "through the last end op");
+    for session in &ended {
+        let err = client
+            .produce("s", "t", 1, &tagged(*session, 1, "late", 1))
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), Some(ErrorCode::SessionNotFound), "{err}");
+        assert!(err.to_string().contains("retired"), "{err}");
+    }
+    let barriers = common::metric(node.http_addr(), "braid_retirement_barriers_total").await;
+    assert!(
+        (4..=12).contains(&barriers),
+        "a barrier per partition that held entries (one more at most per walk): {barriers}"
+    );
+    assert_eq!(
+        client.produce("s", "t", 0, &kept).await.unwrap(),
+        offsets,
+        "the open session's entry stays"
+    );
+}

@@ -25,6 +25,7 @@ use crate::metadata::{op, MetaOp, TopicMeta};
 use crate::replication::machine::LayoutNews;
 use crate::replication::meta_group::{MetaGroup, Turn};
 
+mod retire;
 mod sessions;
 
 type Reply = oneshot::Sender<Result<Response, NodeError>>;
@@ -38,6 +39,10 @@ pub(crate) enum Waiter {
     Register { reply: Reply, timeout_ms: u32 },
     /// The coordinator itself, ending a session that went quiet.
     Expiry(u64),
+    /// This node's report of a walk: nobody waits (one lost is proposed again).
+    Report,
+    /// The coordinator's finalize: counted once committed.
+    Finalize,
 }
 
 // The protocol states the storage's segment sizes as its range.
@@ -59,6 +64,12 @@ pub(crate) struct MetaService {
     liveness: crate::client_sessions::Liveness,
     /// The barrier that ends the catching up at start was sent to the shards.
     caught_up_barrier_sent: bool,
+    /// This node's walk retiring ended client sessions.
+    node_walk: retire::NodeWalk,
+    /// On the coordinator: the finalize proposed last, through which op and when.
+    finalizing: Option<(u64, u64)>,
+    /// FinalizeSession ops this node committed as the coordinator (for the metrics).
+    finalizes_committed: u64,
 }
 
 /// Why a topic's resolved sizes cannot stand, naming the setting and its value (an
@@ -190,6 +201,9 @@ impl MetaService {
             groups: GroupCoordinator::new(limits),
             liveness: crate::client_sessions::Liveness::default(),
             caught_up_barrier_sent: false,
+            node_walk: retire::NodeWalk::Idle,
+            finalizing: None,
+            finalizes_committed: 0,
         }
     }
 
@@ -244,6 +258,7 @@ impl MetaService {
         let turn = self.group.tick();
         self.finish(shared, turn);
         self.end_quiet_sessions(shared, now);
+        self.retire_sessions(shared, now);
         let primary = self.group.primary().unwrap_or(crate::mailbox::NO_MEMBER);
         shared
             .coordinator

@@ -108,6 +108,8 @@ pub(crate) struct Layout {
     /// The metadata op this layout was built at or after: a session id above it may
     /// be registered and not yet known here.
     metadata_op: u64,
+    /// Partitions that owe the retirement of ended sessions, and through which op.
+    debts: HashMap<PartitionKey, u64>,
 }
 
 /// What a layout changes by after committed ops: each part they touched, as the
@@ -121,7 +123,24 @@ pub(crate) struct LayoutChange {
     users: Vec<(String, Option<UserAccess>)>,
     /// Each session touched: whether it has ended, or `None` (retired).
     sessions: Vec<(u64, Option<bool>)>,
+    /// The partitions that owe a retirement, if they changed: the whole new set.
+    debts: Option<HashMap<PartitionKey, u64>>,
     metadata_op: u64,
+}
+
+/// The partitions that owe a retirement, as the layout keys them.
+fn debts_of(meta: &Metadata) -> HashMap<PartitionKey, u64> {
+    meta.retirement
+        .debts
+        .iter()
+        .map(|((topic_id, partition), owed)| {
+            let key = PartitionKey {
+                topic_id: *topic_id,
+                partition: *partition,
+            };
+            (key, *owed)
+        })
+        .collect()
 }
 
 impl LayoutChange {
@@ -159,6 +178,7 @@ impl LayoutChange {
                     let ended = meta.sessions.get(id).map(|s| s.ended_at.is_some());
                     change.sessions.push((*id, ended));
                 }
+                Touch::Debts => change.debts = Some(debts_of(meta)),
             }
         }
         change
@@ -218,13 +238,52 @@ impl Layout {
                 .map(|(id, s)| (*id, s.ended_at.is_some()))
                 .collect(),
             metadata_op: meta.applied_op(),
+            debts: debts_of(meta),
         }
     }
 
-    /// Why a produce of `tag`'s session is refused before it reaches its partition:
-    /// the session ended or is unknown (`SessionNotFound`), or is newer than what
-    /// this member's metadata has applied (`Busy`: it will know it in a moment).
-    pub(crate) fn session_refusal(
+    /// A produce of `tag`'s session to `key`, checked before it reaches its
+    /// partition: what it was checked against (the partition's primary judges it by
+    /// that, see `group_client`), or why it is refused: the session ended or is
+    /// unknown (`SessionNotFound`), or is newer than what this member's metadata has
+    /// applied (`Busy`: it will know it in a moment).
+    pub(crate) fn session_check(
+        &self,
+        tag: crate::replication::partition_machine::slices::SessionTag,
+        key: PartitionKey,
+    ) -> Result<crate::replication::group_client::Checked, crate::error::NodeError> {
+        match self.session_refusal(tag) {
+            Some(refusal) => Err(refusal),
+            None => Ok(crate::replication::group_client::Checked {
+                metadata_op: self.metadata_op,
+                owed: self.owed(key),
+            }),
+        }
+    }
+
+    /// Whether `session` was retired: at or below the op this layout is of, and
+    /// forgotten.
+    pub(crate) fn is_retired(&self, session: u64) -> bool {
+        session <= self.metadata_op && !self.sessions.contains_key(&session)
+    }
+
+    /// Whether `session` is open.
+    pub(crate) fn is_open(&self, session: u64) -> bool {
+        self.sessions.get(&session) == Some(&false)
+    }
+
+    /// The partitions that owe a retirement, and through which op.
+    pub(crate) fn debts(&self) -> impl Iterator<Item = (PartitionKey, u64)> + '_ {
+        self.debts.iter().map(|(key, owed)| (*key, *owed))
+    }
+
+    /// The metadata op through which `key` owes the retirement of ended sessions (0:
+    /// none).
+    pub(crate) fn owed(&self, key: PartitionKey) -> u64 {
+        self.debts.get(&key).copied().unwrap_or(0)
+    }
+
+    fn session_refusal(
         &self,
         tag: crate::replication::partition_machine::slices::SessionTag,
     ) -> Option<crate::error::NodeError> {
@@ -342,6 +401,9 @@ impl Layout {
                     self.sessions.remove(id);
                 }
             }
+        }
+        if let Some(debts) = &change.debts {
+            self.debts.clone_from(debts);
         }
         self.metadata_op = self.metadata_op.max(change.metadata_op);
     }

@@ -36,6 +36,7 @@ mod node;
 mod partition;
 mod refused_partition;
 mod replication;
+mod retirement;
 mod shard;
 mod tls;
 

@@ -40,6 +40,8 @@ pub(crate) enum ShardRequest {
         key: PartitionKey,
         batch: ValidatedBatch,
         reply: ProduceReply,
+        /// What the door checked the batch's client session against, if it names one.
+        checked: crate::replication::group_client::Checked,
     },
     /// Answered at once, or (with `wait`, at the high watermark) parked until the next
     /// commit; the asker stops waiting by dropping its receiver.
@@ -91,6 +93,12 @@ pub(crate) enum Control {
     /// Answered once every control sent before it is handled: a metadata reply waits
     /// on it so the layout published before it is in place on every shard.
     Barrier(oneshot::Sender<()>),
+    /// Walk this shard's copies for a batch of ended client sessions; answered with
+    /// the copies that could not be proven.
+    Retire {
+        batch: Arc<crate::retirement::RetireBatch>,
+        done: oneshot::Sender<Vec<crate::layout::PartitionKey>>,
+    },
     Drain,
     Shutdown {
         done: std::sync::mpsc::Sender<()>,

@@ -11,8 +11,10 @@ use braid_proto::scram::ScramCredential;
 use braid_proto::wire::{WireError, WireReader, WireWrite};
 
 pub mod op;
+pub mod retirement;
 pub mod sessions;
 pub use op::MetaOp;
+pub use retirement::{PartitionRef, RetireReport, Retirement};
 pub use sessions::ClientSession;
 
 /// Most partitions a topic may be created with (the protocol's range, also checked
@@ -89,6 +91,8 @@ pub struct Metadata {
     applied_op: u64,
     /// Client sessions by id, open or ended, until retired.
     pub sessions: BTreeMap<u64, ClientSession>,
+    /// The retirement of ended sessions: reports, what is retired, debts.
+    pub retirement: Retirement,
 }
 
 /// A part of the metadata an op changed, as the layout and the access table see it:
@@ -109,6 +113,8 @@ pub enum Touch {
     User(String),
     /// A client session was registered, ended or retired.
     Session(u64),
+    /// The partitions that owe a retirement changed.
+    Debts,
 }
 
 /// Why an op was refused. Nothing changed.
@@ -144,7 +150,7 @@ pub enum MetaError {
     #[error("user {0:?} already exists")]
     UserExists(String),
     /// No such client session (never registered, or retired).
-    #[error("client session {0} does not exist")]
+    #[error("client session {0} does not exist (never registered, or ended and retired)")]
     SessionNotFound(u64),
     /// An argument is out of range.
     #[error("{0}")]
@@ -373,6 +379,8 @@ impl Metadata {
         }
         // Sessions came after users; a snapshot without them has none.
         sessions::encode(self.applied_op, &self.sessions, out);
+        // Retirement came after sessions; a snapshot without it retired nothing.
+        self.retirement.encode(out);
     }
 
     /// Decodes a state written by [`Metadata::encode`].
@@ -388,6 +396,7 @@ impl Metadata {
             users: BTreeMap::new(),
             applied_op: 0,
             sessions: BTreeMap::new(),
+            retirement: Retirement::default(),
         };
         for _ in 0..r.count("streams", 10)? {
             let name = r.string("stream")?.to_owned();
@@ -454,6 +463,9 @@ impl Metadata {
         }
         if r.remaining() > 0 {
             (meta.applied_op, meta.sessions) = sessions::decode(&mut r)?;
+        }
+        if r.remaining() > 0 {
+            meta.retirement = Retirement::decode(&mut r)?;
         }
         r.finish()?;
         Ok(meta)

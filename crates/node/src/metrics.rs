@@ -27,6 +27,10 @@ pub(crate) struct ShardMetrics {
     pub(crate) files_woken: AtomicU64,
     pub(crate) opens_without_descriptors: AtomicU64,
     pub(crate) resends_answered: AtomicU64,
+    pub(crate) retirement_barriers: AtomicU64,
+    pub(crate) retirement_debt: AtomicU64,
+    pub(crate) retirement_unproven: AtomicU64,
+    pub(crate) finalize_ops: AtomicU64,
     pub(crate) repair_prepares_requested: AtomicU64,
     pub(crate) repair_snapshots_requested: AtomicU64,
     pub(crate) frames_refused: AtomicU64,
@@ -71,6 +75,10 @@ impl Default for ShardMetrics {
             files_woken: AtomicU64::new(0),
             opens_without_descriptors: AtomicU64::new(0),
             resends_answered: AtomicU64::new(0),
+            retirement_barriers: AtomicU64::new(0),
+            retirement_debt: AtomicU64::new(0),
+            retirement_unproven: AtomicU64::new(0),
+            finalize_ops: AtomicU64::new(0),
             repair_prepares_requested: AtomicU64::new(0),
             repair_snapshots_requested: AtomicU64::new(0),
             frames_refused: AtomicU64::new(0),
@@ -328,6 +336,30 @@ pub(crate) fn render(
         "counter",
         "Produces of a client session's request the partition had stored already (a producer's resend after a timeout, a lost connection or a failover), answered with the offsets it was stored at and not stored again.",
         sum(&|s| &s.resends_answered),
+    );
+    metric(
+        "braid_retirement_barriers_total",
+        "counter",
+        "Retirement barriers this node's partition primaries proposed: each forgets ended client sessions' entries in one partition (at most 128 sessions) so the metadata can retire them.",
+        sum(&|s| &s.retirement_barriers),
+    );
+    metric(
+        "braid_retirement_debt_copies_total",
+        "counter",
+        "Partition copies a walk retiring ended client sessions could not prove for 2 s (no primary, a backup behind its primary) and reported as debt: such a partition takes no new session until a barrier catches it up.",
+        sum(&|s| &s.retirement_debt),
+    );
+    metric(
+        "braid_retirement_copies_unproven",
+        "gauge",
+        "Partition copies on this node that the running walk retiring ended client sessions has not proven yet (0 between walks).",
+        sum(&|s| &s.retirement_unproven),
+    );
+    metric(
+        "braid_sessions_finalize_ops_total",
+        "counter",
+        "FinalizeSession ops this node committed as the coordinator: each retires (forgets) every client session ended at or below its op.",
+        sum(&|s| &s.finalize_ops),
     );
     metric(
         "braid_disk_unreadable_sectors_total",

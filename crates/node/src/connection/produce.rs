@@ -13,6 +13,7 @@ use super::{error_frame, in_flight, shutting_down, Env, Outgoing};
 use crate::error::NodeError;
 use crate::layout::{PartitionKey, TopicRoute};
 use crate::mailbox::ShardRequest;
+use crate::replication::group_client::Checked;
 use crate::replication::partition_machine::slices::{SessionTag, Tagged};
 
 pub(super) async fn produce(
@@ -47,15 +48,19 @@ pub(super) async fn produce(
         ),
         other => NodeError::new(ErrorCode::InvalidBatch, other.to_string()),
     })?;
-    if let Tagged::Yes(tag) = SessionTag::of(batch.header()) {
-        if let Some(refusal) = env.layout.borrow().session_refusal(tag) {
-            return Err(refusal);
-        }
-    }
+    let checked = match SessionTag::of(batch.header()) {
+        Tagged::Yes(tag) => env.layout.borrow().session_check(tag, key)?,
+        Tagged::No | Tagged::Invalid => Checked::default(),
+    };
     let (reply, wait) = oneshot::channel();
     let owner = key.shard(env.shared.shards());
     env.shared.inboxes[owner]
-        .send(ShardRequest::Produce { key, batch, reply })
+        .send(ShardRequest::Produce {
+            key,
+            batch,
+            reply,
+            checked,
+        })
         .await
         .map_err(|_| shutting_down())?;
     let out = env.out.clone();

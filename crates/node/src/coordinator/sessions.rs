@@ -40,6 +40,16 @@ impl MetaService {
                 }
                 None
             }
+            Waiter::Report | Waiter::Finalize => {
+                match outcome {
+                    Ok(_) if matches!(waiter, Waiter::Finalize) => {
+                        self.finalizes_committed += 1;
+                    }
+                    Ok(_) => {}
+                    Err(err) => tracing::debug!(%err, "a retirement op was refused"),
+                }
+                None
+            }
         }
     }
 
@@ -85,7 +95,9 @@ impl MetaService {
         match self.group.state().sessions.get(&session) {
             Some(open) if open.ended_at.is_none() => {
                 self.liveness.heard(session, open.timeout_ms, now_ms());
-                Ok(Response::SessionAlive { retired_through: 0 })
+                Ok(Response::SessionAlive {
+                    retired_through: self.group.state().retirement.retired_through,
+                })
             }
             Some(_) => Err(NodeError::new(
                 ErrorCode::SessionNotFound,

@@ -13,6 +13,7 @@ use braid_proto::hash::equal_ranges;
 use braid_proto::scram::ScramCredential;
 use braid_proto::wire::{WireError, WireReader, WireWrite};
 
+pub use super::retirement::{FinalizeSession, ReportRetirement};
 pub use super::sessions::{EndSession, RegisterSession};
 use super::{
     check_credential, check_name, credential, put_credential, MetaError, Metadata, PartitionMeta,
@@ -122,6 +123,10 @@ meta_ops! {
     RegisterSession,
     /// End a client session.
     EndSession,
+    /// A node's report of a walk over its copies for ended sessions.
+    ReportRetirement,
+    /// Retire (forget) ended sessions through an op.
+    FinalizeSession,
 }
 
 // Two ops with one code would read each other's records back: refused at compile time.

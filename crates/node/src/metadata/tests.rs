@@ -96,6 +96,9 @@ fn users_and_grants_apply_round_trip_and_follow_their_stream() {
     old.apply(&ops[0]).unwrap();
     let mut bytes = Vec::new();
     old.encode(&mut bytes);
+    // Without retirement (retired through, no reports, no debts): written before it.
+    bytes.truncate(bytes.len() - 16);
+    assert_eq!(Metadata::decode(&bytes).unwrap(), old);
     // Without sessions (an op number and a count of none): written before sessions.
     bytes.truncate(bytes.len() - 12);
     assert_eq!(Metadata::decode(&bytes).unwrap(), old);
@@ -272,4 +275,82 @@ fn a_sessions_id_is_the_op_that_registered_it_and_its_end_is_kept() {
     let mut bytes = Vec::new();
     meta.encode(&mut bytes);
     assert_eq!(Metadata::decode(&bytes).unwrap(), meta);
+}
+
+/// Reports gather per node; the finalize is due through the lowest watermark once
+/// every member reported past what is retired, forgets every session ended at or
+/// below it (open ones and later ends stay), replaces the debts, and all of it
+/// rides the snapshot and the op encoding.
+#[test]
+fn a_finalize_forgets_the_sessions_every_member_proved_and_records_debt() {
+    let mut meta = Metadata::default();
+    let register = MetaOp::RegisterSession(op::RegisterSession { timeout_ms: 10_000 });
+    for id in 1..=4 {
+        meta.begin_op(id);
+        meta.apply(&register).unwrap();
+    }
+    for (at, session) in [(5, 1), (6, 2), (8, 4)] {
+        meta.begin_op(at);
+        meta.apply(&MetaOp::EndSession(op::EndSession { session }))
+            .unwrap();
+    }
+    let report = |node, watermark, debt: Vec<PartitionRef>| {
+        MetaOp::ReportRetirement(op::ReportRetirement {
+            node,
+            watermark,
+            debt,
+        })
+    };
+    meta.begin_op(9);
+    assert!(meta.apply(&report(0, 10, vec![])).is_err(), "past the op");
+    meta.apply(&report(0, 8, vec![])).unwrap();
+    meta.begin_op(10);
+    meta.apply(&report(1, 6, vec![(3, 1)])).unwrap();
+    assert_eq!(
+        meta.retirement.due([0, 1, 2]),
+        None,
+        "node 2 has not reported"
+    );
+    let due = meta.retirement.due([0, 1]).unwrap();
+    assert_eq!(
+        due,
+        op::FinalizeSession {
+            retired_through: 6,
+            debt: vec![(3, 1)]
+        }
+    );
+    for finalize in [MetaOp::FinalizeSession(due.clone()), report(1, 8, vec![])] {
+        let mut bytes = Vec::new();
+        finalize.encode(&mut bytes);
+        assert_eq!(MetaOp::decode(&bytes).unwrap(), finalize);
+    }
+    meta.begin_op(11);
+    let touched = meta.touches(&MetaOp::FinalizeSession(due.clone()));
+    assert!(touched.contains(&Touch::Session(1)) && touched.contains(&Touch::Debts));
+    meta.apply(&MetaOp::FinalizeSession(due.clone())).unwrap();
+    assert_eq!(meta.sessions.keys().copied().collect::<Vec<_>>(), [3, 4]);
+    assert_eq!(meta.retirement.retired_through, 6);
+    assert_eq!(meta.retirement.debts.get(&(3, 1)), Some(&6));
+    assert_eq!(
+        meta.retirement.reports.keys().copied().collect::<Vec<_>>(),
+        [0],
+        "node 1's report is used up, node 0's reaches further"
+    );
+    meta.begin_op(12);
+    assert!(
+        meta.apply(&MetaOp::FinalizeSession(due)).is_err(),
+        "not past what is retired"
+    );
+    let mut bytes = Vec::new();
+    meta.encode(&mut bytes);
+    assert_eq!(Metadata::decode(&bytes).unwrap(), meta);
+    meta.apply(&report(1, 8, vec![])).unwrap();
+    let due = meta.retirement.due([0, 1]).unwrap();
+    meta.begin_op(13);
+    meta.apply(&MetaOp::FinalizeSession(due)).unwrap();
+    assert_eq!(meta.sessions.keys().copied().collect::<Vec<_>>(), [3]);
+    assert!(
+        meta.retirement.debts.is_empty(),
+        "a walk that proved it cleared it"
+    );
 }

@@ -22,6 +22,7 @@ use braid_proto::client::{ErrorCode, ErrorDetail};
 use braid_vsr::{Reply, Request};
 
 use super::meta_client::register_request;
+use super::partition_machine::barrier::Barrier;
 use super::partition_machine::slices::{Admission, SessionTag, Slices, SLICE_WINDOW};
 use super::partition_machine::Applied;
 use crate::error::NodeError;
@@ -32,8 +33,19 @@ pub(crate) type ProduceAnswer = Result<(u64, u64), NodeError>;
 /// A request handed to the replica and not answered.
 #[derive(Debug)]
 struct InFlight<T> {
-    token: T,
+    /// The produce waiting on it (`None`: a barrier, which nobody waits on).
+    token: Option<T>,
     sent_at: u64,
+}
+
+/// What the door checked a session's produce against: this node's metadata.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Checked {
+    /// The metadata op of the layout that found the session open.
+    pub(crate) metadata_op: u64,
+    /// The op through which that metadata says the partition owes the retirement of
+    /// ended sessions (0: it owes none).
+    pub(crate) owed: u64,
 }
 
 /// A produce waiting to be handed to the replica.
@@ -41,8 +53,9 @@ struct InFlight<T> {
 struct Queued<T> {
     body: bytes::Bytes,
     token: T,
-    /// The client session's request it is, if its batch names one.
-    tag: Option<SessionTag>,
+    /// The client session's request it is, if its batch names one, and what the door
+    /// checked it against.
+    tag: Option<(SessionTag, Checked)>,
 }
 
 /// Where the primary stands as a turn hands it requests.
@@ -73,6 +86,9 @@ struct Tenure {
     /// never prepared (a replica may refuse a request it was handed), and its entry
     /// says which.
     prepared: BTreeMap<u64, (u32, Option<u64>)>,
+    /// The highest frontier of a barrier handed in this view: requests handed after
+    /// it are prepared after it, so they are judged by it before it is applied.
+    frontier: u64,
 }
 
 impl Tenure {
@@ -96,6 +112,8 @@ pub(crate) struct GroupClient<T> {
     registering: Option<u64>,
     next_request: u64,
     queued: VecDeque<Queued<T>>,
+    /// A retirement barrier to hand before the next produce.
+    barrier: Option<Barrier>,
     in_flight: BTreeMap<u64, InFlight<T>>,
     tenure: Tenure,
 }
@@ -108,6 +126,7 @@ impl<T> Default for GroupClient<T> {
             registering: None,
             next_request: 0,
             queued: VecDeque::new(),
+            barrier: None,
             in_flight: BTreeMap::new(),
             tenure: Tenure::default(),
         }
@@ -116,19 +135,34 @@ impl<T> Default for GroupClient<T> {
 
 impl<T> GroupClient<T> {
     /// Queues a batch's body for the next requests; `tag` is the client session's
-    /// request it is, if any.
-    pub(crate) fn queue(&mut self, body: bytes::Bytes, token: T, tag: Option<SessionTag>) {
+    /// request it is, if any, with what the door checked it against.
+    pub(crate) fn queue(
+        &mut self,
+        body: bytes::Bytes,
+        token: T,
+        tag: Option<(SessionTag, Checked)>,
+    ) {
         self.queued.push_back(Queued { body, token, tag });
     }
 
-    /// Whether produces wait to be handed to the replica.
-    pub(crate) fn has_queued(&self) -> bool {
-        !self.queued.is_empty()
+    /// Queues a retirement barrier, unless one is queued or in flight (the walk
+    /// looks again once it is applied). Returns whether it was queued.
+    pub(crate) fn retire(&mut self, barrier: Barrier) -> bool {
+        if self.barrier.is_some() || self.in_flight.values().any(|f| f.token.is_none()) {
+            return false;
+        }
+        self.barrier = Some(barrier);
+        true
     }
 
-    /// Whether nothing waits: no produce queued or in flight, no register.
+    /// Whether produces (or a barrier) wait to be handed to the replica.
+    pub(crate) fn has_queued(&self) -> bool {
+        !self.queued.is_empty() || self.barrier.is_some()
+    }
+
+    /// Whether nothing waits: no produce or barrier queued or in flight, no register.
     pub(crate) fn is_idle(&self) -> bool {
-        self.queued.is_empty() && self.in_flight.is_empty() && self.registering.is_none()
+        !self.has_queued() && self.in_flight.is_empty() && self.registering.is_none()
     }
 
     /// Takes every waiting produce out (queued and in flight), to be failed; a
@@ -136,9 +170,10 @@ impl<T> GroupClient<T> {
     pub(crate) fn drain(&mut self) -> Vec<T> {
         self.registering = None;
         let queued = self.queued.drain(..).map(|queued| queued.token);
+        self.barrier = None;
         let in_flight = std::mem::take(&mut self.in_flight)
             .into_values()
-            .map(|flight| flight.token);
+            .filter_map(|flight| flight.token);
         queued.chain(in_flight).collect()
     }
 
@@ -159,7 +194,7 @@ impl<T> GroupClient<T> {
         let mut out = Vec::new();
         let mut answered = Vec::new();
         if self.session == 0 {
-            if self.registering.is_none() && !self.queued.is_empty() {
+            if self.registering.is_none() && self.has_queued() {
                 self.registering = Some(now);
                 self.register_attempt += 1;
                 out.push(register_request(client_id, self.register_attempt));
@@ -171,50 +206,87 @@ impl<T> GroupClient<T> {
                 view: at.view,
                 floor: at.op,
                 prepared: BTreeMap::new(),
+                frontier: 0,
             };
         }
         let mut room = at.room;
+        if at.takes && room > 0 {
+            if let Some(barrier) = self.barrier.take() {
+                room -= 1;
+                self.tenure.frontier = self.tenure.frontier.max(barrier.frontier);
+                out.push(self.hand(client_id, now, bytes::Bytes::from(barrier.encode()), None));
+            }
+        }
         while at.takes && room > 0 {
             let Some(front) = self.queued.front() else {
                 break;
             };
-            if let Some(tag) = front.tag {
+            if let Some((tag, checked)) = front.tag {
                 if at.commit_min < self.tenure.floor {
                     break;
                 }
                 let prepared = self.tenure.pending(tag.session, at.commit_min);
-                let answer = match slices.admit(tag, prepared) {
-                    Admission::New => None,
-                    Admission::InFlight => break,
-                    Admission::Stored { base, last } => Some(Ok((base, last))),
-                    Admission::Differs { stored } => Some(Err(NodeError::new(
-                        ErrorCode::InvalidBatch,
+                let frontier = slices.frontier().max(self.tenure.frontier);
+                let admission = if checked.metadata_op < frontier {
+                    Err(NodeError::new(
+                        ErrorCode::Busy,
                         format!(
-                            "request {} of session {} was stored with other records (batch \
+                            "the partition retired ended sessions through metadata op \
+                             {frontier}, and session {} was checked at op {}: retry",
+                            tag.session, checked.metadata_op
+                        ),
+                    ))
+                } else if checked.owed > slices.frontier()
+                    && prepared.is_none()
+                    && !slices.holds(tag.session)
+                {
+                    Err(NodeError::new(
+                        ErrorCode::Busy,
+                        format!(
+                            "the partition owes the retirement of ended sessions through \
+                             metadata op {}: it takes no new session until it catches up; \
+                             retry",
+                            checked.owed
+                        ),
+                    ))
+                } else {
+                    Ok(slices.admit(tag, prepared))
+                };
+                let answer = match admission {
+                    Err(refusal) => Some(Err(refusal)),
+                    Ok(admission) => match admission {
+                        Admission::New => None,
+                        Admission::InFlight => break,
+                        Admission::Stored { base, last } => Some(Ok((base, last))),
+                        Admission::Differs { stored } => Some(Err(NodeError::new(
+                            ErrorCode::InvalidBatch,
+                            format!(
+                                "request {} of session {} was stored with other records (batch \
                              CRC {stored:08x}, this one {:08x}): a request number is never \
                              reused",
-                            tag.request, tag.session, tag.crc
-                        ),
-                    ))),
-                    Admission::Older { last } => Some(Err(NodeError::new(
-                        ErrorCode::DuplicateRequest,
-                        format!(
-                            "request {} of session {} was stored before; the partition keeps \
+                                tag.request, tag.session, tag.crc
+                            ),
+                        ))),
+                        Admission::Older { last } => Some(Err(NodeError::new(
+                            ErrorCode::DuplicateRequest,
+                            format!(
+                                "request {} of session {} was stored before; the partition keeps \
                              the offsets of its last {SLICE_WINDOW} requests only (the last \
                              is {last})",
-                            tag.request, tag.session
-                        ),
-                    )
-                    .with(ErrorDetail::LastRequest { request: last }))),
-                    Admission::Gap { expected } => Some(Err(NodeError::new(
-                        ErrorCode::RequestOutOfOrder,
-                        format!(
-                            "request {} of session {} skips a request: the partition takes \
+                                tag.request, tag.session
+                            ),
+                        )
+                        .with(ErrorDetail::LastRequest { request: last }))),
+                        Admission::Gap { expected } => Some(Err(NodeError::new(
+                            ErrorCode::RequestOutOfOrder,
+                            format!(
+                                "request {} of session {} skips a request: the partition takes \
                              {expected} next",
-                            tag.request, tag.session
-                        ),
-                    )
-                    .with(ErrorDetail::ExpectedRequest { request: expected }))),
+                                tag.request, tag.session
+                            ),
+                        )
+                        .with(ErrorDetail::ExpectedRequest { request: expected }))),
+                    },
                 };
                 if let Some(answer) = answer {
                     if let Some(queued) = self.queued.pop_front() {
@@ -230,23 +302,28 @@ impl<T> GroupClient<T> {
                 break;
             };
             room -= 1;
-            self.next_request += 1;
-            let number = self.next_request;
-            self.in_flight.insert(
-                number,
-                InFlight {
-                    token,
-                    sent_at: now,
-                },
-            );
-            out.push(Request {
-                client: client_id,
-                session: self.session,
-                request: number,
-                body,
-            });
+            out.push(self.hand(client_id, now, body, Some(token)));
         }
         (out, answered)
+    }
+
+    /// Numbers a request and keeps it in flight.
+    fn hand(&mut self, client_id: u64, now: u64, body: bytes::Bytes, token: Option<T>) -> Request {
+        self.next_request += 1;
+        let number = self.next_request;
+        self.in_flight.insert(
+            number,
+            InFlight {
+                token,
+                sent_at: now,
+            },
+        );
+        Request {
+            client: client_id,
+            session: self.session,
+            request: number,
+            body,
+        }
     }
 
     /// The turn that took this client's requests left the log's top at `op`: every
@@ -283,18 +360,19 @@ impl<T> GroupClient<T> {
         if reply.session != self.session {
             return None;
         }
-        let token = self.in_flight.remove(&reply.request)?.token;
+        let flight = self.in_flight.remove(&reply.request)?;
+        if reply.result.is_err() {
+            self.session = 0;
+        }
+        let token = flight.token?;
         let answer = match &reply.result {
             Ok(result) => Applied::offsets(result).ok_or_else(|| {
                 NodeError::new(ErrorCode::MalformedRequest, "the batch took no offsets")
             }),
-            Err(refusal) => {
-                self.session = 0;
-                Err(NodeError::new(
-                    ErrorCode::NotLeader,
-                    format!("the partition group refused the request ({refusal:?}); retry"),
-                ))
-            }
+            Err(refusal) => Err(NodeError::new(
+                ErrorCode::NotLeader,
+                format!("the partition group refused the request ({refusal:?}); retry"),
+            )),
         };
         Some((token, answer))
     }
@@ -326,7 +404,7 @@ impl<T> GroupClient<T> {
         let given_up = overdue
             .into_iter()
             .filter_map(|number| self.in_flight.remove(&number))
-            .map(|flight| flight.token)
+            .filter_map(|flight| flight.token)
             .collect();
         (resend, given_up)
     }
@@ -512,12 +590,13 @@ mod tests {
         assert!(client.is_idle());
     }
 
-    fn tag(session: u64, request: u32) -> Option<SessionTag> {
-        Some(SessionTag {
+    fn tag(session: u64, request: u32) -> Option<(SessionTag, Checked)> {
+        let tag = SessionTag {
             session,
             request,
             crc: 0,
-        })
+        };
+        Some((tag, Checked::default()))
     }
 
     /// A registered client with this node's session 3.
@@ -680,5 +759,103 @@ mod tests {
         assert!(sent.is_empty(), "op 9 not applied yet");
         let (sent, _) = client.requests(CLIENT, 103, view(3, 9, 9), &slices);
         assert_eq!(sent.len(), 1, "op 9 was not request 1: it goes now");
+    }
+
+    /// A barrier goes before the produces queued with it and, from then on, a
+    /// session's request checked against metadata older than its frontier is refused
+    /// (`Busy`: the door checks it again at newer metadata); a partition that owes a
+    /// retirement takes no session it holds no entry of until a barrier catches it up.
+    #[test]
+    fn a_barrier_goes_first_and_requests_checked_below_the_frontier_wait() {
+        let mut client = registered_client();
+        let mut slices = Slices::default();
+        let view = PrimaryAt {
+            commit_min: 1,
+            op: 1,
+            ..at(true, 16)
+        };
+        let checked = |metadata_op, owed| Checked { metadata_op, owed };
+        let session = |session, request, checked| {
+            let tag = SessionTag {
+                session,
+                request,
+                crc: 0,
+            };
+            Some((tag, checked))
+        };
+        client.queue(
+            bytes::Bytes::from_static(b"s"),
+            's',
+            session(50, 0, checked(39, 0)),
+        );
+        assert!(client.retire(Barrier {
+            frontier: 40,
+            sessions: vec![7],
+        }));
+        assert!(
+            !client.retire(Barrier {
+                frontier: 41,
+                sessions: vec![8],
+            }),
+            "one barrier at a time"
+        );
+        let (sent, answered) = client.requests(CLIENT, 3, view, &slices);
+        assert_eq!(sent.len(), 1, "the barrier alone");
+        assert!(sent[0]
+            .body
+            .starts_with(&super::super::partition_machine::barrier::BARRIER_MARK));
+        let refused = answered[0].1.as_ref().unwrap_err();
+        assert_eq!(refused.code, ErrorCode::Busy, "{refused}");
+        assert!(
+            !client.retire(Barrier {
+                frontier: 41,
+                sessions: vec![],
+            }),
+            "the first is in flight"
+        );
+        assert_eq!(
+            client.answer(&reply(3, sent[0].request, Ok(Applied::Retired.encode()))),
+            None,
+            "nobody waits on a barrier"
+        );
+        slices.retire(40, &[7]);
+        client.queue(
+            bytes::Bytes::from_static(b"t"),
+            't',
+            session(50, 0, checked(40, 0)),
+        );
+        let (sent, answered) = client.requests(CLIENT, 4, view, &slices);
+        assert_eq!(
+            (sent.len(), answered.len()),
+            (1, 0),
+            "checked at the frontier"
+        );
+        slices.applied(
+            SessionTag {
+                session: 50,
+                request: 0,
+                crc: 0,
+            },
+            0,
+            0,
+        );
+        client.queue(
+            bytes::Bytes::from_static(b"u"),
+            'u',
+            session(60, 0, checked(45, 44)),
+        );
+        client.queue(
+            bytes::Bytes::from_static(b"v"),
+            'v',
+            session(50, 1, checked(45, 44)),
+        );
+        let (sent, answered) = client.requests(CLIENT, 5, view, &slices);
+        assert_eq!(answered.len(), 1);
+        assert_eq!(
+            answered[0].0, 'u',
+            "a new session, refused while the partition owes"
+        );
+        assert_eq!(answered[0].1.as_ref().unwrap_err().code, ErrorCode::Busy);
+        assert_eq!(sent.len(), 1, "a session it holds an entry of goes on");
     }
 }

@@ -42,6 +42,7 @@ pub(crate) use dropped::{stopped, Dropped};
 mod frames;
 mod hand_off;
 mod lone;
+mod retire;
 mod sleep;
 mod syncs;
 #[cfg(test)]
@@ -652,6 +653,7 @@ impl PartitionGroups {
         key: PartitionKey,
         mut batch: ValidatedBatch,
         reply: ProduceReply,
+        checked: super::group_client::Checked,
     ) {
         if let Some(reason) = &self.failed {
             let _ = reply.send(Err(stopped(reason)));
@@ -682,7 +684,7 @@ impl PartitionGroups {
         self.clients
             .entry(group)
             .or_default()
-            .queue(body, reply, tag);
+            .queue(body, reply, tag.map(|tag| (tag, checked)));
         if self.pending.last() != Some(&group) {
             self.pending.push(group);
         }

@@ -10,9 +10,12 @@
 //! checkpoints, state transfer and the replay of the log above a checkpoint carry them:
 //! there is no second file that could drift from the log.
 
+pub(crate) mod barrier;
 pub(crate) mod slices;
 
 use braid_proto::BatchHeader;
+
+use barrier::Barrier;
 
 use slices::{SessionTag, Slices, Tagged};
 
@@ -24,7 +27,7 @@ pub(crate) struct PartitionMachine {
 }
 
 /// What a prepare's body asks of the partition.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum PartitionOp {
     /// One whole batch frame of `records` records: stored at the next offsets, as
     /// `session`'s request if it names one.
@@ -32,6 +35,8 @@ pub(crate) enum PartitionOp {
         records: u64,
         session: Option<SessionTag>,
     },
+    /// A retirement barrier: ended sessions' entries go, the frontier rises.
+    Barrier(Barrier),
     /// Anything else (the journal keeps such a body aside; it takes no offsets).
     Unknown,
 }
@@ -41,6 +46,11 @@ impl PartitionOp {
     /// producer's batch whole, and every replica checks the body against its prepare's
     /// checksum.
     pub(crate) fn of(body: &[u8]) -> Self {
+        match Barrier::decode(body) {
+            Some(Ok(barrier)) => return Self::Barrier(barrier),
+            Some(Err(_)) => return Self::Unknown,
+            None => {}
+        }
         let Ok(header) = BatchHeader::decode(body) else {
             return Self::Unknown;
         };
@@ -65,7 +75,7 @@ impl PartitionOp {
 pub(crate) fn batch_records(body: &[u8]) -> Option<u64> {
     match PartitionOp::of(body) {
         PartitionOp::Batch { records, .. } => Some(records),
-        PartitionOp::Unknown => None,
+        PartitionOp::Barrier(_) | PartitionOp::Unknown => None,
     }
 }
 
@@ -76,11 +86,14 @@ pub(crate) enum Applied {
     Stored { base: u64, last: u64 },
     /// A body that is not one batch: it took none. Encoded `1`.
     NotABatch,
+    /// A barrier, applied. Encoded `2`.
+    Retired,
 }
 
 impl Applied {
     const STORED: u8 = 0;
     const NOT_A_BATCH: u8 = 1;
+    const RETIRED: u8 = 2;
 
     pub(crate) fn encode(&self) -> Vec<u8> {
         match self {
@@ -91,6 +104,7 @@ impl Applied {
                 out
             }
             Self::NotABatch => vec![Self::NOT_A_BATCH],
+            Self::Retired => vec![Self::RETIRED],
         }
     }
 
@@ -98,6 +112,7 @@ impl Applied {
     pub(crate) fn decode(bytes: &[u8]) -> Option<Self> {
         match bytes {
             [Self::NOT_A_BATCH] => Some(Self::NotABatch),
+            [Self::RETIRED] => Some(Self::Retired),
             [Self::STORED, rest @ ..] if rest.len() == 16 => {
                 let (base, last) = rest.split_at(8);
                 Some(Self::Stored {
@@ -113,7 +128,7 @@ impl Applied {
     pub(crate) fn offsets(bytes: &[u8]) -> Option<(u64, u64)> {
         match Self::decode(bytes)? {
             Self::Stored { base, last } => Some((base, last)),
-            Self::NotABatch => None,
+            Self::NotABatch | Self::Retired => None,
         }
     }
 }
@@ -124,9 +139,12 @@ const STATE_V1: u8 = 1;
 /// The version byte of the encoding whose slice entries had no CRC (2026-12-07,
 /// d0820f1 to fee86e2): still read.
 const STATE_V2: u8 = 2;
-/// The version byte of this encoding: `3, next_offset: u64`, then the slice entries
-/// ([`Slices::encode`]).
+/// The version byte of the encoding before the retirement frontier (d0820f1 to
+/// 4439d71): `3, next_offset: u64`, then the slice entries. Still read.
 const STATE_V3: u8 = 3;
+/// The version byte of this encoding: `4, next_offset: u64, frontier: u64`, then the
+/// slice entries ([`Slices::encode`]).
+const STATE_V4: u8 = 4;
 
 impl PartitionMachine {
     /// The offset the next committed batch takes: the high watermark.
@@ -158,6 +176,10 @@ impl braid_vsr::StateMachine for PartitionMachine {
                 let (base, last) = self.store(records, session);
                 Applied::Stored { base, last }.encode()
             }
+            PartitionOp::Barrier(barrier) => {
+                self.slices.retire(barrier.frontier, &barrier.sessions);
+                Applied::Retired.encode()
+            }
             PartitionOp::Unknown => Applied::NotABatch.encode(),
         }
     }
@@ -167,28 +189,45 @@ impl braid_vsr::StateMachine for PartitionMachine {
     /// appended it when it was prepared: its records take their offsets, so that every
     /// later batch's offsets are the ones it is stored at, and it is its client
     /// session's request as much as if it had run.
-    fn skipped(&mut self, _op: u64, input: &[u8]) {
-        if let PartitionOp::Batch { records, session } = PartitionOp::of(input) {
-            self.store(records, session);
+    fn skipped(&mut self, op: u64, input: &[u8]) {
+        match PartitionOp::of(input) {
+            PartitionOp::Batch { records, session } => {
+                self.store(records, session);
+            }
+            // A barrier is state all the same: run it.
+            PartitionOp::Barrier(_) => {
+                self.apply(op, input);
+            }
+            PartitionOp::Unknown => {}
         }
     }
 
     fn snapshot(&self) -> Vec<u8> {
-        let mut out = vec![STATE_V3];
+        let mut out = vec![STATE_V4];
         out.extend_from_slice(&self.next_offset.to_be_bytes());
+        out.extend_from_slice(&self.slices.frontier().to_be_bytes());
         self.slices.encode(&mut out);
         out
     }
 
     fn restore(&mut self, snapshot: &[u8]) -> Result<(), String> {
         let (next_offset, slices) = match snapshot {
+            [STATE_V4, rest @ ..] if rest.len() >= 16 => {
+                let (next_offset, rest) = rest.split_at(8);
+                let (frontier, slices) = rest.split_at(8);
+                let mut slices = Slices::decode(slices, true)?;
+                let mut bytes = [0u8; 8];
+                bytes.copy_from_slice(frontier);
+                slices.set_frontier(u64::from_be_bytes(bytes));
+                (next_offset, slices)
+            }
             [version @ (STATE_V2 | STATE_V3), rest @ ..] if rest.len() >= 8 => {
                 let (next_offset, slices) = rest.split_at(8);
                 (next_offset, Slices::decode(slices, *version == STATE_V3)?)
             }
             [STATE_V1, rest @ ..] if rest.len() == 8 => (rest, Slices::default()),
             legacy if legacy.len() == 8 => (legacy, Slices::default()),
-            [version, ..] if snapshot.len() != 8 && *version > STATE_V3 => {
+            [version, ..] if snapshot.len() != 8 && *version > STATE_V4 => {
                 return Err(format!(
                     "a partition state of version {version}, which this node does not read"
                 ))
@@ -291,8 +330,12 @@ mod tests {
         let snapshot = machine.snapshot();
         assert_eq!(
             snapshot,
-            [STATE_V3, 0, 0, 0, 0, 0, 0, 0x01, 0x00, 0, 0, 0, 0]
+            [STATE_V4, 0, 0, 0, 0, 0, 0, 0x01, 0x00, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]
         );
+        let mut v3 = PartitionMachine::default();
+        v3.restore(&[STATE_V3, 0, 0, 0, 0, 0, 0, 0x01, 0x00, 0, 0, 0, 0])
+            .unwrap();
+        assert_eq!(v3, machine, "the encoding before the frontier");
         let mut v2 = PartitionMachine::default();
         v2.restore(&[STATE_V2, 0, 0, 0, 0, 0, 0, 0x01, 0x00, 0, 0, 0, 0])
             .unwrap();
@@ -301,10 +344,10 @@ mod tests {
         restored.restore(&snapshot).unwrap();
         assert_eq!(restored, machine);
         let newer = restored
-            .restore(&[4, 0, 0, 0, 0, 0, 0, 0, 0, 7])
+            .restore(&[5, 0, 0, 0, 0, 0, 0, 0, 0, 7])
             .unwrap_err();
-        assert!(newer.contains("version 4"), "{newer}");
-        for cut in [0, 1, 5, 7, 9, 12] {
+        assert!(newer.contains("version 5"), "{newer}");
+        for cut in [0, 1, 5, 7, 9, 12, 16, 20] {
             assert!(restored.restore(&snapshot[..cut]).is_err(), "cut at {cut}");
         }
         let mut long = snapshot.clone();
@@ -330,6 +373,52 @@ mod tests {
                 proptest::prop_assert_eq!(applied.encode(), junk);
             }
         }
+    }
+
+    /// A barrier drops the named sessions' entries (the others stay), raises the
+    /// frontier and never lowers it, whether it ran or was skipped, and both ride a
+    /// snapshot.
+    #[test]
+    fn a_barrier_forgets_the_sessions_it_names_and_raises_the_frontier() {
+        let tagged = |session: i64, request: i32| {
+            let mut builder = braid_proto::BatchBuilder::new(0);
+            builder.push(None, Some(b"v"), &[], 0);
+            builder.producer(session, -1, request);
+            builder.finish()
+        };
+        let mut machine = PartitionMachine::default();
+        for session in [3, 5, 9] {
+            machine.apply(session, &tagged(session as i64, 0));
+        }
+        let barrier = |frontier, sessions: &[u64]| {
+            Barrier {
+                frontier,
+                sessions: sessions.to_vec(),
+            }
+            .encode()
+        };
+        assert_eq!(
+            Applied::decode(&machine.apply(4, &barrier(40, &[3, 9]))),
+            Some(Applied::Retired)
+        );
+        assert_eq!(machine.slices().sessions().collect::<Vec<_>>(), [5]);
+        assert_eq!(machine.slices().frontier(), 40);
+        machine.skipped(5, &barrier(30, &[5]));
+        assert_eq!(machine.slices().sessions().count(), 0);
+        assert_eq!(machine.slices().frontier(), 40, "never lowered");
+        assert_eq!(machine.next_offset(), 3, "a barrier takes no offsets");
+        let mut restored = PartitionMachine::default();
+        restored.restore(&machine.snapshot()).unwrap();
+        assert_eq!(restored, machine);
+        assert_eq!(restored.slices().frontier(), 40);
+        let mut cut = barrier(50, &[1]);
+        cut.pop();
+        assert_eq!(machine.apply(6, &cut), vec![1], "a cut barrier is no op");
+        assert_eq!(
+            batch_records(&barrier(50, &[1])),
+            None,
+            "kept aside by the journal"
+        );
     }
 
     /// A committed batch that did not run is in the log all the same: its records

@@ -154,6 +154,8 @@ pub(crate) struct Run {
     session_draws: Prng,
     /// The client sessions' requests ([`producer`]).
     sessions: producer::Sessions,
+    /// A producer's session ended and retired ([`retire`]).
+    retiring: retire::Retiring,
     /// Draws for members running out of file descriptors, apart from the others.
     descriptor_draws: Prng,
     /// The member out of file descriptors, and the tick it has them again.
@@ -294,6 +296,7 @@ impl Run {
             proposals: metadata::Proposals::default(),
             asleep_draws: Prng::new(seed.rotate_left(43) ^ 0xda7a),
             session_draws: Prng::new(seed.rotate_left(53) ^ 0x5e55),
+            retiring: retire::Retiring::new(seed, shape.safety_ticks),
             sessions: producer::Sessions::default(),
             descriptor_draws: Prng::new(seed.rotate_left(47) ^ 0xfd),
             descriptors_out: None,
@@ -717,6 +720,7 @@ impl Run {
         if faults {
             self.propose_stream();
         }
+        self.step_retirement(producer::RETIRED_SESSION);
         hook::set_no_descriptors_under(None);
         self.take_answers();
         if self.tick.is_multiple_of(SERVE_CHECK_TICKS) {
@@ -836,11 +840,13 @@ impl Run {
                     eprintln!("t{} converged: {}", self.tick, self.describe());
                 }
                 self.check_published()?;
+                self.check_retired("converged")?;
                 let before = self.compare_logs()?;
                 let streams_before = self.compare_metadata()?;
                 self.restart_all_cleanly()?;
                 let after = self.compare_logs()?;
                 before.kept_in(&after)?;
+                self.check_retired("after a clean restart")?;
                 let streams = self.compare_metadata()?;
                 if streams != streams_before {
                     return Err(format!(
@@ -905,6 +911,7 @@ mod files;
 mod metadata;
 mod outcome;
 mod producer;
+mod retire;
 mod seeds;
 mod served;
 mod shape;

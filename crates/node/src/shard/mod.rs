@@ -18,6 +18,7 @@ use tokio::sync::{mpsc, watch};
 mod error;
 mod layout;
 mod reopen;
+mod retire;
 
 pub(crate) use error::ShardError;
 
@@ -28,6 +29,7 @@ use crate::metrics::{add, ShardMetrics};
 use crate::partition::Partition;
 use crate::refused_partition::RefusedPartition;
 use crate::replication::partition_groups::{tag_of, Moved, PartitionGroups, Role};
+use crate::replication::partition_machine::slices::{SessionTag, Tagged};
 
 /// How often (in ticks) a shard publishes its partitions' primaries for `ClusterInfo`
 /// and its groups' status on the board.
@@ -86,6 +88,8 @@ pub(crate) struct Shard {
     applying: VecDeque<layout::Applying>,
     /// When the next chunk of a queued layout may run.
     apply_resume: tokio::time::Instant,
+    /// This shard's part of a walk retiring ended client sessions, if one runs.
+    walk: Option<retire::ShardWalk>,
 }
 
 impl Shard {
@@ -128,6 +132,7 @@ impl Shard {
             layout_changed: true,
             applying: VecDeque::new(),
             apply_resume: tokio::time::Instant::now(),
+            walk: None,
         })
     }
 
@@ -457,7 +462,12 @@ impl Shard {
 
     pub(crate) fn handle_request(&mut self, request: ShardRequest) {
         match request {
-            ShardRequest::Produce { key, batch, reply } => {
+            ShardRequest::Produce {
+                key,
+                batch,
+                reply,
+                checked,
+            } => {
                 let records = u64::from(batch.record_count());
                 let bytes = batch.len() as u64;
                 if let Some(refused) = self.refused.get(&key) {
@@ -493,7 +503,23 @@ impl Shard {
                         }) {
                             self.dirty.insert(key);
                         }
-                        self.groups.produce(key, batch, reply);
+                        // Checked again against this shard's own layout: a walk
+                        // retiring ended sessions starts here only once the layout
+                        // knows they ended, so none of them is admitted after it.
+                        let checked = match SessionTag::of(batch.header()) {
+                            Tagged::Yes(tag) => {
+                                match self.layout.borrow().session_check(tag, key) {
+                                    Ok(here) if here.metadata_op >= checked.metadata_op => here,
+                                    Ok(_) => checked,
+                                    Err(refusal) => {
+                                        let _ = reply.send(Err(refusal));
+                                        return;
+                                    }
+                                }
+                            }
+                            Tagged::No | Tagged::Invalid => checked,
+                        };
+                        self.groups.produce(key, batch, reply, checked);
                         add(&self.metrics().produce_records, records);
                         add(&self.metrics().produce_bytes, bytes);
                     }
@@ -655,6 +681,7 @@ impl Shard {
             Control::Drain => {
                 let _ = self.draining.send(true);
             }
+            Control::Retire { batch, done } => self.start_walk(batch, done, now_ms()),
             Control::Shutdown { done } => {
                 self.close_all();
                 let _ = done.send(());
@@ -701,6 +728,9 @@ impl Shard {
         );
         if self.ticks.is_multiple_of(PRIMARIES_EVERY_TICKS) {
             self.publish_statuses();
+        }
+        if self.ticks.is_multiple_of(retire::RETIRE_EVERY_TICKS) {
+            self.step_retirement(now);
         }
         if now.saturating_sub(self.last_retention_ms) >= self.shared.config.retention_check_ms {
             self.last_retention_ms = now;

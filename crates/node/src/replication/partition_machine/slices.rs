@@ -85,22 +85,69 @@ pub(crate) enum Admission {
 }
 
 /// Every session's slice entry in one partition, by session id: its last requests,
-/// oldest first, each number above the one before.
+/// oldest first, each number above the one before; and the partition's retirement
+/// frontier.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct Slices {
-    /// Boxed, and made at the first session's request: most partitions hold none, and
-    /// an idle replica's every byte counts (an empty map inline is 24, the box 8; as
-    /// `braid_vsr` keeps its busy-only collections).
-    #[allow(clippy::box_collection)]
-    entries: Option<Box<BTreeMap<u64, Vec<Slice>>>>,
+    /// Boxed, and made at the first session's request or barrier: most partitions
+    /// hold none, and an idle replica's every byte counts (an empty map inline is 24,
+    /// the box 8; as `braid_vsr` keeps its busy-only collections).
+    entries: Option<Box<Entries>>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct Entries {
+    /// The newest metadata op a barrier named: entries of sessions ended at or below
+    /// it were dropped, so no request checked against older metadata is admitted.
+    frontier: u64,
+    sessions: BTreeMap<u64, Vec<Slice>>,
 }
 
 impl Slices {
     fn window(&self, session: u64) -> &[Slice] {
         self.entries
             .as_deref()
-            .and_then(|entries| entries.get(&session))
+            .and_then(|entries| entries.sessions.get(&session))
             .map_or(&[], Vec::as_slice)
+    }
+
+    /// The metadata op a session's request must have been checked at, or after, to
+    /// be admitted here (0 until a barrier).
+    pub(crate) fn frontier(&self) -> u64 {
+        self.entries
+            .as_deref()
+            .map_or(0, |entries| entries.frontier)
+    }
+
+    /// Whether `session` holds an entry here.
+    pub(crate) fn holds(&self, session: u64) -> bool {
+        !self.window(session).is_empty()
+    }
+
+    /// The sessions holding an entry, in id order.
+    pub(crate) fn sessions(&self) -> impl Iterator<Item = u64> + '_ {
+        self.entries
+            .as_deref()
+            .into_iter()
+            .flat_map(|entries| entries.sessions.keys().copied())
+    }
+
+    /// A barrier: drops the entries of `sessions` and raises the frontier to
+    /// `frontier` (never lowers it). The box goes once nothing is left in it.
+    pub(crate) fn retire(&mut self, frontier: u64, sessions: &[u64]) {
+        let entries = self.entries.get_or_insert_with(Box::default);
+        entries.frontier = entries.frontier.max(frontier);
+        for session in sessions {
+            entries.sessions.remove(session);
+        }
+        if entries.frontier == 0 && entries.sessions.is_empty() {
+            self.entries = None;
+        }
+    }
+
+    /// Sets the frontier a state's encoding carried beside the entries.
+    pub(crate) fn set_frontier(&mut self, frontier: u64) {
+        self.retire(frontier, &[]);
     }
 
     /// What to do with `tag`, given the highest request of its session the primary has
@@ -140,6 +187,7 @@ impl Slices {
         let window = self
             .entries
             .get_or_insert_with(Box::default)
+            .sessions
             .entry(tag.session)
             .or_default();
         if window
@@ -167,16 +215,18 @@ impl Slices {
 
     #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
-        self.entries.as_deref().map_or(0, BTreeMap::len)
+        self.entries
+            .as_deref()
+            .map_or(0, |entries| entries.sessions.len())
     }
 
     /// Appends `count: u32`, then for each session in id order `session: u64, kept:
     /// u8` (1 to [`SLICE_WINDOW`]) and its requests oldest first, each `request: u32,
     /// base: u64, last: u64, crc: u32`.
     pub(crate) fn encode(&self, out: &mut Vec<u8>) {
-        let entries = self.entries.as_deref();
-        out.extend_from_slice(&(entries.map_or(0, BTreeMap::len) as u32).to_be_bytes());
-        for (session, window) in entries.into_iter().flatten() {
+        let sessions = self.entries.as_deref().map(|entries| &entries.sessions);
+        out.extend_from_slice(&(sessions.map_or(0, BTreeMap::len) as u32).to_be_bytes());
+        for (session, window) in sessions.into_iter().flatten() {
             out.extend_from_slice(&session.to_be_bytes());
             out.push(window.len() as u8);
             for slice in window {
@@ -237,7 +287,12 @@ impl Slices {
             ));
         }
         Ok(Self {
-            entries: (!entries.is_empty()).then(|| Box::new(entries)),
+            entries: (!entries.is_empty()).then(|| {
+                Box::new(Entries {
+                    frontier: 0,
+                    sessions: entries,
+                })
+            }),
         })
     }
 }

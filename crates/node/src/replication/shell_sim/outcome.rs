@@ -36,6 +36,11 @@ pub(crate) struct Outcome {
     pub(crate) duplicates_refused: u64,
     /// Client sessions registered through the metadata group and answered.
     pub(crate) sessions_registered: u64,
+    /// Producers' sessions ended and retired: every copy proven free of them by
+    /// barriers ([`super::retire`]).
+    pub(crate) sessions_retired: u64,
+    /// Retirement barriers queued on a primary.
+    pub(crate) barriers_queued: u64,
 }
 
 impl Outcome {
@@ -63,6 +68,8 @@ impl Outcome {
             resent_requests_acknowledged,
             duplicates_refused,
             sessions_registered,
+            sessions_retired,
+            barriers_queued,
         } = other;
         self.records_acknowledged += records_acknowledged;
         self.produces_failed += produces_failed;
@@ -85,5 +92,7 @@ impl Outcome {
         self.resent_requests_acknowledged += resent_requests_acknowledged;
         self.duplicates_refused += duplicates_refused;
         self.sessions_registered += sessions_registered;
+        self.sessions_retired += sessions_retired;
+        self.barriers_queued += barriers_queued;
     }
 }

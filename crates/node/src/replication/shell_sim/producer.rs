@@ -15,6 +15,8 @@ use crate::replication::partition_groups::Role;
 /// The client sessions the simulated producers use (their ids need no register yet).
 const SESSIONS: u64 = 2;
 const FIRST_SESSION: u64 = 1_000_001;
+/// The session that ends mid-run and is retired ([`super::retire`]).
+pub(super) const RETIRED_SESSION: u64 = FIRST_SESSION;
 /// Requests of one session to one partition unanswered at once.
 const SESSION_IN_FLIGHT_MAX: usize = 4;
 
@@ -57,8 +59,12 @@ impl Run {
         }
         let mut tag = None;
         let mut resent = false;
-        if self.session_draws.chance(50) {
-            let session = FIRST_SESSION + self.session_draws.below(SESSIONS);
+        let draw = self
+            .session_draws
+            .chance(50)
+            .then(|| FIRST_SESSION + self.session_draws.below(SESSIONS));
+        // An ended session sends nothing more (the door would refuse it).
+        if let Some(session) = draw.filter(|s| !self.retiring.ended.contains(s)) {
             let requests = self
                 .sessions
                 .partitions
@@ -109,7 +115,12 @@ impl Run {
         }
         let (reply, answer) = oneshot::channel();
         if let Some(groups) = self.members[usize::from(leader)].groups.as_mut() {
-            groups.produce(key(partition), batch, reply);
+            // Every send is checked at the door again, at the metadata's op now.
+            let checked = super::super::group_client::Checked {
+                metadata_op: self.retiring.door_op,
+                owed: 0,
+            };
+            groups.produce(key(partition), batch, reply, checked);
             let moved = groups.flush();
             self.publish(leader, moved);
         }

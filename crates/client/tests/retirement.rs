@@ -1,0 +1,100 @@
+//! Ended client sessions retired in batches across three in-process nodes over the
+//! real replica bus: every member walks its copies and reports, the coordinator
+//! finalizes through the lowest watermark once every member has reported, and a
+//! member that is down holds the batch back until it is back and has proven its
+//! copies.
+
+// A panic in a test is a failed assertion, not a crash on outside data.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use braid_client::{Client, Producer, ProducerConfig};
+use braid_node::FsyncSetting;
+use common::start_cluster;
+
+const PARTITIONS: u32 = 6;
+
+/// Sends a record under each of 40 keys (every partition gets some) and waits for
+/// every acknowledgement; returns the producer's session.
+async fn write_everywhere(client: &Client) -> u64 {
+    let producer = Producer::new(client, "s", "t", ProducerConfig::default())
+        .await
+        .unwrap();
+    let answers: Vec<_> = (0..40)
+        .map(|key| producer.send(Some(format!("k{key}").as_bytes()), b"v"))
+        .collect();
+    for answer in answers {
+        answer.await.unwrap();
+    }
+    let session = producer
+        .session()
+        .expect("an idempotent producer holds one");
+    drop(producer);
+    session
+}
+
+/// `keeper`'s heartbeat answer: the op through which ended sessions are retired.
+async fn retired_through(client: &Client, keeper: u64) -> u64 {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        match client.session_heartbeat(keeper).await {
+            Ok(retired) => return retired,
+            Err(err) => assert!(Instant::now() < deadline, "no heartbeat answer: {err}"),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ended_sessions_retire_once_every_member_has_proven_its_copies() {
+    let mut members = start_cluster(3, FsyncSetting::Always);
+    let client = Client::connect(members[0].addr()).await.unwrap();
+    common::create_topic(&client, "s", "t", PARTITIONS).await;
+    let keeper = client
+        .register_session(Duration::from_secs(60))
+        .await
+        .unwrap();
+    let first = write_everywhere(&client).await;
+    members[2].stop();
+    let second = write_everywhere(&client).await;
+    // The producers ended their sessions when dropped; a register after that is
+    // past both ends.
+    let probe = client
+        .register_session(Duration::from_secs(60))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert_eq!(
+        retired_through(&client, keeper).await,
+        0,
+        "member 2 is down: its copies are unproven, nothing is retired"
+    );
+    members[2].start();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let retired = retired_through(&client, keeper).await;
+        if retired >= probe - 1 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "sessions {first} and {second} not retired in 60 s (through {retired})"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let mut barriers = 0;
+    for member in &members {
+        barriers += common::metric(member.http_addr(), "braid_retirement_barriers_total").await;
+    }
+    assert!(
+        barriers >= u64::from(PARTITIONS),
+        "every partition took a barrier: {barriers}"
+    );
+    for session in [first, second] {
+        let err = client.session_heartbeat(session).await.unwrap_err();
+        assert!(err.to_string().contains("retired"), "{err}");
+    }
+}
