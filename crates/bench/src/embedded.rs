@@ -111,6 +111,11 @@ impl EmbeddedNode {
         self.nodes.iter().map(Node::client_addr).collect()
     }
 
+    /// Every member's HTTP address (`/metrics`, `/ready`).
+    pub fn http_addrs(&self) -> Vec<SocketAddr> {
+        self.nodes.iter().map(Node::http_addr).collect()
+    }
+
     /// The nodes' data directory (each member's is `node-ID` in it).
     pub fn data_dir(&self) -> &Path {
         self.dir.path()

@@ -14,6 +14,8 @@
 //! - [`runner`]: drives a workload against a node over real sockets;
 //! - [`embedded`]: a node in the same process on a temporary directory;
 //! - [`reference`]: raw file write and loopback TCP, measured in the same run;
+//! - [`retire`]: seed 001's experiment, the time to retire sessions that touched
+//!   every partition;
 //! - [`chart`]: the SVG of throughput over time and latency percentiles.
 
 pub mod chart;
@@ -21,6 +23,7 @@ pub mod embedded;
 pub mod pacing;
 pub mod reference;
 pub mod report;
+pub mod retire;
 pub mod runner;
 pub mod stamp;
 pub mod workload;

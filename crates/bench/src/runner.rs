@@ -72,6 +72,9 @@ pub enum BenchError {
     /// The probe for a percentage of the maximum rate acknowledged nothing.
     #[error("the probe of the maximum rate acknowledged no record")]
     NoProbeRate,
+    /// The retirement experiment could not finish (`crate::retire`).
+    #[error("retirement: {0}")]
+    Retirement(String),
 }
 
 fn client_error(what: impl Into<String>) -> impl FnOnce(ClientError) -> BenchError {

@@ -104,6 +104,10 @@ pub(crate) struct BenchArgs {
     /// idempotent producer does.
     #[arg(long)]
     sessions: bool,
+    /// With the `retirement` experiment: the sessions that write to every partition
+    /// and then end, per pass.
+    #[arg(long, default_value_t = 32)]
+    retire_sessions: u32,
 }
 
 fn parse_mode(value: &str) -> Result<Mode, String> {
@@ -211,6 +215,9 @@ pub(crate) fn bench(
         return Ok(());
     }
     let preset = args.preset.clone().unwrap_or_default();
+    if preset == "retirement" {
+        return retirement(json, &args);
+    }
     let workload = args.workload(&preset)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -505,4 +512,66 @@ fn print_report(preset: &str, report: &Report) {
         );
     }
     println!("errors: {}", report.errors);
+}
+
+/// `braid bench retirement --embedded --members 3 [--partitions N] [--retire-sessions
+/// S]`: seed 001's experiment (`braid_bench::retire`), on an embedded cluster (its
+/// figures come from the members' `/metrics`).
+fn retirement(json: Option<Option<PathBuf>>, args: &BenchArgs) -> Result<()> {
+    if !args.embedded {
+        bail!("the retirement experiment runs on an embedded node or cluster: give --embedded");
+    }
+    let run = braid_bench::retire::RetireRun {
+        partitions: args.partitions.unwrap_or(30_000),
+        sessions: args.retire_sessions,
+    };
+    eprintln!(
+        "starting {} member(s); {} partitions, {} sessions per pass",
+        args.members, run.partitions, run.sessions
+    );
+    let nodes = EmbeddedNode::start(args.data_dir.as_deref(), args.members)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let target = braid_bench::Target::cluster(nodes.client_addrs(), Default::default());
+    let https = nodes.http_addrs();
+    let passes = runtime.block_on(braid_bench::retire::run_retirement(&target, &https, run));
+    nodes.stop();
+    let passes = passes?;
+    let rows = passes
+        .iter()
+        .map(|p| {
+            vec![
+                p.pass.to_owned(),
+                format!("{:.1}", p.produce_secs),
+                format!("{:.2}", p.finalize_secs),
+                p.finalize_ops.to_string(),
+                format!("{:?}", p.peak_unproven),
+                p.debt_copies.to_string(),
+                p.barriers.to_string(),
+            ]
+        })
+        .collect();
+    table::print(
+        &[
+            "PASS",
+            "WRITE S",
+            "TO FINALIZE S",
+            "FINALIZE OPS",
+            "PEAK UNPROVEN PER MEMBER",
+            "DEBT",
+            "BARRIERS",
+        ],
+        rows,
+    );
+    let text = serde_json::to_string_pretty(&passes)?;
+    match json {
+        Some(Some(path)) => {
+            std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?
+        }
+        Some(None) => println!("{text}"),
+        None => {}
+    }
+    Ok(())
 }

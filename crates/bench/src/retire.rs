@@ -1,0 +1,283 @@
+//! The experiment of seed 001: how long a cluster takes to retire client sessions
+//! that touched every partition. `sessions` sessions each produce one record, as
+//! their request 0, to every one of `partitions` partitions (in topics of at most
+//! 10,000), then all end; the time from the last end to the `FinalizeSession` that
+//! retires them all is measured (a session kept open heartbeats and reads
+//! `retired_through`). A *create* pass writes to partitions just created; a *write*
+//! pass, with new sessions, to the same partitions again. Per pass: the time, the
+//! FinalizeSession ops committed, the peak of copies each member's walk had left to
+//! prove (sampled from `/metrics` every 100 ms) and the copies left as debt.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use braid_client::{Client, ClientError};
+use braid_proto::client::{ErrorCode, TopicSettings};
+use serde::Serialize;
+
+use crate::runner::BenchError;
+
+/// Partitions per topic (the most a topic may have).
+const TOPIC_PARTITIONS: u32 = 10_000;
+/// Produces in flight at once, over all connections.
+const IN_FLIGHT: usize = 512;
+/// Client connections the produces are spread over.
+const CONNECTIONS: usize = 8;
+const STREAM: &str = "bench-retire";
+
+/// What to run.
+#[derive(Debug, Clone, Copy)]
+pub struct RetireRun {
+    /// Partitions in all.
+    pub partitions: u32,
+    /// Sessions per pass.
+    pub sessions: u32,
+}
+
+/// One pass's figures.
+#[derive(Debug, Clone, Serialize)]
+pub struct RetirePass {
+    /// `create` or `write`.
+    pub pass: &'static str,
+    /// Seconds the sessions took to write to every partition.
+    pub produce_secs: f64,
+    /// Seconds from the last session's end to the finalize that retired them all.
+    pub finalize_secs: f64,
+    /// FinalizeSession ops committed in that time.
+    pub finalize_ops: u64,
+    /// Per member: the most copies its walk had left to prove at once.
+    pub peak_unproven: Vec<u64>,
+    /// Copies the walks gave up as debt (summed over the members).
+    pub debt_copies: u64,
+    /// Retirement barriers the members' primaries proposed.
+    pub barriers: u64,
+}
+
+fn client_error(what: &str) -> impl FnOnce(ClientError) -> BenchError + '_ {
+    move |source| BenchError::Client {
+        what: what.to_owned(),
+        source,
+    }
+}
+
+/// One value of a node's `/metrics` (0 if it cannot be read).
+fn metric(http: SocketAddr, name: &str) -> u64 {
+    let read = || -> std::io::Result<String> {
+        let mut stream = TcpStream::connect_timeout(&http, Duration::from_secs(1))?;
+        stream.set_read_timeout(Some(Duration::from_secs(2)))?;
+        stream.write_all(b"GET /metrics HTTP/1.1\r\nHost: braid\r\nConnection: close\r\n\r\n")?;
+        let mut text = String::new();
+        stream.read_to_string(&mut text)?;
+        Ok(text)
+    };
+    read().ok().map_or(0, |text| {
+        text.lines()
+            .find(|line| line.split_whitespace().next() == Some(name))
+            .and_then(|line| line.split_whitespace().nth(1))
+            .and_then(|value| value.parse().ok())
+            .unwrap_or(0)
+    })
+}
+
+fn metric_sum(https: &[SocketAddr], name: &str) -> u64 {
+    https.iter().map(|http| metric(*http, name)).sum()
+}
+
+/// Samples every member's unproven copies until stopped; returns each one's peak.
+struct Sampler {
+    stop: Arc<AtomicBool>,
+    peaks: Arc<Mutex<Vec<u64>>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Sampler {
+    fn start(https: Vec<SocketAddr>) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let peaks = Arc::new(Mutex::new(vec![0; https.len()]));
+        let thread = {
+            let (stop, peaks) = (Arc::clone(&stop), Arc::clone(&peaks));
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    for (i, http) in https.iter().enumerate() {
+                        let now = metric(*http, "braid_retirement_copies_unproven");
+                        if let Ok(mut peaks) = peaks.lock() {
+                            peaks[i] = peaks[i].max(now);
+                        }
+                    }
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+            })
+        };
+        Self {
+            stop,
+            peaks,
+            thread: Some(thread),
+        }
+    }
+
+    fn finish(mut self) -> Vec<u64> {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+        self.peaks.lock().map(|p| p.clone()).unwrap_or_default()
+    }
+}
+
+/// A one-record batch of `session`'s request 0.
+fn tagged(session: u64) -> Vec<u8> {
+    let mut builder = braid_proto::BatchBuilder::new(0);
+    builder.push(None, Some(b"r"), &[], 0);
+    builder.producer(session as i64, -1, 0);
+    builder.finish()
+}
+
+/// Produces `batch` until it is stored (a retry of a session's request is answered
+/// its offsets, never stored twice).
+async fn produce(
+    client: &Client,
+    topic: &str,
+    partition: u32,
+    batch: &[u8],
+) -> Result<(), BenchError> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        match client.produce(STREAM, topic, partition, batch).await {
+            Ok(_) => return Ok(()),
+            Err(err)
+                if Instant::now() < deadline
+                    && matches!(
+                        err.code(),
+                        Some(ErrorCode::Busy | ErrorCode::NotLeader) | None
+                    ) =>
+            {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err(err) => return Err(client_error("a produce")(err)),
+        }
+    }
+}
+
+/// Runs both passes against `target`, whose members serve HTTP at `https`.
+///
+/// # Errors
+/// [`BenchError::Client`] when the cluster refuses a step.
+pub async fn run_retirement(
+    target: &crate::Target,
+    https: &[SocketAddr],
+    run: RetireRun,
+) -> Result<Vec<RetirePass>, BenchError> {
+    let mut clients = Vec::new();
+    for _ in 0..CONNECTIONS {
+        clients.push(target.connect().await.map_err(client_error("connecting"))?);
+    }
+    let admin = clients[0].clone();
+    let _ = admin.create_stream(STREAM).await;
+    let topics = run.partitions.div_ceil(TOPIC_PARTITIONS);
+    let mut partitions = Vec::new();
+    for t in 0..topics {
+        let count = (run.partitions - t * TOPIC_PARTITIONS).min(TOPIC_PARTITIONS);
+        let topic = format!("t{t}");
+        let settings = TopicSettings {
+            partitions: count,
+            ..TopicSettings::default()
+        };
+        admin
+            .create_topic(STREAM, &topic, settings)
+            .await
+            .map_err(client_error("creating a topic"))?;
+        partitions.extend((0..count).map(|p| (topic.clone(), p)));
+    }
+    let partitions = Arc::new(partitions);
+    let keeper = admin
+        .register_session(Duration::from_secs(600))
+        .await
+        .map_err(client_error("registering the session kept open"))?;
+    let mut passes = Vec::new();
+    for pass in ["create", "write"] {
+        let started = Instant::now();
+        let mut sessions = Vec::new();
+        for _ in 0..run.sessions {
+            let session = admin
+                .register_session(Duration::from_secs(600))
+                .await
+                .map_err(client_error("registering a session"))?;
+            sessions.push(session);
+        }
+        let semaphore = Arc::new(tokio::sync::Semaphore::new(IN_FLIGHT));
+        let mut tasks = tokio::task::JoinSet::new();
+        let mut n = 0usize;
+        for session in &sessions {
+            let batch = Arc::new(tagged(*session));
+            for i in 0..partitions.len() {
+                let permit = Arc::clone(&semaphore)
+                    .acquire_owned()
+                    .await
+                    .map_err(|_| BenchError::Retirement("the produce limiter closed".into()))?;
+                let client = clients[n % CONNECTIONS].clone();
+                n += 1;
+                let (batch, partitions) = (Arc::clone(&batch), Arc::clone(&partitions));
+                tasks.spawn(async move {
+                    let (topic, partition) = &partitions[i];
+                    let result = produce(&client, topic, *partition, &batch).await;
+                    drop(permit);
+                    result
+                });
+                while let Some(done) = tasks.try_join_next() {
+                    done.map_err(|e| BenchError::Retirement(e.to_string()))??;
+                }
+            }
+        }
+        while let Some(done) = tasks.join_next().await {
+            done.map_err(|e| BenchError::Retirement(e.to_string()))??;
+        }
+        let produce_secs = started.elapsed().as_secs_f64();
+        let finalizes = metric_sum(https, "braid_sessions_finalize_ops_total");
+        let debt = metric_sum(https, "braid_retirement_debt_copies_total");
+        let barriers = metric_sum(https, "braid_retirement_barriers_total");
+        let sampler = Sampler::start(https.to_vec());
+        for session in &sessions {
+            admin
+                .end_session(*session)
+                .await
+                .map_err(client_error("ending a session"))?;
+        }
+        let ended = Instant::now();
+        // Registered after the ends: the op before its id is the last end.
+        let probe = admin
+            .register_session(Duration::from_secs(600))
+            .await
+            .map_err(client_error("registering a probe"))?;
+        loop {
+            let retired = admin
+                .session_heartbeat(keeper)
+                .await
+                .map_err(client_error("a heartbeat"))?;
+            if retired >= probe - 1 {
+                break;
+            }
+            if ended.elapsed() > Duration::from_secs(1_800) {
+                return Err(BenchError::Retirement(format!(
+                    "the sessions were not retired in 30 minutes (through op {retired})"
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let finalize_secs = ended.elapsed().as_secs_f64();
+        let peak_unproven = sampler.finish();
+        let _ = admin.end_session(probe).await;
+        passes.push(RetirePass {
+            pass,
+            produce_secs,
+            finalize_secs,
+            finalize_ops: metric_sum(https, "braid_sessions_finalize_ops_total") - finalizes,
+            peak_unproven,
+            debt_copies: metric_sum(https, "braid_retirement_debt_copies_total") - debt,
+            barriers: metric_sum(https, "braid_retirement_barriers_total") - barriers,
+        });
+    }
+    Ok(passes)
+}
