@@ -9,12 +9,16 @@
 //! from when it took over; a session is never ended sooner than its timeout after
 //! the last heartbeat any coordinator could have taken.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 use crate::metadata::ClientSession;
 
-/// How often the open sessions are walked for expiry.
+/// How often the deadlines due are looked at.
 const CHECK_EVERY_MS: u64 = 100;
+/// How often every open session is looked at, to watch one this coordinator has not
+/// heard from (the first look of a view gives each a whole timeout). Between these,
+/// a check costs the sessions due, not the sessions open.
+const SWEEP_EVERY_MS: u64 = 10_000;
 
 /// Deadlines of the open sessions this coordinator watches.
 #[derive(Debug, Default)]
@@ -23,9 +27,12 @@ pub(crate) struct Liveness {
     view: u64,
     /// Session -> the time it ends unless heard from again.
     deadlines: HashMap<u64, u64>,
+    /// The same, ordered by deadline: a check takes the ones due off the front.
+    by_deadline: BTreeSet<(u64, u64)>,
     /// Sessions whose end was proposed and not yet seen applied.
     ending: HashSet<u64>,
     next_check: u64,
+    next_sweep: u64,
 }
 
 impl Liveness {
@@ -39,16 +46,23 @@ impl Liveness {
         }
     }
 
+    fn watch(&mut self, session: u64, deadline: u64) {
+        if let Some(before) = self.deadlines.insert(session, deadline) {
+            self.by_deadline.remove(&(before, session));
+        }
+        self.by_deadline.insert((deadline, session));
+    }
+
     /// `session` (open, with `timeout_ms`) was heard from at `now`: registered, or a
     /// heartbeat.
     pub(crate) fn heard(&mut self, session: u64, timeout_ms: u32, now: u64) {
-        self.deadlines
-            .insert(session, now.saturating_add(u64::from(timeout_ms)));
+        self.watch(session, now.saturating_add(u64::from(timeout_ms)));
     }
 
     /// The open sessions of `sessions` that missed their timeout by `now`, each
     /// returned once (its end is being proposed); a session first seen here gets a
-    /// whole timeout from `now`. Ended and retired sessions are forgotten.
+    /// whole timeout from `now`. Ended and retired sessions are forgotten when their
+    /// deadline comes (or at the next sweep).
     pub(crate) fn expired(
         &mut self,
         sessions: &BTreeMap<u64, ClientSession>,
@@ -58,22 +72,32 @@ impl Liveness {
             return Vec::new();
         }
         self.next_check = now + CHECK_EVERY_MS;
-        self.deadlines
-            .retain(|id, _| sessions.get(id).is_some_and(|s| s.ended_at.is_none()));
-        self.ending
-            .retain(|id| sessions.get(id).is_some_and(|s| s.ended_at.is_none()));
-        let mut expired = Vec::new();
-        for (id, session) in sessions {
-            if session.ended_at.is_some() || self.ending.contains(id) {
-                continue;
+        let open = |id: &u64| sessions.get(id).is_some_and(|s| s.ended_at.is_none());
+        if now >= self.next_sweep {
+            self.next_sweep = now + SWEEP_EVERY_MS;
+            self.ending.retain(open);
+            let unwatched: Vec<(u64, u32)> = sessions
+                .iter()
+                .filter(|(id, s)| {
+                    s.ended_at.is_none()
+                        && !self.deadlines.contains_key(id)
+                        && !self.ending.contains(id)
+                })
+                .map(|(id, s)| (*id, s.timeout_ms))
+                .collect();
+            for (id, timeout_ms) in unwatched {
+                self.heard(id, timeout_ms, now);
             }
-            let deadline = *self
-                .deadlines
-                .entry(*id)
-                .or_insert_with(|| now.saturating_add(u64::from(session.timeout_ms)));
-            if deadline <= now {
-                self.ending.insert(*id);
-                expired.push(*id);
+        }
+        let mut expired = Vec::new();
+        while let Some(&(deadline, id)) = self.by_deadline.first() {
+            if deadline > now {
+                break;
+            }
+            self.by_deadline.pop_first();
+            self.deadlines.remove(&id);
+            if open(&id) && self.ending.insert(id) {
+                expired.push(id);
             }
         }
         expired
@@ -82,6 +106,7 @@ impl Liveness {
     /// An end proposed for `session` failed: it is proposed again at its next check.
     pub(crate) fn end_failed(&mut self, session: u64) {
         self.ending.remove(&session);
+        self.watch(session, 0);
     }
 }
 
@@ -159,5 +184,44 @@ mod tests {
             "checked at 950: next at 1,050"
         );
         assert_eq!(liveness.expired(&sessions, 1_050), vec![3]);
+    }
+
+    /// A check walks the deadlines due, not every session: ended sessions drop off
+    /// when their deadline comes, and one the coordinator never heard from is found
+    /// by the next sweep and given a whole timeout.
+    #[test]
+    fn a_check_costs_the_deadlines_due_and_a_sweep_finds_the_unwatched() {
+        let mut sessions: BTreeMap<u64, ClientSession> =
+            (1..=1_000).map(|id| (id, open(60_000))).collect();
+        let mut liveness = Liveness::default();
+        liveness.enter_view(1);
+        assert!(liveness.expired(&sessions, 0).is_empty(), "the first sweep");
+        assert_eq!(liveness.by_deadline.len(), 1_000);
+        for id in 2..=1_000 {
+            liveness.heard(id, 60_000, 30_000);
+        }
+        sessions.insert(1_001, open(1_000));
+        if let Some(ended) = sessions.get_mut(&500) {
+            ended.ended_at = Some(1_002);
+        }
+        assert_eq!(
+            liveness.expired(&sessions, 60_000),
+            vec![1],
+            "only 1 was due"
+        );
+        assert_eq!(
+            liveness.expired(&sessions, 61_000),
+            vec![1_001],
+            "unwatched until the sweep at 10 s, then a whole timeout"
+        );
+        assert!(liveness.expired(&sessions, 89_000).is_empty());
+        let due = liveness.expired(&sessions, 90_000);
+        assert_eq!(
+            due.len(),
+            998,
+            "every open one heard at 30 s, not the ended 500"
+        );
+        assert!(!due.contains(&500));
+        assert!(liveness.deadlines.is_empty() && liveness.by_deadline.is_empty());
     }
 }
