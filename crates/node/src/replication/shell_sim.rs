@@ -858,6 +858,7 @@ impl Run {
                 self.outcome.streams_acknowledged = self.proposals.acknowledged;
                 self.outcome.streams_stored = streams as u64;
                 self.outcome.sessions_registered = self.proposals.sessions.len() as u64;
+                self.outcome.finalizes_acknowledged = self.proposals.finalizes;
                 return Ok(self.outcome);
             }
         }

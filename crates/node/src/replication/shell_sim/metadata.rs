@@ -3,10 +3,12 @@
 //! and states table in `metadata/`), opened as [`crate::node`] opens it: the data
 //! directory's identity claimed, what it lost found by [`identity::check_intact`], the
 //! identity marked initialized after the open. A client proposes streams through any
-//! member, and now and then registers a client session; every acknowledged stream and
-//! session must be in every member's metadata at the end (each session under the id
-//! it was answered, no id answered twice), and members that applied the same ops
-//! must hold the same metadata at every check.
+//! member, and now and then registers a client session, ends one, reports a walk
+//! retiring ended sessions or finalizes them (the ops of retirement, through view
+//! changes); every acknowledged stream and session must be in every member's metadata
+//! at the end (each session under the id it was answered, no id answered twice; an
+//! ended one ended, or retired through an acknowledged finalize), and members that
+//! applied the same ops must hold the same metadata at every check.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -20,6 +22,9 @@ use crate::replication::meta_group::{MetaGroup, MetaOpening, Turn};
 const PROPOSE_PERCENT: u64 = 3;
 /// Chance, in percent, that a proposal registers a client session instead.
 const REGISTER_PERCENT: u64 = 20;
+/// Chance, in percent, that a proposal is one of retirement's instead: an end of a
+/// registered session, a member's report of a walk, or the finalize that is due.
+const RETIRE_PERCENT: u64 = 30;
 const SESSION_TIMEOUT_MS: u32 = 10_000;
 
 /// The cluster name the members' identities carry.
@@ -37,6 +42,17 @@ pub(super) struct Proposals {
     registers: BTreeSet<u64>,
     /// Session id -> the proposal whose register was answered with it.
     pub(super) sessions: BTreeMap<u64, u64>,
+    /// Proposals of retirement's ops: an end (of the session named), a report, a
+    /// finalize (through the op named).
+    retiring: BTreeMap<u64, Retiring>,
+    /// Sessions an end was proposed for (it may commit unanswered).
+    end_proposed: BTreeSet<u64>,
+    /// Sessions whose end was acknowledged.
+    ended: BTreeSet<u64>,
+    /// The highest op a finalize was acknowledged through.
+    finalized: u64,
+    /// Finalizes acknowledged.
+    pub(super) finalizes: u64,
     pub(super) acknowledged: u64,
     pub(super) refused: u64,
 }
@@ -50,6 +66,14 @@ impl Proposals {
     pub(super) fn settled(&self) -> bool {
         self.waiting.is_empty()
     }
+}
+
+/// A proposal of retirement's ops.
+#[derive(Debug, Clone, Copy)]
+enum Retiring {
+    End(u64),
+    Report,
+    Finalize(u64),
 }
 
 fn stream_name(n: u64) -> String {
@@ -84,6 +108,44 @@ pub(super) fn open(
     Ok(group)
 }
 
+/// One of retirement's ops for member `m` to propose, drawn by `kind`: the end of an
+/// answered session (`pick` chooses), `m`'s report of a walk through the newest end in
+/// its metadata, or the finalize its metadata says is due; `None` if there is none.
+fn retire_op(
+    state: &Metadata,
+    m: u8,
+    members: u8,
+    kind: u64,
+    pick: u64,
+    sessions: &BTreeMap<u64, u64>,
+) -> Option<(MetaOp, Retiring)> {
+    match kind {
+        0 => {
+            let ids: Vec<u64> = sessions.keys().copied().collect();
+            let session = *ids.get((pick % ids.len().max(1) as u64) as usize)?;
+            let end = MetaOp::EndSession(op::EndSession { session });
+            Some((end, Retiring::End(session)))
+        }
+        1 => {
+            let watermark = state.sessions.values().filter_map(|s| s.ended_at).max()?;
+            let report = MetaOp::ReportRetirement(op::ReportRetirement {
+                node: m,
+                watermark,
+                debt: Vec::new(),
+            });
+            Some((report, Retiring::Report))
+        }
+        _ => {
+            let finalize = state.retirement.due(0..members)?;
+            let through = finalize.retired_through;
+            Some((
+                MetaOp::FinalizeSession(finalize),
+                Retiring::Finalize(through),
+            ))
+        }
+    }
+}
+
 impl Run {
     /// Member `m`'s metadata group, if it is up.
     fn meta_mut(&mut self, m: u8) -> Option<&mut MetaGroup<u64>> {
@@ -100,6 +162,20 @@ impl Run {
                 self.fail(format!(
                     "proposal {token}, taken by member {took}, answered by member {m}"
                 ));
+            }
+            if let Some(retiring) = self.proposals.retiring.remove(&token) {
+                match (retiring, outcome) {
+                    (Retiring::End(session), Ok(_)) => {
+                        self.proposals.ended.insert(session);
+                    }
+                    (Retiring::Finalize(through), Ok(_)) => {
+                        self.proposals.finalizes += 1;
+                        self.proposals.finalized = self.proposals.finalized.max(through);
+                    }
+                    (Retiring::Report, Ok(_)) => {}
+                    (_, Err(_)) => self.proposals.refused += 1,
+                }
+                continue;
             }
             match outcome {
                 Ok(session) if self.proposals.registers.contains(&token) => {
@@ -134,9 +210,36 @@ impl Run {
         let m = self.prng.below(u64::from(self.member_count())) as u8;
         let token = self.proposals.next;
         let register = self.session_draws.chance(REGISTER_PERCENT);
-        let Some(group) = self.meta_mut(m) else {
+        let retiring = !register && self.session_draws.chance(RETIRE_PERCENT);
+        let kind = self.session_draws.below(3);
+        let pick = self.session_draws.below(u64::MAX);
+        let members = self.member_count();
+        let Some(group) = self.members[usize::from(m)].meta.as_mut() else {
             return;
         };
+        let retire = if retiring {
+            retire_op(
+                group.state(),
+                m,
+                members,
+                kind,
+                pick,
+                &self.proposals.sessions,
+            )
+        } else {
+            None
+        };
+        if let Some((op, what)) = retire {
+            let turn = group.propose(op, token);
+            self.proposals.next += 1;
+            if let Retiring::End(session) = what {
+                self.proposals.end_proposed.insert(session);
+            }
+            self.proposals.retiring.insert(token, what);
+            self.proposals.waiting.insert(token, m);
+            self.take_meta_turn(m, turn);
+            return;
+        }
         let op = if register {
             MetaOp::RegisterSession(op::RegisterSession {
                 timeout_ms: SESSION_TIMEOUT_MS,
@@ -229,15 +332,38 @@ impl Run {
                 "the acknowledged creation of {lost} is in no member's metadata"
             ));
         }
-        if let Some(lost) = self.proposals.sessions.keys().find(|id| {
-            first
-                .sessions
-                .get(id)
-                .is_none_or(|s| s.timeout_ms != SESSION_TIMEOUT_MS || s.ended_at.is_some())
-        }) {
+        let retired_through = first.retirement.retired_through;
+        if retired_through < self.proposals.finalized {
             return Err(format!(
-                "session {lost}, registered and answered, is not open in the members' metadata"
+                "a finalize through op {} was acknowledged; the metadata retired through {}",
+                self.proposals.finalized, retired_through
             ));
+        }
+        for id in self.proposals.sessions.keys() {
+            let ending = self.proposals.end_proposed.contains(id);
+            let fine = match first.sessions.get(id) {
+                // Retired: ended (at an op past its id) at or below what is retired.
+                None => ending && retired_through > *id,
+                Some(s) if s.timeout_ms != SESSION_TIMEOUT_MS => false,
+                Some(s) => match s.ended_at {
+                    Some(end) => ending && end > retired_through,
+                    None => !self.proposals.ended.contains(id),
+                },
+            };
+            if !fine {
+                return Err(format!(
+                    "session {id}, registered and answered ({}), stands in the members' \
+                     metadata as {:?} (retired through {retired_through})",
+                    if self.proposals.ended.contains(id) {
+                        "its end acknowledged"
+                    } else if ending {
+                        "an end proposed"
+                    } else {
+                        "never ended"
+                    },
+                    first.sessions.get(id)
+                ));
+            }
         }
         Ok(first.streams.len())
     }

@@ -41,6 +41,8 @@ pub(crate) struct Outcome {
     pub(crate) sessions_retired: u64,
     /// Retirement barriers queued on a primary.
     pub(crate) barriers_queued: u64,
+    /// FinalizeSession ops the metadata client had acknowledged.
+    pub(crate) finalizes_acknowledged: u64,
 }
 
 impl Outcome {
@@ -70,6 +72,7 @@ impl Outcome {
             sessions_registered,
             sessions_retired,
             barriers_queued,
+            finalizes_acknowledged,
         } = other;
         self.records_acknowledged += records_acknowledged;
         self.produces_failed += produces_failed;
@@ -94,5 +97,6 @@ impl Outcome {
         self.sessions_registered += sessions_registered;
         self.sessions_retired += sessions_retired;
         self.barriers_queued += barriers_queued;
+        self.finalizes_acknowledged += finalizes_acknowledged;
     }
 }
