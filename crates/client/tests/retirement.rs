@@ -98,3 +98,78 @@ async fn ended_sessions_retire_once_every_member_has_proven_its_copies() {
         assert!(err.to_string().contains("retired"), "{err}");
     }
 }
+
+/// The coordinator stops right after the sessions end (a metadata view change amid
+/// the reports and the finalize): once it is back, the new coordinator finalizes
+/// them, and a batch of more than 128 sessions on one partition takes more than one
+/// barrier there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_of_130_sessions_retires_across_a_coordinator_failover() {
+    let mut members = start_cluster(3, FsyncSetting::Always);
+    let client = Client::connect(members[0].addr()).await.unwrap();
+    common::create_topic(&client, "s", "t", 1).await;
+    let keeper = client
+        .register_session(Duration::from_secs(60))
+        .await
+        .unwrap();
+    let mut sessions = Vec::new();
+    for i in 0..130 {
+        let session = client
+            .register_session(Duration::from_secs(60))
+            .await
+            .unwrap();
+        let mut builder = braid_proto::BatchBuilder::new(0);
+        builder.push(None, Some(format!("v{i}").as_bytes()), &[], 0);
+        builder.producer(session as i64, -1, 0);
+        let batch = builder.finish();
+        // A member that has not applied the register yet answers Busy for a moment.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            match client.produce("s", "t", 0, &batch).await {
+                Ok(_) => break,
+                Err(err) if err.code() == Some(braid_proto::client::ErrorCode::Busy) => {
+                    assert!(Instant::now() < deadline, "{err}");
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+                Err(err) => panic!("{err}"),
+            }
+        }
+        sessions.push(session);
+    }
+    let coordinator = client.cluster_info().await.unwrap().coordinator.unwrap();
+    for session in &sessions {
+        client.end_session(*session).await.unwrap();
+    }
+    let probe = client
+        .register_session(Duration::from_secs(60))
+        .await
+        .unwrap();
+    members[usize::from(coordinator)].stop();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    members[usize::from(coordinator)].start();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let retired = retired_through(&client, keeper).await;
+        if retired >= probe - 1 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "130 sessions not retired in 60 s (through {retired})"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let mut barriers = 0;
+    for member in &members {
+        barriers += common::metric(member.http_addr(), "braid_retirement_barriers_total").await;
+    }
+    assert!(barriers >= 2, "130 sessions need two barriers: {barriers}");
+    let mut builder = braid_proto::BatchBuilder::new(0);
+    builder.push(None, Some(b"late"), &[], 0);
+    builder.producer(sessions[0] as i64, -1, 1);
+    let late = client
+        .produce("s", "t", 0, &builder.finish())
+        .await
+        .unwrap_err();
+    assert!(late.to_string().contains("retired"), "{late}");
+}
