@@ -1,7 +1,7 @@
 //! The experiment of seed 001: how long a cluster takes to retire client sessions
 //! that touched every partition. `sessions` sessions each produce one record, as
 //! their request 0, to every one of `partitions` partitions (in topics of at most
-//! 10,000), then all end; the time from the last end to the `FinalizeSession` that
+//! 1,000), then all end; the time from the last end to the `FinalizeSession` that
 //! retires them all is measured (a session kept open heartbeats and reads
 //! `retired_through`). A *create* pass writes to partitions just created; a *write*
 //! pass, with new sessions, to the same partitions again. Per pass: the time, the
@@ -15,18 +15,19 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use braid_client::{Client, ClientError};
-use braid_proto::client::{ErrorCode, TopicSettings};
+use braid_proto::client::{ErrorCode, TopicSettings, FSYNC_ALWAYS, FSYNC_INTERVAL, FSYNC_NEVER};
 use serde::Serialize;
 
 use crate::runner::BenchError;
 
-/// Partitions per topic (the most a topic may have).
-const TOPIC_PARTITIONS: u32 = 10_000;
+/// Partitions per topic (a node's default `topic_partitions_max`).
+const TOPIC_PARTITIONS: u32 = 1_000;
 /// Produces in flight at once, over all connections.
 const IN_FLIGHT: usize = 512;
 /// Client connections the produces are spread over.
 const CONNECTIONS: usize = 8;
-const STREAM: &str = "bench-retire";
+/// Topics per stream (a node's default `partitions_per_stream_max` is 10,000).
+const TOPICS_PER_STREAM: u32 = 10;
 
 /// What to run.
 #[derive(Debug, Clone, Copy)]
@@ -35,6 +36,8 @@ pub struct RetireRun {
     pub partitions: u32,
     /// Sessions per pass.
     pub sessions: u32,
+    /// The topics' fsync policy.
+    pub fsync: crate::Fsync,
 }
 
 /// One pass's figures.
@@ -139,13 +142,12 @@ fn tagged(session: u64) -> Vec<u8> {
 /// its offsets, never stored twice).
 async fn produce(
     client: &Client,
-    topic: &str,
-    partition: u32,
+    (stream, topic, partition): &(String, String, u32),
     batch: &[u8],
 ) -> Result<(), BenchError> {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        match client.produce(STREAM, topic, partition, batch).await {
+        match client.produce(stream, topic, *partition, batch).await {
             Ok(_) => return Ok(()),
             Err(err)
                 if Instant::now() < deadline
@@ -175,21 +177,39 @@ pub async fn run_retirement(
         clients.push(target.connect().await.map_err(client_error("connecting"))?);
     }
     let admin = clients[0].clone();
-    let _ = admin.create_stream(STREAM).await;
     let topics = run.partitions.div_ceil(TOPIC_PARTITIONS);
     let mut partitions = Vec::new();
     for t in 0..topics {
         let count = (run.partitions - t * TOPIC_PARTITIONS).min(TOPIC_PARTITIONS);
+        let stream = format!("bench-retire-{}", t / TOPICS_PER_STREAM);
+        if t % TOPICS_PER_STREAM == 0 {
+            admin
+                .create_stream(&stream)
+                .await
+                .map_err(client_error("creating a stream"))?;
+        }
         let topic = format!("t{t}");
+        let (fsync, fsync_interval_ms) = match run.fsync {
+            crate::Fsync::Never => (FSYNC_NEVER, 0),
+            crate::Fsync::Always => (FSYNC_ALWAYS, 0),
+            crate::Fsync::IntervalMs(ms) => (FSYNC_INTERVAL, ms),
+        };
         let settings = TopicSettings {
             partitions: count,
+            fsync,
+            fsync_interval_ms,
             ..TopicSettings::default()
         };
         admin
-            .create_topic(STREAM, &topic, settings)
+            .create_topic(&stream, &topic, settings)
             .await
             .map_err(client_error("creating a topic"))?;
-        partitions.extend((0..count).map(|p| (topic.clone(), p)));
+        partitions.extend((0..count).map(|p| (stream.clone(), topic.clone(), p)));
+        eprintln!(
+            "created {} of {} partitions",
+            partitions.len(),
+            run.partitions
+        );
     }
     let partitions = Arc::new(partitions);
     let keeper = admin
@@ -198,6 +218,10 @@ pub async fn run_retirement(
         .map_err(client_error("registering the session kept open"))?;
     let mut passes = Vec::new();
     for pass in ["create", "write"] {
+        eprintln!(
+            "{pass} pass: {} sessions write to every partition",
+            run.sessions
+        );
         let started = Instant::now();
         let mut sessions = Vec::new();
         for _ in 0..run.sessions {
@@ -210,19 +234,21 @@ pub async fn run_retirement(
         let semaphore = Arc::new(tokio::sync::Semaphore::new(IN_FLIGHT));
         let mut tasks = tokio::task::JoinSet::new();
         let mut n = 0usize;
-        for session in &sessions {
-            let batch = Arc::new(tagged(*session));
-            for i in 0..partitions.len() {
+        // Partition by partition, every session's record to each: a partition is busy
+        // for a moment and then idle, so its files go back to sleep (all of them awake
+        // at once would take more descriptors than a process has).
+        let batches: Vec<Arc<Vec<u8>>> = sessions.iter().map(|s| Arc::new(tagged(*s))).collect();
+        for i in 0..partitions.len() {
+            for batch in &batches {
                 let permit = Arc::clone(&semaphore)
                     .acquire_owned()
                     .await
                     .map_err(|_| BenchError::Retirement("the produce limiter closed".into()))?;
                 let client = clients[n % CONNECTIONS].clone();
                 n += 1;
-                let (batch, partitions) = (Arc::clone(&batch), Arc::clone(&partitions));
+                let (batch, partitions) = (Arc::clone(batch), Arc::clone(&partitions));
                 tasks.spawn(async move {
-                    let (topic, partition) = &partitions[i];
-                    let result = produce(&client, topic, *partition, &batch).await;
+                    let result = produce(&client, &partitions[i], &batch).await;
                     drop(permit);
                     result
                 });
@@ -235,6 +261,7 @@ pub async fn run_retirement(
             done.map_err(|e| BenchError::Retirement(e.to_string()))??;
         }
         let produce_secs = started.elapsed().as_secs_f64();
+        eprintln!("{pass} pass: written in {produce_secs:.1} s; the sessions end");
         let finalizes = metric_sum(https, "braid_sessions_finalize_ops_total");
         let debt = metric_sum(https, "braid_retirement_debt_copies_total");
         let barriers = metric_sum(https, "braid_retirement_barriers_total");
@@ -267,6 +294,7 @@ pub async fn run_retirement(
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         let finalize_secs = ended.elapsed().as_secs_f64();
+        eprintln!("{pass} pass: retired {finalize_secs:.2} s after the last end");
         let peak_unproven = sampler.finish();
         let _ = admin.end_session(probe).await;
         passes.push(RetirePass {

@@ -524,10 +524,11 @@ fn retirement(json: Option<Option<PathBuf>>, args: &BenchArgs) -> Result<()> {
     let run = braid_bench::retire::RetireRun {
         partitions: args.partitions.unwrap_or(30_000),
         sessions: args.retire_sessions,
+        fsync: args.fsync.unwrap_or(braid_bench::Fsync::Always),
     };
     eprintln!(
-        "starting {} member(s); {} partitions, {} sessions per pass",
-        args.members, run.partitions, run.sessions
+        "starting {} member(s); {} partitions (fsync {:?}), {} sessions per pass",
+        args.members, run.partitions, run.fsync, run.sessions
     );
     let nodes = EmbeddedNode::start(args.data_dir.as_deref(), args.members)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
