@@ -83,12 +83,15 @@ impl Walk {
     }
 
     /// Looks at every copy not yet proven (`look` says what it is now) at `now_ms`:
-    /// the barriers to propose, one per copy this node leads that holds entries. A
-    /// copy that is proven stays proven (nothing of the batch can come back).
+    /// the barriers to propose, one per copy this node leads that is not proven, at
+    /// most `budget` (a barrier wakes its partition's files: a walk over thousands of
+    /// sleeping partitions proposes them a few at a time, never all at once). A copy
+    /// that is proven stays proven (nothing of the batch can come back).
     pub(crate) fn step(
         &mut self,
         mut look: impl FnMut(PartitionKey) -> CopyState,
         now_ms: u64,
+        budget: usize,
     ) -> Vec<(PartitionKey, Barrier)> {
         if self.debt.is_some() {
             return Vec::new();
@@ -98,6 +101,7 @@ impl Walk {
         let watermark = self.batch.watermark;
         self.unproven.retain(|key| match look(*key) {
             CopyState::Proven => false,
+            CopyState::Holds(_) if barriers.len() >= budget => true,
             CopyState::Holds(sessions) => {
                 let sessions: Vec<u64> = sessions.into_iter().take(BARRIER_SESSIONS_MAX).collect();
                 barriers.push((
@@ -162,7 +166,7 @@ mod tests {
             (1, CopyState::Holds(vec![7, 9])),
             (2, CopyState::Waiting),
         ]);
-        let barriers = walk.step(|k| states[&k.partition].clone(), 10);
+        let barriers = walk.step(|k| states[&k.partition].clone(), 10, 8);
         assert_eq!(
             barriers,
             vec![(
@@ -176,10 +180,10 @@ mod tests {
         assert_eq!(walk.finished(), None);
         states.insert(0, CopyState::Holds(vec![7]));
         states.insert(1, CopyState::Proven);
-        let barriers = walk.step(|k| states[&k.partition].clone(), 1_500);
+        let barriers = walk.step(|k| states[&k.partition].clone(), 1_500, 8);
         assert!(barriers.is_empty(), "a proven copy is not looked at again");
         states.insert(2, CopyState::Proven);
-        walk.step(|k| states[&k.partition].clone(), 3_000);
+        walk.step(|k| states[&k.partition].clone(), 3_000, 8);
         assert_eq!(walk.finished(), Some(&[][..]));
     }
 
@@ -199,14 +203,41 @@ mod tests {
                 CopyState::Waiting
             }
         };
-        let barriers = walk.step(|k| look(k, proven), 0);
+        let barriers = walk.step(|k| look(k, proven), 0, 8);
         assert_eq!(barriers[0].1.sessions.len(), BARRIER_SESSIONS_MAX);
         proven = 1;
-        walk.step(|k| look(k, proven), 1_900);
-        walk.step(|k| look(k, proven), 3_800);
+        walk.step(|k| look(k, proven), 1_900, 8);
+        walk.step(|k| look(k, proven), 3_800, 8);
         assert_eq!(walk.finished(), None, "it proved one 1.9 s ago");
-        walk.step(|k| look(k, proven), 3_900);
+        walk.step(|k| look(k, proven), 3_900, 8);
         assert_eq!(walk.finished(), Some(&[key(1), key(2), key(3)][..]));
-        assert!(walk.step(|k| look(k, proven), 4_000).is_empty());
+        assert!(walk.step(|k| look(k, proven), 4_000, 8).is_empty());
+    }
+
+    /// At most `budget` barriers a look: the others wait for a later one.
+    #[test]
+    fn a_look_proposes_at_most_its_budget_of_barriers() {
+        let mut walk = Walk::start(batch(40, &[7]), (0..10).map(key), 0);
+        let barriers = walk.step(|_| CopyState::Holds(vec![7]), 0, 3);
+        assert_eq!(barriers.len(), 3);
+        assert_eq!(walk.unproven(), 10);
+        let barriers = walk.step(
+            |k| {
+                if k.partition < 3 {
+                    CopyState::Proven
+                } else {
+                    CopyState::Holds(vec![7])
+                }
+            },
+            50,
+            3,
+        );
+        assert_eq!(
+            barriers
+                .iter()
+                .map(|(k, _)| k.partition)
+                .collect::<Vec<_>>(),
+            [3, 4, 5]
+        );
     }
 }

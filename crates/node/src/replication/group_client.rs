@@ -148,11 +148,16 @@ impl<T> GroupClient<T> {
     /// Queues a retirement barrier, unless one is queued or in flight (the walk
     /// looks again once it is applied). Returns whether it was queued.
     pub(crate) fn retire(&mut self, barrier: Barrier) -> bool {
-        if self.barrier.is_some() || self.in_flight.values().any(|f| f.token.is_none()) {
+        if self.has_barrier() {
             return false;
         }
         self.barrier = Some(barrier);
         true
+    }
+
+    /// Whether a barrier is queued or in flight.
+    pub(crate) fn has_barrier(&self) -> bool {
+        self.barrier.is_some() || self.in_flight.values().any(|f| f.token.is_none())
     }
 
     /// Whether produces (or a barrier) wait to be handed to the replica.

@@ -21,6 +21,12 @@ pub(super) struct ShardWalk {
 }
 
 impl Shard {
+    /// Barriers a shard's walk keeps waiting at once: each wakes its partition's
+    /// files, so half the files the shard keeps open.
+    fn barrier_budget(&self) -> usize {
+        (self.shared.config.open_logs_per_shard / 2).max(1)
+    }
+
     /// Starts a walk of `batch` over this shard's copies; `done` gets its debt.
     pub(super) fn start_walk(
         &mut self,
@@ -38,14 +44,18 @@ impl Shard {
     pub(super) fn step_retirement(&mut self, now_ms: u64) {
         let layout = Arc::clone(&self.layout.borrow());
         self.groups.catch_up(layout.debts(), |s| layout.is_open(s));
+        let budget = self.barrier_budget();
         if let Some(shard_walk) = self.walk.as_mut() {
             let batch = Arc::clone(shard_walk.walk.batch());
             let groups = &self.groups;
             let retires = |s: u64| batch.sessions.contains(&s) || layout.is_retired(s);
             let watermark = batch.watermark;
-            let barriers = shard_walk
-                .walk
-                .step(|key| groups.copy_state(key, watermark, retires), now_ms);
+            let budget = budget.saturating_sub(groups.barriers_waiting());
+            let barriers = shard_walk.walk.step(
+                |key| groups.copy_state(key, watermark, retires),
+                now_ms,
+                budget,
+            );
             let mut proposed = 0;
             for (key, barrier) in barriers {
                 proposed += u64::from(self.groups.retire(key, barrier));

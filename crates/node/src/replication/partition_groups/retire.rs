@@ -47,6 +47,11 @@ impl PartitionGroups {
         }
     }
 
+    /// Groups with a barrier queued or in flight.
+    pub(crate) fn barriers_waiting(&self) -> usize {
+        self.clients.values().filter(|c| c.has_barrier()).count()
+    }
+
     /// Queues `barrier` for `key`'s group, which this node leads; nothing if one is
     /// queued or in flight already. Returns whether it was queued.
     pub(crate) fn retire(&mut self, key: PartitionKey, barrier: Barrier) -> bool {
