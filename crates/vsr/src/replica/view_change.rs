@@ -99,12 +99,18 @@ impl<S: StateMachine> Replica<S> {
     }
 
     /// A StartView counts only from the primary of its view, for a view newer than this
-    /// replica's or the one it is still changing to.
-    fn ignore_start_view(&self, view: u64, from: ReplicaId) -> bool {
+    /// replica's or the one it is still changing to, and only with a log that reaches
+    /// what this replica has applied: one whose log ends below that is an old copy (a
+    /// view's log only grows, and holds every op committed before it), and installing
+    /// it cut the journal under the applied op (the simulator's seed 2542488: a
+    /// replica restarted from its checkpoint at op 512 took a delayed StartView of its
+    /// own view at op 505 and broke the anchor invariant).
+    fn ignore_start_view(&self, view: u64, op: u64, from: ReplicaId) -> bool {
         view < self.view
             || from != self.primary_of(view)
             || from == self.config.replica
             || (view == self.view && self.status() == Status::Normal)
+            || op < self.commit_min
     }
 
     /// A DoViewChange counts only at the primary of its view, for a view not older
@@ -670,7 +676,7 @@ impl<S: StateMachine> Replica<S> {
         from: ReplicaId,
         out: &mut Vec<Output>,
     ) {
-        if self.ignore_start_view(view, from) {
+        if self.ignore_start_view(view, op, from) {
             return;
         }
         self.view = view;
