@@ -43,7 +43,7 @@ impl Shard {
     /// and brings the partitions that owe a retirement up to it.
     pub(super) fn step_retirement(&mut self, now_ms: u64) {
         let layout = Arc::clone(&self.layout.borrow());
-        self.groups.catch_up(layout.debts(), |s| layout.is_open(s));
+        let mut proposed = self.groups.catch_up(layout.debts(), |s| layout.is_open(s));
         let budget = self.barrier_budget();
         if let Some(shard_walk) = self.walk.as_mut() {
             let batch = Arc::clone(shard_walk.walk.batch());
@@ -56,12 +56,10 @@ impl Shard {
                 now_ms,
                 budget,
             );
-            let mut proposed = 0;
             for (key, barrier) in barriers {
                 proposed += u64::from(self.groups.retire(key, barrier));
             }
             let unproven = shard_walk.walk.unproven() as u64;
-            crate::metrics::add(&self.metrics().retirement_barriers, proposed);
             self.metrics()
                 .retirement_unproven
                 .store(unproven, std::sync::atomic::Ordering::Relaxed);
@@ -73,7 +71,10 @@ impl Shard {
                 }
             }
         }
-        let moved = self.groups.flush();
-        self.apply_moved(moved);
+        if proposed > 0 {
+            crate::metrics::add(&self.metrics().retirement_barriers, proposed);
+            let moved = self.groups.flush();
+            self.apply_moved(moved);
+        }
     }
 }

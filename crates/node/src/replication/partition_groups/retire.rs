@@ -65,12 +65,12 @@ impl PartitionGroups {
 
     /// Brings partitions that owe a retirement up to it: each one this node leads
     /// whose frontier is below what it owes gets a barrier naming the sessions whose
-    /// entries it holds and that are not open (`open`).
+    /// entries it holds and that are not open (`open`). Returns the barriers queued.
     pub(crate) fn catch_up(
         &mut self,
         debts: impl Iterator<Item = (PartitionKey, u64)>,
         open: impl Fn(u64) -> bool,
-    ) {
+    ) -> u64 {
         let mut barriers = Vec::new();
         for (key, owed) in debts {
             let Some(replica) = self.host.replica(group_of(key)) else {
@@ -93,8 +93,9 @@ impl PartitionGroups {
                 },
             ));
         }
-        for (key, barrier) in barriers {
-            self.retire(key, barrier);
-        }
+        barriers
+            .into_iter()
+            .map(|(key, barrier)| u64::from(self.retire(key, barrier)))
+            .sum()
     }
 }
