@@ -48,6 +48,37 @@ async fn retired_through(client: &Client, keeper: u64) -> u64 {
     }
 }
 
+/// Waits (60 s at most) until `session`, the last of those ended, is retired (its
+/// heartbeat finds it gone, not ended), and with it every one ended before it;
+/// `keeper`'s heartbeat then says retired through an op past its id.
+async fn until_retired(client: &Client, keeper: u64, session: u64) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        match client.session_heartbeat(session).await {
+            Err(err) if err.to_string().contains("does not exist") => break,
+            Err(err) if err.code() == Some(braid_proto::client::ErrorCode::SessionNotFound) => {}
+            // A coordinator being chosen: asked again.
+            Err(_) | Ok(_) => {}
+        }
+        assert!(
+            Instant::now() < deadline,
+            "session {session} not retired in 60 s"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let retired = retired_through(client, keeper).await;
+    assert!(retired > session, "retired through {retired}");
+}
+
+/// Retirement barriers the members' primaries proposed, in all.
+async fn barriers(members: &[common::Member]) -> u64 {
+    let mut barriers = 0;
+    for member in members {
+        barriers += common::metric(member.http_addr(), "braid_retirement_barriers_total").await;
+    }
+    barriers
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ended_sessions_retire_once_every_member_has_proven_its_copies() {
     let mut members = start_cluster(3, FsyncSetting::Always);
@@ -60,12 +91,6 @@ async fn ended_sessions_retire_once_every_member_has_proven_its_copies() {
     let first = write_everywhere(&client).await;
     members[2].stop();
     let second = write_everywhere(&client).await;
-    // The producers ended their sessions when dropped; a register after that is
-    // past both ends.
-    let probe = client
-        .register_session(Duration::from_secs(60))
-        .await
-        .unwrap();
     tokio::time::sleep(Duration::from_secs(4)).await;
     assert_eq!(
         retired_through(&client, keeper).await,
@@ -73,22 +98,9 @@ async fn ended_sessions_retire_once_every_member_has_proven_its_copies() {
         "member 2 is down: its copies are unproven, nothing is retired"
     );
     members[2].start();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let retired = retired_through(&client, keeper).await;
-        if retired >= probe - 1 {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "sessions {first} and {second} not retired in 60 s (through {retired})"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    let mut barriers = 0;
-    for member in &members {
-        barriers += common::metric(member.http_addr(), "braid_retirement_barriers_total").await;
-    }
+    // The producers ended their sessions when dropped, the second last.
+    until_retired(&client, keeper, second).await;
+    let barriers = barriers(&members).await;
     assert!(
         barriers >= u64::from(PARTITIONS),
         "every partition took a barrier: {barriers}"
@@ -140,29 +152,11 @@ async fn a_batch_of_130_sessions_retires_across_a_coordinator_failover() {
     for session in &sessions {
         client.end_session(*session).await.unwrap();
     }
-    let probe = client
-        .register_session(Duration::from_secs(60))
-        .await
-        .unwrap();
     members[usize::from(coordinator)].stop();
     tokio::time::sleep(Duration::from_secs(1)).await;
     members[usize::from(coordinator)].start();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let retired = retired_through(&client, keeper).await;
-        if retired >= probe - 1 {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "130 sessions not retired in 60 s (through {retired})"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    let mut barriers = 0;
-    for member in &members {
-        barriers += common::metric(member.http_addr(), "braid_retirement_barriers_total").await;
-    }
+    until_retired(&client, keeper, *sessions.last().unwrap()).await;
+    let barriers = barriers(&members).await;
     assert!(barriers >= 2, "130 sessions need two barriers: {barriers}");
     let mut builder = braid_proto::BatchBuilder::new(0);
     builder.push(None, Some(b"late"), &[], 0);
