@@ -412,6 +412,20 @@ impl Layout {
         self.streams.get(stream)?.get(topic)
     }
 
+    /// The partitions created by a metadata op above `op`: no client session ended at
+    /// or below it ever reached them (its requests were checked against a layout that
+    /// knew of its end before it knew of them), so a retirement walk skips them.
+    pub(crate) fn created_above(&self, op: u64) -> HashSet<PartitionKey> {
+        self.partitions()
+            .filter(|(key, topic)| {
+                topic
+                    .partition(key.partition)
+                    .is_some_and(|p| p.created_op > op)
+            })
+            .map(|(key, _)| key)
+            .collect()
+    }
+
     /// Every partition key of the layout with its topic.
     pub(crate) fn partitions(&self) -> impl Iterator<Item = (PartitionKey, &Arc<TopicRoute>)> {
         self.streams
@@ -471,5 +485,39 @@ mod tests {
                 prop_assert_eq!(&layout, &whole);
             }
         }
+    }
+
+    /// A retirement walk skips the partitions created above its watermark, and only
+    /// those: a topic's partitions keep the op that created them.
+    #[test]
+    fn partitions_created_above_an_op_are_the_later_topics() {
+        use crate::metadata::{op as meta_op, MetaOp};
+        let topic = |name: &str, partitions| {
+            MetaOp::CreateTopic(meta_op::CreateTopic {
+                stream: "s".into(),
+                name: name.into(),
+                settings: TopicSettings {
+                    partitions,
+                    ..TopicSettings::default()
+                },
+            })
+        };
+        let mut meta = Metadata::default();
+        let ops = [
+            MetaOp::CreateStream(meta_op::CreateStream { name: "s".into() }),
+            topic("early", 2),
+            topic("late", 3),
+        ];
+        for (at, op) in ops.iter().enumerate() {
+            meta.begin_op(at as u64 + 10);
+            meta.apply(op).unwrap();
+        }
+        let layout = Layout::from_metadata(&meta);
+        let late = layout.topic("s", "late").unwrap().id;
+        let above = layout.created_above(11);
+        assert_eq!(above.len(), 3);
+        assert!(above.iter().all(|key| key.topic_id == late));
+        assert_eq!(layout.created_above(12), HashSet::new());
+        assert_eq!(layout.created_above(10).len(), 5);
     }
 }

@@ -34,6 +34,10 @@ pub struct PartitionMeta {
     pub parents: Vec<u32>,
     /// No more appends.
     pub sealed: bool,
+    /// The metadata op that created it (0 in metadata written before it was kept):
+    /// no client session that ended at or below it can reach it, so the retirement of
+    /// ended sessions skips it (`docs/architecture.md`).
+    pub created_op: u64,
 }
 
 /// A topic.
@@ -381,6 +385,58 @@ impl Metadata {
         sessions::encode(self.applied_op, &self.sessions, out);
         // Retirement came after sessions; a snapshot without it retired nothing.
         self.retirement.encode(out);
+        // Create ops came after retirement; a snapshot without them has 0 for each.
+        self.encode_created(out);
+    }
+
+    /// The partitions' create ops: `count: u32`, then `topic_id: u32, partition:
+    /// u32, created_op: u64` for each partition whose op is not 0.
+    fn encode_created(&self, out: &mut Vec<u8>) {
+        let created: Vec<(u32, u32, u64)> = self
+            .streams
+            .values()
+            .flat_map(|s| s.topics.values())
+            .flat_map(|t| {
+                t.partitions
+                    .iter()
+                    .filter(|p| p.created_op != 0)
+                    .map(|p| (t.id, p.id, p.created_op))
+            })
+            .collect();
+        out.put_u32_be(created.len() as u32);
+        for (topic, partition, op) in created {
+            out.put_u32_be(topic);
+            out.put_u32_be(partition);
+            out.put_u64_be(op);
+        }
+    }
+
+    fn decode_created(&mut self, r: &mut WireReader<'_>) -> Result<(), WireError> {
+        let mut partitions: BTreeMap<(u32, u32), &mut PartitionMeta> = self
+            .streams
+            .values_mut()
+            .flat_map(|s| s.topics.values_mut())
+            .flat_map(|t| {
+                let topic = t.id;
+                t.partitions.iter_mut().map(move |p| ((topic, p.id), p))
+            })
+            .collect();
+        for _ in 0..r.count("created", 16)? {
+            let at = r.position();
+            let key = (r.u32("topic_id")?, r.u32("partition")?);
+            let op = r.u64("created_op")?;
+            match partitions.get_mut(&key) {
+                Some(partition) => partition.created_op = op,
+                None => {
+                    return Err(WireError::BadValue {
+                        at,
+                        field: "created_op's partition",
+                        value: u64::from(key.0) << 32 | u64::from(key.1),
+                    })
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Decodes a state written by [`Metadata::encode`].
@@ -424,6 +480,7 @@ impl Metadata {
                         hash_end,
                         parents,
                         sealed: r.bool("sealed")?,
+                        created_op: 0,
                     });
                 }
                 stream.topics.insert(
@@ -466,6 +523,9 @@ impl Metadata {
         }
         if r.remaining() > 0 {
             meta.retirement = Retirement::decode(&mut r)?;
+        }
+        if r.remaining() > 0 {
+            meta.decode_created(&mut r)?;
         }
         r.finish()?;
         Ok(meta)

@@ -314,6 +314,7 @@ impl Change for CreateTopic {
                 hash_end,
                 parents: Vec::new(),
                 sealed: false,
+                created_op: meta.applied_op,
             })
             .collect();
         let topic = TopicMeta {

@@ -9,7 +9,7 @@ fn settings(partitions: u32) -> TopicSettings {
 
 #[test]
 fn ops_apply_replay_and_round_trip() {
-    let ops = vec![
+    let ops = [
         MetaOp::CreateStream(op::CreateStream { name: "s".into() }),
         MetaOp::CreateTopic(op::CreateTopic {
             stream: "s".into(),
@@ -33,7 +33,8 @@ fn ops_apply_replay_and_round_trip() {
         }),
     ];
     let mut meta = Metadata::default();
-    for op in &ops {
+    for (at, op) in ops.iter().enumerate() {
+        meta.begin_op(at as u64 + 1);
         meta.apply(op).unwrap();
         let mut bytes = Vec::new();
         op.encode(&mut bytes);
@@ -41,6 +42,10 @@ fn ops_apply_replay_and_round_trip() {
     }
     let topic = meta.topic("s", "t").unwrap();
     assert_eq!(topic.partitions.len(), 4);
+    assert!(
+        topic.partitions.iter().all(|p| p.created_op == 2),
+        "each partition keeps the op that created it"
+    );
     assert_eq!(topic.partitions[3].hash_end, 0xffff);
     assert_eq!(meta.stream("s").unwrap().groups["g"].offsets[&3], 7);
     let mut bytes = Vec::new();
@@ -96,6 +101,9 @@ fn users_and_grants_apply_round_trip_and_follow_their_stream() {
     old.apply(&ops[0]).unwrap();
     let mut bytes = Vec::new();
     old.encode(&mut bytes);
+    // Without create ops (a count of none): written before they were kept.
+    bytes.truncate(bytes.len() - 4);
+    assert_eq!(Metadata::decode(&bytes).unwrap(), old);
     // Without retirement (retired through, no reports, no debts): written before it.
     bytes.truncate(bytes.len() - 16);
     assert_eq!(Metadata::decode(&bytes).unwrap(), old);

@@ -34,7 +34,20 @@ impl Shard {
         done: oneshot::Sender<Vec<PartitionKey>>,
         now_ms: u64,
     ) {
-        let walk = Walk::start(batch, self.groups.copies(), now_ms);
+        let skipped = self.layout.borrow().created_above(batch.watermark);
+        let copies = self.groups.copies();
+        let listed = copies.len();
+        let copies: Vec<PartitionKey> = copies
+            .into_iter()
+            .filter(|key| !skipped.contains(key))
+            .collect();
+        tracing::debug!(
+            watermark = batch.watermark,
+            listed,
+            skipped = listed - copies.len(),
+            "retirement walk starts"
+        );
+        let walk = Walk::start(batch, copies, now_ms);
         self.walk = Some(ShardWalk { walk, done });
         self.step_retirement(now_ms);
     }
