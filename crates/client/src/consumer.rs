@@ -100,6 +100,9 @@ impl Default for ConsumerConfig {
 struct Membership {
     group: String,
     member_name: String,
+    /// The client session the membership belongs to (registered at the first join;
+    /// the group's heartbeats keep it open, and the member leaves when it ends).
+    session: u64,
     member_id: u64,
     generation: u32,
     last_heartbeat: Instant,
@@ -181,6 +184,7 @@ impl Consumer {
         consumer.group = Some(Membership {
             group: group.to_owned(),
             member_name: member_name.to_owned(),
+            session: 0,
             member_id: 0,
             generation: 0,
             last_heartbeat: Instant::now(),
@@ -239,17 +243,33 @@ impl Consumer {
     }
 
     async fn join(&mut self) -> Result<(), ClientError> {
-        let Some(group) = self.group.as_ref() else {
+        let timeout = self.config.session_timeout;
+        let timeout_ms = timeout.as_millis().min(u32::MAX.into()) as u32;
+        let Some(group) = self.group.as_mut() else {
             return Ok(());
         };
+        if group.session == 0 {
+            // A client session lives 1 s to 10 min.
+            let lifetime = timeout.clamp(Duration::from_secs(1), Duration::from_secs(600));
+            group.session = self.client.register_session(lifetime).await?;
+        }
         let request = Request::JoinGroup {
             stream: &self.stream,
             group: &group.group,
             topic: &self.topic,
             member_name: &group.member_name,
-            session_timeout_ms: self.config.session_timeout.as_millis().min(u32::MAX.into()) as u32,
+            session_timeout_ms: timeout_ms,
+            session: group.session,
         };
-        let response = self.client.call(&request).await?;
+        let response = match self.client.call(&request).await {
+            Err(err) if err.code() == Some(ErrorCode::SessionNotFound) => {
+                // The session ended (the member was quiet past its timeout): a new
+                // one, and a new membership.
+                group.session = 0;
+                return Box::pin(self.join()).await;
+            }
+            other => other?,
+        };
         self.positions.clear();
         self.buffered.clear();
         self.apply_grant(response).await
@@ -641,8 +661,8 @@ impl Consumer {
         Ok(())
     }
 
-    /// Commits and leaves the group (a member the coordinator no longer knows is
-    /// out already).
+    /// Commits, leaves the group (a member the coordinator no longer knows is out
+    /// already) and ends the membership's client session.
     ///
     /// # Errors
     /// Connection and server errors.
@@ -661,6 +681,9 @@ impl Consumer {
                 other => {
                     other?;
                 }
+            }
+            if group.session != 0 {
+                self.client.end_session(group.session).await?;
             }
         }
         Ok(())

@@ -154,10 +154,13 @@ async fn a_producer_and_a_group_consumer_ride_through_a_primarys_stop() {
 
 /// Issue 24, finding 6: member ids and generations started again at 1 at a new
 /// coordinator, so a consumer from before the failover (a zombie) passed for the new
-/// member 1 and its commit moved the group's offsets back from 25 to 11. Raw protocol
-/// calls, as a zombie would make them.
+/// member 1 and its commit moved the group's offsets back from 25 to 11. Issue 26:
+/// membership is metadata now, so a member that heartbeats keeps its id, generation
+/// and partitions across the failover (no rejoin), and a quiet one leaves by its
+/// timeout, after which its commits are refused. Raw protocol calls, as a zombie would
+/// make them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_consumer_from_before_a_coordinator_failover_cannot_move_offsets_back() {
+async fn a_group_keeps_its_members_across_a_coordinator_failover_and_fences_a_quiet_one() {
     use braid_proto::client::{GroupMemberRequest, Request, Response};
     let mut members = start_cluster(3, FsyncSetting::Always);
     let client = Client::connect(members[0].addr()).await.unwrap();
@@ -171,19 +174,20 @@ async fn a_consumer_from_before_a_coordinator_failover_cannot_move_offsets_back(
             .await
             .unwrap();
     }
-    let join = Request::JoinGroup {
+    let join = |member_name, session_timeout_ms| Request::JoinGroup {
         stream: "s",
         group: "g",
         topic: "t",
-        member_name: "m",
-        session_timeout_ms: 60_000,
+        member_name,
+        session_timeout_ms,
+        session: 0,
     };
-    let joined = |response| match response {
+    let granted = |response| match response {
         Response::Assignment {
             member_id,
             generation,
-            ..
-        } => (member_id, generation),
+            partitions,
+        } => ((member_id, generation), partitions),
         other => panic!("not an assignment: {other:?}"),
     };
     let commit = |(member_id, generation): (u64, u32), offset: u64| Request::CommitOffsets {
@@ -195,13 +199,25 @@ async fn a_consumer_from_before_a_coordinator_failover_cannot_move_offsets_back(
         },
         offsets: vec![(0, offset)],
     };
-    let zombie = joined(client.call(&join).await.unwrap());
+    let heartbeat = |(member_id, generation): (u64, u32), owned: Vec<u32>| Request::Heartbeat {
+        member: GroupMemberRequest {
+            stream: "s",
+            group: "g",
+            member_id,
+            generation,
+        },
+        owned,
+    };
     // Finding 8: a member that does not coordinate names the one that does in the
     // documented form of every NotLeader.
     let coordinator = client.cluster_info().await.unwrap().coordinator.unwrap();
     let other = (usize::from(coordinator) + 1) % 3;
     let direct = common::direct(members[other].addr()).await.unwrap();
-    let refused = direct.call(&join).await.unwrap_err().to_string();
+    let refused = direct
+        .call(&join("x", 1_000))
+        .await
+        .unwrap_err()
+        .to_string();
     let leader_addr = members[usize::from(coordinator)].addr();
     assert!(
         refused.contains(&format!(
@@ -209,31 +225,39 @@ async fn a_consumer_from_before_a_coordinator_failover_cannot_move_offsets_back(
         )),
         "{refused}"
     );
+    let (zombie, partitions) = granted(client.call(&join("zombie", 4_000)).await.unwrap());
+    assert_eq!(partitions, [0]);
     client.call(&commit(zombie, 11)).await.unwrap();
+    let (keeper, _) = granted(client.call(&join("keeper", 60_000)).await.unwrap());
 
     members[usize::from(coordinator)].stop();
     let deadline = Instant::now() + Duration::from_secs(60);
-    let fresh = loop {
-        match client.call(&join).await {
-            Ok(response) => break joined(response),
+    let (again, _) = loop {
+        match client.call(&heartbeat(keeper, Vec::new())).await {
+            Ok(response) => break granted(response),
             Err(err) => {
+                assert!(
+                    err.code() != Some(braid_proto::client::ErrorCode::UnknownMember),
+                    "the new coordinator forgot the member: {err}"
+                );
                 assert!(Instant::now() < deadline, "no new coordinator: {err}");
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }
         }
     };
-    assert_ne!(
-        fresh, zombie,
-        "the new coordinator gave the old id and generation"
-    );
+    assert_eq!(again.0, keeper.0, "the member kept its id");
+    // The zombie, quiet, leaves by its timeout; its partition then goes to the keeper.
     let deadline = Instant::now() + Duration::from_secs(30);
-    while let Err(err) = client.call(&commit(fresh, 25)).await {
-        assert!(
-            Instant::now() < deadline,
-            "the new member cannot commit: {err}"
-        );
+    let keeper = loop {
+        let (now, partitions) = granted(client.call(&heartbeat(keeper, Vec::new())).await.unwrap());
+        if partitions == [0] {
+            break now;
+        }
+        assert!(Instant::now() < deadline, "the quiet member never left");
         tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    };
+    assert!(keeper.1 > again.1, "its leave raised the generation");
+    client.call(&commit(keeper, 25)).await.unwrap();
     let refused = client.call(&commit(zombie, 11)).await;
     assert!(
         refused.is_err(),

@@ -376,3 +376,63 @@ async fn cluster_info_of_a_single_node_names_it_the_primary_of_everything() {
         info.cluster_id
     );
 }
+
+/// Issue 26: a member belongs to its client session. Ending the session (its client
+/// closed it, or it timed out) takes the member out of its group at once, and a join
+/// with a session that is not open is refused. The SDK's consumer registers one for
+/// its membership and ends it on close.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_leaves_its_group_when_its_client_session_ends() {
+    use braid_proto::client::{Request, Response};
+    let node = TestNode::start(FsyncSetting::Never);
+    let client = Client::connect(node.addr()).await.unwrap();
+    client.create_stream("shop").await.unwrap();
+    let settings = TopicSettings {
+        partitions: 2,
+        ..TopicSettings::default()
+    };
+    client
+        .create_topic("shop", "orders", settings)
+        .await
+        .unwrap();
+    let members = || async {
+        match client
+            .call(&Request::DescribeGroup {
+                stream: "shop",
+                group: "g",
+            })
+            .await
+        {
+            Ok(Response::Group(group)) => group.members.iter().map(|m| m.name.clone()).collect(),
+            Err(err) if err.code() == Some(ErrorCode::GroupNotFound) => Vec::new(),
+            other => panic!("not a group: {other:?}"),
+        }
+    };
+    let session = client
+        .register_session(Duration::from_secs(30))
+        .await
+        .unwrap();
+    let join = |member_name, session| Request::JoinGroup {
+        stream: "shop",
+        group: "g",
+        topic: "orders",
+        member_name,
+        session_timeout_ms: 30_000,
+        session,
+    };
+    client.call(&join("raw", session)).await.unwrap();
+    let consumer = Consumer::join_group(&client, "shop", "orders", "g", "sdk", fast_group_config())
+        .await
+        .unwrap();
+    assert_eq!(members().await, ["raw", "sdk"]);
+    client.end_session(session).await.unwrap();
+    assert_eq!(members().await, ["sdk"], "the ended session's member left");
+    let refused = client.call(&join("late", session)).await.unwrap_err();
+    assert_eq!(
+        refused.code(),
+        Some(ErrorCode::SessionNotFound),
+        "{refused}"
+    );
+    consumer.close().await.unwrap();
+    assert!(members().await.is_empty());
+}

@@ -352,6 +352,7 @@ async fn bad_names_are_refused_at_decode_with_one_code() {
             topic: "t",
             member_name: "m",
             session_timeout_ms: 10_000,
+            session: 0,
         }
         .encode(i as u64 + 1, &mut requests);
     }
@@ -562,6 +563,7 @@ async fn commits_with_a_stale_or_zero_generation_are_fenced() {
         topic: "t",
         member_name: name,
         session_timeout_ms: 10_000,
+        session: 0,
     };
     let Response::Assignment {
         member_id: a,

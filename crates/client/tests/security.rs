@@ -18,6 +18,8 @@ const ADMIN_PASSWORD: &str = "correct horse battery staple";
 
 #[path = "security/door.rs"]
 mod door;
+#[path = "security/sessions.rs"]
+mod sessions;
 
 fn secured_config(dir: &Path) -> NodeConfig {
     NodeConfig {

@@ -29,6 +29,9 @@ pub(crate) enum AdminRequest {
         topic: String,
         member_name: String,
         session_timeout_ms: u32,
+        session: u64,
+        /// Who asks (a session's owner alone may join with it).
+        user: Option<String>,
     },
     Heartbeat {
         stream: String,
@@ -58,13 +61,21 @@ pub(crate) enum AdminRequest {
         group: String,
     },
     ListUsers,
-    /// Open a client session; answered its id.
+    /// Open a client session; answered its id. A logged-in user's session is its
+    /// alone.
     RegisterSession {
         timeout_ms: u32,
+        user: Option<String>,
     },
     /// Keep a client session open.
     SessionHeartbeat {
         session: u64,
+        user: Option<String>,
+    },
+    /// End a client session.
+    EndSession {
+        session: u64,
+        user: Option<String>,
     },
 }
 
@@ -76,7 +87,7 @@ impl AdminRequest {
             self,
             Self::RegisterSession { .. }
                 | Self::SessionHeartbeat { .. }
-                | Self::Change(MetaOp::EndSession(_))
+                | Self::EndSession { .. }
                 | Self::JoinGroup { .. }
                 | Self::Heartbeat { .. }
                 | Self::LeaveGroup { .. }
@@ -109,9 +120,9 @@ fn credential(
     })
 }
 
-/// The admin form of a request, or `None` for the requests the connection serves
-/// itself.
-pub(crate) fn admin_request(request: &Request<'_>) -> Option<AdminRequest> {
+/// The admin form of a request from `user` (`None`: nobody logged in), or `None` for
+/// the requests the connection serves itself.
+pub(crate) fn admin_request(request: &Request<'_>, user: Option<&str>) -> Option<AdminRequest> {
     let own = |s: &str| s.to_owned();
     fn change(op: impl Into<MetaOp>) -> AdminRequest {
         AdminRequest::Change(op.into())
@@ -152,12 +163,15 @@ pub(crate) fn admin_request(request: &Request<'_>) -> Option<AdminRequest> {
             topic,
             member_name,
             session_timeout_ms,
+            session,
         } => AdminRequest::JoinGroup {
             stream: own(stream),
             group: own(group),
             topic: own(topic),
             member_name: own(member_name),
             session_timeout_ms: *session_timeout_ms,
+            session: *session,
+            user: user.map(own),
         },
         Request::Heartbeat { member, owned } => AdminRequest::Heartbeat {
             stream: own(member.stream),
@@ -222,11 +236,16 @@ pub(crate) fn admin_request(request: &Request<'_>) -> Option<AdminRequest> {
         }),
         Request::RegisterSession { timeout_ms } => AdminRequest::RegisterSession {
             timeout_ms: *timeout_ms,
+            user: user.map(own),
         },
-        Request::EndSession { session } => change(op::EndSession { session: *session }),
-        Request::SessionHeartbeat { session } => {
-            AdminRequest::SessionHeartbeat { session: *session }
-        }
+        Request::EndSession { session } => AdminRequest::EndSession {
+            session: *session,
+            user: user.map(own),
+        },
+        Request::SessionHeartbeat { session } => AdminRequest::SessionHeartbeat {
+            session: *session,
+            user: user.map(own),
+        },
         _ => return None,
     })
 }

@@ -13,6 +13,24 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 use crate::metadata::ClientSession;
 
+/// Refuses `user` (`None`: nobody logged in) a session whose owner is `owner`
+/// (`PermissionDenied`): only its owner produces under it (the offsets a retry of its
+/// request is answered with are its owner's), heartbeats it, ends it or joins a
+/// group with it. A session registered without a login has no owner.
+pub(crate) fn owner_refusal(
+    session: u64,
+    owner: Option<&str>,
+    user: Option<&str>,
+) -> Option<crate::error::NodeError> {
+    let owner = owner?;
+    (user != Some(owner)).then(|| {
+        crate::error::NodeError::new(
+            braid_proto::client::ErrorCode::PermissionDenied,
+            format!("client session {session} belongs to another user"),
+        )
+    })
+}
+
 /// How often the deadlines due are looked at.
 const CHECK_EVERY_MS: u64 = 100;
 /// How often every open session is looked at, to watch one this coordinator has not

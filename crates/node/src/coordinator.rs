@@ -5,13 +5,12 @@
 //! until all of this node's shards have it, so a client that created a topic can
 //! produce to it at once on any connection to this node.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use braid_proto::client::{
-    ErrorCode, Grant, GroupDescription, GroupMember, GroupSummary, PartitionInfo, PartitionOffsets,
-    Response, TopicInfo, TopicSettings, TopicSummary, UserSummary, FSYNC_ALWAYS, FSYNC_DEFAULT,
-    FSYNC_INTERVAL, FSYNC_NEVER, RETENTION_FOREVER,
+    ErrorCode, Grant, PartitionInfo, Response, TopicInfo, TopicSettings, TopicSummary, UserSummary,
+    FSYNC_ALWAYS, FSYNC_DEFAULT, FSYNC_INTERVAL, FSYNC_NEVER, RETENTION_FOREVER,
 };
 use tokio::sync::oneshot;
 
@@ -20,11 +19,12 @@ use crate::config::{FsyncSetting, TopicDefaults};
 use crate::error::NodeError;
 use crate::groups::GroupCoordinator;
 use crate::layout::{Layout, LayoutChange, LayoutUpdate, PartitionKey};
-use crate::mailbox::{now_ms, Control, NodeShared, ShardRequest};
+use crate::mailbox::{Control, NodeShared, ShardRequest};
 use crate::metadata::{op, MetaOp, TopicMeta};
 use crate::replication::machine::LayoutNews;
 use crate::replication::meta_group::{MetaGroup, Turn};
 
+mod consumer_groups;
 mod retire;
 mod sessions;
 
@@ -43,6 +43,14 @@ pub(crate) enum Waiter {
     Report,
     /// The coordinator's finalize: counted once committed.
     Finalize,
+    /// A member joining a group, answered its grant (its id is the op's number).
+    Join {
+        reply: Reply,
+        stream: String,
+        group: String,
+    },
+    /// The coordinator's leave of a member that went quiet: nobody waits.
+    Quiet,
 }
 
 // The protocol states the storage's segment sizes as its range.
@@ -252,12 +260,10 @@ impl MetaService {
 
     /// A tick of the shard's timer: the group's time, and member expiry.
     pub(crate) fn tick(&mut self, shared: &Arc<NodeShared>, now: u64) {
-        for (stream, group, member) in self.groups.expire(now) {
-            tracing::info!(stream, group, member, "group member session expired");
-        }
         let turn = self.group.tick();
         self.finish(shared, turn);
         self.end_quiet_sessions(shared, now);
+        self.leave_quiet_members(shared, now);
         self.retire_sessions(shared, now);
         let primary = self.group.primary().unwrap_or(crate::mailbox::NO_MEMBER);
         shared
@@ -437,23 +443,19 @@ impl MetaService {
         let state = self.group.state();
         // Counted on shard 0, where the metadata service runs.
         let metrics = &shared.metrics[0];
-        let (update, removes_topics) = match turn.layout {
-            LayoutNews::Unchanged => (None, false),
+        let update = match turn.layout {
+            LayoutNews::Unchanged => None,
             LayoutNews::Whole => {
                 crate::metrics::add(&metrics.layout_rebuilds, 1);
-                (Some(LayoutUpdate::Whole(Arc::new(self.layout()))), true)
+                Some(LayoutUpdate::Whole(Arc::new(self.layout())))
             }
             LayoutNews::Touched(touched) => {
                 crate::metrics::add(&metrics.layout_changes, 1);
-                let change = LayoutChange::of(state, &touched);
-                let removes = change.removes_topics();
-                (Some(LayoutUpdate::Change(Arc::new(change))), removes)
+                Some(LayoutUpdate::Change(Arc::new(LayoutChange::of(
+                    state, &touched,
+                ))))
             }
         };
-        if removes_topics {
-            self.groups
-                .retain_topics(|stream, topic| state.topic(stream, topic).is_ok());
-        }
         if let Some(update) = update {
             for control in &shared.controls {
                 let (done, wait) = oneshot::channel();
@@ -531,11 +533,22 @@ impl MetaService {
         }
         match request {
             AdminRequest::Change(op) => self.change(shared, op, reply),
-            AdminRequest::RegisterSession { timeout_ms } => {
-                self.register_session(shared, timeout_ms, reply);
+            AdminRequest::RegisterSession { timeout_ms, user } => {
+                self.register_session(shared, timeout_ms, user, reply);
             }
-            AdminRequest::SessionHeartbeat { session } => {
-                let _ = reply.send(self.session_heartbeat(session));
+            AdminRequest::SessionHeartbeat { session, user } => {
+                let answer = self
+                    .check_owner(session, user.as_deref())
+                    .and_then(|()| self.session_heartbeat(session));
+                let _ = reply.send(answer);
+            }
+            AdminRequest::EndSession { session, user } => {
+                match self.check_owner(session, user.as_deref()) {
+                    Ok(()) => self.change(shared, op::EndSession { session }.into(), reply),
+                    Err(refusal) => {
+                        let _ = reply.send(Err(refusal));
+                    }
+                }
             }
             AdminRequest::CreateTopic {
                 stream,
@@ -636,39 +649,36 @@ impl MetaService {
                 topic,
                 member_name,
                 session_timeout_ms,
-            } => {
-                let result = self.join(&stream, &group, &topic, &member_name, session_timeout_ms);
-                let _ = reply.send(result);
-            }
+                session,
+                user,
+            } => match self.check_owner(session, user.as_deref()) {
+                Err(refusal) => {
+                    let _ = reply.send(Err(refusal));
+                }
+                Ok(()) => self.join(
+                    shared,
+                    stream,
+                    group,
+                    topic,
+                    member_name,
+                    session_timeout_ms,
+                    session,
+                    reply,
+                ),
+            },
             AdminRequest::Heartbeat {
                 stream,
                 group,
                 member_id,
                 owned,
             } => {
-                let result = self
-                    .groups
-                    .heartbeat(&stream, &group, member_id, &owned, now_ms())
-                    .map(|g| Response::Assignment {
-                        member_id: g.member_id,
-                        generation: g.generation,
-                        partitions: g.partitions,
-                    })
-                    .map_err(NodeError::from);
-                let _ = reply.send(result);
+                let _ = reply.send(self.group_heartbeat(&stream, &group, member_id, &owned));
             }
             AdminRequest::LeaveGroup {
                 stream,
                 group,
                 member_id,
-            } => {
-                let result = self
-                    .groups
-                    .leave(&stream, &group, member_id)
-                    .map(|()| Response::Empty)
-                    .map_err(NodeError::from);
-                let _ = reply.send(result);
-            }
+            } => self.leave(shared, stream, group, member_id, reply),
             AdminRequest::CommitOffsets {
                 stream,
                 group,
@@ -692,205 +702,6 @@ impl MetaService {
                 let _ = reply.send(result);
             }
         }
-    }
-
-    fn join(
-        &mut self,
-        stream: &str,
-        group: &str,
-        topic: &str,
-        member_name: &str,
-        timeout_ms: u32,
-    ) -> Result<Response, NodeError> {
-        let meta = self.group.state().topic(stream, topic)?;
-        if !(SESSION_TIMEOUT_MS_MIN..=SESSION_TIMEOUT_MS_MAX).contains(&timeout_ms) {
-            return Err(NodeError::new(
-                ErrorCode::InvalidArgument,
-                format!("session timeout must be {SESSION_TIMEOUT_MS_MIN} to {SESSION_TIMEOUT_MS_MAX} ms"),
-            ));
-        }
-        if let Some(durable) = self.group.state().stream(stream)?.groups.get(group) {
-            let live = self
-                .groups
-                .describe(stream, group)
-                .is_some_and(|g| !g.members.is_empty());
-            if durable.topic != topic && live {
-                return Err(NodeError::new(
-                    ErrorCode::InvalidArgument,
-                    format!("group {group:?} consumes topic {:?}", durable.topic),
-                ));
-            }
-        }
-        let partitions: Vec<u32> = meta
-            .partitions
-            .iter()
-            .filter(|p| !p.sealed)
-            .map(|p| p.id)
-            .collect();
-        let grant = self.groups.join(
-            stream,
-            group,
-            topic,
-            &partitions,
-            member_name,
-            timeout_ms.into(),
-            now_ms(),
-        )?;
-        Ok(Response::Assignment {
-            member_id: grant.member_id,
-            generation: grant.generation,
-            partitions: grant.partitions,
-        })
-    }
-
-    /// The op that commits `offsets` for a member, if the member may.
-    fn commit_op(
-        &mut self,
-        shared: &Arc<NodeShared>,
-        stream: &str,
-        group: &str,
-        member_id: u64,
-        generation: u32,
-        offsets: Vec<(u32, u64)>,
-    ) -> Result<MetaOp, NodeError> {
-        for (partition, _) in &offsets {
-            self.groups
-                .check_commit(stream, group, member_id, generation, *partition)?;
-        }
-        let topic = self
-            .groups
-            .describe(stream, group)
-            .map(|g| g.topic)
-            .ok_or_else(|| NodeError::new(ErrorCode::UnknownMember, "no such live group"))?;
-        let topic_id = self.group.state().topic(stream, &topic)?.id;
-        let cluster = shared.cluster.members.len() > 1;
-        let high_watermark = |key: &crate::layout::PartitionKey| {
-            let published = shared.partitions_published.read().ok()?;
-            Some(published.get(key)?.high_watermark())
-        };
-        let leads = |key: &crate::layout::PartitionKey| {
-            shared.partitions_published.read().is_ok_and(|published| {
-                published
-                    .get(key)
-                    .is_some_and(|p| p.primary().0 == Some(shared.cluster.node_id))
-            })
-        };
-        refuse_commit_beyond(topic_id, &offsets, cluster, high_watermark, leads)?;
-        Ok(MetaOp::CommitOffsets(op::CommitOffsets {
-            stream: stream.to_owned(),
-            group: group.to_owned(),
-            topic,
-            offsets,
-        }))
-    }
-
-    fn list_groups(&self, stream: &str) -> Result<Response, NodeError> {
-        let durable = &self.group.state().stream(stream)?.groups;
-        let mut all: BTreeMap<String, GroupSummary> = durable
-            .iter()
-            .map(|(name, g)| {
-                let summary = GroupSummary {
-                    name: name.clone(),
-                    topic: g.topic.clone(),
-                    members: 0,
-                    generation: 0,
-                };
-                (name.clone(), summary)
-            })
-            .collect();
-        for (name, topic, members, generation) in self.groups.list(stream) {
-            all.insert(
-                name.clone(),
-                GroupSummary {
-                    name,
-                    topic,
-                    members,
-                    generation,
-                },
-            );
-        }
-        Ok(Response::Groups(all.into_values().collect()))
-    }
-
-    /// Answers DescribeGroup, or with `offsets_only` FetchOffsets.
-    fn describe_group(
-        &self,
-        shared: &Arc<NodeShared>,
-        stream: String,
-        group: String,
-        offsets_only: bool,
-        reply: Reply,
-    ) {
-        let state = self.group.state();
-        let live = self.groups.describe(&stream, &group);
-        let durable = state
-            .stream(&stream)
-            .ok()
-            .and_then(|s| s.groups.get(&group))
-            .cloned();
-        let topic_name = match (&live, &durable) {
-            (Some(l), _) => l.topic.clone(),
-            (None, Some(d)) => d.topic.clone(),
-            (None, None) => {
-                let _ = reply.send(Err(NodeError::new(
-                    ErrorCode::GroupNotFound,
-                    format!("group {group:?} does not exist"),
-                )));
-                return;
-            }
-        };
-        let topic = match state.topic(&stream, &topic_name) {
-            Ok(topic) => topic.clone(),
-            Err(err) => {
-                let _ = reply.send(Err(err.into()));
-                return;
-            }
-        };
-        let committed = durable.map(|d| d.offsets).unwrap_or_default();
-        let shared = Arc::clone(shared);
-        tokio::task::spawn_local(async move {
-            let marks = gather_offsets(shared, topic_keys(&topic)).await;
-            let offsets = topic
-                .partitions
-                .iter()
-                .map(|p| {
-                    let key = PartitionKey {
-                        topic_id: topic.id,
-                        partition: p.id,
-                    };
-                    PartitionOffsets {
-                        partition: p.id,
-                        committed: committed.get(&p.id).copied(),
-                        high_watermark: marks.get(&key).map_or(0, |m| m.1),
-                    }
-                })
-                .collect();
-            if offsets_only {
-                let _ = reply.send(Ok(Response::Offsets(offsets)));
-                return;
-            }
-            let (generation, members) = match live {
-                Some(l) => (
-                    l.generation,
-                    l.members
-                        .into_iter()
-                        .map(|m| GroupMember {
-                            id: m.id,
-                            name: m.name,
-                            assignment: m.granted,
-                        })
-                        .collect(),
-                ),
-                None => (0, Vec::new()),
-            };
-            let _ = reply.send(Ok(Response::Group(GroupDescription {
-                name: group,
-                topic: topic_name,
-                generation,
-                members,
-                offsets,
-            })));
-        });
     }
 }
 

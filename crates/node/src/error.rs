@@ -42,6 +42,7 @@ impl From<crate::metadata::MetaError> for NodeError {
             MetaError::UserNotFound(_) => ErrorCode::UserNotFound,
             MetaError::UserExists(_) => ErrorCode::UserExists,
             MetaError::SessionNotFound(_) => ErrorCode::SessionNotFound,
+            MetaError::Group(group) => return group.clone().into(),
             _ => ErrorCode::InvalidArgument,
         };
         Self::new(code, err.to_string())

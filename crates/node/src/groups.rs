@@ -1,16 +1,23 @@
-//! Consumer groups: membership and partition assignment, as a pure state machine with
-//! time as an input.
+//! Consumer groups at the coordinator: what each member owns now, who went quiet,
+//! and the grants, as a pure state machine with time as an input. Membership itself
+//! (members, their target partitions, the generation) is metadata
+//! (`crate::metadata::members`), replicated, so it outlives a coordinator.
 //!
-//! Assignment is cooperative, so no record is delivered twice when partitions move: the
-//! coordinator keeps a target assignment (balanced by count, sticky), but *grants* a
-//! member a partition only once no other member reports owning it. A member whose target
+//! Assignment is cooperative, so no record is delivered twice when partitions move: a
+//! member's target is balanced by count and sticky, but the coordinator *grants* a
+//! member a partition only once no other member may own it. A member whose target
 //! loses a partition sees it missing from its grant, commits its position, stops
 //! fetching it and reports it released in its next heartbeat; only then does the new
 //! owner get it. Commits are accepted only for partitions the member owns or was
-//! granted. Membership is not durable: after a node restart members get
-//! `UnknownMember` and join again; committed offsets are durable (metadata).
+//! granted. What members own is reported by each heartbeat and kept here only: a
+//! coordinator that takes over treats every member it has not heard from yet as
+//! owning whatever it may (it grants only what a member already holds until all have
+//! reported), and gives each a full timeout to be heard.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap};
+
+use crate::metadata::members::{Membership, Memberships};
+use crate::metadata::op::LeaveGroup;
 
 /// Why a group call failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -85,64 +92,37 @@ pub struct Grant {
     pub partitions: Vec<u32>,
 }
 
+/// What the coordinator knows of a member.
 #[derive(Debug, Clone)]
-struct Member {
-    name: String,
-    session_timeout_ms: u64,
-    last_seen_ms: u64,
-    target: BTreeSet<u32>,
-    owned: BTreeSet<u32>,
+struct Seen {
+    /// When it was last heard from (or first seen in this epoch).
+    heard_ms: u64,
+    /// What it reported it owns, with what it was granted since; `None` until it is
+    /// heard from in this epoch (it may own anything).
+    owned: Option<BTreeSet<u32>>,
 }
 
-#[derive(Debug, Clone)]
-struct Group {
-    topic: String,
-    partitions: Vec<u32>,
-    generation: u32,
-    members: BTreeMap<u64, Member>,
-}
+/// How long a leave proposed for a quiet member is waited for before it is proposed
+/// again (one lost in a view change).
+const LEAVE_RETRY_MS: u64 = 5_000;
 
-/// A member as [`GroupCoordinator::describe`] shows it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct MemberView {
-    /// Member id.
-    pub id: u64,
-    /// Its name.
-    pub name: String,
-    /// What it may consume now.
-    pub granted: Vec<u32>,
-}
-
-/// A group as [`GroupCoordinator::describe`] shows it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct GroupView {
-    /// Its topic.
-    pub topic: String,
-    /// Its generation.
-    pub generation: u32,
-    /// Its members.
-    pub members: Vec<MemberView>,
-}
-
-/// Every live group of a node, keyed by (stream, group).
+/// The coordinator's side of every group: what members own and when each was heard.
 ///
-/// Its state lives in memory at the coordinator (the metadata group's primary) and
-/// starts again at each new one, so each coordinator has an epoch, the metadata view it
-/// leads: member ids are `epoch << 32 | n`, and a group's generations start at
-/// `epoch << 16`, so no id or generation is ever given again by a later coordinator. A
-/// consumer from before a failover is an unknown member at the new one, never taken for
-/// a new member that happens to get its old id.
+/// It lives at the coordinator (the metadata group's primary) and starts again at each
+/// new one: each coordinator has an epoch, the metadata view it leads, and a newer
+/// epoch drops what an older one heard.
 #[derive(Debug)]
 pub struct GroupCoordinator {
-    groups: HashMap<(String, String), Group>,
-    next_member_id: u64,
     epoch: u64,
+    seen: HashMap<u64, Seen>,
+    /// Members that went quiet whose leave was proposed, and when.
+    leaving: HashMap<u64, u64>,
     limits: GroupLimits,
 }
 
 /// How much one node's consumer groups may hold: members and their names live in the
-/// coordinator's memory and go out whole in `DescribeGroup` (found by review: 8,000
-/// members with 60 KB names took 1 GB and a 480 MB answer).
+/// metadata and go out whole in `DescribeGroup` (found by review: 8,000 members with
+/// 60 KB names took 1 GB and a 480 MB answer).
 #[derive(Debug, Clone, Copy)]
 pub struct GroupLimits {
     /// Members per group.
@@ -169,59 +149,123 @@ impl Default for GroupCoordinator {
     }
 }
 
-impl Group {
-    fn rebalance(&mut self) {
-        self.generation = self.generation.wrapping_add(1);
-        let count = self.members.len();
-        if count == 0 {
-            return;
+fn find<'a>(
+    memberships: &'a Memberships,
+    stream: &str,
+    group: &str,
+    member_id: u64,
+) -> Result<&'a Membership, GroupError> {
+    memberships
+        .get(&(stream.to_owned(), group.to_owned()))
+        .filter(|m| m.members.contains_key(&member_id))
+        .ok_or_else(|| GroupError::UnknownMember {
+            group: group.to_owned(),
+            member_id,
+        })
+}
+
+impl GroupCoordinator {
+    /// A coordinator that has heard nothing yet, holding at most `limits`.
+    pub fn new(limits: GroupLimits) -> Self {
+        Self {
+            epoch: 0,
+            seen: HashMap::new(),
+            leaving: HashMap::new(),
+            limits,
         }
-        let base = self.partitions.len() / count;
-        let extra = self.partitions.len() % count;
-        let valid: BTreeSet<u32> = self.partitions.iter().copied().collect();
-        let mut taken = BTreeSet::new();
-        let quotas: Vec<usize> = (0..count).map(|i| base + usize::from(i < extra)).collect();
-        // Keep what each member had, up to its quota, so little moves.
-        for (member, quota) in self.members.values_mut().zip(&quotas) {
-            let kept: BTreeSet<u32> = member
-                .target
-                .iter()
-                .copied()
-                .filter(|p| valid.contains(p) && !taken.contains(p))
-                .take(*quota)
-                .collect();
-            taken.extend(kept.iter().copied());
-            member.target = kept;
+    }
+
+    /// This node coordinates in `epoch` (the metadata view it leads). A newer epoch than
+    /// the one it had means another coordinator may have served in between: what this
+    /// one heard is stale. Each member is given its timeout from when this one first
+    /// sees it.
+    pub fn enter_epoch(&mut self, epoch: u64) {
+        if epoch > self.epoch {
+            self.seen.clear();
+            self.leaving.clear();
+            self.epoch = epoch;
         }
-        let mut free = self
-            .partitions
-            .iter()
-            .copied()
-            .filter(|p| !taken.contains(p));
-        for (member, quota) in self.members.values_mut().zip(&quotas) {
-            while member.target.len() < *quota {
-                match free.next() {
-                    Some(p) => {
-                        member.target.insert(p);
-                    }
-                    None => break,
+    }
+
+    /// Whether a member may join `group` under the limits.
+    ///
+    /// # Errors
+    /// [`GroupError::GroupFull`], [`GroupError::TooManyGroups`],
+    /// [`GroupError::TooManyGroupsInStream`].
+    pub fn check_join(
+        &self,
+        memberships: &Memberships,
+        stream: &str,
+        group: &str,
+    ) -> Result<(), GroupError> {
+        let live = |m: &&Membership| !m.members.is_empty();
+        match memberships
+            .get(&(stream.to_owned(), group.to_owned()))
+            .filter(live)
+        {
+            Some(existing) if existing.members.len() >= self.limits.members as usize => {
+                Err(GroupError::GroupFull {
+                    group: group.to_owned(),
+                    max: self.limits.members,
+                })
+            }
+            Some(_) => Ok(()),
+            None => {
+                if memberships.values().filter(live).count() >= self.limits.groups as usize {
+                    return Err(GroupError::TooManyGroups {
+                        max: self.limits.groups,
+                    });
                 }
+                let in_stream = memberships
+                    .iter()
+                    .filter(|((s, _), m)| s == stream && !m.members.is_empty())
+                    .count();
+                if in_stream >= self.limits.per_stream as usize {
+                    return Err(GroupError::TooManyGroupsInStream {
+                        stream: stream.to_owned(),
+                        max: self.limits.per_stream,
+                    });
+                }
+                Ok(())
             }
         }
     }
 
-    fn granted(&self, member_id: u64) -> Vec<u32> {
-        let Some(member) = self.members.get(&member_id) else {
+    /// Whether `owner` may own `partition`: what it reported, or anything while it
+    /// has not been heard from in this epoch.
+    fn may_own(&self, owner: u64, partition: u32) -> bool {
+        self.owned(owner)
+            .is_none_or(|owned| owned.contains(&partition))
+    }
+
+    /// What `member` owns, if it was heard from in this epoch.
+    fn owned(&self, member: u64) -> Option<&BTreeSet<u32>> {
+        self.seen.get(&member)?.owned.as_ref()
+    }
+
+    fn granted(&self, membership: &Membership, member_id: u64) -> Vec<u32> {
+        let Some(member) = membership.members.get(&member_id) else {
             return Vec::new();
+        };
+        let holds = |p: u32| {
+            self.owned(member_id)
+                .is_some_and(|owned| owned.contains(&p))
         };
         member
             .target
             .iter()
             .copied()
             .filter(|p| {
-                self.members
-                    .iter()
-                    .all(|(id, other)| *id == member_id || !other.owned.contains(p))
+                membership.members.keys().all(|other| {
+                    *other == member_id
+                        || match self.owned(*other) {
+                            // Heard: it owns what it said.
+                            Some(owned) => !owned.contains(p),
+                            // Not yet heard: it may own anything, so only a partition
+                            // this member holds already is granted.
+                            None => holds(*p),
+                        }
+                })
             })
             .collect()
     }
@@ -230,143 +274,43 @@ impl Group {
     /// a heartbeat of its own reports otherwise: a member that joined a moment ago and
     /// has not yet heartbeated still holds what it was handed, and nobody else may be
     /// granted it meanwhile.
-    fn grant(&mut self, member_id: u64) -> Grant {
-        let partitions = self.granted(member_id);
-        if let Some(member) = self.members.get_mut(&member_id) {
-            member.owned.extend(partitions.iter().copied());
+    fn grant(&mut self, membership: &Membership, member_id: u64, now_ms: u64) -> Grant {
+        let partitions = self.granted(membership, member_id);
+        let seen = self.seen.entry(member_id).or_insert(Seen {
+            heard_ms: now_ms,
+            owned: None,
+        });
+        if let Some(owned) = seen.owned.as_mut() {
+            owned.extend(partitions.iter().copied());
         }
         Grant {
             member_id,
-            generation: self.generation,
+            generation: membership.generation,
             partitions,
         }
     }
-}
 
-impl GroupCoordinator {
-    /// A coordinator with no group yet, holding at most `limits`.
-    pub fn new(limits: GroupLimits) -> Self {
-        Self {
-            groups: HashMap::new(),
-            next_member_id: 0,
-            epoch: 0,
-            limits,
-        }
-    }
-
-    /// This node coordinates in `epoch` (the metadata view it leads). A newer epoch than
-    /// the one it had means another coordinator served in between: what this one held
-    /// is stale, so it starts empty, with ids and generations of the new epoch.
-    pub fn enter_epoch(&mut self, epoch: u64) {
-        if epoch > self.epoch {
-            self.groups.clear();
-            self.next_member_id = 0;
-            self.epoch = epoch;
-        }
-    }
-
-    /// Adds a member to a group (creating the group), rebalances, and returns the
-    /// member's grant (often empty until others release partitions).
+    /// A member's join committed: it owns nothing yet; returns its grant.
     ///
     /// # Errors
-    /// [`GroupError::TopicMismatch`] if the group consumes another topic.
-    #[allow(clippy::too_many_arguments)] // each is a field of the join request
-    pub fn join(
+    /// [`GroupError::UnknownMember`] if it left already.
+    pub fn joined(
         &mut self,
-        stream: &str,
-        group: &str,
-        topic: &str,
-        partitions: &[u32],
-        name: &str,
-        session_timeout_ms: u64,
-        now_ms: u64,
-    ) -> Result<Grant, GroupError> {
-        let key = (stream.to_owned(), group.to_owned());
-        match self.groups.get(&key) {
-            Some(existing) if existing.members.len() >= self.limits.members as usize => {
-                return Err(GroupError::GroupFull {
-                    group: group.to_owned(),
-                    max: self.limits.members,
-                });
-            }
-            None => {
-                if self.groups.len() >= self.limits.groups as usize {
-                    // Groups whose members all left are kept to be described; a new
-                    // one may take their place.
-                    self.groups.retain(|_, g| !g.members.is_empty());
-                    if self.groups.len() >= self.limits.groups as usize {
-                        return Err(GroupError::TooManyGroups {
-                            max: self.limits.groups,
-                        });
-                    }
-                }
-                let in_stream = self
-                    .groups
-                    .iter()
-                    .filter(|((s, _), g)| s == stream && !g.members.is_empty())
-                    .count();
-                if in_stream >= self.limits.per_stream as usize {
-                    return Err(GroupError::TooManyGroupsInStream {
-                        stream: stream.to_owned(),
-                        max: self.limits.per_stream,
-                    });
-                }
-            }
-            Some(_) => {}
-        }
-        // The low 16 bits of the epoch, shifted: a group's generations are this
-        // coordinator's alone unless 65,536 rebalances or views pass.
-        let generation = ((self.epoch & 0xFFFF) as u32) << 16;
-        let entry = self.groups.entry(key).or_insert_with(|| Group {
-            topic: topic.to_owned(),
-            partitions: partitions.to_vec(),
-            generation,
-            members: BTreeMap::new(),
-        });
-        if entry.topic != topic {
-            if !entry.members.is_empty() {
-                return Err(GroupError::TopicMismatch {
-                    group: group.to_owned(),
-                    topic: entry.topic.clone(),
-                });
-            }
-            entry.topic = topic.to_owned();
-        }
-        entry.partitions = partitions.to_vec();
-        self.next_member_id += 1;
-        let member_id = self.epoch << 32 | (self.next_member_id & 0xFFFF_FFFF);
-        entry.members.insert(
-            member_id,
-            Member {
-                name: name.to_owned(),
-                session_timeout_ms,
-                last_seen_ms: now_ms,
-                target: BTreeSet::new(),
-                owned: BTreeSet::new(),
-            },
-        );
-        entry.rebalance();
-        Ok(entry.grant(member_id))
-    }
-
-    fn member_mut(
-        &mut self,
+        memberships: &Memberships,
         stream: &str,
         group: &str,
         member_id: u64,
-    ) -> Result<(&mut Group, u64), GroupError> {
-        let unknown = || GroupError::UnknownMember {
-            group: group.to_owned(),
+        now_ms: u64,
+    ) -> Result<Grant, GroupError> {
+        let membership = find(memberships, stream, group, member_id)?;
+        self.seen.insert(
             member_id,
-        };
-        let entry = self
-            .groups
-            .get_mut(&(stream.to_owned(), group.to_owned()))
-            .ok_or_else(unknown)?;
-        if !entry.members.contains_key(&member_id) {
-            return Err(unknown());
-        }
-        Ok((entry, member_id))
+            Seen {
+                heard_ms: now_ms,
+                owned: Some(BTreeSet::new()),
+            },
+        );
+        Ok(self.grant(membership, member_id, now_ms))
     }
 
     /// Records that a member is alive and what it still owns; returns its grant.
@@ -375,57 +319,50 @@ impl GroupCoordinator {
     /// [`GroupError::UnknownMember`].
     pub fn heartbeat(
         &mut self,
+        memberships: &Memberships,
         stream: &str,
         group: &str,
         member_id: u64,
         owned: &[u32],
         now_ms: u64,
     ) -> Result<Grant, GroupError> {
-        let (entry, id) = self.member_mut(stream, group, member_id)?;
-        if let Some(member) = entry.members.get_mut(&id) {
-            member.last_seen_ms = now_ms;
-            member.owned = owned.iter().copied().collect();
-        }
-        Ok(entry.grant(id))
-    }
-
-    /// Removes a member and rebalances.
-    ///
-    /// # Errors
-    /// [`GroupError::UnknownMember`].
-    pub fn leave(&mut self, stream: &str, group: &str, member_id: u64) -> Result<(), GroupError> {
-        let (entry, id) = self.member_mut(stream, group, member_id)?;
-        entry.members.remove(&id);
-        entry.rebalance();
-        Ok(())
+        let membership = find(memberships, stream, group, member_id)?;
+        self.seen.insert(
+            member_id,
+            Seen {
+                heard_ms: now_ms,
+                owned: Some(owned.iter().copied().collect()),
+            },
+        );
+        Ok(self.grant(membership, member_id, now_ms))
     }
 
     /// Checks that a member may commit for `partition`.
     ///
     /// # Errors
-    /// [`GroupError::UnknownMember`], [`GroupError::NotAssigned`].
+    /// [`GroupError::UnknownMember`], [`GroupError::StaleGeneration`],
+    /// [`GroupError::NotAssigned`].
     pub fn check_commit(
-        &mut self,
+        &self,
+        memberships: &Memberships,
         stream: &str,
         group: &str,
         member_id: u64,
         generation: u32,
         partition: u32,
     ) -> Result<(), GroupError> {
-        let (entry, id) = self.member_mut(stream, group, member_id)?;
+        let membership = find(memberships, stream, group, member_id)?;
         // Kafka's fencing: only a member that saw the latest rebalance commits, so one
         // that was replaced cannot overwrite its successor's position.
-        if generation != entry.generation {
+        if generation != membership.generation {
             return Err(GroupError::StaleGeneration {
                 sent: generation,
-                current: entry.generation,
+                current: membership.generation,
             });
         }
-        let owns = entry
-            .members
-            .get(&id)
-            .is_some_and(|m| m.owned.contains(&partition));
-        if owns || entry.granted(id).contains(&partition) {
+        if self.may_own(member_id, partition)
+            || self.granted(membership, member_id).contains(&partition)
+        {
             Ok(())
         } else {
             Err(GroupError::NotAssigned {
@@ -435,108 +372,194 @@ impl GroupCoordinator {
         }
     }
 
-    /// Removes members whose session timed out; returns (stream, group, member) of each.
-    pub fn expire(&mut self, now_ms: u64) -> Vec<(String, String, u64)> {
-        let mut removed = Vec::new();
-        for ((stream, group), entry) in &mut self.groups {
-            let dead: Vec<u64> = entry
-                .members
-                .iter()
-                .filter(|(_, m)| m.last_seen_ms.saturating_add(m.session_timeout_ms) < now_ms)
-                .map(|(id, _)| *id)
-                .collect();
-            if dead.is_empty() {
-                continue;
+    /// The leaves to propose for members not heard from for their timeout (each once
+    /// until it is retried); forgets members that are gone.
+    pub fn quiet(&mut self, memberships: &Memberships, now_ms: u64) -> Vec<LeaveGroup> {
+        let mut leaves = Vec::new();
+        let mut present = std::collections::HashSet::new();
+        for ((stream, group), membership) in memberships {
+            for (id, member) in &membership.members {
+                present.insert(*id);
+                // First seen now (joined a moment ago, or this coordinator just took
+                // over): its timeout runs from now.
+                let heard = self
+                    .seen
+                    .entry(*id)
+                    .or_insert(Seen {
+                        heard_ms: now_ms,
+                        owned: None,
+                    })
+                    .heard_ms;
+                if heard.saturating_add(member.timeout_ms.into()) >= now_ms {
+                    continue;
+                }
+                if self
+                    .leaving
+                    .get(id)
+                    .is_some_and(|at| at.saturating_add(LEAVE_RETRY_MS) > now_ms)
+                {
+                    continue;
+                }
+                self.leaving.insert(*id, now_ms);
+                leaves.push(LeaveGroup {
+                    stream: stream.clone(),
+                    group: group.clone(),
+                    member: *id,
+                });
             }
-            for id in dead {
-                entry.members.remove(&id);
-                removed.push((stream.clone(), group.clone(), id));
-            }
-            entry.rebalance();
         }
-        removed
+        self.seen.retain(|id, _| present.contains(id));
+        self.leaving.retain(|id, _| present.contains(id));
+        leaves
     }
 
-    /// Keeps only the groups whose (stream, topic) `exists` says still exist: the
-    /// rest were deleted with their topic, on whichever node the deletion came in.
-    pub fn retain_topics(&mut self, exists: impl Fn(&str, &str) -> bool) {
-        self.groups
-            .retain(|(stream, _), g| exists(stream, &g.topic));
-    }
-
-    /// A group's live state, if it has any.
-    pub fn describe(&self, stream: &str, group: &str) -> Option<GroupView> {
-        let entry = self.groups.get(&(stream.to_owned(), group.to_owned()))?;
-        Some(GroupView {
-            topic: entry.topic.clone(),
-            generation: entry.generation,
-            members: entry
-                .members
-                .iter()
-                .map(|(id, m)| MemberView {
-                    id: *id,
-                    name: m.name.clone(),
-                    granted: entry.granted(*id),
-                })
-                .collect(),
-        })
-    }
-
-    /// The live groups of a stream: (name, topic, members, generation).
-    pub fn list(&self, stream: &str) -> Vec<(String, String, u32, u32)> {
-        let mut list: Vec<_> = self
-            .groups
-            .iter()
-            .filter(|((s, _), _)| s == stream)
-            .map(|((_, name), g)| {
-                (
-                    name.clone(),
-                    g.topic.clone(),
-                    g.members.len() as u32,
-                    g.generation,
-                )
-            })
-            .collect();
-        list.sort();
-        list
+    /// What `member_id` may consume now (for `DescribeGroup`).
+    pub fn granted_to(&self, membership: &Membership, member_id: u64) -> Vec<u32> {
+        self.granted(membership, member_id)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::metadata::op::{self, MetaOp};
+    use crate::metadata::Metadata;
 
     const PARTITIONS: [u32; 8] = [0, 1, 2, 3, 4, 5, 6, 7];
 
-    /// Issue 24, finding 6: after a coordinator failover, ids and generations started
-    /// again at 1, so a consumer from before it passed for the new member 1 and its
-    /// commit moved the group's offsets back. Each coordinator now has its epoch.
+    /// The replicated metadata with a topic of 8 partitions, and a coordinator.
+    struct World {
+        meta: Metadata,
+        op: u64,
+        coordinator: GroupCoordinator,
+    }
+
+    impl World {
+        fn new() -> Self {
+            let mut world = Self {
+                meta: Metadata::default(),
+                op: 0,
+                coordinator: GroupCoordinator::default(),
+            };
+            world.apply(MetaOp::CreateStream(op::CreateStream { name: "s".into() }));
+            world.apply(MetaOp::CreateTopic(op::CreateTopic {
+                stream: "s".into(),
+                name: "t".into(),
+                settings: braid_proto::client::TopicSettings {
+                    partitions: 8,
+                    ..Default::default()
+                },
+            }));
+            world
+        }
+
+        fn apply(&mut self, op: MetaOp) -> u64 {
+            self.op += 1;
+            self.meta.begin_op(self.op);
+            self.meta.apply(&op).unwrap();
+            self.op
+        }
+
+        fn join(&mut self, name: &str, timeout_ms: u32, now: u64) -> Grant {
+            let id = self.apply(MetaOp::JoinGroup(op::JoinGroup {
+                stream: "s".into(),
+                group: "g".into(),
+                topic: "t".into(),
+                name: name.into(),
+                session: 0,
+                timeout_ms,
+            }));
+            self.coordinator
+                .joined(&self.meta.memberships, "s", "g", id, now)
+                .unwrap()
+        }
+
+        fn leave(&mut self, member: u64) {
+            self.apply(MetaOp::LeaveGroup(op::LeaveGroup {
+                stream: "s".into(),
+                group: "g".into(),
+                member,
+            }));
+        }
+
+        fn heartbeat(&mut self, member: u64, owned: &[u32], now: u64) -> Result<Grant, GroupError> {
+            self.coordinator
+                .heartbeat(&self.meta.memberships, "s", "g", member, owned, now)
+        }
+
+        fn commit(&self, member: u64, generation: u32, partition: u32) -> Result<(), GroupError> {
+            self.coordinator.check_commit(
+                &self.meta.memberships,
+                "s",
+                "g",
+                member,
+                generation,
+                partition,
+            )
+        }
+
+        fn membership(&self) -> &Membership {
+            &self.meta.memberships[&("s".to_owned(), "g".to_owned())]
+        }
+    }
+
+    /// Membership is metadata: a new coordinator serves the same members with the
+    /// same generation (nobody rejoins), and until a member is heard from it grants
+    /// nobody else what that member may own, while the member keeps what it holds.
     #[test]
-    fn a_consumer_from_before_a_failover_is_never_taken_for_a_new_one() {
-        let mut old = GroupCoordinator::default();
-        old.enter_epoch(4);
-        let zombie = old.join("s", "g", "t", &PARTITIONS, "a", 1_000, 0).unwrap();
-        let mut new = GroupCoordinator::default();
-        new.enter_epoch(5);
-        let fresh = new.join("s", "g", "t", &PARTITIONS, "b", 1_000, 0).unwrap();
-        assert_ne!(zombie.member_id, fresh.member_id);
-        assert_ne!(zombie.generation, fresh.generation);
-        let refused = new.check_commit("s", "g", zombie.member_id, zombie.generation, 0);
+    fn a_new_coordinator_keeps_the_members_and_moves_nothing_until_it_heard_them() {
+        let mut world = World::new();
+        world.coordinator.enter_epoch(4);
+        let a = world.join("a", 10_000, 0);
+        assert_eq!(a.partitions, PARTITIONS);
+        world.heartbeat(a.member_id, &PARTITIONS, 10).unwrap();
+        let b = world.join("b", 10_000, 20);
+        assert!(b.partitions.is_empty(), "a still owns everything");
+        let generation = world.membership().generation;
+        // The coordinator fails over before a released anything.
+        world.coordinator.enter_epoch(5);
+        let b2 = world.heartbeat(b.member_id, &[], 1_010).unwrap();
+        assert_eq!(b2.generation, generation, "the same generation");
         assert!(
-            matches!(refused, Err(GroupError::UnknownMember { .. })),
-            "{refused:?}"
+            b2.partitions.is_empty(),
+            "a may still own b's target: not heard yet"
         );
-        new.check_commit("s", "g", fresh.member_id, fresh.generation, 0)
+        // a may commit what it owned (it was not heard yet: it may own anything).
+        world.commit(a.member_id, generation, 7).unwrap();
+        let a2 = world.heartbeat(a.member_id, &PARTITIONS, 1_020).unwrap();
+        assert_eq!(a2.partitions.len(), 4, "a keeps its share");
+        world.heartbeat(a.member_id, &a2.partitions, 1_030).unwrap();
+        let b3 = world.heartbeat(b.member_id, &[], 1_040).unwrap();
+        assert_eq!(b3.partitions.len(), 4);
+        assert!(b3.partitions.iter().all(|p| !a2.partitions.contains(p)));
+        // A zombie from a member that left is an unknown member, never a new one.
+        world.leave(a.member_id);
+        assert!(matches!(
+            world.commit(a.member_id, world.membership().generation, 0),
+            Err(GroupError::UnknownMember { .. })
+        ));
+    }
+
+    /// After a failover, a member the new coordinator has not heard from keeps what
+    /// it holds: its own partitions are granted to it again at once.
+    #[test]
+    fn a_member_keeps_what_it_holds_across_a_failover() {
+        let mut world = World::new();
+        let a = world.join("a", 10_000, 0);
+        world.heartbeat(a.member_id, &PARTITIONS, 5).unwrap();
+        let b = world.join("b", 10_000, 10);
+        world.heartbeat(a.member_id, &PARTITIONS, 20).unwrap();
+        let a_share = world.heartbeat(a.member_id, &[0, 1, 2, 3], 30).unwrap();
+        let b_share = world.heartbeat(b.member_id, &[], 40).unwrap();
+        assert_eq!(a_share.partitions, [0, 1, 2, 3]);
+        assert_eq!(b_share.partitions, [4, 5, 6, 7]);
+        world.coordinator.enter_epoch(9);
+        let again = world
+            .heartbeat(b.member_id, &b_share.partitions, 110)
             .unwrap();
-        // The old coordinator leading again later starts afresh, in its new epoch.
-        old.enter_epoch(7);
-        assert!(old.describe("s", "g").is_none(), "stale groups dropped");
-        let again = old.join("s", "g", "t", &PARTITIONS, "c", 1_000, 0).unwrap();
-        assert!(again.member_id > fresh.member_id && again.generation > fresh.generation);
-        old.enter_epoch(6);
-        assert!(
-            old.describe("s", "g").is_some(),
-            "an older epoch changes nothing"
+        assert_eq!(
+            again.partitions, b_share.partitions,
+            "b keeps what it holds"
         );
     }
 
@@ -545,34 +568,33 @@ mod tests {
         // Two members join back to back: the second gets nothing the first was handed,
         // although the first has not heartbeated yet (found by `braid bench fanout`,
         // where both members then read the same partitions from the start).
-        let mut c = GroupCoordinator::default();
-        let a = c.join("s", "g", "t", &PARTITIONS, "a", 1_000, 0).unwrap();
+        let mut world = World::new();
+        let a = world.join("a", 1_000, 0);
         assert_eq!(a.partitions, PARTITIONS);
-        let b = c.join("s", "g", "t", &PARTITIONS, "b", 1_000, 1).unwrap();
+        let b = world.join("b", 1_000, 1);
         assert!(b.partitions.is_empty(), "a holds everything it was granted");
-        let a2 = c.heartbeat("s", "g", a.member_id, &PARTITIONS, 2).unwrap();
+        let a2 = world.heartbeat(a.member_id, &PARTITIONS, 2).unwrap();
         assert_eq!(a2.partitions.len(), 4);
-        assert!(c
-            .heartbeat("s", "g", b.member_id, &[], 3)
+        assert!(world
+            .heartbeat(b.member_id, &[], 3)
             .unwrap()
             .partitions
             .is_empty());
-        c.heartbeat("s", "g", a.member_id, &a2.partitions, 4)
-            .unwrap();
-        let b2 = c.heartbeat("s", "g", b.member_id, &[], 5).unwrap();
+        world.heartbeat(a.member_id, &a2.partitions, 4).unwrap();
+        let b2 = world.heartbeat(b.member_id, &[], 5).unwrap();
         assert_eq!(b2.partitions.len(), 4);
         assert!(b2.partitions.iter().all(|p| !a2.partitions.contains(p)));
     }
 
     #[test]
     fn partitions_move_only_after_release() {
-        let mut c = GroupCoordinator::default();
-        let a = c.join("s", "g", "t", &PARTITIONS, "a", 1_000, 0).unwrap();
+        let mut world = World::new();
+        let a = world.join("a", 1_000, 0);
         assert_eq!(a.partitions, PARTITIONS);
-        c.heartbeat("s", "g", a.member_id, &PARTITIONS, 10).unwrap();
-        let b = c.join("s", "g", "t", &PARTITIONS, "b", 1_000, 20).unwrap();
+        world.heartbeat(a.member_id, &PARTITIONS, 10).unwrap();
+        let b = world.join("b", 1_000, 20);
         assert!(b.partitions.is_empty(), "a still owns everything");
-        let a2 = c.heartbeat("s", "g", a.member_id, &PARTITIONS, 30).unwrap();
+        let a2 = world.heartbeat(a.member_id, &PARTITIONS, 30).unwrap();
         assert_eq!(a2.partitions.len(), 4, "a's grant shrinks to its share");
         // a may still commit what it is releasing.
         let released: Vec<u32> = PARTITIONS
@@ -580,87 +602,99 @@ mod tests {
             .copied()
             .filter(|p| !a2.partitions.contains(p))
             .collect();
-        c.check_commit("s", "g", a.member_id, a2.generation, released[0])
+        world
+            .commit(a.member_id, a2.generation, released[0])
             .unwrap();
         // An older generation, or 0, is fenced.
         for stale in [a.generation, 0] {
             assert!(matches!(
-                c.check_commit("s", "g", a.member_id, stale, released[0]),
+                world.commit(a.member_id, stale, released[0]),
                 Err(GroupError::StaleGeneration { .. })
             ));
         }
-        assert!(c
-            .heartbeat("s", "g", b.member_id, &[], 40)
+        assert!(world
+            .heartbeat(b.member_id, &[], 40)
             .unwrap()
             .partitions
             .is_empty());
-        c.heartbeat("s", "g", a.member_id, &a2.partitions, 50)
-            .unwrap();
-        let b2 = c.heartbeat("s", "g", b.member_id, &[], 60).unwrap();
+        world.heartbeat(a.member_id, &a2.partitions, 50).unwrap();
+        let b2 = world.heartbeat(b.member_id, &[], 60).unwrap();
         assert_eq!(b2.partitions, released);
         assert!(matches!(
-            c.check_commit("s", "g", a.member_id, b2.generation, released[0]),
+            world.commit(a.member_id, b2.generation, released[0]),
             Err(GroupError::NotAssigned { .. })
         ));
     }
 
     #[test]
-    fn expiry_and_leave_rebalance() {
-        let mut c = GroupCoordinator::default();
-        let a = c.join("s", "g", "t", &PARTITIONS, "a", 100, 0).unwrap();
-        let b = c.join("s", "g", "t", &PARTITIONS, "b", 10_000, 0).unwrap();
-        c.heartbeat("s", "g", a.member_id, &[0, 1, 2, 3], 50)
-            .unwrap();
-        assert!(c.expire(100).is_empty());
-        assert_eq!(c.expire(151), vec![("s".into(), "g".into(), a.member_id)]);
-        let b2 = c.heartbeat("s", "g", b.member_id, &[], 200).unwrap();
+    fn quiet_members_are_proposed_to_leave_once_until_retried() {
+        let mut world = World::new();
+        let a = world.join("a", 100, 0);
+        let b = world.join("b", 10_000, 0);
+        world.heartbeat(a.member_id, &[0, 1, 2, 3], 50).unwrap();
+        assert!(world
+            .coordinator
+            .quiet(&world.meta.memberships, 150)
+            .is_empty());
+        let leaves = world.coordinator.quiet(&world.meta.memberships, 151);
+        assert_eq!(leaves.len(), 1);
+        assert_eq!(leaves[0].member, a.member_id);
+        assert!(
+            world
+                .coordinator
+                .quiet(&world.meta.memberships, 152)
+                .is_empty(),
+            "proposed once"
+        );
+        assert_eq!(
+            world
+                .coordinator
+                .quiet(&world.meta.memberships, 151 + LEAVE_RETRY_MS)
+                .len(),
+            1,
+            "proposed again when the first was lost"
+        );
+        world.leave(a.member_id);
+        let b2 = world.heartbeat(b.member_id, &[], 200).unwrap();
         assert_eq!(
             b2.partitions, PARTITIONS,
-            "a's partitions are free once it expired"
+            "a's partitions are free once it left"
         );
         assert!(matches!(
-            c.heartbeat("s", "g", a.member_id, &[], 200),
+            world.heartbeat(a.member_id, &[], 200),
             Err(GroupError::UnknownMember { .. })
         ));
-        c.leave("s", "g", b.member_id).unwrap();
-        assert_eq!(c.describe("s", "g").unwrap().members.len(), 0);
-        assert!(
-            c.join("s", "g", "other", &PARTITIONS, "x", 1, 0).is_ok(),
-            "an empty group may switch topics"
-        );
+        // A new coordinator gives every member a full timeout from when it first sees
+        // it (it took over, or the member joined a moment ago).
+        world.coordinator.enter_epoch(3);
+        let quiet = |world: &mut World, now| world.coordinator.quiet(&world.meta.memberships, now);
+        assert!(quiet(&mut world, 100_000).is_empty());
+        assert!(quiet(&mut world, 109_000).is_empty());
+        assert_eq!(quiet(&mut world, 110_001).len(), 1);
+        let c = world.join("c", 1_000, 200_000);
+        assert!(quiet(&mut world, 200_500)
+            .iter()
+            .all(|leave| leave.member != c.member_id));
     }
 
     #[test]
-    fn assignment_is_balanced_and_sticky() {
-        let mut c = GroupCoordinator::default();
-        let ids: Vec<u64> = (0..3)
-            .map(|i| {
-                c.join("s", "g", "t", &PARTITIONS, &format!("m{i}"), 1_000, 0)
-                    .unwrap()
-                    .member_id
-            })
-            .collect();
-        // Members heartbeat what they hold after each grant, releasing what left their
-        // grant, until partitions settle.
-        let mut held: Vec<Vec<u32>> = vec![PARTITIONS.to_vec(), Vec::new(), Vec::new()];
-        for round in 0..3 {
-            for (i, id) in ids.iter().enumerate() {
-                let grant = c.heartbeat("s", "g", *id, &held[i], 10 + round).unwrap();
-                held[i] = grant.partitions;
-            }
-        }
-        let view = c.describe("s", "g").unwrap();
-        let sizes: Vec<usize> = view.members.iter().map(|m| m.granted.len()).collect();
-        assert_eq!(sizes.iter().sum::<usize>(), 8);
-        assert!(sizes.iter().all(|s| (2..=3).contains(s)), "{sizes:?}");
-        let before: Vec<Vec<u32>> = view.members.iter().map(|m| m.granted.clone()).collect();
-        c.leave("s", "g", ids[2]).unwrap();
-        let after = c.describe("s", "g").unwrap();
-        for (old, new) in before.iter().zip(&after.members) {
-            assert!(
-                old.iter().all(|p| new.granted.contains(p)),
-                "members keep what they had"
-            );
-        }
+    fn limits_refuse_joins_past_them() {
+        let mut world = World::new();
+        world.coordinator = GroupCoordinator::new(GroupLimits {
+            members: 2,
+            groups: 1,
+            per_stream: 1,
+        });
+        world.join("a", 1_000, 0);
+        world.join("b", 1_000, 0);
+        let memberships = &world.meta.memberships;
+        assert!(matches!(
+            world.coordinator.check_join(memberships, "s", "g"),
+            Err(GroupError::GroupFull { .. })
+        ));
+        assert!(matches!(
+            world.coordinator.check_join(memberships, "s", "other"),
+            Err(GroupError::TooManyGroups { .. })
+        ));
     }
 }

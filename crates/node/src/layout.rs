@@ -105,6 +105,8 @@ pub(crate) struct Layout {
     pub(crate) access: Access,
     /// Client sessions the metadata holds: whether each has ended.
     sessions: HashMap<u64, bool>,
+    /// The user each owned client session belongs to.
+    owners: HashMap<u64, Arc<str>>,
     /// The metadata op this layout was built at or after: a session id above it may
     /// be registered and not yet known here.
     metadata_op: u64,
@@ -121,12 +123,17 @@ pub(crate) struct LayoutChange {
     streams: Vec<(String, Option<StreamRoutes>)>,
     topics: Vec<(String, String, Option<Arc<TopicRoute>>)>,
     users: Vec<(String, Option<UserAccess>)>,
-    /// Each session touched: whether it has ended, or `None` (retired).
-    sessions: Vec<(u64, Option<bool>)>,
+    /// Each session touched: whether it has ended and whose it is, or `None`
+    /// (retired).
+    sessions: Vec<(u64, Option<SessionState>)>,
     /// The partitions that owe a retirement, if they changed: the whole new set.
     debts: Option<HashMap<PartitionKey, u64>>,
     metadata_op: u64,
 }
+
+/// A client session as a layout change carries it: whether it has ended, and its
+/// owner.
+type SessionState = (bool, Option<Arc<str>>);
 
 /// The partitions that owe a retirement, as the layout keys them.
 fn debts_of(meta: &Metadata) -> HashMap<PartitionKey, u64> {
@@ -175,8 +182,11 @@ impl LayoutChange {
                     change.users.push((name.clone(), access));
                 }
                 Touch::Session(id) => {
-                    let ended = meta.sessions.get(id).map(|s| s.ended_at.is_some());
-                    change.sessions.push((*id, ended));
+                    let state = meta.sessions.get(id).map(|s| {
+                        let owner = meta.session_owners.get(id).map(|u| Arc::from(u.as_str()));
+                        (s.ended_at.is_some(), owner)
+                    });
+                    change.sessions.push((*id, state));
                 }
                 Touch::Debts => change.debts = Some(debts_of(meta)),
             }
@@ -187,12 +197,6 @@ impl LayoutChange {
     /// Whether a user's credential or grants changed (connections check their logins).
     pub(crate) fn changes_access(&self) -> bool {
         !self.users.is_empty()
-    }
-
-    /// Whether a stream or a topic went away.
-    pub(crate) fn removes_topics(&self) -> bool {
-        self.streams.iter().any(|(_, routes)| routes.is_none())
-            || self.topics.iter().any(|(_, _, route)| route.is_none())
     }
 }
 
@@ -237,6 +241,11 @@ impl Layout {
                 .iter()
                 .map(|(id, s)| (*id, s.ended_at.is_some()))
                 .collect(),
+            owners: meta
+                .session_owners
+                .iter()
+                .map(|(id, user)| (*id, Arc::from(user.as_str())))
+                .collect(),
             metadata_op: meta.applied_op(),
             debts: debts_of(meta),
         }
@@ -259,6 +268,16 @@ impl Layout {
                 owed: self.owed(key),
             }),
         }
+    }
+
+    /// Refuses `user` a session of another user (`client_sessions::owner_refusal`).
+    pub(crate) fn owner_refusal(
+        &self,
+        session: u64,
+        user: Option<&str>,
+    ) -> Option<crate::error::NodeError> {
+        let owner = self.owners.get(&session).map(|o| &**o);
+        crate::client_sessions::owner_refusal(session, owner, user)
     }
 
     /// Whether `session` was retired: at or below the op this layout is of, and
@@ -392,13 +411,18 @@ impl Layout {
         for (user, access) in &change.users {
             self.access.set(user, access.clone());
         }
-        for (id, ended) in &change.sessions {
-            match ended {
-                Some(ended) => {
+        for (id, state) in &change.sessions {
+            match state {
+                Some((ended, owner)) => {
                     self.sessions.insert(*id, *ended);
+                    match owner {
+                        Some(owner) => self.owners.insert(*id, Arc::clone(owner)),
+                        None => self.owners.remove(id),
+                    };
                 }
                 None => {
                     self.sessions.remove(id);
+                    self.owners.remove(id);
                 }
             }
         }

@@ -10,6 +10,7 @@ use braid_proto::client::{Grant, Resource, TopicSettings, NAME_BYTES_MAX, USERS}
 use braid_proto::scram::ScramCredential;
 use braid_proto::wire::{WireError, WireReader, WireWrite};
 
+pub mod members;
 pub mod op;
 pub mod retirement;
 pub mod sessions;
@@ -97,6 +98,10 @@ pub struct Metadata {
     pub sessions: BTreeMap<u64, ClientSession>,
     /// The retirement of ended sessions: reports, what is retired, debts.
     pub retirement: Retirement,
+    /// Consumer groups' members and assignments.
+    pub memberships: members::Memberships,
+    /// The user each owned client session belongs to, by session id.
+    pub session_owners: BTreeMap<u64, String>,
 }
 
 /// A part of the metadata an op changed, as the layout and the access table see it:
@@ -159,6 +164,9 @@ pub enum MetaError {
     /// An argument is out of range.
     #[error("{0}")]
     Invalid(String),
+    /// A consumer-group change the group's membership refuses.
+    #[error(transparent)]
+    Group(#[from] crate::groups::GroupError),
 }
 
 fn check_name(kind: &str, name: &str) -> Result<(), MetaError> {
@@ -387,6 +395,10 @@ impl Metadata {
         self.retirement.encode(out);
         // Create ops came after retirement; a snapshot without them has 0 for each.
         self.encode_created(out);
+        // Memberships came after create ops; a snapshot without them has no members.
+        members::encode(&self.memberships, out);
+        // Session owners came after memberships; a snapshot without them has none.
+        sessions::encode_owners(&self.session_owners, out);
     }
 
     /// The partitions' create ops: `count: u32`, then `topic_id: u32, partition:
@@ -453,6 +465,8 @@ impl Metadata {
             applied_op: 0,
             sessions: BTreeMap::new(),
             retirement: Retirement::default(),
+            memberships: members::Memberships::new(),
+            session_owners: BTreeMap::new(),
         };
         for _ in 0..r.count("streams", 10)? {
             let name = r.string("stream")?.to_owned();
@@ -526,6 +540,12 @@ impl Metadata {
         }
         if r.remaining() > 0 {
             meta.decode_created(&mut r)?;
+        }
+        if r.remaining() > 0 {
+            meta.memberships = members::decode(&mut r)?;
+        }
+        if r.remaining() > 0 {
+            meta.session_owners = sessions::decode_owners(&mut r)?;
         }
         r.finish()?;
         Ok(meta)

@@ -27,6 +27,7 @@ async fn consumer_groups_are_bounded_in_members_groups_and_name_length() {
                 topic: "t",
                 member_name: &name,
                 session_timeout_ms: 30_000,
+                session: 0,
             };
             match client.call(&request).await {
                 Ok(Response::Assignment { member_id, .. }) => Ok(member_id),
@@ -142,6 +143,7 @@ async fn one_stream_cannot_take_the_node_s_consumer_groups() {
                 topic: "t",
                 member_name: "m",
                 session_timeout_ms: 30_000,
+                session: 0,
             };
             match client.call(&request).await {
                 Ok(Response::Assignment {

@@ -729,13 +729,16 @@ async fn handle_frame(env: &Env, mut frame: BytesMut) -> Flow {
             Ok((_, key)) => list_offsets(env, request_id, key, spec).await,
             Err(err) => Err(err),
         },
-        other => match admin_request(&other) {
-            Some(admin) => admin_call(env, request_id, command, admin).await,
-            None => Err(NodeError::new(
-                ErrorCode::Internal,
-                "request has no handler",
-            )),
-        },
+        other => {
+            let user = env.login.borrow().user().map(str::to_owned);
+            match admin_request(&other, user.as_deref()) {
+                Some(admin) => admin_call(env, request_id, command, admin).await,
+                None => Err(NodeError::new(
+                    ErrorCode::Internal,
+                    "request has no handler",
+                )),
+            }
+        }
     };
     if let Err(err) = result {
         send_error(env, request_id, code, &err).await;

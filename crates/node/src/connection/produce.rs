@@ -49,7 +49,13 @@ pub(super) async fn produce(
         other => NodeError::new(ErrorCode::InvalidBatch, other.to_string()),
     })?;
     let checked = match SessionTag::of(batch.header()) {
-        Tagged::Yes(tag) => env.layout.borrow().session_check(tag, key)?,
+        Tagged::Yes(tag) => {
+            let layout = env.layout.borrow();
+            if let Some(refusal) = layout.owner_refusal(tag.session, env.login.borrow().user()) {
+                return Err(refusal);
+            }
+            layout.session_check(tag, key)?
+        }
         Tagged::No | Tagged::Invalid => Checked::default(),
     };
     let (reply, wait) = oneshot::channel();

@@ -40,6 +40,20 @@ impl MetaService {
                 }
                 None
             }
+            Waiter::Join {
+                reply,
+                stream,
+                group,
+            } => {
+                let answer = outcome.and_then(|member| self.joined(&stream, &group, member));
+                Some((reply, answer))
+            }
+            Waiter::Quiet => {
+                if let Err(err) = outcome {
+                    tracing::debug!(%err, "a quiet member's leave was refused");
+                }
+                None
+            }
             Waiter::Report | Waiter::Finalize => {
                 match outcome {
                     Ok(_) if matches!(waiter, Waiter::Finalize) => {
@@ -72,6 +86,7 @@ impl MetaService {
         &mut self,
         shared: &Arc<NodeShared>,
         timeout_ms: u32,
+        user: Option<String>,
         reply: Reply,
     ) {
         let sessions = &self.group.state().sessions;
@@ -84,8 +99,23 @@ impl MetaService {
             )));
             return;
         }
-        let register = MetaOp::RegisterSession(op::RegisterSession { timeout_ms });
+        let register = match user {
+            // A logged-in user's session is its own: nobody else may use it.
+            Some(user) => {
+                MetaOp::RegisterOwnedSession(op::RegisterOwnedSession { timeout_ms, user })
+            }
+            None => MetaOp::RegisterSession(op::RegisterSession { timeout_ms }),
+        };
         self.propose(shared, register, Waiter::Register { reply, timeout_ms });
+    }
+
+    /// Refuses `user` a session of another user (`client_sessions::owner_refusal`).
+    pub(super) fn check_owner(&self, session: u64, user: Option<&str>) -> Result<(), NodeError> {
+        let owner = self.group.state().session_owners.get(&session);
+        match crate::client_sessions::owner_refusal(session, owner.map(String::as_str), user) {
+            Some(refusal) => Err(refusal),
+            None => Ok(()),
+        }
     }
 
     /// A heartbeat keeps an open session; an ended, retired or unknown one is

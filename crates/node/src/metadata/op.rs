@@ -13,8 +13,9 @@ use braid_proto::hash::equal_ranges;
 use braid_proto::scram::ScramCredential;
 use braid_proto::wire::{WireError, WireReader, WireWrite};
 
+pub use super::members::{JoinGroup, LeaveGroup};
 pub use super::retirement::{FinalizeSession, ReportRetirement};
-pub use super::sessions::{EndSession, RegisterSession};
+pub use super::sessions::{EndSession, RegisterOwnedSession, RegisterSession};
 use super::{
     check_credential, check_name, credential, put_credential, MetaError, Metadata, PartitionMeta,
     StreamMeta, TopicMeta, Touch, UserMeta, TOPIC_PARTITIONS_MAX,
@@ -127,6 +128,12 @@ meta_ops! {
     ReportRetirement,
     /// Retire (forget) ended sessions through an op.
     FinalizeSession,
+    /// A consumer joins a group.
+    JoinGroup,
+    /// A consumer leaves a group.
+    LeaveGroup,
+    /// Open a client session that belongs to a user.
+    RegisterOwnedSession,
 }
 
 // Two ops with one code would read each other's records back: refused at compile time.
@@ -144,6 +151,15 @@ const _: () = {
 };
 
 impl MetaOp {
+    /// Whether the op's number names what it makes (a session, a group member): a
+    /// log op holds at most one such op (a second is refused).
+    pub(crate) fn is_numbered(&self) -> bool {
+        matches!(
+            self,
+            Self::RegisterSession(_) | Self::RegisterOwnedSession(_) | Self::JoinGroup(_)
+        )
+    }
+
     /// Appends the op's encoding: its code, then its fields.
     pub fn encode(&self, out: &mut Vec<u8>) {
         out.put_u8_be(self.code());
@@ -245,6 +261,7 @@ impl Change for DeleteStream {
     }
     fn apply(&self, meta: &mut Metadata) {
         meta.streams.remove(&self.name);
+        super::members::forget(meta, &self.name, None);
         // A stream made later under the same name is a new stream: grants on this one
         // must not carry over to it.
         let resource = Resource::Stream(self.name.clone());
@@ -366,6 +383,7 @@ impl Change for DeleteTopic {
             stream.topics.remove(&self.name);
             stream.groups.retain(|_, group| group.topic != self.name);
         }
+        super::members::forget(meta, &self.stream, Some(&self.name));
     }
     fn touches(&self, _meta: &Metadata) -> Vec<Touch> {
         vec![Touch::Topic {

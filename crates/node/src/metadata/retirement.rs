@@ -226,6 +226,9 @@ impl Change for FinalizeSession {
         let through = self.retired_through;
         meta.sessions
             .retain(|_, s| s.ended_at.is_none_or(|end| end > through));
+        let sessions = &meta.sessions;
+        meta.session_owners
+            .retain(|id, _| sessions.contains_key(id));
         let retirement = &mut meta.retirement;
         retirement.retired_through = through;
         retirement.reports.retain(|_, r| r.watermark > through);

@@ -74,9 +74,8 @@ pub struct RegisterSession {
     pub timeout_ms: u32,
 }
 
-impl Change for RegisterSession {
-    const CODE: u8 = 12;
-    fn check(&self, meta: &Metadata) -> Result<(), MetaError> {
+impl RegisterSession {
+    fn check_register(&self, meta: &Metadata) -> Result<(), MetaError> {
         if !(SESSION_TIMEOUT_MIN_MS..=SESSION_TIMEOUT_MAX_MS).contains(&self.timeout_ms) {
             return Err(MetaError::Invalid(format!(
                 "a session's timeout is {SESSION_TIMEOUT_MIN_MS} to {SESSION_TIMEOUT_MAX_MS} \
@@ -94,10 +93,8 @@ impl Change for RegisterSession {
         }
         Ok(())
     }
-    fn touches(&self, meta: &Metadata) -> Vec<Touch> {
-        vec![Touch::Session(meta.applied_op)]
-    }
-    fn apply(&self, meta: &mut Metadata) {
+
+    fn apply_register(&self, meta: &mut Metadata) {
         meta.sessions.insert(
             meta.applied_op,
             ClientSession {
@@ -105,6 +102,19 @@ impl Change for RegisterSession {
                 ended_at: None,
             },
         );
+    }
+}
+
+impl Change for RegisterSession {
+    const CODE: u8 = 12;
+    fn check(&self, meta: &Metadata) -> Result<(), MetaError> {
+        self.check_register(meta)
+    }
+    fn touches(&self, meta: &Metadata) -> Vec<Touch> {
+        vec![Touch::Session(meta.applied_op)]
+    }
+    fn apply(&self, meta: &mut Metadata) {
+        self.apply_register(meta);
     }
     fn encode(&self, out: &mut Vec<u8>) {
         out.put_u32_be(self.timeout_ms);
@@ -114,6 +124,70 @@ impl Change for RegisterSession {
             timeout_ms: r.u32("timeout_ms")?,
         })
     }
+}
+
+/// Open a client session that belongs to `user` (a client logged in): only that
+/// user may produce under it, heartbeat it, end it or join a group with it. Its id is
+/// this op's number.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RegisterOwnedSession {
+    /// It ends when no heartbeat comes for this long.
+    pub timeout_ms: u32,
+    /// The user it belongs to.
+    pub user: String,
+}
+
+impl RegisterOwnedSession {
+    fn register(&self) -> RegisterSession {
+        RegisterSession {
+            timeout_ms: self.timeout_ms,
+        }
+    }
+}
+
+impl Change for RegisterOwnedSession {
+    const CODE: u8 = 18;
+    fn check(&self, meta: &Metadata) -> Result<(), MetaError> {
+        self.register().check_register(meta)?;
+        meta.user(&self.user).map(|_| ())
+    }
+    fn touches(&self, meta: &Metadata) -> Vec<Touch> {
+        vec![Touch::Session(meta.applied_op)]
+    }
+    fn apply(&self, meta: &mut Metadata) {
+        self.register().apply_register(meta);
+        meta.session_owners
+            .insert(meta.applied_op, self.user.clone());
+    }
+    fn encode(&self, out: &mut Vec<u8>) {
+        out.put_u32_be(self.timeout_ms);
+        out.put_string(&self.user);
+    }
+    fn decode(r: &mut WireReader<'_>) -> Result<Self, WireError> {
+        Ok(Self {
+            timeout_ms: r.u32("timeout_ms")?,
+            user: r.string("user")?.to_owned(),
+        })
+    }
+}
+
+/// Appends the session owners' section of the snapshot: `count: u32`, then `session:
+/// u64, user: string` for each owned session, in id order.
+pub(super) fn encode_owners(owners: &BTreeMap<u64, String>, out: &mut Vec<u8>) {
+    out.put_u32_be(owners.len() as u32);
+    for (session, user) in owners {
+        out.put_u64_be(*session);
+        out.put_string(user);
+    }
+}
+
+/// Reads what [`encode_owners`] wrote.
+pub(super) fn decode_owners(r: &mut WireReader<'_>) -> Result<BTreeMap<u64, String>, WireError> {
+    let mut owners = BTreeMap::new();
+    for _ in 0..r.count("session owners", 10)? {
+        owners.insert(r.u64("session")?, r.string("user")?.to_owned());
+    }
+    Ok(owners)
 }
 
 /// End a client session: its client closed it, or it missed its heartbeats. Ending
@@ -141,6 +215,8 @@ impl Change for EndSession {
         if let Some(session) = meta.sessions.get_mut(&self.session) {
             session.ended_at.get_or_insert(op);
         }
+        // Its consumer-group members leave with it.
+        super::members::end_session(meta, self.session);
     }
     fn encode(&self, out: &mut Vec<u8>) {
         out.put_u64_be(self.session);

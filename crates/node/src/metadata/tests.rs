@@ -101,6 +101,12 @@ fn users_and_grants_apply_round_trip_and_follow_their_stream() {
     old.apply(&ops[0]).unwrap();
     let mut bytes = Vec::new();
     old.encode(&mut bytes);
+    // Without session owners (a count of none): written before they were kept.
+    bytes.truncate(bytes.len() - 4);
+    assert_eq!(Metadata::decode(&bytes).unwrap(), old);
+    // Without memberships (a count of none): written before they were kept.
+    bytes.truncate(bytes.len() - 4);
+    assert_eq!(Metadata::decode(&bytes).unwrap(), old);
     // Without create ops (a count of none): written before they were kept.
     bytes.truncate(bytes.len() - 4);
     assert_eq!(Metadata::decode(&bytes).unwrap(), old);
@@ -280,9 +286,44 @@ fn a_sessions_id_is_the_op_that_registered_it_and_its_end_is_kept() {
         meta.apply(&MetaOp::EndSession(op::EndSession { session: 8 })),
         Err(MetaError::SessionNotFound(8))
     );
+    // A logged-in user's session keeps its owner (a user that exists), through a
+    // snapshot, until it is retired.
+    let owned = |user: &str| {
+        MetaOp::RegisterOwnedSession(op::RegisterOwnedSession {
+            timeout_ms: 10_000,
+            user: user.into(),
+        })
+    };
+    meta.begin_op(11);
+    assert_eq!(
+        meta.apply(&owned("alice")),
+        Err(MetaError::UserNotFound("alice".into()))
+    );
+    meta.apply(&MetaOp::CreateUser(op::CreateUser {
+        name: "alice".into(),
+        credential: ScramCredential::derive("pw", b"salt", 4096),
+    }))
+    .unwrap();
+    meta.begin_op(12);
+    meta.apply(&owned("alice")).unwrap();
+    assert_eq!(
+        meta.session_owners.get(&12).map(String::as_str),
+        Some("alice")
+    );
+    assert!(meta.apply(&register).is_err(), "one numbered op per log op");
     let mut bytes = Vec::new();
     meta.encode(&mut bytes);
     assert_eq!(Metadata::decode(&bytes).unwrap(), meta);
+    meta.begin_op(13);
+    meta.apply(&MetaOp::EndSession(op::EndSession { session: 12 }))
+        .unwrap();
+    meta.begin_op(14);
+    meta.apply(&MetaOp::FinalizeSession(op::FinalizeSession {
+        retired_through: 13,
+        debt: Vec::new(),
+    }))
+    .unwrap();
+    assert!(meta.session_owners.is_empty(), "forgotten with its session");
 }
 
 /// Reports gather per node; the finalize is due through the lowest watermark once

@@ -271,6 +271,9 @@ pub(crate) mod tests {
                 .prop_map(|name| MetaOp::DeleteUser(op::DeleteUser { name })),
             (500u32..700_000)
                 .prop_map(|timeout_ms| MetaOp::RegisterSession(op::RegisterSession { timeout_ms })),
+            (name.clone(), 500u32..700_000).prop_map(|(user, timeout_ms)| {
+                MetaOp::RegisterOwnedSession(op::RegisterOwnedSession { timeout_ms, user })
+            }),
             (0u64..12).prop_map(|session| MetaOp::EndSession(op::EndSession { session })),
             (name.clone(), name.clone()).prop_map(|(user, stream)| MetaOp::Grant(op::Grant {
                 user,
@@ -288,7 +291,7 @@ pub(crate) mod tests {
             })),
             // Node permissions (the wire refuses bits that do not apply): taking USERS
             // from the last user who has it is refused.
-            (name, any::<u8>(), any::<bool>()).prop_map(|(user, bits, give)| {
+            (name.clone(), any::<u8>(), any::<bool>()).prop_map(|(user, bits, give)| {
                 let allowed = Resource::Node.permissions_allowed();
                 let grant = Grant {
                     resource: Resource::Node,
@@ -301,6 +304,23 @@ pub(crate) mod tests {
                 }
             }),
             (0u32..8).prop_map(|floor| MetaOp::RaiseTopicIdFloor(op::RaiseTopicIdFloor { floor })),
+            (name.clone(), name.clone(), name.clone(), 0u64..12).prop_map(
+                |(stream, group, topic, session)| MetaOp::JoinGroup(op::JoinGroup {
+                    stream,
+                    group,
+                    topic,
+                    name: "m".into(),
+                    session,
+                    timeout_ms: 1_000,
+                })
+            ),
+            (name.clone(), name.clone(), 0u64..60).prop_map(|(stream, group, member)| {
+                MetaOp::LeaveGroup(op::LeaveGroup {
+                    stream,
+                    group,
+                    member,
+                })
+            }),
         ]
     }
 

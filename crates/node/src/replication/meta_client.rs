@@ -124,16 +124,16 @@ impl<T> MetaClient<T> {
             let request = register_request(self.client, self.register_attempt);
             (request, Vec::new(), Vec::new())
         } else {
-            // A session's id is the number of the op that registers it: one register
-            // per op.
-            let second_register = self
+            // A session's id is the number of the op that registers it, and a group
+            // member's the number of the op that joins it: one of them per op.
+            let second_numbered = self
                 .queued
                 .iter()
                 .enumerate()
-                .filter(|(_, (op, _))| matches!(op, MetaOp::RegisterSession(_)))
+                .filter(|(_, (op, _))| op.is_numbered())
                 .nth(1)
                 .map_or(usize::MAX, |(at, _)| at);
-            let take = self.queued.len().min(BATCH_OPS_MAX).min(second_register);
+            let take = self.queued.len().min(BATCH_OPS_MAX).min(second_numbered);
             let (ops, tokens): (Vec<_>, Vec<_>) = self.queued.drain(..take).unzip();
             let request = Request {
                 client: self.client,

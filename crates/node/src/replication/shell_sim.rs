@@ -152,6 +152,8 @@ pub(crate) struct Run {
     asleep_draws: Prng,
     /// Draws for the producers' sessions, apart from the others.
     session_draws: Prng,
+    /// Draws for consumer groups' ops ([`members`]), apart from the others.
+    group_draws: Prng,
     /// The client sessions' requests ([`producer`]).
     sessions: producer::Sessions,
     /// A producer's session ended and retired ([`retire`]).
@@ -296,6 +298,7 @@ impl Run {
             proposals: metadata::Proposals::default(),
             asleep_draws: Prng::new(seed.rotate_left(43) ^ 0xda7a),
             session_draws: Prng::new(seed.rotate_left(53) ^ 0x5e55),
+            group_draws: Prng::new(seed.rotate_left(47) ^ 0x6a0b),
             retiring: retire::Retiring::new(seed, shape.safety_ticks),
             sessions: producer::Sessions::default(),
             descriptor_draws: Prng::new(seed.rotate_left(47) ^ 0xfd),
@@ -859,6 +862,7 @@ impl Run {
                 self.outcome.streams_stored = streams as u64;
                 self.outcome.sessions_registered = self.proposals.sessions.len() as u64;
                 self.outcome.finalizes_acknowledged = self.proposals.finalizes;
+                self.outcome.members_joined = self.proposals.groups.joined;
                 return Ok(self.outcome);
             }
         }
@@ -909,6 +913,7 @@ impl Run {
 
 mod compare;
 mod files;
+mod members;
 mod metadata;
 mod outcome;
 mod producer;

@@ -420,6 +420,9 @@ pub enum Request<'a> {
         member_name: &'a str,
         /// A member that sends no heartbeat for this long is removed (ms).
         session_timeout_ms: u32,
+        /// The client session the member belongs to: it leaves its group when the
+        /// session ends (0: none). A trailing field, absent from older clients.
+        session: u64,
     },
     /// See [`Command::Heartbeat`].
     Heartbeat {
@@ -733,12 +736,16 @@ impl<'a> Request<'a> {
                 topic,
                 member_name,
                 session_timeout_ms,
+                session,
             } => {
                 out.put_string(stream);
                 out.put_string(group);
                 out.put_string(topic);
                 out.put_string(member_name);
                 out.put_u32_be(*session_timeout_ms);
+                if *session != 0 {
+                    out.put_u64_be(*session);
+                }
             }
             Self::Heartbeat { member, owned } => {
                 put_member(out, member);
@@ -918,6 +925,11 @@ impl<'a> Request<'a> {
                     member_name
                 },
                 session_timeout_ms: r.u32("session_timeout_ms")?,
+                session: if r.remaining() > 0 {
+                    r.u64("session")?
+                } else {
+                    0
+                },
             },
             Command::Heartbeat => {
                 let member = member(&mut r)?;

@@ -12,12 +12,14 @@ fn round_trip(request: Request<'_>) {
     assert_eq!(header.request_id, 42);
     let command = Command::from_u16(header.command).unwrap();
     assert_eq!(Request::decode(command, body).unwrap(), request);
-    // Every cut of the body is an error, never a panic.
+    // Every cut of the body is an error, never a panic; but a JoinGroup cut before its
+    // trailing session is a join of an older client, with none.
     for cut in 0..body.len() {
-        assert!(
-            Request::decode(command, &body[..cut]).is_err(),
-            "{command:?} cut at {cut}"
-        );
+        match Request::decode(command, &body[..cut]) {
+            Ok(Request::JoinGroup { session: 0, .. })
+                if matches!(request, Request::JoinGroup { .. }) && cut == body.len() - 8 => {}
+            decoded => assert!(decoded.is_err(), "{command:?} cut at {cut}"),
+        }
     }
 }
 
@@ -140,6 +142,7 @@ fn requests_round_trip() {
             topic: "t",
             member_name: "worker-1",
             session_timeout_ms: 10_000,
+            session: 77,
         },
         Request::Heartbeat {
             member: member.clone(),
@@ -553,6 +556,7 @@ fn join_decoded(group: &str, member_name: &str) -> Result<(), WireError> {
         topic: "t",
         member_name,
         session_timeout_ms: 10_000,
+        session: 0,
     }
     .encode(1, &mut body);
     let (_, request_body) = super::split_request(&body).unwrap();

@@ -13,6 +13,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
+use super::members::{GroupProposals, GROUP_PERCENT};
 use super::Run;
 use crate::identity::{self, Start};
 use crate::metadata::{op, MetaOp, Metadata};
@@ -53,6 +54,8 @@ pub(super) struct Proposals {
     finalized: u64,
     /// Finalizes acknowledged.
     pub(super) finalizes: u64,
+    /// Consumer groups' proposals.
+    pub(super) groups: GroupProposals,
     pub(super) acknowledged: u64,
     pub(super) refused: u64,
 }
@@ -163,6 +166,16 @@ impl Run {
                     "proposal {token}, taken by member {took}, answered by member {m}"
                 ));
             }
+            if self.proposals.groups.waiting.contains_key(&token) {
+                let outcome = outcome.map_err(|_| ());
+                if outcome.is_err() {
+                    self.proposals.refused += 1;
+                }
+                if let Err(what) = self.proposals.groups.answered(token, outcome) {
+                    self.fail(what);
+                }
+                continue;
+            }
             if let Some(retiring) = self.proposals.retiring.remove(&token) {
                 match (retiring, outcome) {
                     (Retiring::End(session), Ok(_)) => {
@@ -213,10 +226,44 @@ impl Run {
         let retiring = !register && self.session_draws.chance(RETIRE_PERCENT);
         let kind = self.session_draws.below(3);
         let pick = self.session_draws.below(u64::MAX);
+        let grouping = !register && !retiring && self.group_draws.chance(GROUP_PERCENT);
+        let group_kind = self.group_draws.below(3);
+        let group_pick = self.group_draws.below(u64::MAX);
+        let member_session = match self.group_draws.below(3) {
+            0 => 0,
+            n => self
+                .proposals
+                .sessions
+                .keys()
+                .nth(
+                    (group_pick.rotate_left(7) % (self.proposals.sessions.len() as u64 + 1))
+                        as usize,
+                )
+                .copied()
+                .unwrap_or(n),
+        };
         let members = self.member_count();
         let Some(group) = self.members[usize::from(m)].meta.as_mut() else {
             return;
         };
+        let grouped = if grouping {
+            self.proposals.groups.draw(
+                group_kind,
+                group_pick,
+                &self.proposals.acked,
+                member_session,
+            )
+        } else {
+            None
+        };
+        if let Some((op, what)) = grouped {
+            let turn = group.propose(op, token);
+            self.proposals.next += 1;
+            self.proposals.groups.proposed(token, what);
+            self.proposals.waiting.insert(token, m);
+            self.take_meta_turn(m, turn);
+            return;
+        }
         let retire = if retiring {
             retire_op(
                 group.state(),
@@ -332,6 +379,9 @@ impl Run {
                 "the acknowledged creation of {lost} is in no member's metadata"
             ));
         }
+        self.proposals.groups.check(first, |session| {
+            self.proposals.end_proposed.contains(&session)
+        })?;
         let retired_through = first.retirement.retired_through;
         if retired_through < self.proposals.finalized {
             return Err(format!(

@@ -43,6 +43,8 @@ pub(crate) struct Outcome {
     pub(crate) barriers_queued: u64,
     /// FinalizeSession ops the metadata client had acknowledged.
     pub(crate) finalizes_acknowledged: u64,
+    /// Consumer-group joins the metadata client had answered.
+    pub(crate) members_joined: u64,
 }
 
 impl Outcome {
@@ -73,6 +75,7 @@ impl Outcome {
             sessions_retired,
             barriers_queued,
             finalizes_acknowledged,
+            members_joined,
         } = other;
         self.records_acknowledged += records_acknowledged;
         self.produces_failed += produces_failed;
@@ -98,5 +101,6 @@ impl Outcome {
         self.sessions_retired += sessions_retired;
         self.barriers_queued += barriers_queued;
         self.finalizes_acknowledged += finalizes_acknowledged;
+        self.members_joined += members_joined;
     }
 }
