@@ -57,6 +57,8 @@ pub struct RetirePass {
     pub debt_copies: u64,
     /// Retirement barriers the members' primaries proposed.
     pub barriers: u64,
+    /// Heartbeats of the wait the coordinator did not answer (it was moving).
+    pub heartbeats_unanswered: u64,
 }
 
 fn client_error(what: &str) -> impl FnOnce(ClientError) -> BenchError + '_ {
@@ -272,10 +274,24 @@ pub async fn run_retirement(
         // Ended one after the other: once the last is retired (its heartbeat finds it
         // gone, not ended), all are.
         let last = sessions.last().copied().unwrap_or(0);
+        let mut unanswered = 0u64;
         loop {
             match admin.session_heartbeat(last).await {
                 Err(err) if err.to_string().contains("does not exist") => break,
                 Err(err) if err.code() == Some(ErrorCode::SessionNotFound) => {}
+                // The coordinator moving (a metadata view change) is part of what the
+                // time measures: the wait goes on, and the pass counts it.
+                Err(err)
+                    if matches!(
+                        err.code(),
+                        Some(ErrorCode::NotLeader | ErrorCode::Busy | ErrorCode::ShuttingDown)
+                    ) =>
+                {
+                    if unanswered == 0 {
+                        eprintln!("{pass} pass: the coordinator did not answer ({err}); waiting");
+                    }
+                    unanswered += 1;
+                }
                 Err(err) => return Err(client_error("a heartbeat")(err)),
                 Ok(_) => {}
             }
@@ -297,6 +313,7 @@ pub async fn run_retirement(
             peak_unproven,
             debt_copies: metric_sum(https, "braid_retirement_debt_copies_total") - debt,
             barriers: metric_sum(https, "braid_retirement_barriers_total") - barriers,
+            heartbeats_unanswered: unanswered,
         });
     }
     Ok(passes)

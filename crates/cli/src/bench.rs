@@ -108,6 +108,11 @@ pub(crate) struct BenchArgs {
     /// and then end, per pass.
     #[arg(long, default_value_t = 32)]
     retire_sessions: u32,
+    /// With the `retirement` experiment on a running cluster (--addr, not
+    /// --embedded): each member's HTTP address, in the order of --addr, comma-separated
+    /// (its figures come from the members' `/metrics`).
+    #[arg(long, value_delimiter = ',')]
+    http_addrs: Vec<String>,
 }
 
 fn parse_mode(value: &str) -> Result<Mode, String> {
@@ -216,7 +221,7 @@ pub(crate) fn bench(
     }
     let preset = args.preset.clone().unwrap_or_default();
     if preset == "retirement" {
-        return retirement(json, &args);
+        return retirement(addrs, connect, json, &args);
     }
     let workload = args.workload(&preset)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -514,31 +519,64 @@ fn print_report(preset: &str, report: &Report) {
     println!("errors: {}", report.errors);
 }
 
-/// `braid bench retirement --embedded --members 3 [--partitions N] [--retire-sessions
-/// S]`: seed 001's experiment (`braid_bench::retire`), on an embedded cluster (its
-/// figures come from the members' `/metrics`).
-fn retirement(json: Option<Option<PathBuf>>, args: &BenchArgs) -> Result<()> {
-    if !args.embedded {
-        bail!("the retirement experiment runs on an embedded node or cluster: give --embedded");
+/// `braid bench retirement (--embedded --members 3 | --addr A,B,C --http-addrs H,I,J)
+/// [--partitions N] [--retire-sessions S]`: seed 001's experiment
+/// (`braid_bench::retire`), on an embedded cluster or a running one (its figures come
+/// from the members' `/metrics`). A cluster of separate processes (`braid cluster
+/// local 3`) gives each member its own limit of open files.
+fn retirement(
+    addrs: &[String],
+    connect: braid_client::ConnectOptions,
+    json: Option<Option<PathBuf>>,
+    args: &BenchArgs,
+) -> Result<()> {
+    let parse = |flag: &str, addr: &String| -> Result<SocketAddr> {
+        addr.parse()
+            .with_context(|| format!("{flag} {addr:?} is not HOST:PORT with a numeric host"))
+    };
+    if !args.embedded && args.http_addrs.len() != addrs.len() {
+        bail!(
+            "the retirement experiment reads every member's /metrics: give --embedded, or \
+             --http-addrs with one HTTP address per --addr"
+        );
     }
     let run = braid_bench::retire::RetireRun {
         partitions: args.partitions.unwrap_or(30_000),
         sessions: args.retire_sessions,
         fsync: args.fsync.unwrap_or(braid_bench::Fsync::Always),
     };
+    let nodes = if args.embedded {
+        eprintln!("starting {} member(s)", args.members);
+        Some(EmbeddedNode::start(args.data_dir.as_deref(), args.members)?)
+    } else {
+        None
+    };
     eprintln!(
-        "starting {} member(s); {} partitions (fsync {:?}), {} sessions per pass",
-        args.members, run.partitions, run.fsync, run.sessions
+        "{} partitions (fsync {:?}), {} sessions per pass",
+        run.partitions, run.fsync, run.sessions
     );
-    let nodes = EmbeddedNode::start(args.data_dir.as_deref(), args.members)?;
+    let (targets, https) = match &nodes {
+        Some(nodes) => (nodes.client_addrs(), nodes.http_addrs()),
+        None => (
+            addrs
+                .iter()
+                .map(|a| parse("--addr", a))
+                .collect::<Result<Vec<_>>>()?,
+            args.http_addrs
+                .iter()
+                .map(|a| parse("--http-addrs", a))
+                .collect::<Result<Vec<_>>>()?,
+        ),
+    };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()?;
-    let target = braid_bench::Target::cluster(nodes.client_addrs(), Default::default());
-    let https = nodes.http_addrs();
+    let target = braid_bench::Target::cluster(targets, connect);
     let passes = runtime.block_on(braid_bench::retire::run_retirement(&target, &https, run));
-    nodes.stop();
+    if let Some(nodes) = nodes {
+        nodes.stop();
+    }
     let passes = passes?;
     let rows = passes
         .iter()
@@ -551,6 +589,7 @@ fn retirement(json: Option<Option<PathBuf>>, args: &BenchArgs) -> Result<()> {
                 format!("{:?}", p.peak_unproven),
                 p.debt_copies.to_string(),
                 p.barriers.to_string(),
+                p.heartbeats_unanswered.to_string(),
             ]
         })
         .collect();
@@ -563,6 +602,7 @@ fn retirement(json: Option<Option<PathBuf>>, args: &BenchArgs) -> Result<()> {
             "PEAK UNPROVEN PER MEMBER",
             "DEBT",
             "BARRIERS",
+            "UNANSWERED",
         ],
         rows,
     );
