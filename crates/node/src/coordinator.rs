@@ -78,6 +78,8 @@ pub(crate) struct MetaService {
     finalizing: Option<(u64, u64)>,
     /// FinalizeSession ops this node committed as the coordinator (for the metrics).
     finalizes_committed: u64,
+    /// When the coordinator last looked for group members that went quiet.
+    members_looked_ms: u64,
 }
 
 /// Why a topic's resolved sizes cannot stand, naming the setting and its value (an
@@ -212,6 +214,7 @@ impl MetaService {
             node_walk: retire::NodeWalk::Idle,
             finalizing: None,
             finalizes_committed: 0,
+            members_looked_ms: 0,
         }
     }
 

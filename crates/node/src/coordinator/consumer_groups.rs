@@ -19,6 +19,9 @@ use crate::layout::PartitionKey;
 use crate::mailbox::{now_ms, NodeShared};
 use crate::metadata::{op, MetaOp};
 
+/// How often the coordinator looks for members that went quiet.
+const QUIET_EVERY_MS: u64 = 100;
+
 impl MetaService {
     /// Proposes a member's join: answered with its grant once committed (its id is
     /// the op's number).
@@ -143,11 +146,15 @@ impl MetaService {
         self.propose(shared, MetaOp::LeaveGroup(leave), Waiter::Plain(reply));
     }
 
-    /// On the coordinator, proposes the leave of every member that went quiet.
+    /// On the coordinator, proposes the leave of every member that went quiet
+    /// (looked at every [`QUIET_EVERY_MS`]: a look walks every member).
     pub(super) fn leave_quiet_members(&mut self, shared: &Arc<NodeShared>, now: u64) {
-        if self.not_coordinator(shared).is_some() {
+        if now < self.members_looked_ms.saturating_add(QUIET_EVERY_MS)
+            || self.not_coordinator(shared).is_some()
+        {
             return;
         }
+        self.members_looked_ms = now;
         self.groups.enter_epoch(self.group.view());
         for leave in self.groups.quiet(&self.group.state().memberships, now) {
             tracing::info!(
