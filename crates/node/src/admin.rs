@@ -38,11 +38,13 @@ pub(crate) enum AdminRequest {
         group: String,
         member_id: u64,
         owned: Vec<u32>,
+        user: Option<String>,
     },
     LeaveGroup {
         stream: String,
         group: String,
         member_id: u64,
+        user: Option<String>,
     },
     CommitOffsets {
         stream: String,
@@ -50,6 +52,7 @@ pub(crate) enum AdminRequest {
         member_id: u64,
         generation: u32,
         offsets: Vec<(u32, u64)>,
+        user: Option<String>,
     },
     FetchOffsets {
         stream: String,
@@ -178,6 +181,7 @@ pub(crate) fn admin_request(request: &Request<'_>, user: Option<&str>) -> Option
             group: own(member.group),
             member_id: member.member_id,
             owned: owned.clone(),
+            user: user.map(own),
         },
         Request::LeaveGroup {
             stream,
@@ -187,6 +191,7 @@ pub(crate) fn admin_request(request: &Request<'_>, user: Option<&str>) -> Option
             stream: own(stream),
             group: own(group),
             member_id: *member_id,
+            user: user.map(own),
         },
         Request::CommitOffsets { member, offsets } => AdminRequest::CommitOffsets {
             stream: own(member.stream),
@@ -194,6 +199,7 @@ pub(crate) fn admin_request(request: &Request<'_>, user: Option<&str>) -> Option
             member_id: member.member_id,
             generation: member.generation,
             offsets: offsets.clone(),
+            user: user.map(own),
         },
         Request::FetchOffsets { stream, group } => AdminRequest::FetchOffsets {
             stream: own(stream),

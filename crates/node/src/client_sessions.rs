@@ -22,11 +22,21 @@ pub(crate) fn owner_refusal(
     owner: Option<&str>,
     user: Option<&str>,
 ) -> Option<crate::error::NodeError> {
+    not_theirs("client session", session, owner, user)
+}
+
+/// `PermissionDenied` for `user` if `what` `id` belongs to `owner`, another user.
+pub(crate) fn not_theirs(
+    what: &str,
+    id: u64,
+    owner: Option<&str>,
+    user: Option<&str>,
+) -> Option<crate::error::NodeError> {
     let owner = owner?;
     (user != Some(owner)).then(|| {
         crate::error::NodeError::new(
             braid_proto::client::ErrorCode::PermissionDenied,
-            format!("client session {session} belongs to another user"),
+            format!("{what} {id} belongs to another user"),
         )
     })
 }

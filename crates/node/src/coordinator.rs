@@ -658,42 +658,62 @@ impl MetaService {
                 Err(refusal) => {
                     let _ = reply.send(Err(refusal));
                 }
-                Ok(()) => self.join(
-                    shared,
-                    stream,
-                    group,
-                    topic,
-                    member_name,
-                    session_timeout_ms,
-                    session,
-                    reply,
-                ),
+                Ok(()) => {
+                    let join = op::JoinGroup {
+                        stream,
+                        group,
+                        topic,
+                        name: member_name,
+                        session,
+                        timeout_ms: session_timeout_ms,
+                        user: user.unwrap_or_default(),
+                    };
+                    self.join(shared, join, reply);
+                }
             },
             AdminRequest::Heartbeat {
                 stream,
                 group,
                 member_id,
                 owned,
+                user,
             } => {
-                let _ = reply.send(self.group_heartbeat(&stream, &group, member_id, &owned));
+                let answer = self
+                    .check_member_user(&stream, &group, member_id, user.as_deref())
+                    .and_then(|()| self.group_heartbeat(&stream, &group, member_id, &owned));
+                let _ = reply.send(answer);
             }
             AdminRequest::LeaveGroup {
                 stream,
                 group,
                 member_id,
-            } => self.leave(shared, stream, group, member_id, reply),
+                user,
+            } => match self.check_member_user(&stream, &group, member_id, user.as_deref()) {
+                Ok(()) => self.leave(shared, stream, group, member_id, reply),
+                Err(refusal) => {
+                    let _ = reply.send(Err(refusal));
+                }
+            },
             AdminRequest::CommitOffsets {
                 stream,
                 group,
                 member_id,
                 generation,
                 offsets,
-            } => match self.commit_op(shared, &stream, &group, member_id, generation, offsets) {
-                Ok(op) => self.change(shared, op, reply),
-                Err(err) => {
-                    let _ = reply.send(Err(err));
+                user,
+            } => {
+                let op = self
+                    .check_member_user(&stream, &group, member_id, user.as_deref())
+                    .and_then(|()| {
+                        self.commit_op(shared, &stream, &group, member_id, generation, offsets)
+                    });
+                match op {
+                    Ok(op) => self.change(shared, op, reply),
+                    Err(err) => {
+                        let _ = reply.send(Err(err));
+                    }
                 }
-            },
+            }
             AdminRequest::FetchOffsets { stream, group } => {
                 self.describe_group(shared, stream, group, true, reply);
             }

@@ -231,13 +231,6 @@ impl GroupCoordinator {
         }
     }
 
-    /// Whether `owner` may own `partition`: what it reported, or anything while it
-    /// has not been heard from in this epoch.
-    fn may_own(&self, owner: u64, partition: u32) -> bool {
-        self.owned(owner)
-            .is_none_or(|owned| owned.contains(&partition))
-    }
-
     /// What `member` owns, if it was heard from in this epoch.
     fn owned(&self, member: u64) -> Option<&BTreeSet<u32>> {
         self.seen.get(&member)?.owned.as_ref()
@@ -360,9 +353,27 @@ impl GroupCoordinator {
                 current: membership.generation,
             });
         }
-        if self.may_own(member_id, partition)
-            || self.granted(membership, member_id).contains(&partition)
-        {
+        let allowed = match self.owned(member_id) {
+            // Heard: what it owns or was granted.
+            Some(owned) => {
+                owned.contains(&partition)
+                    || self.granted(membership, member_id).contains(&partition)
+            }
+            // Not heard yet by this coordinator: only its own target, and only if no
+            // member heard since reports owning it (a member holding nothing must not
+            // move another's position: found by review after a failover).
+            None => {
+                membership
+                    .members
+                    .get(&member_id)
+                    .is_some_and(|m| m.target.contains(&partition))
+                    && membership.members.keys().all(|other| {
+                        *other == member_id
+                            || self.owned(*other).is_none_or(|o| !o.contains(&partition))
+                    })
+            }
+        };
+        if allowed {
             Ok(())
         } else {
             Err(GroupError::NotAssigned {
@@ -468,6 +479,7 @@ mod tests {
                 name: name.into(),
                 session: 0,
                 timeout_ms,
+                user: String::new(),
             }));
             self.coordinator
                 .joined(&self.meta.memberships, "s", "g", id, now)
@@ -524,8 +536,19 @@ mod tests {
             b2.partitions.is_empty(),
             "a may still own b's target: not heard yet"
         );
-        // a may commit what it owned (it was not heard yet: it may own anything).
-        world.commit(a.member_id, generation, 7).unwrap();
+        // Not heard yet, a may commit its own target; b, not heard either, may not
+        // commit a's (found by review: a member holding nothing moved another's
+        // position after a failover).
+        let a_target: Vec<u32> = world.membership().members[&a.member_id]
+            .target
+            .iter()
+            .copied()
+            .collect();
+        world.commit(a.member_id, generation, a_target[0]).unwrap();
+        assert!(matches!(
+            world.commit(b.member_id, generation, a_target[0]),
+            Err(GroupError::NotAssigned { .. })
+        ));
         let a2 = world.heartbeat(a.member_id, &PARTITIONS, 1_020).unwrap();
         assert_eq!(a2.partitions.len(), 4, "a keeps its share");
         world.heartbeat(a.member_id, &a2.partitions, 1_030).unwrap();

@@ -65,11 +65,52 @@ async fn a_users_client_session_is_its_own() {
         (0, 0)
     );
     alice.session_heartbeat(session).await.unwrap();
-    assert!(matches!(
-        alice.call(&join).await.unwrap(),
-        Response::Assignment { .. }
-    ));
-    alice.end_session(session).await.unwrap();
+    let Response::Assignment {
+        member_id,
+        generation,
+        ..
+    } = alice.call(&join).await.unwrap()
+    else {
+        panic!("not an assignment");
+    };
+    // The member alice joined is hers too: bob cannot keep it (and its session)
+    // alive, commit as it or take it out (found by review: group heartbeats kept
+    // another user's session open).
+    let member = braid_proto::client::GroupMemberRequest {
+        stream: "orders",
+        group: "g",
+        member_id,
+        generation,
+    };
+    let heartbeat = Request::Heartbeat {
+        member: member.clone(),
+        owned: Vec::new(),
+    };
+    let commit = Request::CommitOffsets {
+        member,
+        offsets: vec![(0, 1)],
+    };
+    let leave = Request::LeaveGroup {
+        stream: "orders",
+        group: "g",
+        member_id,
+    };
+    for request in [&heartbeat, &commit, &leave] {
+        assert_eq!(code(bob.call(request).await), denied, "{request:?}");
+    }
+    alice.call(&heartbeat).await.unwrap();
     let read = common::read_partition(&admin, "orders", "t", 0).await;
     assert_eq!(read, [b"alice's".to_vec()]);
+
+    // alice is deleted and made again: the new alice inherits neither the session
+    // nor the member (found by review: ownership followed the name).
+    admin.delete_user("alice").await.unwrap();
+    admin.create_user("alice", "new-pw").await.unwrap();
+    admin.grant("alice", everything.clone()).await.unwrap();
+    let again = connect(&node, &login("alice", "new-pw")).await.unwrap();
+    let ended = ErrorCode::SessionNotFound;
+    assert_eq!(code(again.session_heartbeat(session).await), ended);
+    let produced = again.produce("orders", "t", 0, &tagged(1, b"new")).await;
+    assert_eq!(code(produced), ended);
+    assert_eq!(code(again.call(&heartbeat).await), ErrorCode::UnknownMember);
 }

@@ -25,39 +25,44 @@ const QUIET_EVERY_MS: u64 = 100;
 impl MetaService {
     /// Proposes a member's join: answered with its grant once committed (its id is
     /// the op's number).
-    #[allow(clippy::too_many_arguments)] // each is a field of the join request
-    pub(super) fn join(
-        &mut self,
-        shared: &Arc<NodeShared>,
-        stream: String,
-        group: String,
-        topic: String,
-        member_name: String,
-        timeout_ms: u32,
-        session: u64,
-        reply: Reply,
-    ) {
-        if let Err(err) = self.check_join(&stream, &group, &topic, timeout_ms) {
+    pub(super) fn join(&mut self, shared: &Arc<NodeShared>, join: op::JoinGroup, reply: Reply) {
+        if let Err(err) = self.check_join(&join.stream, &join.group, &join.topic, join.timeout_ms) {
             let _ = reply.send(Err(err));
             return;
         }
-        let join = MetaOp::JoinGroup(op::JoinGroup {
-            stream: stream.clone(),
-            group: group.clone(),
-            topic,
-            name: member_name,
-            session,
-            timeout_ms,
-        });
+        let (stream, group) = (join.stream.clone(), join.group.clone());
         self.propose(
             shared,
-            join,
+            MetaOp::JoinGroup(join),
             Waiter::Join {
                 reply,
                 stream,
                 group,
             },
         );
+    }
+
+    /// Refuses `user` a call naming a member another user joined (`PermissionDenied`);
+    /// an unknown member is left to the call to refuse.
+    pub(super) fn check_member_user(
+        &self,
+        stream: &str,
+        group: &str,
+        member_id: u64,
+        user: Option<&str>,
+    ) -> Result<(), NodeError> {
+        let joined_by = self
+            .group
+            .state()
+            .memberships
+            .get(&(stream.to_owned(), group.to_owned()))
+            .and_then(|m| m.members.get(&member_id))
+            .map(|m| m.user.as_str())
+            .filter(|u| !u.is_empty());
+        match crate::client_sessions::not_theirs("group member", member_id, joined_by, user) {
+            Some(refusal) => Err(refusal),
+            None => Ok(()),
+        }
     }
 
     fn check_join(

@@ -26,6 +26,9 @@ pub struct MemberMeta {
     pub session: u64,
     /// It leaves when no heartbeat comes for this long.
     pub timeout_ms: u32,
+    /// The user that joined it (empty: nobody logged in): only that user may
+    /// heartbeat it, commit as it or take it out.
+    pub user: String,
     /// The partitions it is meant to consume, in order.
     pub target: BTreeSet<u32>,
 }
@@ -97,23 +100,33 @@ fn consumable(meta: &Metadata, stream: &str, topic: &str) -> Vec<u32> {
         .unwrap_or_default()
 }
 
-/// Removes every member of `session` (it ended), rebalancing their groups.
-pub(super) fn end_session(meta: &mut Metadata, session: u64) {
+/// Removes every member `gone` picks, rebalancing their groups.
+fn remove_members(meta: &mut Metadata, gone: impl Fn(&MemberMeta) -> bool) {
     let affected: Vec<(String, String)> = meta
         .memberships
         .iter()
-        .filter(|(_, m)| m.members.values().any(|member| member.session == session))
+        .filter(|(_, m)| m.members.values().any(&gone))
         .map(|(key, _)| key.clone())
         .collect();
-    for (stream, group) in affected {
-        let partitions = consumable(meta, &stream, &group_topic(meta, &stream, &group));
-        let key = (stream, group);
+    for key in affected {
+        let partitions = consumable(meta, &key.0, &group_topic(meta, &key.0, &key.1));
         if let Some(membership) = meta.memberships.get_mut(&key) {
-            membership.members.retain(|_, m| m.session != session);
+            membership.members.retain(|_, m| !gone(m));
             membership.rebalance(&partitions);
         }
         forget_if_empty(meta, &key);
     }
+}
+
+/// Removes every member of `session` (it ended), rebalancing their groups.
+pub(super) fn end_session(meta: &mut Metadata, session: u64) {
+    remove_members(meta, |m| m.session == session);
+}
+
+/// Removes every member `user` joined (the user was deleted: a user made again under
+/// the name never inherits them), rebalancing their groups.
+pub(super) fn forget_user(meta: &mut Metadata, user: &str) {
+    remove_members(meta, |m| m.user == user);
 }
 
 /// A group whose last member left keeps no membership (its offsets stay with the
@@ -146,8 +159,8 @@ pub(super) fn forget(meta: &mut Metadata, stream: &str, topic: Option<&str>) {
 
 /// Appends the membership section of the snapshot: `count: u32`, then for each group
 /// `stream: string, group: string, topic: string, generation: u32, count: u32` and
-/// per member `id: u64, name: string, session: u64, timeout_ms: u32, target: count
-/// u32 then partition: u32 each`.
+/// per member `id: u64, name: string, session: u64, timeout_ms: u32, user: string,
+/// target: count u32 then partition: u32 each`.
 pub(super) fn encode(memberships: &Memberships, out: &mut Vec<u8>) {
     out.put_u32_be(memberships.len() as u32);
     for ((stream, group), membership) in memberships {
@@ -161,6 +174,7 @@ pub(super) fn encode(memberships: &Memberships, out: &mut Vec<u8>) {
             out.put_string(&member.name);
             out.put_u64_be(member.session);
             out.put_u32_be(member.timeout_ms);
+            out.put_string(&member.user);
             out.put_u32_be(member.target.len() as u32);
             for partition in &member.target {
                 out.put_u32_be(*partition);
@@ -188,6 +202,7 @@ pub(super) fn decode(r: &mut WireReader<'_>) -> Result<Memberships, WireError> {
             let name = r.string("name")?.to_owned();
             let session = r.u64("session")?;
             let timeout_ms = r.u32("timeout_ms")?;
+            let user = r.string("user")?.to_owned();
             let mut target = BTreeSet::new();
             for _ in 0..r.count("target", 4)? {
                 target.insert(r.u32("partition")?);
@@ -198,6 +213,7 @@ pub(super) fn decode(r: &mut WireReader<'_>) -> Result<Memberships, WireError> {
                     name,
                     session,
                     timeout_ms,
+                    user,
                     target,
                 },
             );
@@ -223,6 +239,8 @@ pub struct JoinGroup {
     pub session: u64,
     /// It leaves when no heartbeat comes for this long (ms).
     pub timeout_ms: u32,
+    /// The user that joins it (empty: nobody logged in).
+    pub user: String,
 }
 
 impl Change for JoinGroup {
@@ -276,6 +294,7 @@ impl Change for JoinGroup {
                 name: self.name.clone(),
                 session: self.session,
                 timeout_ms: self.timeout_ms,
+                user: self.user.clone(),
                 target: BTreeSet::new(),
             },
         );
@@ -288,6 +307,7 @@ impl Change for JoinGroup {
         out.put_string(&self.name);
         out.put_u64_be(self.session);
         out.put_u32_be(self.timeout_ms);
+        out.put_string(&self.user);
     }
     fn decode(r: &mut WireReader<'_>) -> Result<Self, WireError> {
         Ok(Self {
@@ -297,6 +317,7 @@ impl Change for JoinGroup {
             name: r.string("name")?.to_owned(),
             session: r.u64("session")?,
             timeout_ms: r.u32("timeout_ms")?,
+            user: r.string("user")?.to_owned(),
         })
     }
 }
@@ -384,6 +405,7 @@ mod tests {
             name: name.into(),
             session,
             timeout_ms: 10_000,
+            user: String::new(),
         })
     }
 

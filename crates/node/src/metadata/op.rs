@@ -550,9 +550,19 @@ impl Change for DeleteUser {
     }
     fn apply(&self, meta: &mut Metadata) {
         meta.users.remove(&self.name);
+        // A user made again under the name never inherits what this one held.
+        super::sessions::end_owned_by(meta, &self.name);
+        super::members::forget_user(meta, &self.name);
     }
-    fn touches(&self, _meta: &Metadata) -> Vec<Touch> {
-        vec![Touch::User(self.name.clone())]
+    fn touches(&self, meta: &Metadata) -> Vec<Touch> {
+        let mut touched = vec![Touch::User(self.name.clone())];
+        touched.extend(
+            meta.session_owners
+                .iter()
+                .filter(|(_, user)| **user == self.name)
+                .map(|(session, _)| Touch::Session(*session)),
+        );
+        touched
     }
     fn encode(&self, out: &mut Vec<u8>) {
         out.put_string(&self.name);

@@ -171,6 +171,24 @@ impl Change for RegisterOwnedSession {
     }
 }
 
+/// Ends every open session `user` owns (the user was deleted), with their groups'
+/// members.
+pub(super) fn end_owned_by(meta: &mut Metadata, user: &str) {
+    let op = meta.applied_op;
+    let owned: Vec<u64> = meta
+        .session_owners
+        .iter()
+        .filter(|(_, owner)| *owner == user)
+        .map(|(session, _)| *session)
+        .collect();
+    for session in owned {
+        if let Some(open) = meta.sessions.get_mut(&session) {
+            open.ended_at.get_or_insert(op);
+        }
+        super::members::end_session(meta, session);
+    }
+}
+
 /// Appends the session owners' section of the snapshot: `count: u32`, then `session:
 /// u64, user: string` for each owned session, in id order.
 pub(super) fn encode_owners(owners: &BTreeMap<u64, String>, out: &mut Vec<u8>) {

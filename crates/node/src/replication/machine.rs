@@ -312,6 +312,11 @@ pub(crate) mod tests {
                     name: "m".into(),
                     session,
                     timeout_ms: 1_000,
+                    user: if session % 2 == 0 {
+                        String::new()
+                    } else {
+                        "a".into()
+                    },
                 })
             ),
             (name.clone(), name.clone(), 0u64..60).prop_map(|(stream, group, member)| {

@@ -81,6 +81,7 @@ impl GroupProposals {
                     name: "sim".into(),
                     session,
                     timeout_ms: 10_000,
+                    user: String::new(),
                 });
                 Some((join, GroupProposal::Join { stream, session }))
             }
