@@ -100,6 +100,8 @@ pub struct Metadata {
     pub retirement: Retirement,
     /// Consumer groups' members and assignments.
     pub memberships: members::Memberships,
+    /// Which groups each client session's members may be in (a lookup).
+    session_groups: members::SessionGroups,
     /// The user each owned client session belongs to, by session id.
     pub session_owners: BTreeMap<u64, String>,
 }
@@ -466,6 +468,7 @@ impl Metadata {
             sessions: BTreeMap::new(),
             retirement: Retirement::default(),
             memberships: members::Memberships::new(),
+            session_groups: members::SessionGroups::default(),
             session_owners: BTreeMap::new(),
         };
         for _ in 0..r.count("streams", 10)? {
@@ -543,6 +546,7 @@ impl Metadata {
         }
         if r.remaining() > 0 {
             meta.memberships = members::decode(&mut r)?;
+            meta.session_groups = members::SessionGroups::of(&meta.memberships);
         }
         if r.remaining() > 0 {
             meta.session_owners = sessions::decode_owners(&mut r)?;

@@ -100,16 +100,55 @@ fn consumable(meta: &Metadata, stream: &str, topic: &str) -> Vec<u32> {
         .unwrap_or_default()
 }
 
-/// Removes every member `gone` picks, rebalancing their groups.
-fn remove_members(meta: &mut Metadata, gone: impl Fn(&MemberMeta) -> bool) {
-    let affected: Vec<(String, String)> = meta
-        .memberships
-        .iter()
-        .filter(|(_, m)| m.members.values().any(&gone))
-        .map(|(key, _)| key.clone())
-        .collect();
-    for key in affected {
-        let partitions = consumable(meta, &key.0, &group_topic(meta, &key.0, &key.1));
+/// Which groups may hold members of each client session: kept beside the memberships
+/// so that a session's end, which every producer's close commits, costs that
+/// session's groups and not a walk of every member. It may still name a group the
+/// session's members have left (harmless: nothing is found there), so it is not part
+/// of the metadata's equality; a decoded snapshot builds it again.
+#[derive(Debug, Clone, Default)]
+pub struct SessionGroups(BTreeMap<u64, BTreeSet<(String, String)>>);
+
+impl PartialEq for SessionGroups {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl Eq for SessionGroups {}
+
+impl SessionGroups {
+    /// The lookup for `memberships`, as a decoded snapshot has them.
+    pub(super) fn of(memberships: &Memberships) -> Self {
+        let mut index = Self::default();
+        for (key, membership) in memberships {
+            for member in membership.members.values() {
+                index.note(member.session, key);
+            }
+        }
+        index
+    }
+
+    fn note(&mut self, session: u64, key: &(String, String)) {
+        if session != 0 {
+            self.0.entry(session).or_default().insert(key.clone());
+        }
+    }
+}
+
+/// Removes every member `gone` picks among the groups `keys`, rebalancing them.
+fn remove_members(
+    meta: &mut Metadata,
+    keys: Vec<(String, String)>,
+    gone: impl Fn(&MemberMeta) -> bool,
+) {
+    for key in keys {
+        let Some(membership) = meta.memberships.get(&key) else {
+            continue;
+        };
+        if !membership.members.values().any(&gone) {
+            continue;
+        }
+        let partitions = consumable(meta, &key.0, &membership.topic);
         if let Some(membership) = meta.memberships.get_mut(&key) {
             membership.members.retain(|_, m| !gone(m));
             membership.rebalance(&partitions);
@@ -120,13 +159,15 @@ fn remove_members(meta: &mut Metadata, gone: impl Fn(&MemberMeta) -> bool) {
 
 /// Removes every member of `session` (it ended), rebalancing their groups.
 pub(super) fn end_session(meta: &mut Metadata, session: u64) {
-    remove_members(meta, |m| m.session == session);
+    let keys = meta.session_groups.0.remove(&session).unwrap_or_default();
+    remove_members(meta, keys.into_iter().collect(), |m| m.session == session);
 }
 
 /// Removes every member `user` joined (the user was deleted: a user made again under
 /// the name never inherits them), rebalancing their groups.
 pub(super) fn forget_user(meta: &mut Metadata, user: &str) {
-    remove_members(meta, |m| m.user == user);
+    let keys = meta.memberships.keys().cloned().collect();
+    remove_members(meta, keys, |m| m.user == user);
 }
 
 /// A group whose last member left keeps no membership (its offsets stay with the
@@ -245,6 +286,7 @@ pub struct JoinGroup {
 
 impl Change for JoinGroup {
     const CODE: u8 = 16;
+    const NUMBERED: bool = true;
     fn check(&self, meta: &Metadata) -> Result<(), MetaError> {
         meta.topic(&self.stream, &self.topic)?;
         if self.session != 0 {
@@ -280,10 +322,9 @@ impl Change for JoinGroup {
     fn apply(&self, meta: &mut Metadata) {
         let partitions = consumable(meta, &self.stream, &self.topic);
         let id = meta.applied_op;
-        let membership = meta
-            .memberships
-            .entry((self.stream.clone(), self.group.clone()))
-            .or_default();
+        let key = (self.stream.clone(), self.group.clone());
+        meta.session_groups.note(self.session, &key);
+        let membership = meta.memberships.entry(key).or_default();
         if membership.topic != self.topic {
             // An empty group may switch topics: what it held was of the other one.
             membership.topic.clone_from(&self.topic);
@@ -451,7 +492,13 @@ mod tests {
         let sizes: Vec<usize> = targets(&meta).iter().map(Vec::len).collect();
         assert_eq!(sizes, [3, 3, 2]);
         let before = targets(&meta);
+        // A replica restored from a snapshot finds the session's members as well.
+        let mut bytes = Vec::new();
+        meta.encode(&mut bytes);
+        let mut restored = Metadata::decode(&bytes).unwrap();
         at(&mut meta, 14, &EndSession { session: 10 }.into()).unwrap();
+        at(&mut restored, 14, &EndSession { session: 10 }.into()).unwrap();
+        assert_eq!(restored.memberships, meta.memberships);
         let membership = &meta.memberships[&("s".to_owned(), "g".to_owned())];
         assert_eq!(
             membership.members.keys().copied().collect::<Vec<_>>(),

@@ -27,6 +27,9 @@ use super::{
 pub trait Change: Sized {
     /// Its code in the durable log: never reused, never changed.
     const CODE: u8;
+    /// Whether the op's number names what it makes (a session, a group member): a
+    /// log op holds at most one such op.
+    const NUMBERED: bool = false;
     /// Whether it applies to `meta`; the error is what the client is told.
     ///
     /// # Errors
@@ -69,6 +72,12 @@ macro_rules! meta_ops {
 
             fn code(&self) -> u8 {
                 match self { $( Self::$name(_) => <$name as Change>::CODE, )* }
+            }
+
+            /// Whether the op's number names what it makes (a session, a group
+            /// member): a log op holds at most one such op (a second is refused).
+            pub(crate) fn is_numbered(&self) -> bool {
+                match self { $( Self::$name(_) => <$name as Change>::NUMBERED, )* }
             }
 
             pub(super) fn check(&self, meta: &Metadata) -> Result<(), MetaError> {
@@ -151,15 +160,6 @@ const _: () = {
 };
 
 impl MetaOp {
-    /// Whether the op's number names what it makes (a session, a group member): a
-    /// log op holds at most one such op (a second is refused).
-    pub(crate) fn is_numbered(&self) -> bool {
-        matches!(
-            self,
-            Self::RegisterSession(_) | Self::RegisterOwnedSession(_) | Self::JoinGroup(_)
-        )
-    }
-
     /// Appends the op's encoding: its code, then its fields.
     pub fn encode(&self, out: &mut Vec<u8>) {
         out.put_u8_be(self.code());

@@ -107,6 +107,7 @@ impl RegisterSession {
 
 impl Change for RegisterSession {
     const CODE: u8 = 12;
+    const NUMBERED: bool = true;
     fn check(&self, meta: &Metadata) -> Result<(), MetaError> {
         self.check_register(meta)
     }
@@ -147,6 +148,7 @@ impl RegisterOwnedSession {
 
 impl Change for RegisterOwnedSession {
     const CODE: u8 = 18;
+    const NUMBERED: bool = true;
     fn check(&self, meta: &Metadata) -> Result<(), MetaError> {
         self.register().check_register(meta)?;
         meta.user(&self.user).map(|_| ())
