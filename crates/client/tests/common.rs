@@ -179,8 +179,17 @@ pub(crate) fn addresses(n: usize) -> Vec<std::net::SocketAddr> {
 /// them, so a test running beside it may take one meanwhile: then every member stops
 /// and the cluster starts again on new ports.
 pub(crate) fn start_cluster(n: u8, fsync: FsyncSetting) -> Vec<Member> {
+    start_cluster_with(n, fsync, |_| {})
+}
+
+/// As [`start_cluster`], each member's config changed by `configure` first.
+pub(crate) fn start_cluster_with(
+    n: u8,
+    fsync: FsyncSetting,
+    configure: impl Fn(&mut NodeConfig),
+) -> Vec<Member> {
     for _ in 0..10 {
-        if let Some(members) = try_start_cluster(n, fsync) {
+        if let Some(members) = try_start_cluster(n, fsync, &configure) {
             return members;
         }
     }
@@ -188,7 +197,11 @@ pub(crate) fn start_cluster(n: u8, fsync: FsyncSetting) -> Vec<Member> {
 }
 
 /// One try of [`start_cluster`]: `None` if a port was taken before a member bound it.
-fn try_start_cluster(n: u8, fsync: FsyncSetting) -> Option<Vec<Member>> {
+fn try_start_cluster(
+    n: u8,
+    fsync: FsyncSetting,
+    configure: &impl Fn(&mut NodeConfig),
+) -> Option<Vec<Member>> {
     use braid_node::{ClusterSettings, MemberSettings, Secret, StartError};
     // One reservation for both, so that no port is drawn twice.
     let mut replica = addresses(2 * usize::from(n));
@@ -214,6 +227,7 @@ fn try_start_cluster(n: u8, fsync: FsyncSetting) -> Option<Vec<Member>> {
             secret: Some(Secret("a secret of enough bytes".into())),
             ..ClusterSettings::default()
         });
+        configure(&mut config);
         // The first start of a new cluster's member says so (--init); later starts
         // use the config kept, without it.
         let mut first = config.clone();

@@ -893,3 +893,71 @@ fn wipe_and_rejoin(member: &mut Member) -> std::path::PathBuf {
     member.start();
     dir
 }
+
+/// Descriptors this process holds open on files under `dir`.
+fn descriptors_under(dir: &std::path::Path) -> usize {
+    std::fs::read_dir("/proc/self/fd")
+        .map(|fds| {
+            fds.filter_map(|fd| std::fs::read_link(fd.ok()?.path()).ok())
+                .filter(|target| target.starts_with(dir))
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+/// Every wake of a member's partition files counts against its shard's budget of awake
+/// partitions (`open_logs_per_shard`), whatever woke them: a client's produce on the
+/// primary, a prepare or a commit on a backup. Until 2026-12-08 only a client's produce
+/// or fetch counted, and what it let go was the log's segments alone: with 30,000
+/// partitions written on three processes, backups woken by prepares and retirement
+/// barriers held every member past its 20,000 descriptors. Here 60 partitions are
+/// written in a burst, faster than idle files sleep (a pass a second), on members
+/// with a budget of 3 per shard: no member ever holds more than its two shards' budget
+/// of partitions' files open (up to three descriptors each, and one more partition per
+/// shard with writes in flight), and every record stays readable.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_holds_no_more_partitions_awake_than_its_budget() {
+    const BUDGET: usize = 3;
+    const MANY: u32 = 60;
+    let members = common::start_cluster_with(3, FsyncSetting::Always, |config| {
+        config.open_logs_per_shard = BUDGET;
+    });
+    let client = Client::connect(members[0].addr()).await.unwrap();
+    common::create_topic(&client, "s", "t", MANY).await;
+    let dirs: Vec<std::path::PathBuf> = members
+        .iter()
+        .map(|m| m.config.data_dir.join("partitions"))
+        .collect();
+    // Opening a topic wakes a chunk of its partitions at once: the burst starts after.
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let sampling = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let sampler = {
+        let sampling = std::sync::Arc::clone(&sampling);
+        let dirs = dirs.clone();
+        std::thread::spawn(move || {
+            let mut most = vec![0; dirs.len()];
+            while sampling.load(std::sync::atomic::Ordering::Relaxed) {
+                for (most, dir) in most.iter_mut().zip(&dirs) {
+                    *most = (*most).max(descriptors_under(dir));
+                }
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            most
+        })
+    };
+    produce_partitions(&client, 0..MANY, 0..2).await;
+    sampling.store(false, std::sync::atomic::Ordering::Relaxed);
+    let most = sampler.join().unwrap();
+    let shards = members[0].config.shards;
+    let allowed = 3 * shards * (BUDGET + 1);
+    for (m, most) in most.iter().enumerate() {
+        assert!(
+            *most <= allowed,
+            "member {m} held {most} descriptors on partitions' files, over {allowed}"
+        );
+    }
+    for p in 0..MANY {
+        let read = read_all(members[0].addr(), p).await;
+        assert_eq!(read.len(), 10, "partition {p}: {read:?}");
+    }
+}

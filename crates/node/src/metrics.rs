@@ -25,6 +25,7 @@ pub(crate) struct ShardMetrics {
     pub(crate) partitions_awaiting_repair: AtomicU64,
     pub(crate) files_slept: AtomicU64,
     pub(crate) files_woken: AtomicU64,
+    pub(crate) files_slept_over_budget: AtomicU64,
     pub(crate) opens_without_descriptors: AtomicU64,
     pub(crate) resends_answered: AtomicU64,
     pub(crate) retirement_barriers: AtomicU64,
@@ -73,6 +74,7 @@ impl Default for ShardMetrics {
             partitions_awaiting_repair: AtomicU64::new(0),
             files_slept: AtomicU64::new(0),
             files_woken: AtomicU64::new(0),
+            files_slept_over_budget: AtomicU64::new(0),
             opens_without_descriptors: AtomicU64::new(0),
             resends_answered: AtomicU64::new(0),
             retirement_barriers: AtomicU64::new(0),
@@ -316,7 +318,7 @@ pub(crate) fn render(
     metric(
         "braid_partition_files_slept_total",
         "counter",
-        "Times an idle partition's journal and log were closed and let go from memory (after 1 to 2 seconds unused; reopened by the next use).",
+        "Times a partition's journal and log were closed and let go from memory (after 1 to 2 seconds unused, or past the shard's budget of awake partitions; reopened by the next use).",
         sum(&|s| &s.files_slept),
     );
     metric(
@@ -324,6 +326,12 @@ pub(crate) fn render(
         "counter",
         "Times a partition's sleeping journal and log were opened again (a write, a read, the scrub, a peer's copy), each checked to be as it was left.",
         sum(&|s| &s.files_woken),
+    );
+    metric(
+        "braid_partition_files_slept_over_budget_total",
+        "counter",
+        "Times a partition's files were put to sleep (among braid_partition_files_slept_total) because more than open_logs_per_shard partitions of its shard were awake: the least recently used goes. Rising fast with braid_partition_files_woken_total, the shard's working set is larger than its budget (each wake reads and checks files): raise open_logs_per_shard with the descriptor limit.",
+        sum(&|s| &s.files_slept_over_budget),
     );
     metric(
         "braid_partition_opens_without_descriptors_total",

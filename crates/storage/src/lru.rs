@@ -54,6 +54,11 @@ impl<K: Hash + Eq + Clone> OpenLogLru<K> {
         }
     }
 
+    /// Whether `key` is tracked (used since it was last evicted or removed).
+    pub fn contains(&self, key: &K) -> bool {
+        self.stamps.contains_key(key)
+    }
+
     /// Logs tracked.
     pub fn len(&self) -> usize {
         self.stamps.len()
@@ -77,6 +82,7 @@ mod tests {
         assert_eq!(lru.touch(&1), None);
         assert_eq!(lru.touch(&3), Some(2));
         assert_eq!(lru.touch(&4), Some(1));
+        assert!(lru.contains(&3) && !lru.contains(&2));
         lru.remove(&3);
         assert_eq!(lru.len(), 1);
         assert_eq!(lru.touch(&5), None);

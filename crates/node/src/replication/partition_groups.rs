@@ -118,6 +118,9 @@ pub(crate) struct Opening {
     /// The member's data was lost and its directory recreated: partitions it creates
     /// with nothing on disk start untrusted.
     pub(crate) rejoined: bool,
+    /// Partitions whose files may be awake at once (`open_logs_per_shard`; see
+    /// [`PartitionGroups::set_awake_budget`]).
+    pub(crate) awake_budget: usize,
 }
 
 impl Opening {
@@ -137,6 +140,7 @@ impl Opening {
         if self.rejoined {
             groups.host.start_fresh_untrusted();
         }
+        groups.set_awake_budget(self.awake_budget);
         Ok(groups)
     }
 }
@@ -185,9 +189,9 @@ pub(crate) struct PartitionGroups {
     checkpoint_interval: u64,
     /// [`SLEEP_TICKS`], but for simulator runs that put files to sleep more often.
     sleep_ticks: u64,
-    /// The host's counts of files slept and woken at the last
-    /// [`PartitionGroups::take_sleep_counts`].
-    sleep_counts_taken: (u64, u64),
+    /// The host's counts of files slept, woken and slept for the budget of awake ones
+    /// at the last [`PartitionGroups::take_sleep_counts`].
+    sleep_counts_taken: (u64, u64, u64),
     /// The log settings in use, each held once by every log opened with it (a topic's
     /// thousands of partitions share one: 104 bytes a partition otherwise).
     log_configs: Vec<std::sync::Arc<LogConfig>>,
@@ -280,7 +284,7 @@ impl PartitionGroups {
             failed: None,
             checkpoint_interval: CHECKPOINT_INTERVAL,
             sleep_ticks: SLEEP_TICKS,
-            sleep_counts_taken: (0, 0),
+            sleep_counts_taken: (0, 0, 0),
             log_configs: Vec::new(),
         }
     }

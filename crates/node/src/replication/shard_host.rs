@@ -35,7 +35,7 @@ use super::partition_journal::PartitionJournalError;
 use super::shared_path::{FileName, SharedPath};
 use super::states::{GroupStates, StatesError};
 pub(crate) use error::{caused_by_out_of_descriptors, HostError};
-use files::{awake_files, wake_files, AsleepFiles, AwakeFiles, GroupFiles, SleepCounts};
+use files::{awake_files, AwakeFiles, GroupFiles, SleepCounts};
 
 /// A group's journal as the host drives it.
 pub(crate) trait Journal {
@@ -523,6 +523,7 @@ impl<S: StateMachine, J: Journal> ShardHost<S, J> {
                 checkpoints,
             })),
         );
+        self.sleep.touch(group);
         Ok(())
     }
 
@@ -533,6 +534,7 @@ impl<S: StateMachine, J: Journal> ShardHost<S, J> {
         self.damaged_ops.remove(&group);
         self.node.remove(group);
         self.files.remove(&group);
+        self.sleep.forget(group);
         self.states.remove(group);
     }
 
@@ -557,6 +559,7 @@ impl<S: StateMachine, J: Journal> ShardHost<S, J> {
             }
         }
         self.node = Node::new();
+        self.sleep.forget_all();
         std::mem::take(&mut self.files)
             .into_iter()
             .filter_map(|(group, files)| match files {
@@ -564,107 +567,6 @@ impl<S: StateMachine, J: Journal> ShardHost<S, J> {
                 GroupFiles::Asleep(_) => None,
             })
             .collect()
-    }
-
-    /// Puts to sleep the files of every group not used since the last call whose
-    /// journal [`Journal::can_sleep`]: what they hold in memory goes, and the next step
-    /// that needs them opens them again, checked to be as they were left.
-    ///
-    /// A group whose files cannot be closed as left is dropped, to be opened again
-    /// ([`ShardHost::take_reopen`]).
-    ///
-    /// # Errors
-    /// None today.
-    pub(crate) fn sleep_idle(&mut self) -> Result<usize, HostError> {
-        let used = std::mem::take(&mut self.sleep.used);
-        let idle: Vec<u64> = self
-            .files
-            .keys()
-            .filter(|group| !used.contains(group))
-            .copied()
-            .collect();
-        Ok(self.sleep_now(&idle))
-    }
-
-    /// Puts to sleep the files of `groups` that are awake and whose journal
-    /// [`Journal::can_sleep`], used lately or not: a start puts the partitions it
-    /// opened to sleep at once, so that it never holds every one awake together (what
-    /// they held freed between the ones that stay would stay resident, fragments).
-    /// Returns how many went to sleep.
-    pub(crate) fn sleep_now(&mut self, groups: &[u64]) -> usize {
-        let mut slept = 0;
-        for group in groups {
-            if !matches!(self.files.get(group), Some(GroupFiles::Awake(files)) if files.journal.can_sleep())
-            {
-                continue;
-            }
-            let Some(GroupFiles::Awake(awake)) = self.files.remove(group) else {
-                continue;
-            };
-            let AwakeFiles {
-                journal,
-                checkpoints,
-            } = *awake;
-            let journal = match journal.sleep() {
-                Ok(journal) => journal,
-                Err(err) => {
-                    // Its files could not be closed as left (one removed under it, a
-                    // failed sync, an open refused a descriptor): the journal is gone,
-                    // and the group is opened again from its files, alone.
-                    let reason = format!("closing its idle files: {err}");
-                    if err.is_out_of_descriptors() {
-                        self.drop_unchanged(*group, reason);
-                    } else {
-                        self.drop_for_reopen(*group, reason);
-                    }
-                    continue;
-                }
-            };
-            self.files.insert(
-                *group,
-                GroupFiles::Asleep(Box::new(AsleepFiles {
-                    journal,
-                    checkpoints,
-                })),
-            );
-            slept += 1;
-        }
-        self.sleep.slept += slept as u64;
-        slept
-    }
-
-    /// Files put to sleep and woken since the host started.
-    pub(crate) fn sleep_counts(&self) -> (u64, u64) {
-        (self.sleep.slept, self.sleep.woken)
-    }
-
-    /// Wakes `group`'s files if they sleep (see [`ShardHost::sleep_idle`]). Files
-    /// not as they were left drop the group, to be opened again from them
-    /// ([`ShardHost::take_reopen`]): it has no journal until then.
-    ///
-    /// # Errors
-    /// Never today; kept for a wake that fails the shard's groups.
-    pub(crate) fn wake(&mut self, group: u64) -> Result<(), HostError> {
-        if self.files.contains_key(&group) {
-            if let Err(err) = awake_files(&mut self.files, &mut self.sleep, group) {
-                return self.found_changed(group, err);
-            }
-        }
-        Ok(())
-    }
-
-    /// As [`ShardHost::wake`], not counted a use: files woken for a look (the scrub)
-    /// go back to sleep at the next [`ShardHost::sleep_idle`].
-    ///
-    /// # Errors
-    /// As [`ShardHost::wake`].
-    pub(crate) fn wake_for_a_look(&mut self, group: u64) -> Result<(), HostError> {
-        if self.files.contains_key(&group) {
-            if let Err(err) = wake_files(&mut self.files, &mut self.sleep, group) {
-                return self.found_changed(group, err);
-            }
-        }
-        Ok(())
     }
 
     /// An error of `group`'s that [`HostError::is_found_changed`] or
@@ -705,6 +607,7 @@ impl<S: StateMachine, J: Journal> ShardHost<S, J> {
         self.node.remove(group);
         self.damaged_ops.remove(&group);
         self.files.remove(&group);
+        self.sleep.forget(group);
         self.changed.insert(group);
         self.reopen.push((group, reason));
     }
@@ -901,5 +804,6 @@ mod carry;
 mod error;
 mod file_journal;
 mod files;
+mod sleep;
 #[cfg(test)]
 mod tests;

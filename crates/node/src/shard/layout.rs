@@ -51,7 +51,7 @@ impl Shard {
         // open per shard whatever the budget, and a node sized by it (descriptors at
         // least twice the budget, docs/operations.md) failed to start with "Too many
         // open files" (an outside review of issue 24, 300 partitions, a budget of 20).
-        let together = OPENED_TOGETHER.min(self.lru.capacity());
+        let together = OPENED_TOGETHER.min(self.shared.config.open_logs_per_shard.max(1));
         while !self.open_some(&mut plan, together)? {}
         let gone = self.finish_layout(update, plan.opens);
         for key in gone {
@@ -304,7 +304,6 @@ impl Shard {
         if let Ok(mut published) = self.shared.partitions_published.write() {
             published.remove(&key);
         }
-        self.lru.remove(&key);
         self.dirty.remove(&key);
         let dir = key.dir(self.shared.data_dir());
         if let Err(err) = std::fs::remove_dir_all(&dir) {

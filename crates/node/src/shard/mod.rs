@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use braid_proto::client::ErrorCode;
-use braid_storage::{OpenLogLru, PartitionLog};
+use braid_storage::PartitionLog;
 use tokio::sync::{mpsc, watch};
 
 mod error;
@@ -64,7 +64,6 @@ pub(crate) struct Shard {
     /// opened again when their wait is over.
     reopen_waiting: HashMap<PartitionKey, reopen::WaitingReopen>,
     groups: PartitionGroups,
-    lru: OpenLogLru<PartitionKey>,
     /// Partitions under `fsync = interval` with appends not yet synced.
     dirty: HashSet<PartitionKey>,
     pub(crate) draining: watch::Sender<bool>,
@@ -104,7 +103,6 @@ impl Shard {
         meta: Option<crate::coordinator::MetaService>,
         groups: crate::replication::partition_groups::Opening,
     ) -> Result<Self, ShardError> {
-        let capacity = shared.config.open_logs_per_shard;
         let mut groups = groups.open(id).map_err(ShardError::Groups)?;
         groups.sync_through(crate::replication::partition_groups::SyncLink {
             syncer: Arc::clone(&shared.syncer),
@@ -118,7 +116,6 @@ impl Shard {
             refused: HashMap::new(),
             reopen_waiting: HashMap::new(),
             groups,
-            lru: OpenLogLru::new(capacity),
             dirty: HashSet::new(),
             draining: watch::channel(false).0,
             access_changed: watch::channel(0).0,
@@ -383,23 +380,6 @@ impl Shard {
         );
     }
 
-    /// Marks a partition used; releases the files of the least recently used one when
-    /// too many are open.
-    fn touch(&mut self, key: PartitionKey) {
-        if let Some(evicted) = self.lru.touch(&key) {
-            if let Err(err) = self.groups.release_files(evicted) {
-                tracing::warn!(%err, "releasing an idle partition's files");
-            }
-            if let (Some(partition), Some(log)) = (
-                self.partitions.get_mut(&evicted),
-                self.groups.log_if_awake(evicted),
-            ) {
-                let poisoned = partition.newly_poisoned(log);
-                self.report_poisoned(evicted, poisoned);
-            }
-        }
-    }
-
     /// Counts and logs, once, a partition whose log began to refuse writes.
     fn report_poisoned(&self, key: PartitionKey, reason: Option<String>) {
         if let Some(reason) = reason {
@@ -478,7 +458,6 @@ impl Shard {
                     let _ = reply.send(Err(busy));
                     return;
                 }
-                self.touch(key);
                 let Some(partition) = self.partitions.get(&key) else {
                     let _ = reply.send(Err(NodeError::new(
                         ErrorCode::PartitionNotFound,
@@ -545,7 +524,6 @@ impl Shard {
                     let _ = reply.send(Err(busy));
                     return;
                 }
-                self.touch(key);
                 if let Role::Backup(primary) = self.role(key) {
                     if self.partitions.contains_key(&key) {
                         let moved = self.groups.nudge(key);
@@ -601,7 +579,6 @@ impl Shard {
                     let _ = reply.send(Err(busy));
                     return;
                 }
-                self.touch(key);
                 let result = match (self.partitions.get(&key), self.groups.log(key)) {
                     (Some(partition), Some(log)) => partition.list_offset(log, spec),
                     _ => Err(NodeError::new(
@@ -709,9 +686,10 @@ impl Shard {
             self.groups.awaiting_repair(),
             std::sync::atomic::Ordering::Relaxed,
         );
-        let (slept, woken) = self.groups.take_sleep_counts();
+        let (slept, woken, over_budget) = self.groups.take_sleep_counts();
         add(&self.metrics().files_slept, slept);
         add(&self.metrics().files_woken, woken);
+        add(&self.metrics().files_slept_over_budget, over_budget);
         self.ticks += 1;
         self.retry_waiting_reopens(now);
         let mut repairs = self.groups.take_repairs();
@@ -748,7 +726,6 @@ impl Shard {
             .filter(|k| self.groups.retention_may_apply(*k, now))
             .collect();
         for key in keys {
-            self.touch(key);
             let Some(outcome) = self.groups.apply_retention(key, now) else {
                 continue;
             };

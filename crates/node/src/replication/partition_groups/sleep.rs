@@ -1,8 +1,6 @@
 //! A shard's partitions whose files sleep while idle (see `ShardHost::sleep_idle`):
 //! what is asked of them without waking them, and their waking.
 
-use braid_storage::PartitionLog;
-
 use super::{group_of, PartitionGroups};
 use crate::layout::PartitionKey;
 use crate::replication::partition_journal::{PartitionAsleep, PartitionJournal};
@@ -16,13 +14,6 @@ impl PartitionGroups {
             return None;
         }
         self.host.journal_mut(group)
-    }
-
-    /// The partition's log if its files are awake (a look that must not wake them).
-    pub(crate) fn log_if_awake(&mut self, key: PartitionKey) -> Option<&mut PartitionLog> {
-        self.host
-            .journal_mut(group_of(key))
-            .map(PartitionJournal::log)
     }
 
     /// Where the partition's log starts, its files woken or not.
@@ -103,12 +94,26 @@ impl PartitionGroups {
         self.host.sleep_counts()
     }
 
-    /// Files put to sleep and woken since the last call (for the metrics).
-    pub(crate) fn take_sleep_counts(&mut self) -> (u64, u64) {
-        let now = self.host.sleep_counts();
-        let (slept, woken) = self.sleep_counts_taken;
+    /// Files put to sleep for the budget of awake ones since the shard started.
+    #[cfg(test)]
+    pub(crate) fn slept_over_budget(&self) -> u64 {
+        self.host.slept_over_budget()
+    }
+
+    /// Files put to sleep, woken, and put to sleep for the budget of awake ones (among
+    /// those slept) since the last call (for the metrics).
+    pub(crate) fn take_sleep_counts(&mut self) -> (u64, u64, u64) {
+        let (slept, woken) = self.host.sleep_counts();
+        let now = (slept, woken, self.host.slept_over_budget());
+        let taken = self.sleep_counts_taken;
         self.sleep_counts_taken = now;
-        (now.0 - slept, now.1 - woken)
+        (now.0 - taken.0, now.1 - taken.1, now.2 - taken.2)
+    }
+
+    /// Keeps at most `budget` partitions' files awake at once (at least one; see
+    /// `ShardHost::set_awake_budget`): every wake counts, whatever asked for it.
+    pub(crate) fn set_awake_budget(&mut self, budget: usize) {
+        self.host.set_awake_budget(budget);
     }
 
     /// The journal of a partition (the simulator's reports).

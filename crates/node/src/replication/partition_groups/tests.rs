@@ -117,3 +117,99 @@ fn partitions_a_start_finds_sleep_at_once_and_wake_as_they_were() {
         assert!(groups.host.replica(group).is_some(), "{members}");
     }
 }
+
+/// Every wake counts against the shard's budget of awake partitions, not a client's
+/// produce or fetch alone: at 30,000 partitions written on three processes, backups
+/// woken by prepares and retirement barriers held every member past its descriptors.
+/// Past the budget the least recently used partition's files sleep whole (journal and
+/// log), and what they hold is all there when they wake.
+#[test]
+fn no_more_partitions_than_the_budget_stay_awake_whatever_wakes_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let states = dir.path().join("replication");
+    let keys: Vec<PartitionKey> = (0..3)
+        .map(|partition| PartitionKey {
+            topic_id: 1,
+            partition,
+        })
+        .collect();
+    let mut groups = open(&states, 1);
+    groups.set_awake_budget(2);
+    for key in &keys {
+        let data = dir
+            .path()
+            .join("partitions")
+            .join("1")
+            .join(key.partition.to_string());
+        groups.add(*key, &data, LogConfig::default(), 0).unwrap();
+    }
+    groups.recover_opened().unwrap();
+    for _ in 0..20 {
+        groups.tick();
+    }
+    let awake = |groups: &PartitionGroups| {
+        keys.iter()
+            .filter(|key| groups.host.journal(group_of(**key)).is_some())
+            .count()
+    };
+    assert!(awake(&groups) <= 2, "opened: {} awake", awake(&groups));
+    // Writes to each in turn: each wakes its partition, and puts the least recently
+    // used one to sleep.
+    let mut answers = Vec::new();
+    for round in 0..3u8 {
+        for key in &keys {
+            let mut builder = braid_proto::BatchBuilder::new(1_000);
+            builder.push(None, Some(&[round, key.partition as u8][..]), &[], 1_000);
+            let batch = braid_proto::ValidatedBatch::new(builder.finish()).unwrap();
+            let (reply, answer) = tokio::sync::oneshot::channel();
+            let checked = crate::replication::group_client::Checked {
+                metadata_op: 0,
+                owed: 0,
+            };
+            groups.produce(*key, batch, reply, checked);
+            groups.flush();
+            for _ in 0..5 {
+                groups.tick();
+            }
+            assert!(
+                awake(&groups) <= 2,
+                "after a write: {} awake",
+                awake(&groups)
+            );
+            answers.push(answer);
+        }
+    }
+    for mut answer in answers {
+        assert!(
+            answer.try_recv().unwrap().is_ok(),
+            "every write acknowledged"
+        );
+    }
+    assert!(
+        groups.slept_over_budget() >= 6,
+        "slept for the budget: {}",
+        groups.slept_over_budget()
+    );
+    // A look (the scrub's) counts too.
+    let asleep = *keys
+        .iter()
+        .find(|key| groups.host.journal(group_of(**key)).is_none())
+        .unwrap();
+    groups.host.wake_for_a_look(group_of(asleep)).unwrap();
+    assert!(groups.host.journal(group_of(asleep)).is_some());
+    assert!(
+        awake(&groups) <= 2,
+        "after a look: {} awake",
+        awake(&groups)
+    );
+    // Every partition holds its three records, as written.
+    for key in &keys {
+        let log = groups.log(*key).unwrap();
+        assert_eq!(log.next_offset(), 3, "partition {}", key.partition);
+        assert!(awake(&groups) <= 2);
+    }
+    assert!(
+        groups.take_reopen().is_empty(),
+        "every wake found its files as left"
+    );
+}

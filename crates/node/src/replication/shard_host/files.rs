@@ -3,6 +3,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use braid_storage::OpenLogLru;
+
 use super::{CheckpointStore, HostError, Journal};
 
 /// One group's files: in use, or asleep while the group is idle (see
@@ -37,7 +39,7 @@ impl<J: Journal> GroupFiles<J> {
 }
 
 /// `group`'s files, woken if they sleep (and counted used since the last
-/// [`ShardHost::sleep_idle`]). A free function over the host's fields, so that a turn
+/// [`ShardHost::sleep_idle`], and the most recently used awake). A free function over the host's fields, so that a turn
 /// can hold them beside the states table.
 pub(super) fn awake_files<'a, J: Journal>(
     files: &'a mut BTreeMap<u64, GroupFiles<J>>,
@@ -95,14 +97,16 @@ pub(super) fn wake_files<'a, J: Journal>(
             })),
         );
     }
-    files
+    let files = files
         .get_mut(&group)
         .and_then(GroupFiles::awake)
-        .ok_or(HostError::UnknownGroup(group))
+        .ok_or(HostError::UnknownGroup(group))?;
+    sleep.touch(group);
+    Ok(files)
 }
 
 /// The host's bookkeeping of sleeping files.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(super) struct SleepCounts {
     /// Groups whose files were used since the last [`ShardHost::sleep_idle`].
     pub(super) used: BTreeSet<u64>,
@@ -112,4 +116,66 @@ pub(super) struct SleepCounts {
     /// The host's groups are lone replicas (a single node): a wake also checks the
     /// checkpoint copies, which no peer could restore.
     pub(super) lone: bool,
+    /// The awake groups by their last use, at most the budget of them (see
+    /// `ShardHost::set_awake_budget`).
+    awake: OpenLogLru<u64>,
+    /// Awake groups past the budget, to sleep as soon as they can.
+    over: BTreeSet<u64>,
+    /// Groups put to sleep for the budget since the host started.
+    pub(super) over_slept: u64,
+}
+
+impl Default for SleepCounts {
+    fn default() -> Self {
+        Self {
+            used: BTreeSet::new(),
+            slept: 0,
+            woken: 0,
+            lone: false,
+            awake: OpenLogLru::new(usize::MAX),
+            over: BTreeSet::new(),
+            over_slept: 0,
+        }
+    }
+}
+
+impl SleepCounts {
+    /// Keeps at most `budget` of the groups awake; `awake` are those awake now.
+    pub(super) fn set_budget(&mut self, budget: usize, awake: Vec<u64>) {
+        self.awake = OpenLogLru::new(budget);
+        for group in awake {
+            self.touch(group);
+        }
+    }
+
+    /// Marks awake `group` the most recently used; the least recently used one past
+    /// the budget is to sleep.
+    pub(super) fn touch(&mut self, group: u64) {
+        self.over.remove(&group);
+        if let Some(evicted) = self.awake.touch(&group) {
+            self.over.insert(evicted);
+        }
+    }
+
+    /// The groups past the budget (none used again since it evicted them).
+    pub(super) fn take_over(&mut self) -> Vec<u64> {
+        std::mem::take(&mut self.over).into_iter().collect()
+    }
+
+    /// `group`, past the budget, could not sleep yet: tried again at the next call.
+    pub(super) fn still_over(&mut self, group: u64) {
+        self.over.insert(group);
+    }
+
+    /// `group`'s files went to sleep, or the group went.
+    pub(super) fn forget(&mut self, group: u64) {
+        self.awake.remove(&group);
+        self.over.remove(&group);
+    }
+
+    /// Every group went (a stop takes the journals).
+    pub(super) fn forget_all(&mut self) {
+        self.awake = OpenLogLru::new(self.awake.capacity());
+        self.over.clear();
+    }
 }

@@ -126,10 +126,10 @@ impl Run {
         }
     }
 
-    /// As the node's shard past its budget of open logs (`Shard::touch`): now and
-    /// then a partition whose files are awake lets its handles go, to be opened again
-    /// by its next use (a write, a sync, a read), which a member out of descriptors
-    /// may refuse.
+    /// As the node's shard after it opened a partition (`Shard::settle_opened`), at any
+    /// time: now and then a partition whose files are awake lets its log's handles go,
+    /// to be opened again by its next use (a write, a sync, a read), which a member out
+    /// of descriptors may refuse.
     fn release_files(&mut self) {
         if !self.descriptor_draws.chance(5) {
             return;

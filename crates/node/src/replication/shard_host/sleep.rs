@@ -1,0 +1,160 @@
+//! A group's files go to sleep while the group is idle, and past the shard's budget of
+//! awake groups: what they hold in memory goes and their descriptors close, and the
+//! next step that needs them wakes them, checked to be as they were left.
+//!
+//! The budget counts every wake: a client's produce or fetch, a peer's prepare, a
+//! commit, a repair, a state transfer, a retirement walk's barrier, the scrub's look.
+//! (Until 2026-12-08 only a client's produce or fetch was counted, by the shard, and
+//! what it released was the log's segments alone: at 30,000 partitions written on
+//! three processes, backups woken by prepares and barriers faster than idle files
+//! slept held every member past its 20,000 descriptors, and 350,000 to 550,000 opens
+//! per member were refused.)
+
+use super::files::{awake_files, wake_files, AsleepFiles, AwakeFiles, GroupFiles};
+use super::{HostError, Journal, ShardHost};
+use braid_vsr::StateMachine;
+
+impl<S: StateMachine, J: Journal> ShardHost<S, J> {
+    /// Keeps at most `budget` groups' files awake (at least one): past it, the least
+    /// recently used of them goes to sleep as soon as its journal
+    /// [`Journal::can_sleep`] (one with writes in flight stays awake until then). A
+    /// partition's awake files hold up to three descriptors (a log segment, its index,
+    /// the header journal); asleep, none.
+    pub(crate) fn set_awake_budget(&mut self, budget: usize) {
+        let awake: Vec<u64> = self
+            .files
+            .iter()
+            .filter(|(_, files)| matches!(files, GroupFiles::Awake(_)))
+            .map(|(group, _)| *group)
+            .collect();
+        self.sleep.set_budget(budget, awake);
+        self.sleep_over_budget();
+    }
+
+    /// Puts to sleep the groups past the budget of awake ones (see
+    /// [`ShardHost::set_awake_budget`]) that can sleep now; those that cannot are tried
+    /// again at the next call. Called at the end of each step and wake, never while a
+    /// caller holds a journal.
+    pub(crate) fn sleep_over_budget(&mut self) {
+        let over = self.sleep.take_over();
+        if over.is_empty() {
+            return;
+        }
+        let slept = self.sleep_now(&over);
+        self.sleep.over_slept += slept as u64;
+        for group in over {
+            if matches!(self.files.get(&group), Some(GroupFiles::Awake(_))) {
+                self.sleep.still_over(group);
+            }
+        }
+    }
+
+    /// Groups whose files the budget of awake ones put to sleep since the host started.
+    pub(crate) fn slept_over_budget(&self) -> u64 {
+        self.sleep.over_slept
+    }
+
+    /// Puts to sleep the files of every group not used since the last call whose
+    /// journal [`Journal::can_sleep`]: what they hold in memory goes, and the next step
+    /// that needs them opens them again, checked to be as they were left.
+    ///
+    /// A group whose files cannot be closed as left is dropped, to be opened again
+    /// ([`ShardHost::take_reopen`]).
+    ///
+    /// # Errors
+    /// None today.
+    pub(crate) fn sleep_idle(&mut self) -> Result<usize, HostError> {
+        let used = std::mem::take(&mut self.sleep.used);
+        let idle: Vec<u64> = self
+            .files
+            .keys()
+            .filter(|group| !used.contains(group))
+            .copied()
+            .collect();
+        Ok(self.sleep_now(&idle))
+    }
+
+    /// Puts to sleep the files of `groups` that are awake and whose journal
+    /// [`Journal::can_sleep`], used lately or not: a start puts the partitions it
+    /// opened to sleep at once, so that it never holds every one awake together (what
+    /// they held freed between the ones that stay would stay resident, fragments).
+    /// Returns how many went to sleep.
+    pub(crate) fn sleep_now(&mut self, groups: &[u64]) -> usize {
+        let mut slept = 0;
+        for group in groups {
+            if !matches!(self.files.get(group), Some(GroupFiles::Awake(files)) if files.journal.can_sleep())
+            {
+                continue;
+            }
+            let Some(GroupFiles::Awake(awake)) = self.files.remove(group) else {
+                continue;
+            };
+            let AwakeFiles {
+                journal,
+                checkpoints,
+            } = *awake;
+            let journal = match journal.sleep() {
+                Ok(journal) => journal,
+                Err(err) => {
+                    // Its files could not be closed as left (one removed under it, a
+                    // failed sync, an open refused a descriptor): the journal is gone,
+                    // and the group is opened again from its files, alone.
+                    let reason = format!("closing its idle files: {err}");
+                    if err.is_out_of_descriptors() {
+                        self.drop_unchanged(*group, reason);
+                    } else {
+                        self.drop_for_reopen(*group, reason);
+                    }
+                    continue;
+                }
+            };
+            self.sleep.forget(*group);
+            self.files.insert(
+                *group,
+                GroupFiles::Asleep(Box::new(AsleepFiles {
+                    journal,
+                    checkpoints,
+                })),
+            );
+            slept += 1;
+        }
+        self.sleep.slept += slept as u64;
+        slept
+    }
+
+    /// Files put to sleep and woken since the host started.
+    pub(crate) fn sleep_counts(&self) -> (u64, u64) {
+        (self.sleep.slept, self.sleep.woken)
+    }
+
+    /// Wakes `group`'s files if they sleep (see [`ShardHost::sleep_idle`]). Files
+    /// not as they were left drop the group, to be opened again from them
+    /// ([`ShardHost::take_reopen`]): it has no journal until then.
+    ///
+    /// # Errors
+    /// Never today; kept for a wake that fails the shard's groups.
+    pub(crate) fn wake(&mut self, group: u64) -> Result<(), HostError> {
+        if self.files.contains_key(&group) {
+            if let Err(err) = awake_files(&mut self.files, &mut self.sleep, group) {
+                return self.found_changed(group, err);
+            }
+            self.sleep_over_budget();
+        }
+        Ok(())
+    }
+
+    /// As [`ShardHost::wake`], not counted a use: files woken for a look (the scrub)
+    /// go back to sleep at the next [`ShardHost::sleep_idle`].
+    ///
+    /// # Errors
+    /// As [`ShardHost::wake`].
+    pub(crate) fn wake_for_a_look(&mut self, group: u64) -> Result<(), HostError> {
+        if self.files.contains_key(&group) {
+            if let Err(err) = wake_files(&mut self.files, &mut self.sleep, group) {
+                return self.found_changed(group, err);
+            }
+            self.sleep_over_budget();
+        }
+        Ok(())
+    }
+}
