@@ -25,7 +25,7 @@ pub(crate) struct ShardMetrics {
     pub(crate) partitions_awaiting_repair: AtomicU64,
     pub(crate) files_slept: AtomicU64,
     pub(crate) files_woken: AtomicU64,
-    pub(crate) files_slept_over_budget: AtomicU64,
+    pub(crate) files_released_over_budget: AtomicU64,
     pub(crate) opens_without_descriptors: AtomicU64,
     pub(crate) resends_answered: AtomicU64,
     pub(crate) retirement_barriers: AtomicU64,
@@ -74,7 +74,7 @@ impl Default for ShardMetrics {
             partitions_awaiting_repair: AtomicU64::new(0),
             files_slept: AtomicU64::new(0),
             files_woken: AtomicU64::new(0),
-            files_slept_over_budget: AtomicU64::new(0),
+            files_released_over_budget: AtomicU64::new(0),
             opens_without_descriptors: AtomicU64::new(0),
             resends_answered: AtomicU64::new(0),
             retirement_barriers: AtomicU64::new(0),
@@ -328,10 +328,10 @@ pub(crate) fn render(
         sum(&|s| &s.files_woken),
     );
     metric(
-        "braid_partition_files_slept_over_budget_total",
+        "braid_partition_files_released_total",
         "counter",
-        "Times a partition's files were put to sleep (among braid_partition_files_slept_total) because more than open_logs_per_shard partitions of its shard were awake: the least recently used goes. Rising fast with braid_partition_files_woken_total, the shard's working set is larger than its budget (each wake reads and checks files): raise open_logs_per_shard with the descriptor limit.",
-        sum(&|s| &s.files_slept_over_budget),
+        "Times a partition's file descriptors were let go because more than open_logs_per_shard partitions of its shard used their files (the least recently used goes; its next use opens them again). Rising steadily, the shard's working set is larger than its budget: raise open_logs_per_shard with the descriptor limit.",
+        sum(&|s| &s.files_released_over_budget),
     );
     metric(
         "braid_partition_opens_without_descriptors_total",

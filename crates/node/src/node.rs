@@ -476,7 +476,7 @@ fn partition_groups_opening(
         // Lost with `partitions/`, every group starts with nothing on disk: untrusted,
         // as after `--rejoin`, since it may have acknowledged ops it no longer holds.
         rejoined: identity.rejoined || partitions_lost,
-        awake_budget: config.open_logs_per_shard,
+        open_budget: config.open_logs_per_shard,
     })
 }
 

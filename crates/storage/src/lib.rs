@@ -13,8 +13,8 @@
 //! - Opening after a crash verifies the newest segment, cuts a torn tail and rebuilds
 //!   indexes; damage that is not a torn tail is an error naming file and position.
 //! - Retention deletes whole sealed segments by size and age.
-//! - An idle log holds no file descriptors after [`PartitionLog::release_files`];
-//!   [`OpenLogLru`] tells a shard which log to release.
+//! - An idle log holds no file descriptors after [`PartitionLog::release_files`] or
+//!   a clean close; [`OpenLogLru`] tells a shard which log to let go.
 //!
 //! ```
 //! use braid_proto::{BatchBuilder, ValidatedBatch};

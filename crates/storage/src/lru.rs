@@ -5,8 +5,9 @@ use std::hash::Hash;
 
 /// Tracks which logs were used most recently. A shard calls [`touch`](Self::touch) on
 /// every use of a log; when more than `capacity` logs are tracked, it returns the least
-/// recently used one, whose [`crate::PartitionLog::release_files`] the shard then calls.
-/// Each log holds at most two open files, so open files stay below `2 * capacity`.
+/// recently used one, whose files the shard then lets go (the node closes that
+/// partition's log and journal whole). Each log holds at most two open files, so a
+/// shard's logs hold fewer than `2 * capacity`.
 #[derive(Debug)]
 pub struct OpenLogLru<K> {
     capacity: usize,

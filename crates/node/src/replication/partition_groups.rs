@@ -118,9 +118,9 @@ pub(crate) struct Opening {
     /// The member's data was lost and its directory recreated: partitions it creates
     /// with nothing on disk start untrusted.
     pub(crate) rejoined: bool,
-    /// Partitions whose files may be awake at once (`open_logs_per_shard`; see
-    /// [`PartitionGroups::set_awake_budget`]).
-    pub(crate) awake_budget: usize,
+    /// Partitions whose files may be open at once (`open_logs_per_shard`; see
+    /// [`PartitionGroups::set_open_budget`]).
+    pub(crate) open_budget: usize,
 }
 
 impl Opening {
@@ -140,7 +140,7 @@ impl Opening {
         if self.rejoined {
             groups.host.start_fresh_untrusted();
         }
-        groups.set_awake_budget(self.awake_budget);
+        groups.set_open_budget(self.open_budget);
         Ok(groups)
     }
 }

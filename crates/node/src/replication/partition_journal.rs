@@ -828,6 +828,9 @@ impl Journal for PartitionJournal {
     fn can_sleep(&self) -> bool {
         PartitionJournal::can_sleep(self)
     }
+    fn release_files(&mut self) -> Result<(), HostError> {
+        Ok(PartitionJournal::release_files(self)?)
+    }
     fn sleep(self) -> Result<PartitionAsleep, HostError> {
         Ok(PartitionJournal::sleep(self)?)
     }

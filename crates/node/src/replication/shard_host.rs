@@ -89,6 +89,15 @@ pub(crate) trait Journal {
         Ok(())
     }
 
+    /// Closes its files' descriptors until they are next used, keeping everything
+    /// else ([`ShardHost::set_open_budget`]): safe at any time between turns.
+    ///
+    /// # Errors
+    /// What had to be written first could not be (what was not is left open).
+    fn release_files(&mut self) -> Result<(), HostError> {
+        Ok(())
+    }
+
     /// What the journal keeps while its files sleep ([`ShardHost::sleep_idle`]).
     type Asleep: std::fmt::Debug;
     /// Whether its files may sleep now (nothing in flight).

@@ -206,10 +206,10 @@ impl Run {
         } else {
             1
         };
-        // Half the seeds hold fewer partitions awake than they have, so that every
-        // kind of wake puts another partition's files to sleep.
+        // Half the seeds hold fewer partitions' files open than they have, so that
+        // every kind of use releases another partition's files.
         let budget_draws = &mut Prng::new(seed.rotate_left(41) ^ 0xa3a3);
-        shape.awake_budget = std::env::var("BRAID_SHELL_SIM_AWAKE_BUDGET")
+        shape.open_budget = std::env::var("BRAID_SHELL_SIM_OPEN_BUDGET")
             .ok()
             .and_then(|b| b.parse().ok())
             .unwrap_or(if budget_draws.chance(50) {
@@ -410,7 +410,7 @@ impl Run {
         groups.keep_sent();
         groups.set_checkpoint_interval(interval);
         groups.set_sleep_ticks(self.shape.sleep_ticks);
-        groups.set_awake_budget(self.shape.awake_budget);
+        groups.set_open_budget(self.shape.open_budget);
         groups.set_scrub_wake_ticks(self.shape.scrub_wake_ticks);
         // As the node: every partition journal's syncs run off the shard's turn.
         let syncer = std::sync::Arc::new(braid_storage::Syncer::held());
@@ -514,7 +514,7 @@ impl Run {
         let (slept, woken) = groups.sleep_counts();
         self.outcome.files_slept += slept;
         self.outcome.files_woken += woken;
-        self.outcome.files_slept_over_budget += groups.slept_over_budget();
+        self.outcome.files_released_over_budget += groups.released_over_budget();
         self.served.forget_member(m);
         self.proposals.forget_member(m);
         let downtime = 20 + self.prng.below(300);

@@ -689,7 +689,7 @@ impl Shard {
         let (slept, woken, over_budget) = self.groups.take_sleep_counts();
         add(&self.metrics().files_slept, slept);
         add(&self.metrics().files_woken, woken);
-        add(&self.metrics().files_slept_over_budget, over_budget);
+        add(&self.metrics().files_released_over_budget, over_budget);
         self.ticks += 1;
         self.retry_waiting_reopens(now);
         let mut repairs = self.groups.take_repairs();

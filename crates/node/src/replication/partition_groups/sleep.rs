@@ -94,26 +94,26 @@ impl PartitionGroups {
         self.host.sleep_counts()
     }
 
-    /// Files put to sleep for the budget of awake ones since the shard started.
+    /// Partitions' files released for the budget of open ones since the shard started.
     #[cfg(test)]
-    pub(crate) fn slept_over_budget(&self) -> u64 {
-        self.host.slept_over_budget()
+    pub(crate) fn released_over_budget(&self) -> u64 {
+        self.host.released_over_budget()
     }
 
-    /// Files put to sleep, woken, and put to sleep for the budget of awake ones (among
-    /// those slept) since the last call (for the metrics).
+    /// Files put to sleep, woken, and released for the budget of open ones since the
+    /// last call (for the metrics).
     pub(crate) fn take_sleep_counts(&mut self) -> (u64, u64, u64) {
         let (slept, woken) = self.host.sleep_counts();
-        let now = (slept, woken, self.host.slept_over_budget());
+        let now = (slept, woken, self.host.released_over_budget());
         let taken = self.sleep_counts_taken;
         self.sleep_counts_taken = now;
         (now.0 - taken.0, now.1 - taken.1, now.2 - taken.2)
     }
 
-    /// Keeps at most `budget` partitions' files awake at once (at least one; see
-    /// `ShardHost::set_awake_budget`): every wake counts, whatever asked for it.
-    pub(crate) fn set_awake_budget(&mut self, budget: usize) {
-        self.host.set_awake_budget(budget);
+    /// Keeps at most `budget` partitions' files open at once (at least one; see
+    /// `ShardHost::set_open_budget`): every use counts, whatever asked for it.
+    pub(crate) fn set_open_budget(&mut self, budget: usize) {
+        self.host.set_open_budget(budget);
     }
 
     /// The journal of a partition (the simulator's reports).

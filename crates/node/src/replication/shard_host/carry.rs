@@ -106,8 +106,8 @@ impl<S: StateMachine, J: Journal> ShardHost<S, J> {
                 break;
             }
         }
-        // Past the budget of awake files, only now that the turn's writes are synced.
-        self.sleep_over_budget();
+        // Past the budget of open files, only now that the turn's writes are synced.
+        self.release_over_budget();
         Ok(effects)
     }
 

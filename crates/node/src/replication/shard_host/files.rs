@@ -116,13 +116,13 @@ pub(super) struct SleepCounts {
     /// The host's groups are lone replicas (a single node): a wake also checks the
     /// checkpoint copies, which no peer could restore.
     pub(super) lone: bool,
-    /// The awake groups by their last use, at most the budget of them (see
-    /// `ShardHost::set_awake_budget`).
-    awake: OpenLogLru<u64>,
-    /// Awake groups past the budget, to sleep as soon as they can.
+    /// The groups that used their files since they were last released or woken, by
+    /// their last use, at most the budget of them (see `ShardHost::set_open_budget`).
+    open: OpenLogLru<u64>,
+    /// Groups past the budget, to release at the end of the step or wake.
     over: BTreeSet<u64>,
-    /// Groups put to sleep for the budget since the host started.
-    pub(super) over_slept: u64,
+    /// Groups whose files the budget released since the host started.
+    pub(super) released: u64,
 }
 
 impl Default for SleepCounts {
@@ -132,27 +132,27 @@ impl Default for SleepCounts {
             slept: 0,
             woken: 0,
             lone: false,
-            awake: OpenLogLru::new(usize::MAX),
+            open: OpenLogLru::new(usize::MAX),
             over: BTreeSet::new(),
-            over_slept: 0,
+            released: 0,
         }
     }
 }
 
 impl SleepCounts {
-    /// Keeps at most `budget` of the groups awake; `awake` are those awake now.
+    /// Keeps at most `budget` of the groups' files open; `awake` are those awake now.
     pub(super) fn set_budget(&mut self, budget: usize, awake: Vec<u64>) {
-        self.awake = OpenLogLru::new(budget);
+        self.open = OpenLogLru::new(budget);
         for group in awake {
             self.touch(group);
         }
     }
 
-    /// Marks awake `group` the most recently used; the least recently used one past
-    /// the budget is to sleep.
+    /// Marks `group` the most recently used; the least recently used one past the
+    /// budget is to be released.
     pub(super) fn touch(&mut self, group: u64) {
         self.over.remove(&group);
-        if let Some(evicted) = self.awake.touch(&group) {
+        if let Some(evicted) = self.open.touch(&group) {
             self.over.insert(evicted);
         }
     }
@@ -162,20 +162,15 @@ impl SleepCounts {
         std::mem::take(&mut self.over).into_iter().collect()
     }
 
-    /// `group`, past the budget, could not sleep yet: tried again at the next call.
-    pub(super) fn still_over(&mut self, group: u64) {
-        self.over.insert(group);
-    }
-
     /// `group`'s files went to sleep, or the group went.
     pub(super) fn forget(&mut self, group: u64) {
-        self.awake.remove(&group);
+        self.open.remove(&group);
         self.over.remove(&group);
     }
 
     /// Every group went (a stop takes the journals).
     pub(super) fn forget_all(&mut self) {
-        self.awake = OpenLogLru::new(self.awake.capacity());
+        self.open = OpenLogLru::new(self.open.capacity());
         self.over.clear();
     }
 }

@@ -201,8 +201,7 @@ impl Run {
                 let (slept, woken) = groups.sleep_counts();
                 self.outcome.files_slept += slept;
                 self.outcome.files_woken += woken;
-                self.outcome.files_slept_over_budget += groups.slept_over_budget();
-                self.outcome.files_slept_over_budget += groups.slept_over_budget();
+                self.outcome.files_released_over_budget += groups.released_over_budget();
                 groups.close();
             }
             self.members[usize::from(m)].meta = None;

@@ -17,9 +17,9 @@ pub(crate) struct Outcome {
     /// member's crashes and clean restart).
     pub(crate) files_slept: u64,
     pub(crate) files_woken: u64,
-    /// Of those put to sleep, those put to sleep because more partitions were awake
-    /// than the run's budget ([`super::Shape::awake_budget`]).
-    pub(crate) files_slept_over_budget: u64,
+    /// Partitions whose descriptors were let go because more partitions used their
+    /// files than the run's budget ([`super::Shape::open_budget`]).
+    pub(crate) files_released_over_budget: u64,
     /// Partitions opened again because their files changed while asleep.
     pub(crate) reopened: u64,
     /// Times a member ran out of file descriptors, and opens refused one meanwhile.
@@ -64,7 +64,7 @@ impl Outcome {
             damaged_files,
             files_slept,
             files_woken,
-            files_slept_over_budget,
+            files_released_over_budget,
             reopened,
             descriptors_out,
             opens_refused,
@@ -91,7 +91,7 @@ impl Outcome {
         self.damaged_files += damaged_files;
         self.files_slept += files_slept;
         self.files_woken += files_woken;
-        self.files_slept_over_budget += files_slept_over_budget;
+        self.files_released_over_budget += files_released_over_budget;
         self.reopened += reopened;
         self.descriptors_out += descriptors_out;
         self.opens_refused += opens_refused;

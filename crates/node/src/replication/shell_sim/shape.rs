@@ -56,10 +56,10 @@ pub(crate) struct Shape {
     /// wakes them for every kind of use (a write, a read, a repair, a copy served,
     /// the scrub, a view change).
     pub(crate) sleep_ticks: u64,
-    /// Partitions whose files may be awake at once (the node's `open_logs_per_shard`):
-    /// fewer than the run's partitions in half the seeds, so that any wake (a write, a
-    /// prepare, a repair, a copy, the scrub's look) may put another's files to sleep.
-    pub(crate) awake_budget: usize,
+    /// Partitions whose files may be open at once (the node's `open_logs_per_shard`):
+    /// fewer than the run's partitions in half the seeds, so that any use (a write, a
+    /// prepare, a repair, a copy, the scrub's look) may release another's files.
+    pub(crate) open_budget: usize,
     /// Ticks between the scrub's wakes of sleeping partitions for a look: the node's
     /// 10 in half the seeds, 1 (every tick, so that damage at rest is met often) in
     /// the rest.
@@ -111,7 +111,7 @@ impl Shape {
             retention: false,
             fsync_never: false,
             sleep_ticks: 100,
-            awake_budget: usize::MAX,
+            open_budget: usize::MAX,
             scrub_wake_ticks: 1,
             asleep_damage_per_10k: 0,
             descriptors_out_per_10k: 0,
