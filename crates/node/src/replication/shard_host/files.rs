@@ -39,7 +39,8 @@ impl<J: Journal> GroupFiles<J> {
 }
 
 /// `group`'s files, woken if they sleep (and counted used since the last
-/// [`ShardHost::sleep_idle`], and the most recently used awake). A free function over the host's fields, so that a turn
+/// [`ShardHost::sleep_idle`], and the most recently used against the budget of open
+/// files). A free function over the host's fields, so that a turn
 /// can hold them beside the states table.
 pub(super) fn awake_files<'a, J: Journal>(
     files: &'a mut BTreeMap<u64, GroupFiles<J>>,
