@@ -6,6 +6,11 @@
 //! `fdatasync` per file for all of them, so N concurrent appends to a log cost one
 //! sync, not N (group commit). A sync covers every byte written to the file before it
 //! started, which is why the request only needs the file and the offset it reaches.
+//!
+//! A round that touches many files (a retirement walk's barriers reach thousands of
+//! partitions, each its own log) syncs them on [`SYNC_THREADS`] threads at once: the
+//! filesystem's journal commits concurrent syncs together, where one after another
+//! each pays its own commit (on ext4 here, about 2 to 3 times the files a second).
 
 use std::fs::File;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -106,11 +111,17 @@ impl SyncerStats {
 /// unbounded stream of later ones.
 pub const SYNC_ROUND_REQUESTS_MAX: usize = 4096;
 
+/// Threads that sync the files of one round at once (the syncer's own among them).
+pub(crate) const SYNC_THREADS: usize = 16;
+
 /// The sync thread. Dropping it finishes the queued requests and joins the thread.
 #[derive(Debug)]
 pub struct Syncer {
     sender: Option<mpsc::Sender<Job>>,
     thread: Option<JoinHandle<()>>,
+    /// The helpers that sync a round's other files while the sync thread syncs one.
+    pool: Option<Arc<Pool>>,
+    helpers: Vec<JoinHandle<()>>,
     stats: Arc<SyncerStats>,
     /// [`Syncer::held`]: requests wait here for [`Syncer::run_held`].
     held: Option<std::sync::Mutex<Vec<Job>>>,
@@ -132,13 +143,29 @@ impl Syncer {
     pub fn start(name: &str) -> std::io::Result<Self> {
         let (sender, receiver) = mpsc::channel::<Job>();
         let stats = Arc::new(SyncerStats::default());
+        let pool = Arc::new(Pool::default());
+        let mut helpers = Vec::new();
+        for i in 1..SYNC_THREADS {
+            let (pool, stats) = (Arc::clone(&pool), Arc::clone(&stats));
+            let helper = std::thread::Builder::new()
+                .name(format!("{name}-{i}"))
+                .spawn(move || pool.help(&stats));
+            match helper {
+                Ok(helper) => helpers.push(helper),
+                // Fewer helpers only make rounds slower.
+                Err(_) => break,
+            }
+        }
         let thread_stats = Arc::clone(&stats);
+        let thread_pool = Arc::clone(&pool);
         let thread = std::thread::Builder::new()
             .name(name.to_owned())
-            .spawn(move || run(&receiver, &thread_stats))?;
+            .spawn(move || run(&receiver, &thread_stats, &thread_pool))?;
         Ok(Self {
             sender: Some(sender),
             thread: Some(thread),
+            pool: Some(pool),
+            helpers,
             stats,
             held: None,
         })
@@ -151,6 +178,8 @@ impl Syncer {
         Self {
             sender: None,
             thread: None,
+            pool: None,
+            helpers: Vec::new(),
             stats: Arc::new(SyncerStats::default()),
             held: Some(std::sync::Mutex::new(Vec::new())),
         }
@@ -177,7 +206,7 @@ impl Syncer {
             }
             Err(_) => return,
         };
-        run_round(&mut round, &self.stats);
+        run_round(&mut round, &self.stats, None);
     }
 
     /// Queues a request; `done` runs on the sync thread when it completes.
@@ -220,10 +249,121 @@ impl Drop for Syncer {
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
         }
+        if let Some(pool) = self.pool.take() {
+            pool.stop();
+        }
+        for helper in self.helpers.drain(..) {
+            let _ = helper.join();
+        }
     }
 }
 
-fn run(receiver: &mpsc::Receiver<Job>, stats: &SyncerStats) {
+/// The files of the round being synced, shared by the sync thread and its helpers.
+#[derive(Default, Debug)]
+struct Pool {
+    state: std::sync::Mutex<PoolState>,
+    /// Helpers wait here for files.
+    work: std::sync::Condvar,
+    /// The sync thread waits here for the round's last file.
+    done: std::sync::Condvar,
+}
+
+#[derive(Default, Debug)]
+struct PoolState {
+    /// Files not yet taken, each with its requests.
+    files: Vec<Vec<Job>>,
+    /// Files taken or not whose sync has not finished.
+    unfinished: usize,
+    stop: bool,
+}
+
+impl Pool {
+    /// A helper's life: sync files as rounds offer them, until the syncer stops.
+    fn help(&self, stats: &SyncerStats) {
+        loop {
+            let file = {
+                let Ok(mut state) = self.state.lock() else {
+                    return;
+                };
+                loop {
+                    if let Some(file) = state.files.pop() {
+                        break file;
+                    }
+                    if state.stop {
+                        return;
+                    }
+                    state = match self.work.wait(state) {
+                        Ok(state) => state,
+                        Err(_) => return,
+                    };
+                }
+            };
+            let _finished = Finished(self);
+            sync_file(file, stats);
+        }
+    }
+
+    fn finished(&self) {
+        if let Ok(mut state) = self.state.lock() {
+            state.unfinished -= 1;
+            if state.unfinished == 0 {
+                self.done.notify_all();
+            }
+        }
+    }
+
+    /// Syncs `files` on the calling thread and the helpers, and returns when all
+    /// are synced; gives them back unsynced if the pool's lock is poisoned.
+    fn sync_all(&self, files: Vec<Vec<Job>>, stats: &SyncerStats) -> Result<(), Vec<Vec<Job>>> {
+        {
+            let Ok(mut state) = self.state.lock() else {
+                return Err(files);
+            };
+            state.unfinished += files.len();
+            state.files.extend(files);
+        }
+        self.work.notify_all();
+        loop {
+            let file = match self.state.lock() {
+                Ok(mut state) => state.files.pop(),
+                Err(_) => None,
+            };
+            let Some(file) = file else {
+                break;
+            };
+            let _finished = Finished(self);
+            sync_file(file, stats);
+        }
+        if let Ok(mut state) = self.state.lock() {
+            while state.unfinished > 0 {
+                state = match self.done.wait(state) {
+                    Ok(state) => state,
+                    Err(_) => return Ok(()),
+                };
+            }
+        }
+        Ok(())
+    }
+
+    fn stop(&self) {
+        if let Ok(mut state) = self.state.lock() {
+            state.stop = true;
+        }
+        self.work.notify_all();
+    }
+}
+
+/// Counts a file's sync finished when dropped, even by a callback's panic, so the
+/// round's waiter is never left waiting.
+struct Finished<'a>(&'a Pool);
+
+impl Drop for Finished<'_> {
+    fn drop(&mut self) {
+        self.0.finished();
+    }
+}
+
+fn run(receiver: &mpsc::Receiver<Job>, stats: &SyncerStats, pool: &Pool) {
     let mut round: Vec<Job> = Vec::new();
     while let Ok(first) = receiver.recv() {
         round.push(first);
@@ -233,15 +373,17 @@ fn run(receiver: &mpsc::Receiver<Job>, stats: &SyncerStats) {
                 Err(_) => break,
             }
         }
-        run_round(&mut round, stats);
+        run_round(&mut round, stats, Some(pool));
     }
 }
 
 /// Runs `round`'s requests and callbacks, emptying it. One fdatasync per distinct file
 /// covers every request for it in the round: all their bytes were written before the
-/// sync starts. Files are synced in the order of their first request (not by address),
-/// so a simulator that runs a held round sees the same order every run.
-fn run_round(round: &mut Vec<Job>, stats: &SyncerStats) {
+/// sync starts. With a `pool`, the files are synced at once on its threads (each
+/// request's callback still follows its file's sync); without one, in the order of
+/// their first request, so a simulator that runs a held round sees the same order
+/// every run.
+fn run_round(round: &mut Vec<Job>, stats: &SyncerStats, pool: Option<&Pool>) {
     let mut files: Vec<Vec<Job>> = Vec::new();
     let mut index_of: std::collections::HashMap<*const File, usize> =
         std::collections::HashMap::new();
@@ -254,18 +396,34 @@ fn run_round(round: &mut Vec<Job>, stats: &SyncerStats) {
             });
         files[at].push(job);
     }
-    for group in files {
-        let Some(first) = group.first() else {
-            continue;
-        };
-        let result = first.request.run();
-        stats.fsyncs.fetch_add(1, Ordering::Relaxed);
-        stats
-            .requests
-            .fetch_add(group.len() as u64, Ordering::Relaxed);
-        for job in group {
-            (job.done)(job.request, result.clone());
+    if let Some(pool) = pool.filter(|_| files.len() > 1) {
+        // In their order, as far as the threads allow: they are popped from the end.
+        files.reverse();
+        match pool.sync_all(files, stats) {
+            Ok(()) => return,
+            Err(unsynced) => {
+                files = unsynced;
+                files.reverse();
+            }
         }
+    }
+    for file in files {
+        sync_file(file, stats);
+    }
+}
+
+/// One `fdatasync` of the file of `requests`, then each request's callback.
+fn sync_file(requests: Vec<Job>, stats: &SyncerStats) {
+    let Some(first) = requests.first() else {
+        return;
+    };
+    let result = first.request.run();
+    stats.fsyncs.fetch_add(1, Ordering::Relaxed);
+    stats
+        .requests
+        .fetch_add(requests.len() as u64, Ordering::Relaxed);
+    for job in requests {
+        (job.done)(job.request, result.clone());
     }
 }
 
@@ -309,5 +467,46 @@ mod tests {
         syncer.run_held(usize::MAX);
         assert_eq!(done_rx.try_iter().count(), 1);
         assert_eq!((syncer.stats().requests(), syncer.stats().fsyncs()), (3, 2));
+    }
+
+    /// Rounds of many files are synced on the pool's threads: every request is
+    /// answered once, successfully, and a file's requests in one round share a sync.
+    #[test]
+    fn many_files_are_synced_at_once_and_every_request_answered() {
+        let dir = tempfile::tempdir().unwrap();
+        let files: Vec<(Arc<File>, Arc<std::path::Path>)> = (0..64)
+            .map(|i| {
+                let path: Arc<std::path::Path> = dir.path().join(format!("f{i}")).into();
+                let mut file = File::create(&path).unwrap();
+                std::io::Write::write_all(&mut file, b"record").unwrap();
+                (Arc::new(file), path)
+            })
+            .collect();
+        let syncer = Syncer::start("test-sync").unwrap();
+        let (done_tx, done_rx) = mpsc::channel();
+        for round in 0..3u64 {
+            for (i, (file, path)) in files.iter().enumerate() {
+                let mut request = SyncRequest::for_file(Arc::clone(file), Arc::clone(path));
+                request.next_offset = round * 1_000 + i as u64;
+                let tx = done_tx.clone();
+                syncer.submit(request, move |request, result| {
+                    tx.send((request.next_offset, result)).unwrap();
+                });
+            }
+        }
+        drop(done_tx);
+        let mut answered: Vec<u64> = Vec::new();
+        for (offset, result) in done_rx.iter().take(3 * 64) {
+            assert_eq!(result, Ok(()));
+            answered.push(offset);
+        }
+        answered.sort_unstable();
+        let expected: Vec<u64> = (0..3u64)
+            .flat_map(|round| (0..64).map(move |i| round * 1_000 + i))
+            .collect();
+        assert_eq!(answered, expected, "each request answered once");
+        assert_eq!(syncer.stats().requests(), 3 * 64);
+        assert!(syncer.stats().fsyncs() <= 3 * 64);
+        drop(syncer);
     }
 }
