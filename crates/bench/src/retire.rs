@@ -305,11 +305,21 @@ pub async fn run_retirement(
         let finalize_secs = ended.elapsed().as_secs_f64();
         eprintln!("{pass} pass: retired {finalize_secs:.2} s after the last end");
         let peak_unproven = sampler.finish();
+        // The coordinator counts its finalize a tick after the apply that answered the
+        // heartbeat: wait for the count (at most 1 s) rather than read it early.
+        let mut finalize_ops = 0;
+        for _ in 0..50 {
+            finalize_ops = metric_sum(https, "braid_sessions_finalize_ops_total") - finalizes;
+            if finalize_ops > 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
         passes.push(RetirePass {
             pass,
             produce_secs,
             finalize_secs,
-            finalize_ops: metric_sum(https, "braid_sessions_finalize_ops_total") - finalizes,
+            finalize_ops,
             peak_unproven,
             debt_copies: metric_sum(https, "braid_retirement_debt_copies_total") - debt,
             barriers: metric_sum(https, "braid_retirement_barriers_total") - barriers,

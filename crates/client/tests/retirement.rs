@@ -167,3 +167,73 @@ async fn a_batch_of_130_sessions_retires_across_a_coordinator_failover() {
         .unwrap_err();
     assert!(late.to_string().contains("retired"), "{late}");
 }
+
+/// Sessions that end together are one batch: the walks wait for the ends to stop
+/// (100 ms) before they start, so each partition takes one barrier for all of them,
+/// not one for the first to end and another for the rest, and one FinalizeSession
+/// retires them all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_that_end_together_take_one_barrier_per_partition() {
+    let members = start_cluster(3, FsyncSetting::Always);
+    let client = Client::connect(members[0].addr()).await.unwrap();
+    common::create_topic(&client, "s", "t", PARTITIONS).await;
+    let keeper = client
+        .register_session(Duration::from_secs(60))
+        .await
+        .unwrap();
+    let mut sessions = Vec::new();
+    for _ in 0..8 {
+        let session = client
+            .register_session(Duration::from_secs(60))
+            .await
+            .unwrap();
+        let mut builder = braid_proto::BatchBuilder::new(0);
+        builder.push(None, Some(b"v"), &[], 0);
+        builder.producer(session as i64, -1, 0);
+        let batch = builder.finish();
+        for partition in 0..PARTITIONS {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            loop {
+                match client.produce("s", "t", partition, &batch).await {
+                    Ok(_) => break,
+                    Err(err) if err.code() == Some(braid_proto::client::ErrorCode::Busy) => {
+                        assert!(Instant::now() < deadline, "{err}");
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                    }
+                    Err(err) => panic!("{err}"),
+                }
+            }
+        }
+        sessions.push(session);
+    }
+    let before = barriers(&members).await;
+    // One after another, 30 ms apart, as clients closing one by one would: each
+    // end is a committed op of its own, and the walks look every 10 ms.
+    let mut gap = Duration::ZERO;
+    let mut last = Instant::now();
+    for (i, session) in sessions.iter().enumerate() {
+        if i > 0 {
+            tokio::time::sleep(Duration::from_millis(30)).await;
+        }
+        client.end_session(*session).await.unwrap();
+        gap = gap.max(last.elapsed());
+        last = Instant::now();
+    }
+    until_retired(&client, keeper, *sessions.last().unwrap()).await;
+    let barriers = barriers(&members).await - before;
+    if gap < Duration::from_millis(80) {
+        assert_eq!(
+            barriers,
+            u64::from(PARTITIONS),
+            "one barrier per partition for the 8 sessions"
+        );
+    } else {
+        // A stalled machine let the walk start between two ends: two walks, still
+        // never a barrier per session.
+        assert!(barriers <= 2 * u64::from(PARTITIONS), "{barriers} barriers");
+    }
+    for session in &sessions {
+        let err = client.session_heartbeat(*session).await.unwrap_err();
+        assert!(err.to_string().contains("retired"), "{err}");
+    }
+}

@@ -110,6 +110,9 @@ pub(crate) struct Layout {
     /// The metadata op this layout was built at or after: a session id above it may
     /// be registered and not yet known here.
     metadata_op: u64,
+    /// The newest end op among the client sessions this layout has seen end: a
+    /// retirement barrier raises a partition's frontier to it (never lowered).
+    ended_through: u64,
     /// Partitions that owe the retirement of ended sessions, and through which op.
     debts: HashMap<PartitionKey, u64>,
 }
@@ -129,6 +132,8 @@ pub(crate) struct LayoutChange {
     /// The partitions that owe a retirement, if they changed: the whole new set.
     debts: Option<HashMap<PartitionKey, u64>>,
     metadata_op: u64,
+    /// The newest end op among the sessions touched (0: none ended).
+    ended_through: u64,
 }
 
 /// A client session as a layout change carries it: whether it has ended, and its
@@ -183,6 +188,7 @@ impl LayoutChange {
                 }
                 Touch::Session(id) => {
                     let state = meta.sessions.get(id).map(|s| {
+                        change.ended_through = change.ended_through.max(s.ended_at.unwrap_or(0));
                         let owner = meta.session_owners.get(id).map(|u| Arc::from(u.as_str()));
                         (s.ended_at.is_some(), owner)
                     });
@@ -247,6 +253,11 @@ impl Layout {
                 .map(|(id, user)| (*id, Arc::from(user.as_str())))
                 .collect(),
             metadata_op: meta.applied_op(),
+            ended_through: meta
+                .sessions
+                .values()
+                .filter_map(|s| s.ended_at)
+                .fold(meta.retirement.retired_through, u64::max),
             debts: debts_of(meta),
         }
     }
@@ -284,6 +295,16 @@ impl Layout {
     /// forgotten.
     pub(crate) fn is_retired(&self, session: u64) -> bool {
         session <= self.metadata_op && !self.sessions.contains_key(&session)
+    }
+
+    /// Whether `session` has ended (and is not retired yet).
+    pub(crate) fn is_ended(&self, session: u64) -> bool {
+        self.sessions.get(&session) == Some(&true)
+    }
+
+    /// The newest end op among the sessions this layout has seen end.
+    pub(crate) fn ended_through(&self) -> u64 {
+        self.ended_through
     }
 
     /// Whether `session` is open.
@@ -430,6 +451,7 @@ impl Layout {
             self.debts.clone_from(debts);
         }
         self.metadata_op = self.metadata_op.max(change.metadata_op);
+        self.ended_through = self.ended_through.max(change.ended_through);
     }
 
     pub(crate) fn topic(&self, stream: &str, topic: &str) -> Option<&Arc<TopicRoute>> {

@@ -86,31 +86,29 @@ impl Walk {
     /// the barriers to propose, one per copy this node leads that is not proven, at
     /// most `budget` (a barrier wakes its partition's files: a walk over thousands of
     /// sleeping partitions proposes them a few at a time, never all at once). A copy
-    /// that is proven stays proven (nothing of the batch can come back).
+    /// that is proven stays proven (nothing of the batch can come back). Each barrier
+    /// raises the frontier to `ended_through`, the newest end op this node knows, or
+    /// to the watermark if that is higher: sessions that ended while this walk ran are
+    /// then proven gone by the same barrier, and the next walk finds the copy done.
     pub(crate) fn step(
         &mut self,
         mut look: impl FnMut(PartitionKey) -> CopyState,
         now_ms: u64,
         budget: usize,
+        ended_through: u64,
     ) -> Vec<(PartitionKey, Barrier)> {
         if self.debt.is_some() {
             return Vec::new();
         }
         let mut barriers = Vec::new();
         let before = self.unproven.len();
-        let watermark = self.batch.watermark;
+        let frontier = self.batch.watermark.max(ended_through);
         self.unproven.retain(|key| match look(*key) {
             CopyState::Proven => false,
             CopyState::Holds(_) if barriers.len() >= budget => true,
             CopyState::Holds(sessions) => {
                 let sessions: Vec<u64> = sessions.into_iter().take(BARRIER_SESSIONS_MAX).collect();
-                barriers.push((
-                    *key,
-                    Barrier {
-                        frontier: watermark,
-                        sessions,
-                    },
-                ));
+                barriers.push((*key, Barrier { frontier, sessions }));
                 true
             }
             CopyState::Waiting => true,
@@ -166,7 +164,7 @@ mod tests {
             (1, CopyState::Holds(vec![7, 9])),
             (2, CopyState::Waiting),
         ]);
-        let barriers = walk.step(|k| states[&k.partition].clone(), 10, 8);
+        let barriers = walk.step(|k| states[&k.partition].clone(), 10, 8, 0);
         assert_eq!(
             barriers,
             vec![(
@@ -180,10 +178,10 @@ mod tests {
         assert_eq!(walk.finished(), None);
         states.insert(0, CopyState::Holds(vec![7]));
         states.insert(1, CopyState::Proven);
-        let barriers = walk.step(|k| states[&k.partition].clone(), 1_500, 8);
+        let barriers = walk.step(|k| states[&k.partition].clone(), 1_500, 8, 0);
         assert!(barriers.is_empty(), "a proven copy is not looked at again");
         states.insert(2, CopyState::Proven);
-        walk.step(|k| states[&k.partition].clone(), 3_000, 8);
+        walk.step(|k| states[&k.partition].clone(), 3_000, 8, 0);
         assert_eq!(walk.finished(), Some(&[][..]));
     }
 
@@ -203,22 +201,22 @@ mod tests {
                 CopyState::Waiting
             }
         };
-        let barriers = walk.step(|k| look(k, proven), 0, 8);
+        let barriers = walk.step(|k| look(k, proven), 0, 8, 0);
         assert_eq!(barriers[0].1.sessions.len(), BARRIER_SESSIONS_MAX);
         proven = 1;
-        walk.step(|k| look(k, proven), 1_900, 8);
-        walk.step(|k| look(k, proven), 3_800, 8);
+        walk.step(|k| look(k, proven), 1_900, 8, 0);
+        walk.step(|k| look(k, proven), 3_800, 8, 0);
         assert_eq!(walk.finished(), None, "it proved one 1.9 s ago");
-        walk.step(|k| look(k, proven), 3_900, 8);
+        walk.step(|k| look(k, proven), 3_900, 8, 0);
         assert_eq!(walk.finished(), Some(&[key(1), key(2), key(3)][..]));
-        assert!(walk.step(|k| look(k, proven), 4_000, 8).is_empty());
+        assert!(walk.step(|k| look(k, proven), 4_000, 8, 0).is_empty());
     }
 
     /// At most `budget` barriers a look: the others wait for a later one.
     #[test]
     fn a_look_proposes_at_most_its_budget_of_barriers() {
         let mut walk = Walk::start(batch(40, &[7]), (0..10).map(key), 0);
-        let barriers = walk.step(|_| CopyState::Holds(vec![7]), 0, 3);
+        let barriers = walk.step(|_| CopyState::Holds(vec![7]), 0, 3, 0);
         assert_eq!(barriers.len(), 3);
         assert_eq!(walk.unproven(), 10);
         let barriers = walk.step(
@@ -231,6 +229,7 @@ mod tests {
             },
             50,
             3,
+            0,
         );
         assert_eq!(
             barriers
@@ -239,5 +238,25 @@ mod tests {
                 .collect::<Vec<_>>(),
             [3, 4, 5]
         );
+    }
+
+    /// A barrier raises the frontier to the newest end op the node knows when that is
+    /// above the watermark (sessions that ended during the walk), never below it.
+    #[test]
+    fn a_barrier_raises_the_frontier_to_the_newest_end_op() {
+        let mut walk = Walk::start(batch(40, &[7]), (0..2).map(key), 0);
+        let barriers = walk.step(|_| CopyState::Holds(vec![7, 9]), 0, 1, 55);
+        assert_eq!(
+            barriers,
+            vec![(
+                key(0),
+                Barrier {
+                    frontier: 55,
+                    sessions: vec![7, 9]
+                }
+            )]
+        );
+        let barriers = walk.step(|_| CopyState::Holds(vec![7]), 10, 1, 30);
+        assert_eq!(barriers[0].1.frontier, 40, "never below the watermark");
     }
 }

@@ -17,12 +17,29 @@ use crate::retirement::RetireBatch;
 /// again (it was lost with a view change).
 const RETRY_AFTER_MS: u64 = 5_000;
 
+/// A walk starts once no session has ended for this long: sessions that end
+/// together (a client closing its pool, a deploy) are retired by one walk, not one
+/// walk for the first and another for the rest, each barrier on every partition.
+const GATHER_QUIET_MS: u64 = 100;
+
+/// ... or once the first session past what this node reported ended this long ago,
+/// however many keep ending.
+const GATHER_MAX_MS: u64 = 1_000;
+
 /// This node's walk, as shard 0 follows it.
 #[derive(Debug, Default)]
 pub(super) enum NodeWalk {
     /// No walk runs.
     #[default]
     Idle,
+    /// Sessions ended past what this node reported: waiting for the others that end
+    /// with them (the newest end op `watermark` first seen at `changed`, the first
+    /// at `since`).
+    Gathering {
+        watermark: u64,
+        since: u64,
+        changed: u64,
+    },
     /// Every shard walks; each answers its debt.
     Walking {
         watermark: u64,
@@ -61,17 +78,40 @@ impl MetaService {
             .get(&node)
             .map_or(0, |r| r.watermark)
             .max(state.retirement.retired_through);
+        let newest_end = state
+            .sessions
+            .values()
+            .filter_map(|s| s.ended_at)
+            .max()
+            .unwrap_or(0);
         match &mut self.node_walk {
             NodeWalk::Idle => {
-                let watermark = state
-                    .sessions
-                    .values()
-                    .filter_map(|s| s.ended_at)
-                    .max()
-                    .unwrap_or(0);
-                if watermark <= reported {
+                if newest_end > reported {
+                    self.node_walk = NodeWalk::Gathering {
+                        watermark: newest_end,
+                        since: now,
+                        changed: now,
+                    };
+                }
+            }
+            NodeWalk::Gathering {
+                watermark,
+                since,
+                changed,
+            } => {
+                if newest_end != *watermark {
+                    *watermark = newest_end;
+                    *changed = now;
+                }
+                if newest_end <= reported {
+                    self.node_walk = NodeWalk::Idle;
                     return;
                 }
+                let quiet = now.saturating_sub(*changed) >= GATHER_QUIET_MS;
+                if !quiet && now.saturating_sub(*since) < GATHER_MAX_MS {
+                    return;
+                }
+                let watermark = newest_end;
                 let sessions = state
                     .sessions
                     .iter()

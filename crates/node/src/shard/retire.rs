@@ -62,12 +62,14 @@ impl Shard {
             let batch = Arc::clone(shard_walk.walk.batch());
             let groups = &self.groups;
             let retires = |s: u64| batch.sessions.contains(&s) || layout.is_retired(s);
+            let ended = |s: u64| layout.is_ended(s);
             let watermark = batch.watermark;
             let budget = budget.saturating_sub(groups.barriers_waiting());
             let barriers = shard_walk.walk.step(
-                |key| groups.copy_state(key, watermark, retires),
+                |key| groups.copy_state(key, watermark, retires, ended),
                 now_ms,
                 budget,
+                layout.ended_through(),
             );
             for (key, barrier) in barriers {
                 proposed += u64::from(self.groups.retire(key, barrier));

@@ -24,23 +24,27 @@ impl PartitionGroups {
     /// watermark and no entry of such a session: every request of the batch in its
     /// log is before the barrier that raised the frontier (and applied), and every
     /// later one is refused by it, so this holds whatever the copy's lag, on a
-    /// primary or a backup.
+    /// primary or a backup. A primary's barrier names the batch's sessions it holds
+    /// first, then those that ended after the batch (`ended`): its frontier is the
+    /// newest end op, so the next walk finds the copy proven already.
     pub(crate) fn copy_state(
         &self,
         key: PartitionKey,
         watermark: u64,
         retires: impl Fn(u64) -> bool,
+        ended: impl Fn(u64) -> bool,
     ) -> CopyState {
         let Some(replica) = self.host.replica(group_of(key)) else {
             // Gone (its topic was deleted): nothing of it is left to retire.
             return CopyState::Proven;
         };
         let slices = replica.state().machine().slices();
-        let held: Vec<u64> = slices.sessions().filter(|s| retires(*s)).collect();
+        let mut held: Vec<u64> = slices.sessions().filter(|s| retires(*s)).collect();
         if slices.frontier() >= watermark && held.is_empty() {
             return CopyState::Proven;
         }
         if replica.is_primary() && replica.status() == Status::Normal {
+            held.extend(slices.sessions().filter(|s| !retires(*s) && ended(*s)));
             CopyState::Holds(held)
         } else {
             CopyState::Waiting

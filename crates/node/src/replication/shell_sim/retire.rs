@@ -76,7 +76,7 @@ impl Run {
                 continue;
             };
             for p in 0..partitions {
-                match groups.copy_state(key(p), end_op, |s| s == session) {
+                match groups.copy_state(key(p), end_op, |s| s == session, |_| false) {
                     CopyState::Proven => {}
                     CopyState::Waiting => proven = false,
                     CopyState::Holds(sessions) => {
@@ -114,7 +114,7 @@ impl Run {
             };
             for p in 0..self.shape.partitions {
                 let retired = |s| self.retiring.retired.contains(&s);
-                let state = groups.copy_state(key(p), self.retiring.frontier, retired);
+                let state = groups.copy_state(key(p), self.retiring.frontier, retired, |_| false);
                 if state != CopyState::Proven {
                     return Err(format!(
                         "{when}: member {m} partition {p} still holds a retired session's \
