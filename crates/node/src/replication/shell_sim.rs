@@ -207,16 +207,22 @@ impl Run {
             1
         };
         // Half the seeds hold fewer partitions' files open than they have, so that
-        // every kind of use releases another partition's files.
-        let budget_draws = &mut Prng::new(seed.rotate_left(41) ^ 0xa3a3);
-        shape.open_budget = std::env::var("BRAID_SHELL_SIM_OPEN_BUDGET")
-            .ok()
-            .and_then(|b| b.parse().ok())
-            .unwrap_or(if budget_draws.chance(50) {
-                1 + budget_draws.below(u64::from(shape.partitions.max(2) - 1)) as usize
-            } else {
-                usize::MAX
-            });
+        // every kind of use releases another partition's files; half (drawn apart)
+        // put fewer to sleep a pass than they have, so idle partitions wait awake.
+        let partitions = shape.partitions;
+        let below_partitions = |env: &str, rotate: u32, salt: u64| {
+            let draws = &mut Prng::new(seed.rotate_left(rotate) ^ salt);
+            std::env::var(env)
+                .ok()
+                .and_then(|b| b.parse().ok())
+                .unwrap_or(if draws.chance(50) {
+                    1 + draws.below(u64::from(partitions.max(2) - 1)) as usize
+                } else {
+                    usize::MAX
+                })
+        };
+        shape.open_budget = below_partitions("BRAID_SHELL_SIM_OPEN_BUDGET", 41, 0xa3a3);
+        shape.sleeps_per_pass = below_partitions("BRAID_SHELL_SIM_SLEEPS_PER_PASS", 43, 0x5ee9);
         if variant.damage && variant.asleep {
             shape.asleep_damage_per_10k = 8;
         }
@@ -411,6 +417,7 @@ impl Run {
         groups.set_checkpoint_interval(interval);
         groups.set_sleep_ticks(self.shape.sleep_ticks);
         groups.set_open_budget(self.shape.open_budget);
+        groups.set_sleeps_per_pass(self.shape.sleeps_per_pass);
         groups.set_scrub_wake_ticks(self.shape.scrub_wake_ticks);
         // As the node: every partition journal's syncs run off the shard's turn.
         let syncer = std::sync::Arc::new(braid_storage::Syncer::held());

@@ -116,6 +116,13 @@ impl PartitionGroups {
         self.host.set_open_budget(budget);
     }
 
+    /// Puts at most `count` idle partitions' files to sleep a pass (at least one; see
+    /// `ShardHost::sleep_idle`).
+    #[cfg(test)]
+    pub(crate) fn set_sleeps_per_pass(&mut self, count: usize) {
+        self.host.set_sleeps_per_pass(count);
+    }
+
     /// The journal of a partition (the simulator's reports).
     #[cfg(test)]
     pub(crate) fn journal(&self, key: PartitionKey) -> Option<&PartitionJournal> {

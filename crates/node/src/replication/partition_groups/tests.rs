@@ -118,6 +118,35 @@ fn partitions_a_start_finds_sleep_at_once_and_wake_as_they_were() {
     }
 }
 
+/// Lone groups of `count` partitions of topic 1 under `dir`, set up by `configure`
+/// before they are added, recovered and ticked 20 times; with their keys.
+fn lone_partitions(
+    dir: &Path,
+    count: u32,
+    configure: impl FnOnce(&mut PartitionGroups),
+) -> (PartitionGroups, Vec<PartitionKey>) {
+    let keys: Vec<PartitionKey> = (0..count)
+        .map(|partition| PartitionKey {
+            topic_id: 1,
+            partition,
+        })
+        .collect();
+    let mut groups = open(&dir.join("replication"), 1);
+    configure(&mut groups);
+    for key in &keys {
+        let data = dir
+            .join("partitions")
+            .join("1")
+            .join(key.partition.to_string());
+        groups.add(*key, &data, LogConfig::default(), 0).unwrap();
+    }
+    groups.recover_opened().unwrap();
+    for _ in 0..20 {
+        groups.tick();
+    }
+    (groups, keys)
+}
+
 /// Descriptors this process holds open on files under `dir`.
 fn descriptors_under(dir: &Path) -> usize {
     std::fs::read_dir("/proc/self/fd")
@@ -137,24 +166,8 @@ fn descriptors_under(dir: &Path) -> usize {
 fn no_more_partitions_than_the_budget_hold_files_open_whatever_uses_them() {
     const BUDGET: usize = 2;
     let dir = tempfile::tempdir().unwrap();
-    let states = dir.path().join("replication");
     let partitions = dir.path().join("partitions");
-    let keys: Vec<PartitionKey> = (0..4)
-        .map(|partition| PartitionKey {
-            topic_id: 1,
-            partition,
-        })
-        .collect();
-    let mut groups = open(&states, 1);
-    groups.set_open_budget(BUDGET);
-    for key in &keys {
-        let data = partitions.join("1").join(key.partition.to_string());
-        groups.add(*key, &data, LogConfig::default(), 0).unwrap();
-    }
-    groups.recover_opened().unwrap();
-    for _ in 0..20 {
-        groups.tick();
-    }
+    let (mut groups, keys) = lone_partitions(dir.path(), 4, |g| g.set_open_budget(BUDGET));
     // A partition in use holds up to three: a segment written, one read, its journal.
     let allowed = 3 * BUDGET;
     let open_now = || descriptors_under(&partitions);
@@ -202,4 +215,40 @@ fn no_more_partitions_than_the_budget_hold_files_open_whatever_uses_them() {
         assert!(open_now() <= allowed, "after a read: {} open", open_now());
     }
     assert!(groups.take_reopen().is_empty(), "nothing was found changed");
+}
+
+/// An idle pass puts at most its count of partitions to sleep, going on where the
+/// last one stopped: a pass that closed every idle partition (four syncs each) held a
+/// shard for most of each second of a retirement walk over thousands. Every idle
+/// partition gets its turn, and each wakes as it was left.
+#[test]
+fn an_idle_pass_puts_at_most_its_count_to_sleep_and_each_gets_its_turn() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut groups, keys) = lone_partitions(dir.path(), 5, |g| {
+        g.set_sleep_ticks(u64::MAX);
+        g.set_sleeps_per_pass(2);
+    });
+    let awake = |groups: &PartitionGroups| {
+        keys.iter()
+            .filter(|key| groups.host.journal(group_of(**key)).is_some())
+            .count()
+    };
+    assert_eq!(awake(&groups), 5, "opened and used");
+    // The first pass marks them idle; the next ones sleep two a pass.
+    groups.host.sleep_idle().unwrap();
+    let mut left = Vec::new();
+    for _ in 0..3 {
+        let slept = groups.host.sleep_idle().unwrap();
+        assert!(slept <= 2, "{slept} slept in one pass");
+        left.push(awake(&groups));
+    }
+    assert_eq!(left, [1, 0, 0], "two a pass, each in its turn");
+    for key in &keys {
+        assert!(
+            groups.log(*key).is_some(),
+            "partition {} woken",
+            key.partition
+        );
+    }
+    assert!(groups.take_reopen().is_empty(), "each found as left");
 }

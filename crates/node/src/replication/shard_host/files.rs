@@ -124,7 +124,19 @@ pub(super) struct SleepCounts {
     over: BTreeSet<u64>,
     /// Groups whose files the budget released since the host started.
     pub(super) released: u64,
+    /// Most groups one idle pass puts to sleep (see `ShardHost::set_sleeps_per_pass`).
+    pub(super) per_pass: usize,
+    /// The idle pass goes on from the group after this one, so each idle group gets
+    /// its turn.
+    pub(super) cursor: u64,
 }
+
+/// Most groups one idle pass puts to sleep: a sleep after writes is a clean close,
+/// four syncs one after another on the shard's thread (about 1 ms here), and a pass
+/// that slept every idle group of a retirement walk over thousands of partitions held
+/// the shard for most of each second. The rest wait for the next passes with their
+/// descriptors let go by the budget.
+pub(crate) const SLEEPS_PER_PASS: usize = 64;
 
 impl Default for SleepCounts {
     fn default() -> Self {
@@ -136,6 +148,8 @@ impl Default for SleepCounts {
             open: OpenLogLru::new(usize::MAX),
             over: BTreeSet::new(),
             released: 0,
+            per_pass: SLEEPS_PER_PASS,
+            cursor: 0,
         }
     }
 }

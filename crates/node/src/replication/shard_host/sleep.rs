@@ -57,24 +57,41 @@ impl<S: StateMachine, J: Journal> ShardHost<S, J> {
         self.sleep.released
     }
 
-    /// Puts to sleep the files of every group not used since the last call whose
-    /// journal [`Journal::can_sleep`]: what they hold in memory goes, and the next step
-    /// that needs them opens them again, checked to be as they were left.
-    ///
-    /// A group whose files cannot be closed as left is dropped, to be opened again
-    /// ([`ShardHost::take_reopen`]).
+    /// Puts to sleep the files of groups not used since the last call whose journal
+    /// [`Journal::can_sleep`], at most [`SLEEPS_PER_PASS`](super::files::SLEEPS_PER_PASS)
+    /// of them (the simulator draws fewer), going
+    /// on from where the last pass stopped: what they hold in memory goes, and the next
+    /// step that needs them opens them again, checked to be as they were left. The
+    /// idle groups left for a later pass keep their journals, their descriptors let go
+    /// by the budget.
     ///
     /// # Errors
     /// None today.
     pub(crate) fn sleep_idle(&mut self) -> Result<usize, HostError> {
         let used = std::mem::take(&mut self.sleep.used);
-        let idle: Vec<u64> = self
+        let cursor = self.sleep.cursor;
+        let idle = |(group, files): (&u64, &GroupFiles<J>)| {
+            let idle = !used.contains(group)
+                && matches!(files, GroupFiles::Awake(f) if f.journal.can_sleep());
+            idle.then_some(*group)
+        };
+        let after = self
             .files
-            .keys()
-            .filter(|group| !used.contains(group))
-            .copied()
-            .collect();
+            .range(cursor.saturating_add(1)..)
+            .filter_map(idle);
+        let from_start = self.files.range(..=cursor).filter_map(idle);
+        let idle: Vec<u64> = after.chain(from_start).take(self.sleep.per_pass).collect();
+        if let Some(last) = idle.last() {
+            self.sleep.cursor = *last;
+        }
         Ok(self.sleep_now(&idle))
+    }
+
+    /// Most groups one idle pass puts to sleep (at least one; the node's is
+    /// [`SLEEPS_PER_PASS`](super::files::SLEEPS_PER_PASS)).
+    #[cfg(test)]
+    pub(crate) fn set_sleeps_per_pass(&mut self, count: usize) {
+        self.sleep.per_pass = count.max(1);
     }
 
     /// Puts to sleep the files of `groups` that are awake and whose journal

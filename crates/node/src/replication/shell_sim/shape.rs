@@ -60,6 +60,10 @@ pub(crate) struct Shape {
     /// fewer than the run's partitions in half the seeds, so that any use (a write, a
     /// prepare, a repair, a copy, the scrub's look) may release another's files.
     pub(crate) open_budget: usize,
+    /// Most partitions one idle pass puts to sleep (the node's 64): fewer than the
+    /// run's partitions in half the seeds, so that idle partitions wait awake, their
+    /// files released or not, for a later pass, and are used meanwhile.
+    pub(crate) sleeps_per_pass: usize,
     /// Ticks between the scrub's wakes of sleeping partitions for a look: the node's
     /// 10 in half the seeds, 1 (every tick, so that damage at rest is met often) in
     /// the rest.
@@ -112,6 +116,7 @@ impl Shape {
             fsync_never: false,
             sleep_ticks: 100,
             open_budget: usize::MAX,
+            sleeps_per_pass: usize::MAX,
             scrub_wake_ticks: 1,
             asleep_damage_per_10k: 0,
             descriptors_out_per_10k: 0,
