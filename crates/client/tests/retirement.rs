@@ -70,6 +70,38 @@ async fn until_retired(client: &Client, keeper: u64, session: u64) {
     assert!(retired > session, "retired through {retired}");
 }
 
+/// Registers a session and stores its request 0 (one record) in each of
+/// `partitions`; a member that has not applied the register yet answers Busy for a
+/// moment. Returns the session.
+async fn session_writing_to(
+    client: &Client,
+    partitions: std::ops::Range<u32>,
+    value: &[u8],
+) -> u64 {
+    let session = client
+        .register_session(Duration::from_secs(60))
+        .await
+        .unwrap();
+    let mut builder = braid_proto::BatchBuilder::new(0);
+    builder.push(None, Some(value), &[], 0);
+    builder.producer(session as i64, -1, 0);
+    let batch = builder.finish();
+    for partition in partitions {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            match client.produce("s", "t", partition, &batch).await {
+                Ok(_) => break,
+                Err(err) if err.code() == Some(braid_proto::client::ErrorCode::Busy) => {
+                    assert!(Instant::now() < deadline, "{err}");
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+                Err(err) => panic!("{err}"),
+            }
+        }
+    }
+    session
+}
+
 /// Retirement barriers the members' primaries proposed, in all.
 async fn barriers(members: &[common::Member]) -> u64 {
     let mut barriers = 0;
@@ -126,27 +158,7 @@ async fn a_batch_of_130_sessions_retires_across_a_coordinator_failover() {
         .unwrap();
     let mut sessions = Vec::new();
     for i in 0..130 {
-        let session = client
-            .register_session(Duration::from_secs(60))
-            .await
-            .unwrap();
-        let mut builder = braid_proto::BatchBuilder::new(0);
-        builder.push(None, Some(format!("v{i}").as_bytes()), &[], 0);
-        builder.producer(session as i64, -1, 0);
-        let batch = builder.finish();
-        // A member that has not applied the register yet answers Busy for a moment.
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            match client.produce("s", "t", 0, &batch).await {
-                Ok(_) => break,
-                Err(err) if err.code() == Some(braid_proto::client::ErrorCode::Busy) => {
-                    assert!(Instant::now() < deadline, "{err}");
-                    tokio::time::sleep(Duration::from_millis(5)).await;
-                }
-                Err(err) => panic!("{err}"),
-            }
-        }
-        sessions.push(session);
+        sessions.push(session_writing_to(&client, 0..1, format!("v{i}").as_bytes()).await);
     }
     let coordinator = client.cluster_info().await.unwrap().coordinator.unwrap();
     for session in &sessions {
@@ -183,28 +195,7 @@ async fn sessions_that_end_together_take_one_barrier_per_partition() {
         .unwrap();
     let mut sessions = Vec::new();
     for _ in 0..8 {
-        let session = client
-            .register_session(Duration::from_secs(60))
-            .await
-            .unwrap();
-        let mut builder = braid_proto::BatchBuilder::new(0);
-        builder.push(None, Some(b"v"), &[], 0);
-        builder.producer(session as i64, -1, 0);
-        let batch = builder.finish();
-        for partition in 0..PARTITIONS {
-            let deadline = Instant::now() + Duration::from_secs(10);
-            loop {
-                match client.produce("s", "t", partition, &batch).await {
-                    Ok(_) => break,
-                    Err(err) if err.code() == Some(braid_proto::client::ErrorCode::Busy) => {
-                        assert!(Instant::now() < deadline, "{err}");
-                        tokio::time::sleep(Duration::from_millis(5)).await;
-                    }
-                    Err(err) => panic!("{err}"),
-                }
-            }
-        }
-        sessions.push(session);
+        sessions.push(session_writing_to(&client, 0..PARTITIONS, b"v").await);
     }
     let before = barriers(&members).await;
     // One after another, 30 ms apart, as clients closing one by one would: each

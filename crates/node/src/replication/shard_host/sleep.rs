@@ -65,6 +65,9 @@ impl<S: StateMachine, J: Journal> ShardHost<S, J> {
     /// idle groups left for a later pass keep their journals, their descriptors let go
     /// by the budget.
     ///
+    /// A group whose files cannot be closed as left is dropped, to be opened again
+    /// ([`ShardHost::take_reopen`]).
+    ///
     /// # Errors
     /// None today.
     pub(crate) fn sleep_idle(&mut self) -> Result<usize, HostError> {
